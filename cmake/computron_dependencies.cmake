@@ -1,0 +1,64 @@
+# Finds every external dependency once (DEPS.md). Debian packages only.
+find_package(Threads REQUIRED)
+
+# CAF 0.17.6 ships no CMake config: imported targets by hand. CAF_ROOT points at an
+# unpacked .deb tree on machines without the package (the lent GPU machine).
+find_path(CAF_INCLUDE_DIR caf/all.hpp HINTS ${CAF_ROOT}/usr/include ${CAF_ROOT}/include)
+find_library(CAF_CORE_LIBRARY caf_core HINTS ${CAF_ROOT}/usr/lib/x86_64-linux-gnu ${CAF_ROOT}/lib)
+find_library(CAF_IO_LIBRARY caf_io HINTS ${CAF_ROOT}/usr/lib/x86_64-linux-gnu ${CAF_ROOT}/lib)
+find_library(CAF_OPENSSL_LIBRARY caf_openssl HINTS ${CAF_ROOT}/usr/lib/x86_64-linux-gnu ${CAF_ROOT}/lib)
+if(NOT CAF_INCLUDE_DIR OR NOT CAF_CORE_LIBRARY OR NOT CAF_IO_LIBRARY)
+  message(FATAL_ERROR "CAF 0.17 not found: run scripts/setup (libcaf-dev) or set CAF_ROOT")
+endif()
+file(STRINGS "${CAF_INCLUDE_DIR}/caf/config.hpp" caf_version_line REGEX "define CAF_VERSION ")
+string(REGEX MATCH "[0-9]+" CAF_VERSION "${caf_version_line}")
+if(NOT CAF_VERSION EQUAL 1706)
+  message(WARNING "Computron is written against CAF 0.17.6 (1706); found ${CAF_VERSION}")
+endif()
+add_library(CAF::core UNKNOWN IMPORTED)
+set_target_properties(CAF::core PROPERTIES IMPORTED_LOCATION "${CAF_CORE_LIBRARY}"
+  INTERFACE_INCLUDE_DIRECTORIES "${CAF_INCLUDE_DIR}"
+  INTERFACE_LINK_LIBRARIES Threads::Threads)
+add_library(CAF::io UNKNOWN IMPORTED)
+set_target_properties(CAF::io PROPERTIES IMPORTED_LOCATION "${CAF_IO_LIBRARY}"
+  INTERFACE_LINK_LIBRARIES CAF::core)
+if(CAF_OPENSSL_LIBRARY)
+  add_library(CAF::openssl UNKNOWN IMPORTED)
+  set_target_properties(CAF::openssl PROPERTIES IMPORTED_LOCATION "${CAF_OPENSSL_LIBRARY}"
+    INTERFACE_LINK_LIBRARIES CAF::io)
+endif()
+
+find_package(fmt REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(nlohmann_json 3 REQUIRED)
+find_package(Catch2 2 REQUIRED)
+include(Catch)
+find_path(CLI11_INCLUDE_DIR CLI/CLI.hpp)
+if(NOT CLI11_INCLUDE_DIR)
+  message(FATAL_ERROR "CLI11 not found: run scripts/setup (libcli11-dev)")
+endif()
+
+# CUDA: compiled whenever nvcc exists, so CI compile-checks the backend without a GPU.
+# Whether a GPU is used is decided at run time (gpu/backends.cpp). The backend uses only
+# the runtime API (no kernels yet), so it compiles as C++ against cudart.
+set(COMPUTRON_HAVE_CUDA OFF)
+if(COMPUTRON_CUDA)
+  if(NOT CUDAToolkit_ROOT AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CUDAToolkit_ROOT /usr/local/cuda)
+  endif()
+  find_package(CUDAToolkit QUIET)
+  if(CUDAToolkit_FOUND AND CUDAToolkit_NVCC_EXECUTABLE)
+    # pip's NCCL has only libnccl.so.2, hence NAMES_PER_DIR and the versioned name.
+    find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR
+      HINTS ${NCCL_ROOT} ${NCCL_ROOT}/lib ${CUDAToolkit_LIBRARY_DIR})
+    find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${NCCL_ROOT}/include ${CUDAToolkit_INCLUDE_DIRS})
+    if(NCCL_LIBRARY AND NCCL_INCLUDE_DIR)
+      set(COMPUTRON_HAVE_CUDA ON)
+      message(STATUS "computron: CUDA backend ON (CUDA ${CUDAToolkit_VERSION}, ${NCCL_LIBRARY})")
+    else()
+      message(WARNING "computron: nvcc found but NCCL is missing; CUDA backend OFF")
+    endif()
+  else()
+    message(STATUS "computron: no nvcc; CPU-only build (emulated devices)")
+  endif()
+endif()

@@ -1,0 +1,36 @@
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "gpu/device.hpp"
+
+namespace computron::gpu {
+
+/// How to pick and set up this process's devices.
+struct device_options {
+  /// "auto" (CUDA when a GPU is usable, emulated otherwise), "emulated" or "cuda".
+  std::string kind = "auto";
+  /// How many devices: emulated devices to create, or the first N GPUs (0 = all GPUs;
+  /// for emulated devices 0 means 1).
+  int count = 0;
+  /// Emulated: "device memory" per device.
+  uint64_t emulated_capacity_bytes = 4ull << 30;
+  /// Emulated: link rate per device, GB/s.
+  double emulated_link_gbps = 2.0;
+  /// CUDA: bytes left free on each GPU for activations and the CUDA context.
+  uint64_t cuda_reserved_bytes = 512ull << 20;
+};
+
+/// True when this build contains the CUDA backend.
+bool cuda_compiled();
+
+/// Usable GPUs: 0 without the CUDA backend, a driver or a GPU.
+int cuda_device_count();
+
+/// Opens the devices `opts` asks for. With kind "auto" and no usable GPU it logs one line
+/// saying so and opens emulated devices. Errors: a bad kind or count, "cuda" without a
+/// GPU or without the backend compiled in, a device that fails to open.
+caf::expected<std::vector<device_ptr>> open_devices(const device_options& opts);
+
+}  // namespace computron::gpu

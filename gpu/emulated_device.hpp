@@ -1,0 +1,77 @@
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "gpu/arena.hpp"
+#include "gpu/device.hpp"
+
+namespace computron::gpu {
+
+/// Settings of one emulated device.
+struct emulated_device_options {
+  int ordinal = 0;
+  /// "Device memory": a host mapping of this many bytes, touched only where used.
+  uint64_t capacity_bytes = 4ull << 30;
+  /// Host-to-device (and back) link rate in GB/s. Keep it well under the host's own
+  /// memcpy rate (about 16 GB/s per thread on the 2-core machines) or the memcpy, not
+  /// the throttle, sets the pace.
+  double link_gbps = 2.0;
+};
+
+/// A device whose memory is host memory with a fixed capacity and whose link is a real
+/// memcpy throttled to a configured rate. It runs the same code paths as a GPU on
+/// machines without one. Copies run in submission order on the device's own copy
+/// thread (its "copy engine"), so several devices copy in parallel like several GPUs.
+class emulated_device final : public device {
+ public:
+  /// Validates the options (capacity > 0, 0 < link rate) and maps the memory.
+  static caf::expected<std::shared_ptr<emulated_device>> make(const emulated_device_options& opts);
+
+  ~emulated_device() override;
+
+  caf::error synchronize() override;
+
+  /// Bytes in the largest free block: fragmentation can refuse an allocation that the
+  /// capacity alone would admit.
+  uint64_t largest_free_block() const;
+
+ protected:
+  caf::expected<host_buffer> do_allocate_host(uint64_t bytes) override;
+  caf::expected<void*> do_allocate(uint64_t bytes) override;
+  void do_release(void* ptr, uint64_t bytes) noexcept override;
+  caf::expected<copy_event_ptr> do_copy_to_device(void* dst, const void* src,
+                                                  uint64_t bytes) override;
+  caf::error do_copy_to_host(void* dst, const void* src, uint64_t bytes) override;
+  caf::error do_fill(void* dst, uint8_t value, uint64_t bytes) override;
+
+ private:
+  struct job;
+  class event;
+
+  emulated_device(device_info info, std::byte* base, uint64_t mapped_bytes);
+  std::shared_ptr<event> submit(std::unique_ptr<job> j);
+  void run_copy_engine();
+  void execute(job& j);
+
+  std::byte* base_;
+  uint64_t mapped_bytes_;
+  double bytes_per_second_;
+
+  mutable std::mutex arena_mtx_;
+  arena_allocator arena_;
+
+  std::mutex queue_mtx_;
+  std::condition_variable queue_cv_;
+  std::deque<std::unique_ptr<job>> queue_;
+  bool stopping_ = false;
+  /// When the emulated link is free again; throttling keeps copies from finishing
+  /// before bytes / rate after the link became free.
+  std::chrono::steady_clock::time_point link_free_at_{};
+  std::thread engine_;
+};
+
+}  // namespace computron::gpu

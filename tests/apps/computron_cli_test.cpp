@@ -1,0 +1,112 @@
+// The `computron` binary as a user runs it: a real process, its output and exit code.
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+struct process_result {
+  int exit_code = -1;
+  std::string out;  // stdout
+  std::string all;  // stdout and stderr
+};
+
+/// Runs the binary with `args` under `timeout` so no test can hang.
+process_result run(const std::string& args, bool with_stderr) {
+  std::string cmd = std::string{"COMPUTRON_LOG_LEVEL=warn timeout 120 "} + COMPUTRON_BINARY + " " +
+                    args + (with_stderr ? " 2>&1" : " 2>/dev/null");
+  process_result r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.all = r.out;
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("bench swap --json reports a verified model-parallel swap", "[cli][bench]") {
+  auto r = run("bench swap --devices 2 --size-mb 64 --link-gbps 4 --chunk-mb 8 --repeats 1 --json",
+               false);
+  REQUIRE(r.exit_code == 0);
+  auto j = nlohmann::json::parse(r.out);
+  CHECK(j.at("device_kind") == "emulated");
+  CHECK(j.at("devices") == 2);
+  CHECK(j.at("bytes") == 64ull << 20);
+  CHECK(j.at("chunk_bytes") == 8ull << 20);
+  CHECK(j.at("link_gbps") == 4.0);
+  CHECK(j.at("verified") == true);
+  CHECK(j.at("per_device").size() == 2);
+  // Physics, not speed: the join cannot beat two links at 4 GB/s, and the figures agree.
+  double secs = j.at("load_seconds");
+  CHECK(secs >= (64.0 * 1048576) / (2 * 4e9));
+  CHECK(j.at("achieved_gbps").get<double>() == Approx((64.0 * 1048576) / secs / 1e9));
+  CHECK(j.at("efficiency").get<double>() == Approx(j.at("achieved_gbps").get<double>() / 8.0));
+  CHECK(j.at("efficiency").get<double>() <= 1.0);
+  CHECK(j.at("evict_ms").get<double>() >= 0);
+  CHECK(j.at("single_device_seconds").get<double>() >= (64.0 * 1048576) / 4e9);
+  CHECK(j.at("speedup_vs_single_device").get<double>() > 0);
+}
+
+TEST_CASE("bench swap prints a table by default", "[cli][bench]") {
+  auto r = run("bench swap --devices 1 --size-mb 16 --repeats 1", false);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Contains("model-parallel swap: 16 MiB over 1 emulated device"));
+  CHECK_THAT(r.out, Catch::Contains("efficiency"));
+  CHECK_THAT(r.out, Catch::Contains("verified        yes"));
+  CHECK_THAT(r.out, !Catch::Contains("one device "));  // no baseline for a single device
+}
+
+TEST_CASE("bench swap rejects bad options with a clear message", "[cli][bench]") {
+  auto zero = run("bench swap --devices 0", true);
+  CHECK(zero.exit_code == 1);
+  CHECK_THAT(zero.all, Catch::Contains("--devices must be 1..64"));
+  auto negative = run("bench swap --size-mb -5", true);
+  CHECK(negative.exit_code == 2);
+  CHECK_THAT(negative.all, Catch::Contains("must be positive"));
+  auto kind = run("bench swap --device-kind tpu", true);
+  CHECK(kind.exit_code == 2);
+  CHECK_THAT(kind.all, Catch::Contains("device-kind"));
+  auto unknown = run("bench swap --frobnicate", true);
+  CHECK(unknown.exit_code == 2);
+  auto rate = run("bench swap --link-gbps 0", true);
+  CHECK(rate.exit_code == 1);
+  CHECK_THAT(rate.all, Catch::Contains("--link-gbps"));
+  auto huge = run("bench swap --size-mb 100000000 --device-kind emulated", true);
+  CHECK(huge.exit_code == 1);
+  CHECK_THAT(huge.all, Catch::Contains("host memory"));
+}
+
+TEST_CASE("devices lists emulated devices and refuses CUDA without a GPU", "[cli][devices]") {
+  auto r = run("devices --kind emulated --count 2 --json", false);
+  REQUIRE(r.exit_code == 0);
+  auto j = nlohmann::json::parse(r.out);
+  REQUIRE(j.size() == 2);
+  CHECK(j[1].at("name") == "emulated:1");
+  auto cuda = run("devices --kind cuda", true);
+  if (cuda.exit_code == 0) {
+    WARN("a GPU is present: nothing to refuse");
+  } else {
+    CHECK(cuda.exit_code == 1);
+    CHECK_THAT(cuda.all, Catch::Contains("CUDA devices requested"));
+  }
+}
+
+TEST_CASE("no subcommand prints usage and fails", "[cli]") {
+  auto r = run("", true);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.all, Catch::Contains("bench"));
+  auto help = run("--help", false);
+  CHECK(help.exit_code == 0);
+  CHECK_THAT(help.out, Catch::Contains("devices"));
+}

@@ -1,0 +1,41 @@
+#include <catch2/catch.hpp>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/sec.hpp>
+
+#include "common/error.hpp"
+
+using namespace computron;
+
+TEST_CASE("computron errors render with their code and context", "[error]") {
+  auto e = make_error(ec::out_of_device_memory, "4096 bytes requested on cuda:0");
+  CHECK(render(e) == "out_of_device_memory: 4096 bytes requested on cuda:0");
+  CHECK(render(make_error(ec::unknown_model)) == "unknown_model");
+  CHECK(is(e, ec::out_of_device_memory));
+  CHECK_FALSE(is(e, ec::device_error));
+  CHECK_FALSE(is(caf::error{}, ec::device_error));
+  CHECK(render(caf::error{}) == "no error");
+}
+
+TEST_CASE("CAF's own errors render through CAF", "[error]") {
+  caf::error e = caf::sec::request_timeout;
+  CHECK_FALSE(is(e, ec::deadline_exceeded));
+  CHECK_THAT(render(e), Catch::Contains("request_timeout"));
+}
+
+TEST_CASE("an actor system renders registered computron errors", "[error]") {
+  caf::actor_system_config cfg;
+  register_errors(cfg);
+  caf::actor_system sys{cfg};
+  auto e = make_error(ec::overloaded, "queue of opt-13b is full (64)");
+  CHECK(sys.render(e) == "overloaded: queue of opt-13b is full (64)");
+}
+
+TEST_CASE("every error code has a distinct name", "[error]") {
+  std::set<std::string> names;
+  for (int i = 0; i <= static_cast<int>(ec::unavailable); ++i)
+    names.insert(to_string(static_cast<ec>(i)));
+  CHECK(names.size() == static_cast<size_t>(ec::unavailable) + 1);
+  CHECK(names.count("unknown_error_code") == 0);
+}
