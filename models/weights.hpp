@@ -1,0 +1,43 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include <caf/error.hpp>
+
+#include "gpu/weight_store.hpp"
+#include "models/opt_spec.hpp"
+
+/// Filling a shard's host buffer: deterministic seeded values (no downloads anywhere) or
+/// the tensors of a safetensors checkpoint, cut to the shard.
+namespace computron::models {
+
+class safetensors_file;
+
+/// Value of element `index` (row-major, in the unsharded tensor) of parameter `name`:
+/// a function of (seed, name, index) alone, so shard k of TP=n holds exactly slice k
+/// of the unsharded weights whatever the split.
+float seeded_value(uint64_t seed, const std::string& name, uint64_t index, init_kind kind);
+
+/// Index in the unsharded tensor of element `local` of this rank's slice.
+uint64_t global_index(const param_spec& p, int tp, int tp_rank, uint64_t local);
+
+/// Writes seeded values for every parameter of `shard` into `host`, laid out by `table`
+/// (from shard_layout with the same arguments).
+caf::error fill_seeded(const opt_spec& spec, const parallel_config& par, const shard_index& shard,
+                       const gpu::tensor_table& table, std::byte* host, uint64_t seed);
+
+/// Copies this shard's slice of every parameter out of a full (unsharded) checkpoint.
+/// Errors: a missing tensor, a wrong dtype or shape (each named).
+caf::error fill_from_checkpoint(const opt_spec& spec, const parallel_config& par,
+                                const shard_index& shard, const gpu::tensor_table& table,
+                                std::byte* host, const safetensors_file& file);
+
+/// IEEE float to bf16 / fp16 bits, round to nearest even (NaN stays NaN).
+uint16_t to_bf16(float x);
+uint16_t to_f16(float x);
+float from_bf16(uint16_t bits);
+float from_f16(uint16_t bits);
+
+}  // namespace computron::models

@@ -1,0 +1,153 @@
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "common/error.hpp"
+#include "models/safetensors.hpp"
+#include "models/weights.hpp"
+
+using namespace computron;
+using namespace computron::models;
+
+namespace {
+
+struct host_shard {
+  gpu::tensor_table table;
+  std::vector<std::byte> bytes;
+  const std::byte* tensor(const std::string& n) const {
+    return bytes.data() + table.find(n)->offset_bytes;
+  }
+};
+
+host_shard seeded(const opt_spec& spec, gpu::dtype t, parallel_config par, shard_index s,
+                  uint64_t seed) {
+  auto table = shard_layout(spec, t, par, s);
+  REQUIRE(table);
+  host_shard h{*table, std::vector<std::byte>(table->total_bytes())};
+  REQUIRE_FALSE(fill_seeded(spec, par, s, h.table, h.bytes.data(), seed));
+  return h;
+}
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() /
+          ("computron-" + std::to_string(::getpid()) + "-" + name))
+      .string();
+}
+
+/// The unsharded seeded model as a safetensors checkpoint.
+void write_full_checkpoint(const opt_spec& spec, gpu::dtype t, const std::string& path) {
+  auto full = seeded(spec, t, {1, 1}, {0, 0}, 9);
+  std::vector<safetensor_view> views;
+  for (auto& e : full.table.entries())
+    views.push_back({e.name, e.type, e.shape, full.bytes.data() + e.offset_bytes, e.size_bytes});
+  REQUIRE_FALSE(write_safetensors(path, views, {{"format", "pt"}}));
+}
+
+}  // namespace
+
+TEST_CASE("shard k of TP=n holds exactly slice k of the unsharded seeded weights",
+          "[models][weights]") {
+  auto spec = *find_spec("opt-tiny");
+  auto full = seeded(spec, gpu::dtype::f32, {1, 1}, {0, 0}, 42);
+  auto h = spec.hidden;
+  for (int tp : {2, 4}) {
+    for (int r = 0; r < tp; ++r) {
+      auto part = seeded(spec, gpu::dtype::f32, {tp, 1}, {r, 0}, 42);
+      auto rows = h / tp;
+      // Column-parallel q_proj: rows [r*h/tp, (r+1)*h/tp) of the full matrix.
+      CHECK(std::memcmp(part.tensor("layers.1.self_attn.q_proj.weight"),
+                        full.tensor("layers.1.self_attn.q_proj.weight") + r * rows * h * 4,
+                        static_cast<size_t>(rows * h * 4)) == 0);
+      CHECK(std::memcmp(part.tensor("layers.1.fc1.bias"),
+                        full.tensor("layers.1.fc1.bias") + r * (spec.ffn / tp) * 4,
+                        static_cast<size_t>(spec.ffn / tp * 4)) == 0);
+      // Row-parallel fc2: columns [r*ffn/tp, ...) of every row.
+      auto cols = spec.ffn / tp;
+      bool same = true;
+      for (int64_t row = 0; row < h; ++row)
+        same = same &&
+               std::memcmp(part.tensor("layers.0.fc2.weight") + row * cols * 4,
+                           full.tensor("layers.0.fc2.weight") + (row * spec.ffn + r * cols) * 4,
+                           static_cast<size_t>(cols * 4)) == 0;
+      CHECK(same);
+      CHECK(std::memcmp(part.tensor("embed_tokens.weight"), full.tensor("embed_tokens.weight"),
+                        static_cast<size_t>(spec.vocab * h * 4)) == 0);
+    }
+  }
+  // Different seeds give different weights.
+  auto other = seeded(spec, gpu::dtype::f32, {1, 1}, {0, 0}, 43);
+  CHECK(other.bytes != full.bytes);
+}
+
+TEST_CASE("a checkpoint sharded at registration equals the seeded shards",
+          "[models][weights][safetensors]") {
+  auto spec = *find_spec("opt-tiny");
+  auto path = temp_path("full.safetensors");
+  write_full_checkpoint(spec, gpu::dtype::bf16, path);
+  auto file = safetensors_file::open(path);
+  REQUIRE(file);
+  CHECK(file->metadata().at("format") == "pt");
+  for (auto [tp, pp] : {std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 2}}) {
+    for (int r = 0; r < tp; ++r) {
+      for (int s = 0; s < pp; ++s) {
+        auto want = seeded(spec, gpu::dtype::bf16, {tp, pp}, {r, s}, 9);
+        std::vector<std::byte> got(want.bytes.size());
+        REQUIRE_FALSE(fill_from_checkpoint(spec, {tp, pp}, {r, s}, want.table, got.data(), *file));
+        // Padding between tensors is not written by either; compare the tensors.
+        for (auto& e : want.table.entries())
+          CHECK(std::memcmp(got.data() + e.offset_bytes, want.bytes.data() + e.offset_bytes,
+                            e.size_bytes) == 0);
+      }
+    }
+  }
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("a checkpoint with a wrong dtype, shape or a missing tensor is refused by name",
+          "[models][weights][safetensors]") {
+  auto spec = *find_spec("opt-tiny");
+  auto path = temp_path("wrong.safetensors");
+  write_full_checkpoint(spec, gpu::dtype::f32, path);
+  auto file = safetensors_file::open(path);
+  REQUIRE(file);
+  auto table = *shard_layout(spec, gpu::dtype::bf16, {1, 1}, {0, 0});
+  std::vector<std::byte> host(table.total_bytes());
+  auto dtype_err = fill_from_checkpoint(spec, {1, 1}, {0, 0}, table, host.data(), *file);
+  CHECK(is(dtype_err, ec::invalid_request));
+  CHECK_THAT(render(dtype_err), Catch::Contains("is f32 in the checkpoint, bf16 expected"));
+  auto bigger = spec;
+  bigger.vocab = 600;
+  auto t2 = *shard_layout(bigger, gpu::dtype::f32, {1, 1}, {0, 0});
+  std::vector<std::byte> h2(t2.total_bytes());
+  CHECK_THAT(render(fill_from_checkpoint(bigger, {1, 1}, {0, 0}, t2, h2.data(), *file)),
+             Catch::Contains("has shape [512, 64] in the checkpoint, [600, 64] expected"));
+  auto deeper = spec;
+  deeper.layers = 3;
+  auto t3 = *shard_layout(deeper, gpu::dtype::f32, {1, 1}, {0, 0});
+  std::vector<std::byte> h3(t3.total_bytes());
+  CHECK_THAT(render(fill_from_checkpoint(deeper, {1, 1}, {0, 0}, t3, h3.data(), *file)),
+             Catch::Contains("checkpoint has no tensor 'layers.2."));
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("half-precision conversions round to nearest even", "[models][weights]") {
+  CHECK(to_bf16(1.0f) == 0x3f80);
+  CHECK(to_f16(1.0f) == 0x3c00);
+  CHECK(to_f16(65504.0f) == 0x7bff);
+  CHECK(to_f16(1e6f) == 0x7c00);  // overflow to infinity
+  CHECK(to_f16(-2.0f) == 0xc000);
+  CHECK(std::isnan(from_bf16(to_bf16(std::nanf("")))));
+  CHECK(std::isnan(from_f16(to_f16(std::nanf("")))));
+  CHECK(from_f16(to_f16(5.96e-8f)) == Approx(5.96e-8f).epsilon(0.01));  // smallest subnormal
+  std::mt19937 rng{1};
+  std::uniform_real_distribution<float> u{-100, 100};
+  for (int i = 0; i < 10000; ++i) {
+    float x = u(rng);
+    CHECK(std::fabs(from_bf16(to_bf16(x)) - x) <= std::fabs(x) / 256);
+    CHECK(std::fabs(from_f16(to_f16(x)) - x) <= std::fabs(x) / 2048 + 1e-7f);
+  }
+}
