@@ -2,6 +2,8 @@
 // COMPUTRON_WITH_CUDA, and nothing else includes gpu/cuda/.
 #include "gpu/backends.hpp"
 
+#include "gpu/collective.hpp"
+
 #include <fmt/format.h>
 
 #include "common/error.hpp"
@@ -10,6 +12,7 @@
 
 #ifdef COMPUTRON_WITH_CUDA
 #include "gpu/cuda/cuda_device.hpp"
+#include "gpu/cuda/nccl_collective.hpp"
 #endif
 
 namespace computron::gpu {
@@ -91,6 +94,23 @@ caf::expected<std::vector<device_ptr>> open_devices(const device_options& opts) 
   log::info("no usable CUDA device ({}): using {} emulated device(s) at {} GB/s", why,
             opts.count == 0 ? 1 : opts.count, opts.emulated_link_gbps);
   return open_emulated(opts);
+}
+
+caf::expected<std::string> nccl_unique_id() {
+#ifdef COMPUTRON_WITH_CUDA
+  return cuda::nccl_unique_id();
+#else
+  return make_error(ec::unavailable, "this build has no CUDA backend: no NCCL");
+#endif
+}
+
+caf::expected<std::unique_ptr<collective>> make_nccl_collective(const std::string& unique_id,
+                                                                int rank, int size, int device) {
+#ifdef COMPUTRON_WITH_CUDA
+  return cuda::make_nccl_collective(unique_id, rank, size, device);
+#else
+  return make_error(ec::unavailable, "this build has no CUDA backend: no NCCL");
+#endif
 }
 
 }  // namespace computron::gpu

@@ -1,0 +1,35 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <caf/error.hpp>
+#include <caf/expected.hpp>
+
+namespace computron::gpu {
+
+/// A tensor-parallel group's collective: the sum of a buffer over every rank, left on
+/// every rank. NCCL on GPUs (gpu/cuda), Gloo on CPUs (models/gloo_collective). Calls are
+/// blocking and every rank must make the same calls in the same order.
+class collective {
+ public:
+  virtual ~collective() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// In place: `data` (host memory for Gloo, device memory for NCCL) becomes the
+  /// element-wise sum over the group.
+  virtual caf::error all_reduce_sum(float* data, uint64_t count) = 0;
+};
+
+/// The group of one: all_reduce_sum leaves the data as it is (tp = 1).
+std::unique_ptr<collective> make_solo_collective();
+
+/// NCCL group over GPUs. `unique_id` comes from rank 0's nccl_unique_id() and is handed
+/// to every rank by the caller (later: in CAF messages). Errors: no CUDA in this build,
+/// NCCL failures with NCCL's message.
+caf::expected<std::string> nccl_unique_id();
+caf::expected<std::unique_ptr<collective>> make_nccl_collective(const std::string& unique_id,
+                                                                int rank, int size, int device);
+
+}  // namespace computron::gpu

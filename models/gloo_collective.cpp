@@ -1,0 +1,121 @@
+#include "models/gloo_collective.hpp"
+
+#include <fmt/format.h>
+
+#include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "common/error.hpp"
+
+namespace computron::models {
+
+namespace {
+
+class tcp_store final : public gloo_store {
+ public:
+  explicit tcp_store(c10::intrusive_ptr<c10d::TCPStore> s) : store(std::move(s)) {}
+  uint16_t port() const override { return store->getPort(); }
+  /// The hosting (or first) connection; it keeps the server alive on rank 0.
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  std::string host;
+  int world_size = 1;
+  std::chrono::milliseconds timeout{30000};
+};
+
+caf::expected<std::shared_ptr<gloo_store>> make_store(const std::string& host, uint16_t port,
+                                                      int world_size, bool server,
+                                                      std::chrono::milliseconds timeout) {
+  if (world_size < 1)
+    return make_error(ec::invalid_request, fmt::format("group of {} ranks", world_size));
+  try {
+    c10d::TCPStoreOptions opts;
+    opts.port = port;
+    opts.isServer = server;
+    opts.numWorkers = world_size;
+    opts.waitWorkers = false;
+    opts.timeout = timeout;
+    auto s = c10::make_intrusive<c10d::TCPStore>(host, opts);
+    auto out = std::make_shared<tcp_store>(std::move(s));
+    out->host = host;
+    out->world_size = world_size;
+    out->timeout = timeout;
+    return std::shared_ptr<gloo_store>{out};
+  } catch (const std::exception& e) {
+    return make_error(ec::unavailable,
+                      fmt::format("gloo rendezvous store at {}:{} ({}): {}", host, port,
+                                  server ? "hosting" : "connecting", e.what()));
+  }
+}
+
+class gloo_group final : public gpu::collective {
+ public:
+  gloo_group(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg, int rank, int size)
+      : pg_(std::move(pg)), rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  caf::error all_reduce_sum(float* data, uint64_t count) override {
+    try {
+      std::vector<at::Tensor> t{at::from_blob(data, {static_cast<int64_t>(count)}, at::kFloat)};
+      pg_->allreduce(t)->wait();
+      return {};
+    } catch (const std::exception& e) {
+      return make_error(ec::device_error,
+                        fmt::format("gloo all-reduce (rank {} of {}): {}", rank_, size_, e.what()));
+    }
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+  int rank_;
+  int size_;
+};
+
+}  // namespace
+
+caf::expected<std::shared_ptr<gloo_store>> host_gloo_store(const std::string& host, uint16_t port,
+                                                           int world_size,
+                                                           std::chrono::milliseconds timeout) {
+  return make_store(host, port, world_size, true, timeout);
+}
+
+caf::expected<std::shared_ptr<gloo_store>> connect_gloo_store(const std::string& host,
+                                                              uint16_t port, int world_size,
+                                                              std::chrono::milliseconds timeout) {
+  return make_store(host, port, world_size, false, timeout);
+}
+
+caf::expected<std::unique_ptr<gpu::collective>> make_gloo_collective(
+    std::shared_ptr<gloo_store> store, const std::string& prefix, int rank, int size,
+    const std::string& bind_address) {
+  auto* tcp = dynamic_cast<tcp_store*>(store.get());
+  if (tcp == nullptr) return make_error(ec::invalid_request, "gloo collective without a store");
+  if (rank < 0 || rank >= size)
+    return make_error(ec::invalid_request,
+                      fmt::format("rank {} outside a group of {}", rank, size));
+  try {
+    auto opts = c10d::ProcessGroupGloo::Options::create();
+    opts->timeout = tcp->timeout;
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(bind_address));
+    opts->threads = 1;
+    // A client connection of its own: a TCPStore socket is not safe to share between
+    // ranks that rendezvous concurrently (seen here: interleaved replies, socket timeouts).
+    c10d::TCPStoreOptions client;
+    client.port = tcp->port();
+    client.isServer = false;
+    client.numWorkers = tcp->world_size;
+    client.waitWorkers = false;
+    client.timeout = tcp->timeout;
+    auto own = c10::make_intrusive<c10d::TCPStore>(tcp->host, client);
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, own);
+    auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, opts);
+    return std::unique_ptr<gpu::collective>{
+        std::make_unique<gloo_group>(std::move(pg), rank, size)};
+  } catch (const std::exception& e) {
+    return make_error(ec::unavailable, fmt::format("joining gloo group '{}' as rank {} of {}: {}",
+                                                   prefix, rank, size, e.what()));
+  }
+}
+
+}  // namespace computron::models

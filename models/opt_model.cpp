@@ -1,0 +1,452 @@
+#include "models/opt_model.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <limits>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "common/error.hpp"
+#include "models/weights.hpp"
+
+namespace computron::models {
+
+namespace {
+
+/// Waiting for a layer's bytes: as long as a large load could possibly take.
+constexpr auto layer_wait = std::chrono::minutes{10};
+
+/// OPT's padding token; padded positions are masked, the id only has to be valid.
+constexpr int64_t pad_token = 1;
+
+at::ScalarType scalar_type(gpu::dtype t) {
+  switch (t) {
+    case gpu::dtype::f32:
+      return at::kFloat;
+    case gpu::dtype::bf16:
+      return at::kBFloat16;
+    case gpu::dtype::f16:
+      return at::kHalf;
+    case gpu::dtype::i64:
+      return at::kLong;
+    case gpu::dtype::i32:
+      return at::kInt;
+    case gpu::dtype::i8:
+      return at::kChar;
+    case gpu::dtype::u8:
+      return at::kByte;
+  }
+  return at::kFloat;
+}
+
+host_tensor to_host(const at::Tensor& t, gpu::dtype type) {
+  auto c = t.to(at::kCPU).contiguous();
+  host_tensor h;
+  h.type = type;
+  h.shape.assign(c.sizes().begin(), c.sizes().end());
+  h.bytes.resize(static_cast<size_t>(c.nbytes()));
+  std::memcpy(h.bytes.data(), c.data_ptr(), h.bytes.size());
+  return h;
+}
+
+caf::error bad(std::string what) {
+  return make_error(ec::invalid_request, std::move(what));
+}
+
+}  // namespace
+
+std::vector<float> host_tensor::to_floats() const {
+  auto n = bytes.size() / gpu::size_of(type);
+  std::vector<float> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (type == gpu::dtype::f32) {
+      std::memcpy(&out[i], bytes.data() + 4 * i, 4);
+    } else {
+      uint16_t b;
+      std::memcpy(&b, bytes.data() + 2 * i, 2);
+      out[i] = type == gpu::dtype::bf16 ? from_bf16(b) : from_f16(b);
+    }
+  }
+  return out;
+}
+
+struct kv_cache::impl {
+  std::vector<at::Tensor> keys;  // per layer of the stage: [batch, local heads, len, head dim]
+  std::vector<at::Tensor> values;
+  at::Tensor key_valid;                // [batch, len] bool: false on padding
+  std::vector<int64_t> next_position;  // real tokens seen per sequence
+};
+
+kv_cache::kv_cache() : impl_(std::make_unique<impl>()) {}
+kv_cache::~kv_cache() = default;
+kv_cache::kv_cache(kv_cache&&) noexcept = default;
+kv_cache& kv_cache::operator=(kv_cache&&) noexcept = default;
+int64_t kv_cache::length() const {
+  return impl_->key_valid.defined() ? impl_->key_valid.size(1) : 0;
+}
+
+struct opt_stage::impl {
+  opt_spec spec;
+  parallel_config par;
+  shard_index shard;
+  gpu::weight_shard* weights = nullptr;
+  gpu::collective* tp = nullptr;
+  gpu::dtype type = gpu::dtype::f32;
+  at::TensorOptions options;
+  int64_t layer_begin = 0;
+  int64_t layer_end = 0;
+  int64_t local_heads = 0;
+  int64_t head_dim = 0;
+  /// Bytes of the shard that must be on the device before layer i (relative index) runs;
+  /// the embeddings come first, the final norm and LM head last.
+  std::vector<uint64_t> layer_ready_bytes;
+  uint64_t embed_ready_bytes = 0;
+  /// Device address of the shard for the call in progress.
+  std::byte* base = nullptr;
+
+  bool first() const { return shard.pp_rank == 0; }
+  bool last() const { return shard.pp_rank == par.pp - 1; }
+
+  at::Tensor param(const std::string& name) const {
+    auto e = weights->table().find(name);
+    return at::from_blob(base + e->offset_bytes, e->shape, options);
+  }
+
+  caf::error bind() {
+    auto p = weights->device_data();
+    if (!p)
+      return make_error(ec::not_resident,
+                        fmt::format("{} stage {} tp rank {}: weights are not "
+                                    "loaded ({})",
+                                    spec.name, shard.pp_rank, shard.tp_rank, render(p.error())));
+    base = *p;
+    return {};
+  }
+
+  caf::error wait_for(uint64_t bytes) { return weights->wait_bytes(bytes, layer_wait); }
+
+  caf::error all_reduce(at::Tensor& t) {
+    if (tp->size() == 1) return {};
+    auto f = t.to(at::kFloat).contiguous();
+    if (auto err = tp->all_reduce_sum(f.data_ptr<float>(), static_cast<uint64_t>(f.numel())))
+      return err;
+    t = f.to(t.scalar_type());
+    return {};
+  }
+
+  /// One decoder layer (pre-LayerNorm, as every OPT but 350m). `allowed` is the
+  /// attention mask [batch, 1, queries, keys].
+  caf::expected<at::Tensor> layer(int64_t i, at::Tensor x, const at::Tensor& allowed,
+                                  kv_cache::impl& cache) {
+    auto p = fmt::format("layers.{}.", i);
+    auto h_dim = spec.hidden;
+    auto b = x.size(0);
+    auto t = x.size(1);
+    auto residual = x;
+    auto h = at::layer_norm(x, {h_dim}, param(p + "self_attn_layer_norm.weight"),
+                            param(p + "self_attn_layer_norm.bias"), 1e-5);
+    auto scaling = 1.0 / std::sqrt(static_cast<double>(head_dim));
+    auto split = [&](const at::Tensor& y) {
+      return y.view({b, t, local_heads, head_dim}).transpose(1, 2);
+    };
+    auto q = split(
+        at::linear(h, param(p + "self_attn.q_proj.weight"), param(p + "self_attn.q_proj.bias")) *
+        scaling);
+    auto k = split(
+        at::linear(h, param(p + "self_attn.k_proj.weight"), param(p + "self_attn.k_proj.bias")));
+    auto v = split(
+        at::linear(h, param(p + "self_attn.v_proj.weight"), param(p + "self_attn.v_proj.bias")));
+    auto li = static_cast<size_t>(i - layer_begin);
+    if (cache.keys[li].defined()) {
+      k = at::cat({cache.keys[li], k}, 2);
+      v = at::cat({cache.values[li], v}, 2);
+    }
+    cache.keys[li] = k;
+    cache.values[li] = v;
+    // Softmax in f32 whatever the weights are: bf16 logits lose too much there.
+    auto scores = at::matmul(q, k.transpose(-1, -2)).to(at::kFloat);
+    scores.masked_fill_(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+    auto probs = at::softmax(scores, -1).to(q.scalar_type());
+    auto o = at::matmul(probs, v).transpose(1, 2).reshape({b, t, local_heads * head_dim});
+    o = at::linear(o, param(p + "self_attn.out_proj.weight"));
+    if (auto err = all_reduce(o)) return err;
+    x = residual + o + param(p + "self_attn.out_proj.bias");
+    h = at::layer_norm(x, {h_dim}, param(p + "final_layer_norm.weight"),
+                       param(p + "final_layer_norm.bias"), 1e-5);
+    h = at::relu(at::linear(h, param(p + "fc1.weight"), param(p + "fc1.bias")));
+    h = at::linear(h, param(p + "fc2.weight"));
+    if (auto err = all_reduce(h)) return err;
+    return x + h + param(p + "fc2.bias");
+  }
+
+  /// Shared by prefill and decode once inputs are tensors: the layers, then either the
+  /// hidden states or the last position's logits.
+  caf::expected<host_tensor> run(at::Tensor x, const at::Tensor& allowed, kv_cache::impl& cache) {
+    for (auto i = layer_begin; i < layer_end; ++i) {
+      if (auto err = wait_for(layer_ready_bytes[static_cast<size_t>(i - layer_begin)])) return err;
+      auto y = layer(i, x, allowed, cache);
+      if (!y) return std::move(y.error());
+      x = std::move(*y);
+    }
+    if (!last()) return to_host(x, type);
+    if (auto err = weights->wait_loaded(layer_wait)) return err;
+    auto last_tok = x.select(1, x.size(1) - 1);  // left padding: the last token is last
+    auto normed = at::layer_norm(last_tok, {spec.hidden}, param("final_layer_norm.weight"),
+                                 param("final_layer_norm.bias"), 1e-5);
+    auto logits = at::matmul(normed, param("embed_tokens.weight").t()).to(at::kFloat);
+    return to_host(logits, gpu::dtype::f32);
+  }
+
+  caf::expected<at::Tensor> hidden_input(const host_tensor* hidden, int64_t b, int64_t t) {
+    if (hidden == nullptr)
+      return bad("a later pipeline stage needs the previous stage's hidden states");
+    std::vector<int64_t> want{b, t, spec.hidden};
+    if (hidden->type != type || hidden->shape != want ||
+        hidden->bytes.size() != static_cast<size_t>(b * t * spec.hidden) * gpu::size_of(type))
+      return bad(fmt::format("hidden states must be {} [{}, {}, {}]", gpu::to_string(type), b, t,
+                             spec.hidden));
+    auto cpu = at::from_blob(const_cast<std::byte*>(hidden->bytes.data()), want,
+                             at::TensorOptions().dtype(scalar_type(type)));
+    return cpu.to(options.device(), /*non_blocking=*/false, /*copy=*/true);
+  }
+
+  caf::error check_tokens(const std::vector<int64_t>& ids) const {
+    for (auto id : ids)
+      if (id < 0 || id >= spec.vocab)
+        return bad(fmt::format("token id {} is outside the vocabulary of {} ({} ids)", id,
+                               spec.name, spec.vocab));
+    return {};
+  }
+};
+
+opt_stage::opt_stage(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+opt_stage::~opt_stage() = default;
+bool opt_stage::first() const {
+  return impl_->first();
+}
+bool opt_stage::last() const {
+  return impl_->last();
+}
+
+caf::expected<std::unique_ptr<opt_stage>> opt_stage::create(const opt_spec& spec,
+                                                            const parallel_config& par,
+                                                            const shard_index& shard,
+                                                            gpu::weight_shard& weights,
+                                                            gpu::collective& tp_group) {
+  if (weights.table().entries().empty()) return bad("the weight shard has no tensors");
+  auto type = weights.table().entries().front().type;
+  auto layout = shard_layout(spec, type, par, shard);
+  if (!layout) return std::move(layout.error());
+  // The shard must hold exactly this layout: same names, shapes and offsets.
+  const auto& have = weights.table().entries();
+  const auto& want = layout->entries();
+  if (have.size() != want.size())
+    return bad(fmt::format("weight shard has {} tensors, {} expects {}", have.size(), spec.name,
+                           want.size()));
+  for (size_t i = 0; i < want.size(); ++i)
+    if (have[i].name != want[i].name || have[i].shape != want[i].shape ||
+        have[i].type != want[i].type || have[i].offset_bytes != want[i].offset_bytes)
+      return bad(fmt::format("weight shard tensor {} ('{}') does not match {}'s layout ('{}')", i,
+                             have[i].name, spec.name, want[i].name));
+  if (tp_group.size() != par.tp || tp_group.rank() != shard.tp_rank)
+    return bad(fmt::format("collective is rank {} of {}, the shard is tp rank {} of {}",
+                           tp_group.rank(), tp_group.size(), shard.tp_rank, par.tp));
+  auto kind = weights.dev().info().kind;
+  if (type == gpu::dtype::f16 && kind != gpu::device_kind::cuda)
+    return make_error(ec::invalid_configuration,
+                      "fp16 needs a CUDA device: use bf16 or f32 on CPUs and emulated devices");
+  if (type != gpu::dtype::f32 && type != gpu::dtype::bf16 && type != gpu::dtype::f16)
+    return bad(fmt::format("OPT weights must be f32, bf16 or f16, not {}", gpu::to_string(type)));
+  auto p = std::make_unique<impl>();
+  p->spec = spec;
+  p->par = par;
+  p->shard = shard;
+  p->weights = &weights;
+  p->tp = &tp_group;
+  p->type = type;
+  auto device =
+      kind == gpu::device_kind::cuda
+          ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(weights.dev().info().ordinal))
+          : at::Device(at::kCPU);
+  p->options = at::TensorOptions().dtype(scalar_type(type)).device(device);
+  std::tie(p->layer_begin, p->layer_end) = stage_layers(spec, par.pp, shard.pp_rank);
+  p->local_heads = spec.heads / par.tp;
+  p->head_dim = spec.hidden / spec.heads;
+  for (auto i = p->layer_begin; i < p->layer_end; ++i) {
+    auto prefix = fmt::format("layers.{}.", i);
+    uint64_t end = 0;
+    for (auto& e : want) {
+      if (e.name.rfind(prefix, 0) == 0) end = std::max(end, e.offset_bytes + e.size_bytes);
+      if (e.name.rfind("embed_", 0) == 0 && p->first())
+        end = std::max(end, e.offset_bytes + e.size_bytes);
+    }
+    p->layer_ready_bytes.push_back(end);
+  }
+  return std::unique_ptr<opt_stage>{new opt_stage(std::move(p))};
+}
+
+caf::expected<host_tensor> opt_stage::prefill(const std::vector<std::vector<int64_t>>& prompts,
+                                              const host_tensor* hidden, kv_cache& cache) {
+  auto& m = *impl_;
+  if (prompts.empty()) return bad("empty batch");
+  int64_t t = 0;
+  for (auto& pr : prompts) {
+    if (pr.empty()) return bad("empty prompt");
+    if (m.first())
+      if (auto err = m.check_tokens(pr)) return err;
+    t = std::max<int64_t>(t, static_cast<int64_t>(pr.size()));
+  }
+  if (t > m.spec.max_positions)
+    return bad(fmt::format("prompt of {} tokens exceeds {}'s {} positions", t, m.spec.name,
+                           m.spec.max_positions));
+  auto b = static_cast<int64_t>(prompts.size());
+  if (auto err = m.bind()) return err;
+  try {
+    at::NoGradGuard no_grad;
+    auto ids = at::full({b, t}, pad_token, at::kLong);
+    auto pos = at::zeros({b, t}, at::kLong);
+    auto valid = at::zeros({b, t}, at::kBool);
+    auto& c = *cache.impl_;
+    c = kv_cache::impl{};
+    c.keys.resize(static_cast<size_t>(m.layer_end - m.layer_begin));
+    c.values.resize(c.keys.size());
+    for (int64_t i = 0; i < b; ++i) {
+      auto& pr = prompts[static_cast<size_t>(i)];
+      auto len = static_cast<int64_t>(pr.size());
+      auto pad = t - len;
+      for (int64_t j = 0; j < len; ++j) {
+        ids[i][pad + j] = pr[static_cast<size_t>(j)];
+        pos[i][pad + j] = j;
+      }
+      valid.narrow(0, i, 1).narrow(1, pad, len).fill_(true);
+      c.next_position.push_back(len);
+    }
+    c.key_valid = valid.to(m.options.device());
+    // Query i sees key j when j <= i and j is not padding; a padding query sees itself,
+    // so that no softmax row is empty.
+    auto causal =
+        at::ones({t, t}, at::TensorOptions().dtype(at::kBool).device(m.options.device())).tril();
+    auto eye = at::eye(t, at::TensorOptions().dtype(at::kBool).device(m.options.device()));
+    auto allowed = (causal.unsqueeze(0) & c.key_valid.unsqueeze(1)) | eye.unsqueeze(0);
+    allowed = allowed.unsqueeze(1);
+    at::Tensor x;
+    if (m.first()) {
+      if (auto err = m.wait_for(m.layer_ready_bytes.empty() ? m.weights->size_bytes()
+                                                            : m.layer_ready_bytes.front()))
+        return err;
+      auto dev_ids = ids.to(m.options.device());
+      auto dev_pos = (pos + 2).to(m.options.device());  // OPT's learned positions start at 2
+      x = at::embedding(m.param("embed_tokens.weight"), dev_ids) +
+          at::embedding(m.param("embed_positions.weight"), dev_pos);
+    } else {
+      auto h = m.hidden_input(hidden, b, t);
+      if (!h) return std::move(h.error());
+      x = *h;
+    }
+    return m.run(x, allowed, c);
+  } catch (const std::exception& e) {
+    return make_error(ec::device_error,
+                      fmt::format("{} prefill failed: {}", m.spec.name, e.what()));
+  }
+}
+
+caf::expected<host_tensor> opt_stage::decode(const std::vector<int64_t>& tokens,
+                                             const host_tensor* hidden, kv_cache& cache) {
+  auto& m = *impl_;
+  auto& c = *cache.impl_;
+  if (!c.key_valid.defined()) return bad("decode before prefill: the cache is empty");
+  auto b = c.key_valid.size(0);
+  if (static_cast<int64_t>(tokens.size()) != b)
+    return bad(fmt::format("decode needs one token per sequence: {} given for a batch of {}",
+                           tokens.size(), b));
+  if (m.first())
+    if (auto err = m.check_tokens(tokens)) return err;
+  for (auto p : c.next_position)
+    if (p >= m.spec.max_positions)
+      return bad(
+          fmt::format("sequence reached {}'s {} positions", m.spec.name, m.spec.max_positions));
+  if (auto err = m.bind()) return err;
+  try {
+    at::NoGradGuard no_grad;
+    auto dev = m.options.device();
+    c.key_valid = at::cat(
+        {c.key_valid, at::ones({b, 1}, at::TensorOptions().dtype(at::kBool).device(dev))}, 1);
+    auto allowed = c.key_valid.unsqueeze(1).unsqueeze(1);  // [b, 1, 1, len]: every cached real key
+    at::Tensor x;
+    if (m.first()) {
+      auto ids = at::tensor(tokens, at::kLong).view({b, 1}).to(dev);
+      auto pos = (at::tensor(c.next_position, at::kLong).view({b, 1}) + 2).to(dev);
+      x = at::embedding(m.param("embed_tokens.weight"), ids) +
+          at::embedding(m.param("embed_positions.weight"), pos);
+    } else {
+      auto h = m.hidden_input(hidden, b, 1);
+      if (!h) return std::move(h.error());
+      x = *h;
+    }
+    auto out = m.run(x, allowed, c);
+    for (auto& p : c.next_position) ++p;
+    return out;
+  } catch (const std::exception& e) {
+    return make_error(ec::device_error, fmt::format("{} decode failed: {}", m.spec.name, e.what()));
+  }
+}
+
+caf::expected<const void*> opt_stage::parameter_address(const std::string& name) {
+  auto e = impl_->weights->table().find(name);
+  if (e == nullptr) return bad(fmt::format("no parameter '{}' in this stage", name));
+  if (auto err = impl_->bind()) return err;
+  return static_cast<const void*>(impl_->param(name).data_ptr());
+}
+
+caf::expected<host_tensor> prefill_logits(const std::vector<opt_stage*>& stages,
+                                          const std::vector<std::vector<int64_t>>& prompts) {
+  if (stages.empty()) return bad("no stages");
+  std::vector<kv_cache> caches(stages.size());
+  host_tensor h;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    auto out = stages[s]->prefill(prompts, s == 0 ? nullptr : &h, caches[s]);
+    if (!out) return out;
+    h = std::move(*out);
+  }
+  return h;
+}
+
+caf::expected<std::vector<std::vector<int64_t>>> generate(
+    const std::vector<opt_stage*>& stages, const std::vector<std::vector<int64_t>>& prompts,
+    const generate_options& opts) {
+  if (stages.empty() || !stages.front()->first() || !stages.back()->last())
+    return bad("generate needs the whole pipeline, first stage to last");
+  if (opts.max_tokens < 1)
+    return bad(fmt::format("max_tokens must be at least 1, got {}", opts.max_tokens));
+  if (auto err = validate(opts.sampling)) return err;
+  std::vector<kv_cache> caches(stages.size());
+  std::vector<sampler> samplers;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto p = opts.sampling;
+    p.seed += i;
+    samplers.emplace_back(p);
+  }
+  std::vector<std::vector<int64_t>> out(prompts.size());
+  std::vector<int64_t> next(prompts.size());
+  for (int64_t step = 0; step < opts.max_tokens; ++step) {
+    host_tensor h;
+    for (size_t s = 0; s < stages.size(); ++s) {
+      auto* in = s == 0 ? nullptr : &h;
+      auto r = step == 0 ? stages[s]->prefill(prompts, in, caches[s])
+                         : stages[s]->decode(next, in, caches[s]);
+      if (!r) return std::move(r.error());
+      h = std::move(*r);
+    }
+    auto logits = h.to_floats();
+    auto vocab = h.shape.back();
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      next[i] = samplers[i].next(logits.data() + static_cast<int64_t>(i) * vocab, vocab);
+      out[i].push_back(next[i]);
+    }
+  }
+  return out;
+}
+
+}  // namespace computron::models
