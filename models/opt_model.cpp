@@ -400,6 +400,10 @@ caf::expected<const void*> opt_stage::parameter_address(const std::string& name)
   return static_cast<const void*>(impl_->param(name).data_ptr());
 }
 
+void set_compute_threads(int threads) {
+  if (threads > 0) at::set_num_threads(threads);
+}
+
 caf::expected<host_tensor> prefill_logits(const std::vector<opt_stage*>& stages,
                                           const std::vector<std::vector<int64_t>>& prompts) {
   if (stages.empty()) return bad("no stages");

@@ -94,6 +94,9 @@ caf::expected<std::vector<std::vector<int64_t>>> generate(
     const std::vector<opt_stage*>& stages, const std::vector<std::vector<int64_t>>& prompts,
     const generate_options& opts);
 
+/// Intra-op threads of the CPU compute (libtorch's pool; process-wide). 0 leaves it.
+void set_compute_threads(int threads);
+
 /// The last-token logits of a prefill through the chain ([batch, vocab], f32).
 caf::expected<host_tensor> prefill_logits(const std::vector<opt_stage*>& stages,
                                           const std::vector<std::vector<int64_t>>& prompts);

@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "bench/forward_bench.hpp"
 #include "bench/swap_bench.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -103,6 +104,27 @@ int main(int argc, char** argv) {
   swap_cmd->add_flag("--no-verify", no_verify, "skip reading back and comparing bytes");
   swap_cmd->add_flag("--json", swap_json, "print one JSON object");
 
+  // bench forward
+  auto fwd_cmd = bench_cmd->add_subcommand(
+      "forward", "prefill and decode latency of one OPT shard read from the weight store");
+  bench::forward_bench_options fwd;
+  bool fwd_json = false;
+  fwd_cmd->add_option("--model", fwd.model, "catalogue name (opt-tiny ... opt-175b)")
+      ->capture_default_str();
+  fwd_cmd->add_option("--dtype", fwd.dtype, "f32, bf16 or f16 (CUDA only)")->capture_default_str();
+  fwd_cmd->add_option("--batch", fwd.batch, "sequences per forward")->capture_default_str();
+  fwd_cmd->add_option("--seq", fwd.seq, "prompt tokens per sequence")->capture_default_str();
+  fwd_cmd->add_option("--decode-tokens", fwd.decode_tokens, "decode steps timed after the prefill")
+      ->capture_default_str();
+  fwd_cmd->add_option("--repeats", fwd.repeats, "timed rounds (median reported)")
+      ->capture_default_str();
+  fwd_cmd->add_option("--threads", fwd.threads, "compute threads (0: one per core)")
+      ->capture_default_str();
+  fwd_cmd->add_option("--device-kind", fwd.device_kind, "auto, emulated or cuda")
+      ->check(CLI::IsMember({"auto", "emulated", "cuda"}))
+      ->capture_default_str();
+  fwd_cmd->add_flag("--json", fwd_json, "print one JSON object");
+
   // devices
   auto devices_cmd = app.add_subcommand("devices", "list the devices this process would use");
   gpu::device_options dev_opts;
@@ -139,6 +161,18 @@ int main(int argc, char** argv) {
     swap.baseline = !no_baseline;
     swap.verify = !no_verify;
     return run_bench_swap(swap, swap_json);
+  }
+  if (*fwd_cmd) {
+    auto r = bench::run_forward_bench(fwd);
+    if (!r) {
+      std::cerr << "computron bench forward: " << render(r.error()) << '\n';
+      return exit_failure;
+    }
+    if (fwd_json)
+      std::cout << bench::to_json(*r) << '\n';
+    else
+      bench::print_table(std::cout, *r);
+    return 0;
   }
   if (*devices_cmd) return run_devices(dev_opts, devices_json);
   return exit_usage;

@@ -110,3 +110,31 @@ TEST_CASE("no subcommand prints usage and fails", "[cli]") {
   CHECK(help.exit_code == 0);
   CHECK_THAT(help.out, Catch::Contains("devices"));
 }
+
+TEST_CASE("bench forward reports latency of a zero-copy model", "[cli][bench]") {
+  auto r =
+      run("bench forward --model opt-tiny --dtype f32 --batch 2 --seq 8 --decode-tokens 2 "
+          "--repeats 1 --threads 1 --json",
+          false);
+  REQUIRE(r.exit_code == 0);
+  auto j = nlohmann::json::parse(r.out);
+  CHECK(j.at("model") == "opt-tiny");
+  CHECK(j.at("zero_copy") == true);
+  CHECK(j.at("batch") == 2);
+  CHECK(j.at("prefill_seconds").get<double>() > 0);
+  CHECK(j.at("decode_seconds_per_token").get<double>() > 0);
+  CHECK(j.at("prefill_tokens_per_second").get<double>() ==
+        Approx(16.0 / j.at("prefill_seconds").get<double>()));
+}
+
+TEST_CASE("bench forward rejects unknown models and impossible shapes", "[cli][bench]") {
+  auto model = run("bench forward --model opt-foo", true);
+  CHECK(model.exit_code == 1);
+  CHECK_THAT(model.all, Catch::Contains("unknown_model"));
+  auto seq = run("bench forward --model opt-tiny --seq 500", true);
+  CHECK(seq.exit_code == 1);
+  CHECK_THAT(seq.all, Catch::Contains("positions"));
+  auto dtype = run("bench forward --model opt-tiny --dtype int4", true);
+  CHECK(dtype.exit_code == 1);
+  CHECK_THAT(dtype.all, Catch::Contains("--dtype must be"));
+}

@@ -1,0 +1,157 @@
+#include "bench/forward_bench.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <ostream>
+#include <random>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/error.hpp"
+#include "gpu/backends.hpp"
+#include "gpu/collective.hpp"
+#include "models/opt_model.hpp"
+#include "models/weights.hpp"
+
+namespace computron::bench {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+double median(std::vector<double> xs) {
+  std::sort(xs.begin(), xs.end());
+  return xs[xs.size() / 2];
+}
+
+caf::expected<gpu::dtype> parse_dtype(const std::string& s) {
+  if (s == "f32" || s == "fp32") return gpu::dtype::f32;
+  if (s == "bf16") return gpu::dtype::bf16;
+  if (s == "f16" || s == "fp16") return gpu::dtype::f16;
+  return make_error(ec::invalid_request,
+                    fmt::format("--dtype must be f32, bf16 or f16, got '{}'", s));
+}
+
+}  // namespace
+
+caf::expected<forward_bench_result> run_forward_bench(const forward_bench_options& o) {
+  auto spec = models::find_spec(o.model);
+  if (!spec) return std::move(spec.error());
+  auto type = parse_dtype(o.dtype);
+  if (!type) return std::move(type.error());
+  if (o.batch < 1 || o.batch > 1024)
+    return make_error(ec::invalid_request, "--batch must be 1..1024");
+  if (o.seq < 1 || o.seq + o.decode_tokens > spec->max_positions)
+    return make_error(ec::invalid_request,
+                      fmt::format("--seq plus --decode-tokens must fit {}'s {} positions",
+                                  spec->name, spec->max_positions));
+  if (o.decode_tokens < 0 || o.repeats < 1 || o.threads < 0)
+    return make_error(ec::invalid_request, "--decode-tokens >= 0, --repeats >= 1, --threads >= 0");
+  auto table = models::shard_layout(*spec, *type, {1, 1}, {0, 0});
+  if (!table) return std::move(table.error());
+  int threads = o.threads > 0 ? o.threads
+                              : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  models::set_compute_threads(threads);
+
+  gpu::device_options d;
+  d.kind = o.device_kind;
+  d.count = 1;
+  d.emulated_capacity_bytes = table->total_bytes() + (64ull << 20);
+  d.emulated_link_gbps = 16.0;
+  auto devs = gpu::open_devices(d);
+  if (!devs) return std::move(devs.error());
+  auto shard = gpu::weight_shard::create(devs->front(), *table);
+  if (!shard) return std::move(shard.error());
+  if (auto err = models::fill_seeded(*spec, {1, 1}, {0, 0}, (*shard)->table(),
+                                     (*shard)->host_data(), o.seed))
+    return err;
+  forward_bench_result r;
+  r.model = spec->name;
+  r.dtype = gpu::to_string(*type);
+  r.device_kind = gpu::to_string(devs->front()->info().kind);
+  r.batch = o.batch;
+  r.seq = o.seq;
+  r.threads = threads;
+  r.weight_bytes = table->total_bytes();
+  auto t0 = clock_type::now();
+  if (auto err = (*shard)->load()) return err;
+  if (auto err = (*shard)->wait_loaded(std::chrono::minutes{10})) return err;
+  r.load_seconds = since(t0);
+
+  auto solo = gpu::make_solo_collective();
+  auto stage = models::opt_stage::create(*spec, {1, 1}, {0, 0}, **shard, *solo);
+  if (!stage) return std::move(stage.error());
+  // Zero-copy: what the forward reads is the weight store's device copy itself.
+  auto base = (*shard)->device_data();
+  r.zero_copy = true;
+  for (auto& e : (*shard)->table().entries()) {
+    auto addr = (*stage)->parameter_address(e.name);
+    if (!addr || *addr != *base + e.offset_bytes) r.zero_copy = false;
+  }
+
+  std::mt19937_64 rng{o.seed};
+  std::uniform_int_distribution<int64_t> tok{3, spec->vocab - 1};
+  std::vector<std::vector<int64_t>> prompts(static_cast<size_t>(o.batch));
+  for (auto& p : prompts)
+    for (int64_t i = 0; i < o.seq; ++i) p.push_back(tok(rng));
+  std::vector<int64_t> next(static_cast<size_t>(o.batch), 5);
+  std::vector<double> prefills, decodes;
+  for (int i = 0; i <= o.repeats; ++i) {  // round 0 warms up
+    models::kv_cache cache;
+    auto p0 = clock_type::now();
+    auto out = (*stage)->prefill(prompts, nullptr, cache);
+    if (!out) return std::move(out.error());
+    auto pt = since(p0);
+    std::vector<double> steps;
+    for (int64_t k = 0; k < o.decode_tokens; ++k) {
+      auto d0 = clock_type::now();
+      auto step = (*stage)->decode(next, nullptr, cache);
+      if (!step) return std::move(step.error());
+      steps.push_back(since(d0));
+    }
+    if (i == 0) continue;
+    prefills.push_back(pt);
+    if (!steps.empty()) decodes.push_back(median(steps));
+  }
+  r.prefill_seconds = median(prefills);
+  r.prefill_tokens_per_second = static_cast<double>(o.batch * o.seq) / r.prefill_seconds;
+  r.decode_seconds_per_token = decodes.empty() ? 0 : median(decodes);
+  return r;
+}
+
+std::string to_json(const forward_bench_result& r) {
+  nlohmann::json j{{"model", r.model},
+                   {"dtype", r.dtype},
+                   {"device_kind", r.device_kind},
+                   {"batch", r.batch},
+                   {"seq", r.seq},
+                   {"threads", r.threads},
+                   {"weight_bytes", r.weight_bytes},
+                   {"load_seconds", r.load_seconds},
+                   {"prefill_seconds", r.prefill_seconds},
+                   {"prefill_tokens_per_second", r.prefill_tokens_per_second},
+                   {"decode_seconds_per_token", r.decode_seconds_per_token},
+                   {"zero_copy", r.zero_copy}};
+  return j.dump();
+}
+
+void print_table(std::ostream& out, const forward_bench_result& r) {
+  out << fmt::format("{} {} on {} ({} threads), {:.0f} MiB of weights loaded in {:.3f} s\n",
+                     r.model, r.dtype, r.device_kind, r.threads, r.weight_bytes / 1048576.0,
+                     r.load_seconds);
+  out << fmt::format("prefill  batch {} x {} tokens: {:.4f} s ({:.0f} tokens/s)\n", r.batch, r.seq,
+                     r.prefill_seconds, r.prefill_tokens_per_second);
+  out << fmt::format("decode   {:.4f} s per step ({} new tokens each)\n",
+                     r.decode_seconds_per_token, r.batch);
+  out << fmt::format("weights  {}\n", r.zero_copy
+                                          ? "read in place from the weight store (zero-copy)"
+                                          : "COPIED: parameters are not views of the store");
+}
+
+}  // namespace computron::bench

@@ -1,0 +1,49 @@
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+
+#include <caf/expected.hpp>
+
+/// `computron bench forward`: one OPT shard (tp = pp = 1) loaded through the weight
+/// store, then prefill and decode latency on its device.
+namespace computron::bench {
+
+struct forward_bench_options {
+  std::string model = "opt-125m";
+  std::string dtype = "bf16";
+  int64_t batch = 8;
+  int64_t seq = 128;
+  /// Decode steps timed after the prefill (per-token latency).
+  int64_t decode_tokens = 16;
+  int repeats = 3;
+  /// libtorch intra-op threads (0: one per core).
+  int threads = 0;
+  std::string device_kind = "auto";
+  uint64_t seed = 1;
+};
+
+struct forward_bench_result {
+  std::string model;
+  std::string dtype;
+  std::string device_kind;
+  int64_t batch = 0;
+  int64_t seq = 0;
+  int threads = 0;
+  uint64_t weight_bytes = 0;
+  double load_seconds = 0;
+  /// Median prefill of batch x seq tokens.
+  double prefill_seconds = 0;
+  double prefill_tokens_per_second = 0;
+  /// Median time of one decode step (one new token for each of the batch).
+  double decode_seconds_per_token = 0;
+  /// Parameters read in place from the weight store's device copy (no per-request copy).
+  bool zero_copy = false;
+};
+
+caf::expected<forward_bench_result> run_forward_bench(const forward_bench_options& opts);
+std::string to_json(const forward_bench_result& r);
+void print_table(std::ostream& out, const forward_bench_result& r);
+
+}  // namespace computron::bench
