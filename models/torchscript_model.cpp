@@ -1,0 +1,206 @@
+#include "models/torchscript_model.hpp"
+
+#include <cstring>
+
+#include <fmt/format.h>
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include "common/error.hpp"
+#include "models/weights.hpp"
+
+namespace computron::models {
+
+namespace {
+
+caf::expected<gpu::dtype> store_type(at::ScalarType t, const std::string& name) {
+  switch (t) {
+    case at::kFloat:
+      return gpu::dtype::f32;
+    case at::kBFloat16:
+      return gpu::dtype::bf16;
+    case at::kHalf:
+      return gpu::dtype::f16;
+    case at::kLong:
+      return gpu::dtype::i64;
+    case at::kInt:
+      return gpu::dtype::i32;
+    case at::kChar:
+      return gpu::dtype::i8;
+    case at::kByte:
+      return gpu::dtype::u8;
+    default:
+      return make_error(ec::invalid_request,
+                        fmt::format("tensor '{}' has dtype {}, which the weight store cannot hold",
+                                    name, c10::toString(t)));
+  }
+}
+
+at::ScalarType torch_type(gpu::dtype t) {
+  switch (t) {
+    case gpu::dtype::f32:
+      return at::kFloat;
+    case gpu::dtype::bf16:
+      return at::kBFloat16;
+    case gpu::dtype::f16:
+      return at::kHalf;
+    case gpu::dtype::i64:
+      return at::kLong;
+    case gpu::dtype::i32:
+      return at::kInt;
+    case gpu::dtype::i8:
+      return at::kChar;
+    case gpu::dtype::u8:
+      return at::kByte;
+  }
+  return at::kFloat;
+}
+
+}  // namespace
+
+struct torchscript_model::impl {
+  torch::jit::Module module;
+  std::unique_ptr<gpu::weight_shard> shard;
+  at::Device device{at::kCPU};
+
+  /// Points every parameter and buffer of the module at the shard's device copy.
+  caf::error bind() {
+    auto base = shard->device_data();
+    if (!base)
+      return make_error(ec::not_resident, fmt::format("TorchScript weights are not loaded ({})",
+                                                      render(base.error())));
+    if (auto err = shard->wait_loaded(std::chrono::minutes{10})) return err;
+    for (auto& e : shard->table().entries()) {
+      auto view = at::from_blob(*base + e.offset_bytes, e.shape,
+                                at::TensorOptions().dtype(torch_type(e.type)).device(device));
+      // "a.b.c": attribute c of submodule a.b.
+      auto owner = module;
+      std::string rest = e.name;
+      for (auto dot = rest.find('.'); dot != std::string::npos; dot = rest.find('.')) {
+        owner = owner.attr(rest.substr(0, dot)).toModule();
+        rest = rest.substr(dot + 1);
+      }
+      owner.setattr(rest, view);
+    }
+    return {};
+  }
+};
+
+torchscript_model::torchscript_model(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+torchscript_model::~torchscript_model() = default;
+gpu::weight_shard& torchscript_model::weights() {
+  return *impl_->shard;
+}
+
+caf::expected<std::unique_ptr<torchscript_model>> torchscript_model::load(const std::string& path,
+                                                                          gpu::device_ptr dev) {
+  if (!dev) return make_error(ec::invalid_request, "TorchScript model without a device");
+  auto p = std::make_unique<impl>();
+  try {
+    p->module = torch::jit::load(path, at::Device(at::kCPU));
+    p->module.eval();
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    return make_error(ec::invalid_request, fmt::format("cannot load TorchScript module {}: {}",
+                                                       path, what.substr(0, what.find('\n'))));
+  }
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& np : p->module.named_parameters(true)) tensors.emplace_back(np.name, np.value);
+  for (const auto& nb : p->module.named_buffers(true)) tensors.emplace_back(nb.name, nb.value);
+  gpu::tensor_table table;
+  for (auto& [name, t] : tensors) {
+    auto type = store_type(t.scalar_type(), name);
+    if (!type) return std::move(type.error());
+    if (auto err = table.add(name, *type, std::vector<int64_t>(t.sizes().begin(), t.sizes().end())))
+      return err;
+  }
+  auto shard = gpu::weight_shard::create(dev, std::move(table));
+  if (!shard) return std::move(shard.error());
+  for (auto& [name, t] : tensors) {
+    auto c = t.contiguous();
+    std::memcpy((*shard)->host_tensor(name), c.data_ptr(), static_cast<size_t>(c.nbytes()));
+  }
+  p->shard = std::move(*shard);
+  p->device = dev->info().kind == gpu::device_kind::cuda
+                  ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(dev->info().ordinal))
+                  : at::Device(at::kCPU);
+  if (p->device.is_cuda()) p->module.to(p->device);
+  return std::unique_ptr<torchscript_model>{new torchscript_model(std::move(p))};
+}
+
+caf::expected<host_tensor> torchscript_model::forward(const std::vector<host_tensor>& inputs) {
+  auto& m = *impl_;
+  if (auto err = m.bind()) return err;
+  try {
+    at::NoGradGuard no_grad;
+    std::vector<c10::IValue> args;
+    for (auto& in : inputs) {
+      uint64_t n = 1;
+      for (auto d : in.shape) n *= static_cast<uint64_t>(d < 0 ? 0 : d);
+      if (n * gpu::size_of(in.type) != in.bytes.size())
+        return make_error(ec::invalid_request, "input bytes do not match its dtype and shape");
+      auto cpu = at::from_blob(const_cast<std::byte*>(in.bytes.data()), in.shape,
+                               at::TensorOptions().dtype(torch_type(in.type)));
+      args.emplace_back(cpu.to(m.device, false, true));
+    }
+    auto out = m.module.forward(args);
+    if (!out.isTensor())
+      return make_error(ec::invalid_request, "the module did not return one tensor");
+    auto t = out.toTensor().to(at::kCPU).contiguous();
+    auto type = store_type(t.scalar_type(), "output");
+    if (!type) return std::move(type.error());
+    host_tensor h;
+    h.type = *type;
+    h.shape.assign(t.sizes().begin(), t.sizes().end());
+    h.bytes.resize(static_cast<size_t>(t.nbytes()));
+    std::memcpy(h.bytes.data(), t.data_ptr(), h.bytes.size());
+    return h;
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    return make_error(ec::invalid_request, fmt::format("TorchScript forward failed: {}",
+                                                       what.substr(0, what.find('\n'))));
+  }
+}
+
+caf::expected<const void*> torchscript_model::parameter_address(const std::string& name) {
+  if (auto err = impl_->bind()) return err;
+  for (const auto& np : impl_->module.named_parameters(true))
+    if (np.name == name) return static_cast<const void*>(np.value.data_ptr());
+  for (const auto& nb : impl_->module.named_buffers(true))
+    if (nb.name == name) return static_cast<const void*>(nb.value.data_ptr());
+  return make_error(ec::invalid_request, fmt::format("no parameter '{}'", name));
+}
+
+caf::error write_demo_torchscript(const std::string& path, int64_t in, int64_t out, uint64_t seed) {
+  if (in < 1 || out < 1) return make_error(ec::invalid_request, "demo module needs positive sizes");
+  try {
+    auto w = at::empty({out, in}, at::kFloat);
+    auto b = at::empty({out}, at::kFloat);
+    for (int64_t i = 0; i < out * in; ++i)
+      w.data_ptr<float>()[i] =
+          seeded_value(seed, "fc.weight", static_cast<uint64_t>(i), init_kind::weight);
+    for (int64_t i = 0; i < out; ++i)
+      b.data_ptr<float>()[i] =
+          seeded_value(seed, "fc.bias", static_cast<uint64_t>(i), init_kind::bias);
+    torch::jit::Module fc("fc");
+    fc.register_parameter("weight", w, false);
+    fc.register_parameter("bias", b, false);
+    fc.define(R"(
+def forward(self, x):
+    return torch.matmul(x, self.weight.t()) + self.bias
+)");
+    torch::jit::Module top("demo");
+    top.register_module("fc", fc);
+    top.register_buffer("scale", at::full({1}, 2.0f));
+    top.define(R"(
+def forward(self, x):
+    return torch.relu(self.fc.forward(x)) * self.scale
+)");
+    top.save(path);
+    return {};
+  } catch (const std::exception& e) {
+    return make_error(ec::io_error, fmt::format("writing demo module {}: {}", path, e.what()));
+  }
+}
+
+}  // namespace computron::models
