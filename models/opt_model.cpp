@@ -9,9 +9,12 @@
 #include <torch/torch.h>
 
 #include "common/error.hpp"
+#include "models/torch_interop.hpp"
 #include "models/weights.hpp"
 
 namespace computron::models {
+
+using detail::to_torch;
 
 namespace {
 
@@ -20,36 +23,6 @@ constexpr auto layer_wait = std::chrono::minutes{10};
 
 /// OPT's padding token; padded positions are masked, the id only has to be valid.
 constexpr int64_t pad_token = 1;
-
-at::ScalarType scalar_type(gpu::dtype t) {
-  switch (t) {
-    case gpu::dtype::f32:
-      return at::kFloat;
-    case gpu::dtype::bf16:
-      return at::kBFloat16;
-    case gpu::dtype::f16:
-      return at::kHalf;
-    case gpu::dtype::i64:
-      return at::kLong;
-    case gpu::dtype::i32:
-      return at::kInt;
-    case gpu::dtype::i8:
-      return at::kChar;
-    case gpu::dtype::u8:
-      return at::kByte;
-  }
-  return at::kFloat;
-}
-
-host_tensor to_host(const at::Tensor& t, gpu::dtype type) {
-  auto c = t.to(at::kCPU).contiguous();
-  host_tensor h;
-  h.type = type;
-  h.shape.assign(c.sizes().begin(), c.sizes().end());
-  h.bytes.resize(static_cast<size_t>(c.nbytes()));
-  std::memcpy(h.bytes.data(), c.data_ptr(), h.bytes.size());
-  return h;
-}
 
 caf::error bad(std::string what) {
   return make_error(ec::invalid_request, std::move(what));
@@ -190,13 +163,13 @@ struct opt_stage::impl {
       if (!y) return std::move(y.error());
       x = std::move(*y);
     }
-    if (!last()) return to_host(x, type);
+    if (!last()) return detail::to_host(x);
     if (auto err = weights->wait_loaded(layer_wait)) return err;
     auto last_tok = x.select(1, x.size(1) - 1);  // left padding: the last token is last
     auto normed = at::layer_norm(last_tok, {spec.hidden}, param("final_layer_norm.weight"),
                                  param("final_layer_norm.bias"), 1e-5);
     auto logits = at::matmul(normed, param("embed_tokens.weight").t()).to(at::kFloat);
-    return to_host(logits, gpu::dtype::f32);
+    return detail::to_host(logits);
   }
 
   caf::expected<at::Tensor> hidden_input(const host_tensor* hidden, int64_t b, int64_t t) {
@@ -207,9 +180,7 @@ struct opt_stage::impl {
         hidden->bytes.size() != static_cast<size_t>(b * t * spec.hidden) * gpu::size_of(type))
       return bad(fmt::format("hidden states must be {} [{}, {}, {}]", gpu::to_string(type), b, t,
                              spec.hidden));
-    auto cpu = at::from_blob(const_cast<std::byte*>(hidden->bytes.data()), want,
-                             at::TensorOptions().dtype(scalar_type(type)));
-    return cpu.to(options.device(), /*non_blocking=*/false, /*copy=*/true);
+    return detail::from_host(*hidden, options.device());
   }
 
   caf::error check_tokens(const std::vector<int64_t>& ids) const {
@@ -270,7 +241,7 @@ caf::expected<std::unique_ptr<opt_stage>> opt_stage::create(const opt_spec& spec
       kind == gpu::device_kind::cuda
           ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(weights.dev().info().ordinal))
           : at::Device(at::kCPU);
-  p->options = at::TensorOptions().dtype(scalar_type(type)).device(device);
+  p->options = at::TensorOptions().dtype(to_torch(type)).device(device);
   std::tie(p->layer_begin, p->layer_end) = stage_layers(spec, par.pp, shard.pp_rank);
   p->local_heads = spec.heads / par.tp;
   p->head_dim = spec.hidden / spec.heads;

@@ -7,56 +7,13 @@
 #include <torch/torch.h>
 
 #include "common/error.hpp"
+#include "models/torch_interop.hpp"
 #include "models/weights.hpp"
 
 namespace computron::models {
 
-namespace {
-
-caf::expected<gpu::dtype> store_type(at::ScalarType t, const std::string& name) {
-  switch (t) {
-    case at::kFloat:
-      return gpu::dtype::f32;
-    case at::kBFloat16:
-      return gpu::dtype::bf16;
-    case at::kHalf:
-      return gpu::dtype::f16;
-    case at::kLong:
-      return gpu::dtype::i64;
-    case at::kInt:
-      return gpu::dtype::i32;
-    case at::kChar:
-      return gpu::dtype::i8;
-    case at::kByte:
-      return gpu::dtype::u8;
-    default:
-      return make_error(ec::invalid_request,
-                        fmt::format("tensor '{}' has dtype {}, which the weight store cannot hold",
-                                    name, c10::toString(t)));
-  }
-}
-
-at::ScalarType torch_type(gpu::dtype t) {
-  switch (t) {
-    case gpu::dtype::f32:
-      return at::kFloat;
-    case gpu::dtype::bf16:
-      return at::kBFloat16;
-    case gpu::dtype::f16:
-      return at::kHalf;
-    case gpu::dtype::i64:
-      return at::kLong;
-    case gpu::dtype::i32:
-      return at::kInt;
-    case gpu::dtype::i8:
-      return at::kChar;
-    case gpu::dtype::u8:
-      return at::kByte;
-  }
-  return at::kFloat;
-}
-
-}  // namespace
+using detail::from_torch;
+using detail::to_torch;
 
 struct torchscript_model::impl {
   torch::jit::Module module;
@@ -72,7 +29,7 @@ struct torchscript_model::impl {
     if (auto err = shard->wait_loaded(std::chrono::minutes{10})) return err;
     for (auto& e : shard->table().entries()) {
       auto view = at::from_blob(*base + e.offset_bytes, e.shape,
-                                at::TensorOptions().dtype(torch_type(e.type)).device(device));
+                                at::TensorOptions().dtype(to_torch(e.type)).device(device));
       // "a.b.c": attribute c of submodule a.b.
       auto owner = module;
       std::string rest = e.name;
@@ -109,7 +66,7 @@ caf::expected<std::unique_ptr<torchscript_model>> torchscript_model::load(const 
   for (const auto& nb : p->module.named_buffers(true)) tensors.emplace_back(nb.name, nb.value);
   gpu::tensor_table table;
   for (auto& [name, t] : tensors) {
-    auto type = store_type(t.scalar_type(), name);
+    auto type = from_torch(t.scalar_type(), name);
     if (!type) return std::move(type.error());
     if (auto err = table.add(name, *type, std::vector<int64_t>(t.sizes().begin(), t.sizes().end())))
       return err;
@@ -135,26 +92,14 @@ caf::expected<host_tensor> torchscript_model::forward(const std::vector<host_ten
     at::NoGradGuard no_grad;
     std::vector<c10::IValue> args;
     for (auto& in : inputs) {
-      uint64_t n = 1;
-      for (auto d : in.shape) n *= static_cast<uint64_t>(d < 0 ? 0 : d);
-      if (n * gpu::size_of(in.type) != in.bytes.size())
-        return make_error(ec::invalid_request, "input bytes do not match its dtype and shape");
-      auto cpu = at::from_blob(const_cast<std::byte*>(in.bytes.data()), in.shape,
-                               at::TensorOptions().dtype(torch_type(in.type)));
-      args.emplace_back(cpu.to(m.device, false, true));
+      auto t = detail::from_host(in, m.device);
+      if (!t) return std::move(t.error());
+      args.emplace_back(std::move(*t));
     }
     auto out = m.module.forward(args);
     if (!out.isTensor())
       return make_error(ec::invalid_request, "the module did not return one tensor");
-    auto t = out.toTensor().to(at::kCPU).contiguous();
-    auto type = store_type(t.scalar_type(), "output");
-    if (!type) return std::move(type.error());
-    host_tensor h;
-    h.type = *type;
-    h.shape.assign(t.sizes().begin(), t.sizes().end());
-    h.bytes.resize(static_cast<size_t>(t.nbytes()));
-    std::memcpy(h.bytes.data(), t.data_ptr(), h.bytes.size());
-    return h;
+    return detail::to_host(out.toTensor());
   } catch (const std::exception& e) {
     std::string what = e.what();
     return make_error(ec::invalid_request, fmt::format("TorchScript forward failed: {}",

@@ -8,17 +8,13 @@
 
 #include "common/error.hpp"
 #include "models/safetensors.hpp"
+#include "tests/support/temp_files.hpp"
 
 using namespace computron;
 using namespace computron::models;
+using computron::test::temp_path;
 
 namespace {
-
-std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() /
-          ("computron-st-" + std::to_string(::getpid()) + "-" + name))
-      .string();
-}
 
 std::string read_all(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

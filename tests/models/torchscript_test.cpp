@@ -9,18 +9,14 @@
 #include "gpu/emulated_device.hpp"
 #include "models/torchscript_model.hpp"
 #include "models/weights.hpp"
+#include "tests/support/temp_files.hpp"
 
 using namespace computron;
 using namespace computron::models;
+using computron::test::temp_path;
 using namespace std::chrono_literals;
 
 namespace {
-
-std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() /
-          ("computron-ts-" + std::to_string(::getpid()) + "-" + name))
-      .string();
-}
 
 gpu::device_ptr device() {
   auto d = gpu::emulated_device::make({});

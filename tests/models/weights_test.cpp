@@ -9,9 +9,11 @@
 #include "common/error.hpp"
 #include "models/safetensors.hpp"
 #include "models/weights.hpp"
+#include "tests/support/temp_files.hpp"
 
 using namespace computron;
 using namespace computron::models;
+using computron::test::temp_path;
 
 namespace {
 
@@ -30,12 +32,6 @@ host_shard seeded(const opt_spec& spec, gpu::dtype t, parallel_config par, shard
   host_shard h{*table, std::vector<std::byte>(table->total_bytes())};
   REQUIRE_FALSE(fill_seeded(spec, par, s, h.table, h.bytes.data(), seed));
   return h;
-}
-
-std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() /
-          ("computron-" + std::to_string(::getpid()) + "-" + name))
-      .string();
 }
 
 /// The unsharded seeded model as a safetensors checkpoint.
