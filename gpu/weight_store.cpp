@@ -200,7 +200,7 @@ caf::error weight_shard::wait_bytes(uint64_t bytes, std::chrono::milliseconds ti
       return make_error(ec::invalid_request, fmt::format("waiting for {} bytes of a {}-byte shard",
                                                          bytes, size_bytes()));
     refresh_locked();
-    if (state_ == residency::resident) return {};
+    if (state_ == residency::resident || (bytes == 0 && state_ == residency::loading)) return {};
     if (state_ != residency::loading)
       return failure_
                  ? failure_

@@ -177,7 +177,7 @@ caf::expected<safetensors_file> safetensors_file::open(const std::string& path) 
   return f;
 }
 
-caf::error write_safetensors(const std::string& path, const std::vector<safetensor_view>& tensors,
+caf::error write_safetensors(const std::string& path, const std::vector<safetensor>& tensors,
                              const std::map<std::string, std::string>& metadata) {
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;

@@ -18,7 +18,8 @@
 /// tensors are views of the mapping, never a whole-file copy.
 namespace computron::models {
 
-/// One tensor in a file: its metadata and a pointer into the mapping.
+/// One tensor: its metadata and a pointer to its bytes (into the mapping when read,
+/// caller-owned memory when written).
 struct safetensor {
   std::string name;
   gpu::dtype type = gpu::dtype::f32;
@@ -52,18 +53,9 @@ class safetensors_file {
   std::map<std::string, std::string> metadata_;
 };
 
-/// A tensor to write: metadata plus bytes owned by the caller.
-struct safetensor_view {
-  std::string name;
-  gpu::dtype type = gpu::dtype::f32;
-  std::vector<int64_t> shape;
-  const std::byte* data = nullptr;
-  uint64_t size_bytes = 0;
-};
-
 /// Writes a checkpoint atomically (a temporary file renamed into place). Errors: a size
 /// that disagrees with dtype x shape, duplicate names, I/O failures.
-caf::error write_safetensors(const std::string& path, const std::vector<safetensor_view>& tensors,
+caf::error write_safetensors(const std::string& path, const std::vector<safetensor>& tensors,
                              const std::map<std::string, std::string>& metadata = {});
 
 /// "F32", "BF16", ... (the format's names).

@@ -18,7 +18,7 @@ namespace {
 /// message and the call that failed, never an abort.
 caf::error check(cudaError_t status, const char* what, int ordinal) {
   if (status == cudaSuccess) return {};
-  cudaGetLastError();  // clear the sticky-free error so the next call starts clean
+  cudaGetLastError();  // reset the last-error state so the next call does not see it
   return make_error(ec::device_error,
                     fmt::format("cuda:{}: {} failed: {} ({})", ordinal, what,
                                 cudaGetErrorString(status), cudaGetErrorName(status)));

@@ -37,7 +37,7 @@ host_shard seeded(const opt_spec& spec, gpu::dtype t, parallel_config par, shard
 /// The unsharded seeded model as a safetensors checkpoint.
 void write_full_checkpoint(const opt_spec& spec, gpu::dtype t, const std::string& path) {
   auto full = seeded(spec, t, {1, 1}, {0, 0}, 9);
-  std::vector<safetensor_view> views;
+  std::vector<safetensor> views;
   for (auto& e : full.table.entries())
     views.push_back({e.name, e.type, e.shape, full.bytes.data() + e.offset_bytes, e.size_bytes});
   REQUIRE_FALSE(write_safetensors(path, views, {{"format", "pt"}}));
