@@ -30,20 +30,12 @@ double median(std::vector<double> xs) {
   return xs[xs.size() / 2];
 }
 
-caf::expected<gpu::dtype> parse_dtype(const std::string& s) {
-  if (s == "f32" || s == "fp32") return gpu::dtype::f32;
-  if (s == "bf16") return gpu::dtype::bf16;
-  if (s == "f16" || s == "fp16") return gpu::dtype::f16;
-  return make_error(ec::invalid_request,
-                    fmt::format("--dtype must be f32, bf16 or f16, got '{}'", s));
-}
-
 }  // namespace
 
 caf::expected<forward_bench_result> run_forward_bench(const forward_bench_options& o) {
   auto spec = models::find_spec(o.model);
   if (!spec) return std::move(spec.error());
-  auto type = parse_dtype(o.dtype);
+  auto type = gpu::parse_weight_dtype(o.dtype);
   if (!type) return std::move(type.error());
   if (o.batch < 1 || o.batch > 1024)
     return make_error(ec::invalid_request, "--batch must be 1..1024");

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -24,6 +25,15 @@ class collective {
 
 /// The group of one: all_reduce_sum leaves the data as it is (tp = 1).
 std::unique_ptr<collective> make_solo_collective();
+
+/// Joins the in-process group `name` as `rank` of `size`: ranks in different threads of
+/// one process (shard workers of one node) sum through shared memory, no sockets. The
+/// group exists while any rank holds it; a rank that waits longer than `timeout` for
+/// the others breaks the group (every later call fails) instead of hanging forever.
+/// Errors: a bad rank or size, a size or rank that disagrees with the group's.
+caf::expected<std::unique_ptr<collective>> join_local_group(const std::string& name, int rank,
+                                                            int size,
+                                                            std::chrono::milliseconds timeout);
 
 /// NCCL group over GPUs. `unique_id` comes from rank 0's nccl_unique_id() and is handed
 /// to every rank by the caller (later: in CAF messages). Errors: no CUDA in this build,

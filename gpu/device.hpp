@@ -111,6 +111,9 @@ class device : public std::enable_shared_from_this<device> {
  public:
   virtual ~device() = default;
 
+  /// Allocation granularity; accounting rounds every allocation up to it.
+  static constexpr uint64_t granularity = 256;
+
   const device_info& info() const { return info_; }
   uint64_t capacity_bytes() const { return info_.capacity_bytes; }
   /// Bytes held by live allocations (rounded up to the allocation granularity).
@@ -144,8 +147,6 @@ class device : public std::enable_shared_from_this<device> {
  protected:
   explicit device(device_info info) : info_(std::move(info)) {}
 
-  /// Allocation granularity; accounting rounds every allocation up to it.
-  static constexpr uint64_t granularity = 256;
 
   virtual caf::expected<host_buffer> do_allocate_host(uint64_t bytes) = 0;
   virtual caf::expected<void*> do_allocate(uint64_t bytes) = 0;

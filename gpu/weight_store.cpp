@@ -11,6 +11,14 @@
 
 namespace computron::gpu {
 
+caf::expected<dtype> parse_weight_dtype(std::string_view name) {
+  if (name == "f32" || name == "fp32") return dtype::f32;
+  if (name == "bf16") return dtype::bf16;
+  if (name == "f16" || name == "fp16") return dtype::f16;
+  return make_error(ec::invalid_request,
+                    "dtype must be f32, bf16 or f16, got '" + std::string{name} + "'");
+}
+
 const char* to_string(dtype t) {
   switch (t) {
     case dtype::f32:

@@ -22,6 +22,10 @@ enum class dtype : uint8_t { f32, f16, bf16, i64, i32, i8, u8 };
 /// "f32", "bf16", ...
 const char* to_string(dtype t);
 
+/// A floating-point weight type by name: "f32"/"fp32", "bf16", "f16"/"fp16".
+/// Errors: anything else (invalid_request, naming the accepted values).
+caf::expected<dtype> parse_weight_dtype(std::string_view name);
+
 /// Bytes per element.
 uint64_t size_of(dtype t);
 

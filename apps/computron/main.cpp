@@ -1,7 +1,9 @@
 // `computron`: one binary, subcommands. For now `bench swap` (the model-parallel swap
 // benchmark) and `devices` (what this machine offers); serving comes in later issues.
 #include <cmath>
+#include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 
 #include <fmt/format.h>
@@ -10,6 +12,7 @@
 
 #include "bench/forward_bench.hpp"
 #include "bench/swap_bench.hpp"
+#include "apps/computron/serve.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "gpu/backends.hpp"
@@ -136,6 +139,46 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   devices_cmd->add_flag("--json", devices_json, "print a JSON array");
 
+  // serve
+  auto serve_cmd = app.add_subcommand("serve", "serve the models of a repository over HTTP (KServe v2)");
+  std::string serve_config_path, serve_repository, serve_host, serve_trace;
+  int serve_port = -1;
+  int serve_devices = 0;
+  serve_cmd->add_option("--config", serve_config_path, "JSON serve config (default: built-in, see configs/)");
+  serve_cmd->add_option("--repository", serve_repository, "model repository folder (one folder per model)");
+  serve_cmd->add_option("--host", serve_host, "address to listen on (default 127.0.0.1)");
+  serve_cmd->add_option("--port", serve_port, "port to listen on (default 8000; 0 picks a free one)")
+      ->check(CLI::Range(0, 65535));
+  serve_cmd->add_option("--devices", serve_devices, "number of devices (overrides the config)")
+      ->check(CLI::Range(1, 1024));
+  serve_cmd->add_option("--trace", serve_trace, "write a Chrome trace of loads and batches here at exit");
+
+  // demo
+  auto demo_cmd = app.add_subcommand("demo", "send a short mixed workload to a running server; print a summary");
+  app::demo_options demo;
+  demo_cmd->add_option("--host", demo.host, "server address")->capture_default_str();
+  demo_cmd->add_option("--port", demo.port, "server port")->capture_default_str();
+  demo_cmd->add_option("--requests", demo.requests, "requests in all")->capture_default_str()->check(CLI::Range(1, 1000000));
+  demo_cmd->add_option("--clients", demo.clients, "concurrent clients")->capture_default_str()->check(CLI::Range(1, 256));
+  demo_cmd->add_option("--max-tokens", demo.max_tokens, "tokens per request")->capture_default_str();
+  demo_cmd->add_option("--seed", demo.seed, "workload seed")->capture_default_str();
+
+  // generate
+  auto gen_cmd = app.add_subcommand("generate", "generate directly from one model (no server): the reference output");
+  std::string gen_model_dir, gen_prompts;
+  int64_t gen_max_tokens = 1;
+  actors::row_sampling gen_sampling;
+  gpu::device_options gen_devices;
+  gen_devices.kind = "emulated";
+  gen_cmd->add_option("--model-dir", gen_model_dir, "a repository folder holding config.json")->required();
+  gen_cmd->add_option("--prompts", gen_prompts, "JSON array of token-id arrays")->required();
+  gen_cmd->add_option("--max-tokens", gen_max_tokens, "tokens to generate")->capture_default_str();
+  gen_cmd->add_option("--temperature", gen_sampling.temperature, "0 is greedy")->capture_default_str();
+  gen_cmd->add_option("--top-k", gen_sampling.top_k, "0 keeps all")->capture_default_str();
+  gen_cmd->add_option("--top-p", gen_sampling.top_p, "1 keeps all")->capture_default_str();
+  gen_cmd->add_option("--seed", gen_sampling.seed, "row i uses seed + i")->capture_default_str();
+  gen_cmd->add_option("--devices", gen_devices.count, "emulated devices")->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::RequiredError& e) {
@@ -175,5 +218,52 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (*devices_cmd) return run_devices(dev_opts, devices_json);
+  if (*serve_cmd) {
+    auto cfg = serve_config_path.empty() ? caf::expected<app::serve_config>{app::default_serve_config()}
+                                         : app::load_serve_config(serve_config_path);
+    if (!cfg) {
+      std::cerr << "computron serve: " << render(cfg.error()) << '\n';
+      return exit_usage;
+    }
+    if (!serve_repository.empty()) {
+      auto models = app::load_repository(serve_repository);
+      if (!models) {
+        std::cerr << "computron serve: " << render(models.error()) << '\n';
+        return exit_usage;
+      }
+      cfg->models = std::move(*models);
+    }
+    if (!serve_host.empty()) cfg->http.host = serve_host;
+    if (serve_port >= 0) cfg->http.port = static_cast<uint16_t>(serve_port);
+    if (serve_devices > 0) cfg->runtime.devices.count = serve_devices;
+    if (!serve_trace.empty()) cfg->trace_file = serve_trace;
+    return app::run_serve(std::move(*cfg));
+  }
+  if (*demo_cmd) return app::run_demo(demo);
+  if (*gen_cmd) {
+    auto repo = app::load_repository(std::filesystem::path{gen_model_dir}.parent_path().string());
+    if (!repo) {
+      std::cerr << "computron generate: " << render(repo.error()) << '\n';
+      return exit_usage;
+    }
+    auto name = std::filesystem::path{gen_model_dir}.filename().string();
+    auto it = std::find_if(repo->begin(), repo->end(), [&](auto& m) { return m.name == name; });
+    auto prompts = nlohmann::json::parse(gen_prompts, nullptr, false);
+    std::vector<std::vector<int64_t>> rows;
+    try {
+      rows = prompts.get<std::vector<std::vector<int64_t>>>();
+    } catch (const std::exception&) {
+      std::cerr << "computron generate: --prompts must be a JSON array of integer arrays\n";
+      return exit_usage;
+    }
+    if (it == repo->end()) {
+      std::cerr << "computron generate: no model in " << gen_model_dir << '\n';
+      return exit_usage;
+    }
+    if (gen_devices.count == 0) {
+      for (auto d : it->devices) gen_devices.count = std::max(gen_devices.count, d + 1);
+    }
+    return app::run_generate(*it, gen_devices, rows, gen_max_tokens, gen_sampling);
+  }
   return exit_usage;
 }

@@ -1,0 +1,278 @@
+#include "actors/engine.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <future>
+#include <set>
+
+#include "common/error.hpp"
+#include "common/random.hpp"
+
+namespace computron::actors {
+
+namespace {
+
+constexpr int64_t toy_vocab = 1024;
+constexpr int64_t toy_positions = 4096;
+
+class toy_program final : public shard_program {
+ public:
+  toy_program(const shard_spec& s, gpu::weight_shard& w, gpu::collective& g)
+      : spec_(s), weights_(w), group_(g) {}
+
+  caf::expected<models::host_tensor> run(const step_request& req,
+                                         const models::host_tensor* hidden) override {
+    const bool first = spec_.pp_rank == 0;
+    const bool last = spec_.pp_rank == spec_.model.pp - 1;
+    const size_t rows = req.step == 0 ? req.prompts.size() : req.tokens.size();
+    if (rows == 0) return make_error(ec::invalid_request, "toy: empty batch");
+    std::vector<float> x(rows);
+    if (first) {
+      for (size_t r = 0; r < rows; ++r) {
+        int64_t v = 0;
+        if (req.step == 0)
+          for (auto t : req.prompts[r]) v += t;
+        else
+          v = req.tokens[r];
+        x[r] = static_cast<float>(((v % toy_vocab) + toy_vocab) % toy_vocab);
+      }
+    } else {
+      if (!hidden || hidden->bytes.size() != rows * sizeof(float))
+        return make_error(ec::invalid_request, "toy: hidden states do not match the batch");
+      std::memcpy(x.data(), hidden->bytes.data(), rows * sizeof(float));
+    }
+    // Each rank adds one byte of its device copy; the all-reduce sums the ranks.
+    std::vector<float> partial(rows);
+    const uint64_t n = weights_.size_bytes();
+    uint8_t window[64] = {};
+    const uint64_t len = std::min<uint64_t>(n, sizeof(window));
+    const uint64_t offset = (static_cast<uint64_t>(req.step) * 7919) % (n - len + 1);
+    if (auto err = weights_.read_back(offset, window, len)) return err;
+    for (size_t r = 0; r < rows; ++r)
+      partial[r] = (group_.rank() == 0 ? x[r] : 0.0f) + static_cast<float>(window[r % len]);
+    if (auto err = group_.all_reduce_sum(partial.data(), rows)) return err;
+    for (auto& v : partial) v = std::fmod(v, static_cast<float>(toy_vocab));
+    models::host_tensor out;
+    out.type = gpu::dtype::f32;
+    if (!last) {
+      out.shape = {static_cast<int64_t>(rows), 1};
+      out.bytes.resize(rows * sizeof(float));
+      std::memcpy(out.bytes.data(), partial.data(), out.bytes.size());
+      return out;
+    }
+    // Logits peak at the token the sum names, so greedy picks it.
+    out.shape = {static_cast<int64_t>(rows), toy_vocab};
+    out.bytes.resize(rows * toy_vocab * sizeof(float));
+    auto* logits = reinterpret_cast<float*>(out.bytes.data());
+    for (size_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < toy_vocab; ++j)
+        logits[r * toy_vocab + j] = -std::fabs(static_cast<float>(j) - partial[r]);
+    return out;
+  }
+
+  void end_batch(uint64_t) override {}
+
+ private:
+  shard_spec spec_;
+  gpu::weight_shard& weights_;
+  gpu::collective& group_;
+};
+
+class toy_engine final : public engine {
+ public:
+  caf::error validate(const model_config& cfg) const override {
+    if (cfg.toy_shard_bytes == 0)
+      return make_error(ec::invalid_configuration, "toy model " + cfg.name + ": zero bytes");
+    return {};
+  }
+  int64_t vocab(const model_config&) const override { return toy_vocab; }
+  int64_t max_positions(const model_config&) const override { return toy_positions; }
+
+  caf::expected<gpu::tensor_table> layout(const shard_spec& s) const override {
+    gpu::tensor_table t;
+    if (auto err = t.add("blob", gpu::dtype::u8, {static_cast<int64_t>(s.model.toy_shard_bytes)}))
+      return err;
+    return t;
+  }
+
+  caf::error fill(const shard_spec& s, gpu::weight_shard& w) const override {
+    auto shard_seed = s.model.seed * 1000003 + static_cast<uint64_t>(s.pp_rank * s.model.tp + s.tp_rank);
+    fill_random_bytes(w.host_data(), w.size_bytes(), shard_seed);
+    return {};
+  }
+
+  caf::expected<std::unique_ptr<shard_program>> make_program(
+      const shard_spec& s, gpu::weight_shard& w, gpu::collective& g) const override {
+    return std::unique_ptr<shard_program>{std::make_unique<toy_program>(s, w, g)};
+  }
+};
+
+bool valid_name(const std::string& name) {
+  if (name.empty() || name.size() > 128) return false;
+  for (char c : name)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'))
+      return false;
+  return true;
+}
+
+}  // namespace
+
+std::shared_ptr<const engine> make_toy_engine() {
+  return std::make_shared<toy_engine>();
+}
+
+engine_registry torch_free_engines() {
+  return {{"toy", make_toy_engine()}};
+}
+
+tensor_payload to_payload(const models::host_tensor& t) {
+  tensor_payload p;
+  p.dtype = static_cast<uint8_t>(t.type);
+  p.shape = t.shape;
+  p.bytes.resize(t.bytes.size());
+  if (!t.bytes.empty()) std::memcpy(p.bytes.data(), t.bytes.data(), t.bytes.size());
+  return p;
+}
+
+models::host_tensor from_payload(const tensor_payload& p) {
+  models::host_tensor t;
+  t.type = static_cast<gpu::dtype>(p.dtype);
+  t.shape = p.shape;
+  t.bytes.resize(p.bytes.size());
+  if (!p.bytes.empty()) std::memcpy(t.bytes.data(), p.bytes.data(), p.bytes.size());
+  return t;
+}
+
+caf::expected<std::vector<int64_t>> sample_rows(const models::host_tensor& logits,
+                                                std::vector<models::sampler>& samplers,
+                                                const std::vector<row_sampling>& sampling) {
+  if (logits.type != gpu::dtype::f32 || logits.shape.size() != 2)
+    return make_error(ec::invalid_state, "last stage returned logits that are not [rows, vocab] f32");
+  auto rows = static_cast<size_t>(logits.shape[0]);
+  auto vocab = logits.shape[1];
+  if (sampling.size() != rows)
+    return make_error(ec::invalid_request, "sampling parameters for " +
+                                               std::to_string(sampling.size()) + " rows, logits for " +
+                                               std::to_string(rows));
+  if (samplers.empty())
+    for (auto& s : sampling)
+      samplers.emplace_back(models::sampling_params{s.temperature, s.top_k, s.top_p, s.seed});
+  std::vector<int64_t> out(rows);
+  auto* data = reinterpret_cast<const float*>(logits.bytes.data());
+  for (size_t r = 0; r < rows; ++r) out[r] = samplers[r].next(data + r * vocab, vocab);
+  return out;
+}
+
+caf::error validate_model(const engine_registry& engines, const model_config& cfg,
+                          size_t device_count) {
+  auto bad = [&](std::string why) {
+    return make_error(ec::invalid_configuration, "model " + cfg.name + ": " + why);
+  };
+  if (!valid_name(cfg.name))
+    return make_error(ec::invalid_configuration,
+                      "model name '" + cfg.name + "' must be 1-128 of [A-Za-z0-9._-]");
+  auto e = engines.find(cfg.kind);
+  if (e == engines.end()) {
+    std::string known;
+    for (auto& [k, _] : engines) known += (known.empty() ? "" : ", ") + k;
+    return bad("unknown kind '" + cfg.kind + "' (this build has: " + known + ")");
+  }
+  if (cfg.tp < 1 || cfg.pp < 1 || cfg.tp > 64 || cfg.pp > 64)
+    return bad("tp and pp must be 1..64");
+  auto shards = static_cast<size_t>(cfg.tp * cfg.pp);
+  if (cfg.devices.size() != shards)
+    return bad("needs " + std::to_string(shards) + " devices (tp x pp), got " +
+               std::to_string(cfg.devices.size()));
+  std::set<int32_t> seen;
+  for (auto d : cfg.devices) {
+    if (d < 0 || static_cast<size_t>(d) >= device_count)
+      return bad("device " + std::to_string(d) + " does not exist (" +
+                 std::to_string(device_count) + " devices)");
+    if (!seen.insert(d).second)
+      return bad("device " + std::to_string(d) + " holds two shards; each shard needs its own");
+  }
+  return e->second->validate(cfg);
+}
+
+caf::expected<std::vector<std::vector<int64_t>>> direct_generate(
+    const engine& eng, const model_config& cfg, const std::vector<gpu::device_ptr>& devices,
+    const std::vector<std::vector<int64_t>>& prompts, int64_t max_tokens,
+    const row_sampling& sampling) {
+  if (prompts.empty() || max_tokens < 1)
+    return make_error(ec::invalid_request, "need at least one prompt and one token");
+  const int tp = cfg.tp;
+  const int pp = cfg.pp;
+  struct shard_t {
+    shard_spec spec;
+    std::unique_ptr<gpu::weight_shard> weights;
+    std::unique_ptr<gpu::collective> group;
+    std::unique_ptr<shard_program> program;
+  };
+  std::vector<shard_t> shards(static_cast<size_t>(tp * pp));
+  static std::atomic<uint64_t> run_id{0};
+  auto group_prefix = "direct/" + cfg.name + "/" + std::to_string(run_id++) + "/";
+  for (int i = 0; i < tp * pp; ++i) {
+    auto& s = shards[static_cast<size_t>(i)];
+    s.spec = shard_spec{cfg, i % tp, i / tp};
+    auto table = eng.layout(s.spec);
+    if (!table) return table.error();
+    auto dev = devices.at(static_cast<size_t>(cfg.devices.at(static_cast<size_t>(i))));
+    auto w = gpu::weight_shard::create(dev, std::move(*table));
+    if (!w) return w.error();
+    s.weights = std::move(*w);
+    if (auto err = eng.fill(s.spec, *s.weights)) return err;
+    if (auto err = s.weights->load()) return err;
+    if (auto err = s.weights->wait_loaded(std::chrono::minutes(10))) return err;
+    auto g = gpu::join_local_group(group_prefix + std::to_string(i / tp), i % tp, tp,
+                                   std::chrono::minutes(2));
+    if (!g) return g.error();
+    s.group = std::move(*g);
+    auto p = eng.make_program(s.spec, *s.weights, *s.group);
+    if (!p) return p.error();
+    s.program = std::move(*p);
+  }
+  std::vector<row_sampling> rows(prompts.size(), sampling);
+  for (size_t r = 0; r < rows.size(); ++r) rows[r].seed = sampling.seed + r;
+  std::vector<models::sampler> samplers;
+  std::vector<std::vector<int64_t>> out(prompts.size());
+  std::vector<int64_t> last_tokens;
+  for (int64_t step = 0; step < max_tokens; ++step) {
+    step_request req;
+    req.model = cfg.name;
+    req.step = static_cast<int32_t>(step);
+    req.prompts = prompts;
+    req.tokens = last_tokens;
+    req.sampling = rows;
+    req.last = step + 1 == max_tokens;
+    std::vector<models::host_tensor> hidden(static_cast<size_t>(tp));
+    for (int stage = 0; stage < pp; ++stage) {
+      req.stage = stage;
+      std::vector<std::future<caf::expected<models::host_tensor>>> runs;
+      for (int r = 0; r < tp; ++r) {
+        auto& s = shards[static_cast<size_t>(stage * tp + r)];
+        const models::host_tensor* in = stage == 0 ? nullptr : &hidden[static_cast<size_t>(r)];
+        runs.push_back(std::async(std::launch::async, [&s, &req, in] { return s.program->run(req, in); }));
+      }
+      caf::error first_error;
+      for (int r = 0; r < tp; ++r) {
+        auto res = runs[static_cast<size_t>(r)].get();
+        if (!res) {
+          if (!first_error) first_error = res.error();
+        } else {
+          hidden[static_cast<size_t>(r)] = std::move(*res);
+        }
+      }
+      if (first_error) return first_error;
+    }
+    auto next = sample_rows(hidden[0], samplers, rows);
+    if (!next) return next.error();
+    for (size_t r = 0; r < out.size(); ++r) out[r].push_back((*next)[r]);
+    last_tokens = std::move(*next);
+  }
+  return out;
+}
+
+}  // namespace computron::actors

@@ -1,0 +1,95 @@
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <caf/expected.hpp>
+
+#include "actors/messages.hpp"
+#include "gpu/collective.hpp"
+#include "gpu/weight_store.hpp"
+#include "models/opt_model.hpp"
+
+/// Model kinds behind the shard workers. An engine knows how a kind lays out, fills and
+/// runs one shard; workers and managers stay the same for every kind. Torch-free: the
+/// OPT engine lives in its own library (actors/opt_engine.hpp).
+namespace computron::actors {
+
+/// One shard's compute for one worker. Not thread-safe: its worker's compute lane is
+/// the only caller.
+class shard_program {
+ public:
+  virtual ~shard_program() = default;
+
+  /// Runs `req` on this shard. `hidden` is the previous stage's output (null on the
+  /// first stage). Returns hidden states for the next stage, or on the last stage the
+  /// logits of each sequence's next token, [batch, vocab] f32.
+  virtual caf::expected<models::host_tensor> run(const step_request& req,
+                                                 const models::host_tensor* hidden) = 0;
+
+  /// Forgets a batch's caches.
+  virtual void end_batch(uint64_t batch_id) = 0;
+};
+
+/// A model kind.
+class engine {
+ public:
+  virtual ~engine() = default;
+
+  /// Checks what this kind needs of a config (spec known, dtype, tp/pp split).
+  virtual caf::error validate(const model_config& cfg) const = 0;
+
+  /// Vocabulary size and longest sequence (prompt plus generated tokens).
+  virtual int64_t vocab(const model_config& cfg) const = 0;
+  virtual int64_t max_positions(const model_config& cfg) const = 0;
+
+  /// The shard's tensor table.
+  virtual caf::expected<gpu::tensor_table> layout(const shard_spec& s) const = 0;
+
+  /// Writes the shard's weights into its host copy (seeded or from the checkpoint).
+  virtual caf::error fill(const shard_spec& s, gpu::weight_shard& w) const = 0;
+
+  /// The shard's compute over its (loaded) weights and its tensor-parallel group; both
+  /// outlive the program.
+  virtual caf::expected<std::unique_ptr<shard_program>> make_program(
+      const shard_spec& s, gpu::weight_shard& w, gpu::collective& tp_group) const = 0;
+};
+
+/// Engines by kind name.
+using engine_registry = std::map<std::string, std::shared_ptr<const engine>>;
+
+/// "toy": one byte blob per shard, a few integer operations per stage and a real
+/// all-reduce across tensor-parallel ranks; the output depends on the bytes on the
+/// device, so a shard that was not loaded (or loaded wrong) answers differently.
+/// Vocabulary 1024; for tests and overhead benchmarks.
+std::shared_ptr<const engine> make_toy_engine();
+
+/// The registry with every engine of this build that needs no torch ("toy").
+engine_registry torch_free_engines();
+
+/// models::host_tensor to and from its wire form.
+tensor_payload to_payload(const models::host_tensor& t);
+models::host_tensor from_payload(const tensor_payload& p);
+
+/// Picks one token per row from last-stage logits [rows, vocab] f32 with one sampler
+/// per row (created from `sampling` at the first step; kept across steps).
+caf::expected<std::vector<int64_t>> sample_rows(const models::host_tensor& logits,
+                                                std::vector<models::sampler>& samplers,
+                                                const std::vector<row_sampling>& sampling);
+
+/// Checks a model config against the engines: kind known, devices distinct and within
+/// `device_count`, one per shard; then the engine's own checks.
+caf::error validate_model(const engine_registry& engines, const model_config& cfg,
+                          size_t device_count);
+
+/// Runs a model without actors: every shard on its device, stages in order, tensor-
+/// parallel ranks in threads. The reference the served outputs are compared with
+/// (`computron generate`). `devices` are indexed by model_config::devices.
+caf::expected<std::vector<std::vector<int64_t>>> direct_generate(
+    const engine& eng, const model_config& cfg, const std::vector<gpu::device_ptr>& devices,
+    const std::vector<std::vector<int64_t>>& prompts, int64_t max_tokens,
+    const row_sampling& sampling);
+
+}  // namespace computron::actors

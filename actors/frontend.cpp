@@ -1,0 +1,82 @@
+#include "actors/frontend.hpp"
+
+#include <map>
+
+#include <caf/all.hpp>
+
+#include "common/error.hpp"
+
+namespace computron::actors {
+
+namespace {
+
+struct frontend_state {
+  static constexpr const char* name = "frontend";
+  serving_actor backend;
+  frontend_options opts;
+  std::map<std::string, uint32_t> outstanding;
+  uint32_t total = 0;
+  uint64_t next_id = 1;
+};
+
+using frontend_pointer = frontend_actor::stateful_pointer<frontend_state>;
+
+frontend_actor::behavior_type frontend(frontend_pointer self, serving_actor backend,
+                                       frontend_options opts) {
+  self->state.backend = std::move(backend);
+  self->state.opts = std::move(opts);
+  return {
+      [=](infer_atom, infer_request& req) -> caf::result<infer_reply> {
+        auto& st = self->state;
+        auto& n = st.outstanding[req.model];
+        if (n >= st.opts.max_outstanding_per_model || st.total >= st.opts.max_outstanding) {
+          if (n == 0) st.outstanding.erase(req.model);
+          st.opts.obs->request_done(req.model, "overloaded", 0);
+          return make_error(ec::overloaded, "too many requests in flight for " + req.model +
+                                                "; retry later");
+        }
+        ++n;
+        ++st.total;
+        req.id = st.next_id++;
+        auto model = req.model;
+        auto done = [=] {
+          auto& st = self->state;
+          --st.total;
+          auto i = st.outstanding.find(model);
+          if (i != st.outstanding.end() && --i->second == 0) st.outstanding.erase(i);
+        };
+        auto deadline = req.deadline_ms > 0 ? std::chrono::milliseconds(req.deadline_ms)
+                                            : st.opts.default_deadline;
+        auto rp = self->make_response_promise<infer_reply>();
+        self->request(st.backend, deadline + st.opts.reply_slack, infer_atom_v, std::move(req))
+            .then(
+                [=](infer_reply& r) mutable {
+                  done();
+                  rp.deliver(std::move(r));
+                },
+                [=](caf::error& e) mutable {
+                  done();
+                  rp.deliver(std::move(e));
+                });
+        return rp;
+      },
+      [=](list_atom a) { return self->delegate(self->state.backend, a); },
+      [=](info_atom a, std::string& m) { return self->delegate(self->state.backend, a, std::move(m)); },
+      [=](load_atom a, std::string& m) { return self->delegate(self->state.backend, a, std::move(m)); },
+      [=](unload_atom a, std::string& m) { return self->delegate(self->state.backend, a, std::move(m)); },
+      [=](devices_atom a) { return self->delegate(self->state.backend, a); },
+  };
+}
+
+}  // namespace
+
+caf::expected<frontend_actor> spawn_frontend(caf::actor_system& sys, serving_actor backend,
+                                             frontend_options opts) {
+  if (!backend) return make_error(ec::invalid_configuration, "frontend without a backend");
+  if (opts.max_outstanding_per_model == 0 || opts.max_outstanding == 0)
+    return make_error(ec::invalid_configuration, "frontend queue bounds must be at least 1");
+  if (!opts.obs) opts.obs = null_observer();
+  return sys.spawn(frontend, std::move(backend), std::move(opts));
+}
+
+}  // namespace computron::actors

@@ -1,0 +1,315 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <caf/actor.hpp>
+#include <caf/meta/type_name.hpp>
+#include <caf/type_id.hpp>
+
+#include "actors/atoms.hpp"
+
+/// Every message struct of the actor protocol. Each has an inspect() so that it crosses
+/// processes unchanged (distribution reuses these actors over CAF's middleman).
+namespace computron::actors {
+
+/// A model as an operator declares it (repository config.json or the serve config).
+struct model_config {
+  std::string name;
+  /// "opt" (the OPT decoder, models/) or "toy" (a tiny deterministic model for tests
+  /// and overhead benchmarks; no torch).
+  std::string kind = "opt";
+  /// Catalogue shape for "opt" (opt-125m ...); ignored by "toy".
+  std::string spec;
+  /// "f32", "bf16" or "f16" (f16 needs a GPU).
+  std::string dtype = "bf16";
+  int32_t tp = 1;
+  int32_t pp = 1;
+  /// Device of each shard, index pp_rank * tp + tp_rank; distinct devices.
+  std::vector<int32_t> devices;
+  /// Seed of the random weights when there is no checkpoint.
+  uint64_t seed = 0;
+  /// Optional safetensors checkpoint of the unsharded model (empty: seeded weights).
+  std::string weights_path;
+  /// Bytes of each shard of a "toy" model.
+  uint64_t toy_shard_bytes = 1 << 20;
+  /// Never chosen as an eviction victim.
+  bool pinned = false;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, model_config& x) {
+  return f(caf::meta::type_name("model_config"), x.name, x.kind, x.spec, x.dtype, x.tp, x.pp,
+           x.devices, x.seed, x.weights_path, x.toy_shard_bytes, x.pinned);
+}
+
+/// One shard of a model, as handed to the worker that will hold it.
+struct shard_spec {
+  model_config model;
+  int32_t tp_rank = 0;
+  int32_t pp_rank = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, shard_spec& x) {
+  return f(caf::meta::type_name("shard_spec"), x.model, x.tp_rank, x.pp_rank);
+}
+
+/// What a worker reports after preparing a shard's host copy.
+struct shard_report {
+  std::string model;
+  int32_t device = 0;
+  uint64_t bytes = 0;
+  /// False when pinned host memory was not available (loads run slower).
+  bool host_pinned = false;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, shard_report& x) {
+  return f(caf::meta::type_name("shard_report"), x.model, x.device, x.bytes, x.host_pinned);
+}
+
+/// One shard's part of a load or an eviction.
+struct transfer_report {
+  std::string model;
+  int32_t device = 0;
+  uint64_t bytes = 0;
+  /// Wall time on the worker, queueing behind earlier transfers excluded.
+  double seconds = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, transfer_report& x) {
+  return f(caf::meta::type_name("transfer_report"), x.model, x.device, x.bytes, x.seconds);
+}
+
+/// How one sequence picks its tokens (models::sampling_params on the wire).
+struct row_sampling {
+  double temperature = 0;
+  int64_t top_k = 0;
+  double top_p = 1.0;
+  uint64_t seed = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, row_sampling& x) {
+  return f(caf::meta::type_name("row_sampling"), x.temperature, x.top_k, x.top_p, x.seed);
+}
+
+/// Activations between pipeline stages, as bytes (gpu::dtype as an integer).
+struct tensor_payload {
+  uint8_t dtype = 0;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, tensor_payload& x) {
+  return f(caf::meta::type_name("tensor_payload"), x.dtype, x.shape, x.bytes);
+}
+
+/// One forward step of a batch through one shard. Step 0 is the prefill of `prompts`;
+/// step k > 0 decodes `tokens` (one per sequence). Each stage sends it on to the next
+/// stage's worker of the same tensor-parallel rank (`route`, one worker per stage), and
+/// the reply travels back along the chain: the last stage's rank 0 samples the tokens.
+struct step_request {
+  std::string model;
+  uint64_t batch_id = 0;
+  int32_t step = 0;
+  /// Pipeline stage this message is for (index into route).
+  int32_t stage = 0;
+  std::vector<std::vector<int64_t>> prompts;
+  std::vector<int64_t> tokens;
+  std::vector<row_sampling> sampling;
+  tensor_payload hidden;
+  /// The batch ends after this step: workers drop its caches.
+  bool last = false;
+  std::vector<caf::actor> route;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, step_request& x) {
+  return f(caf::meta::type_name("step_request"), x.model, x.batch_id, x.step, x.stage, x.prompts,
+           x.tokens, x.sampling, x.hidden, x.last, x.route);
+}
+
+/// The tokens a step produced (rank 0 of the last stage; other ranks answer empty).
+struct step_result {
+  std::vector<int64_t> tokens;
+  /// Compute time summed over the stages of the chain.
+  double compute_ms = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, step_result& x) {
+  return f(caf::meta::type_name("step_result"), x.tokens, x.compute_ms);
+}
+
+/// A device as its worker sees it.
+struct device_report {
+  int32_t device = 0;
+  std::string name;
+  /// "emulated" or "cuda".
+  std::string kind;
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;
+  double link_gbps = 0;
+  /// Shards held in host memory, and which of them are on the device.
+  std::vector<std::string> shards;
+  std::vector<std::string> resident;
+  uint64_t loads = 0;
+  uint64_t bytes_loaded = 0;
+  double load_seconds = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, device_report& x) {
+  return f(caf::meta::type_name("device_report"), x.device, x.name, x.kind, x.capacity_bytes,
+           x.used_bytes, x.link_gbps, x.shards, x.resident, x.loads, x.bytes_loaded,
+           x.load_seconds);
+}
+
+/// Where a model's shards live and how big they are (index pp_rank * tp + tp_rank).
+struct model_placement {
+  std::string model;
+  std::vector<int32_t> devices;
+  std::vector<uint64_t> bytes;
+  bool pinned = false;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, model_placement& x) {
+  return f(caf::meta::type_name("model_placement"), x.model, x.devices, x.bytes, x.pinned);
+}
+
+/// Permission to run batches on a resident model until release.
+struct lease {
+  std::string model;
+  /// True when this acquire waited for a load (a swap).
+  bool loaded = false;
+  double wait_ms = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, lease& x) {
+  return f(caf::meta::type_name("lease"), x.model, x.loaded, x.wait_ms);
+}
+
+/// The scheduler's view of one model.
+struct residency_report {
+  std::string model;
+  /// "offloaded", "loading", "resident" or "evicting".
+  std::string state;
+  uint64_t bytes = 0;
+  uint32_t leases = 0;
+  bool pinned = false;
+  uint64_t loads = 0;
+  uint64_t evictions = 0;
+  /// Recent arrivals per second (what the cost-aware policy weighs).
+  double demand_per_s = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, residency_report& x) {
+  return f(caf::meta::type_name("residency_report"), x.model, x.state, x.bytes, x.leases,
+           x.pinned, x.loads, x.evictions, x.demand_per_s);
+}
+
+/// The scheduler's accounting of one device.
+struct device_usage {
+  int32_t device = 0;
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;
+  uint32_t transfers = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, device_usage& x) {
+  return f(caf::meta::type_name("device_usage"), x.device, x.capacity_bytes, x.used_bytes,
+           x.transfers);
+}
+
+/// One sequence to complete.
+struct infer_request {
+  std::string model;
+  /// Prompt token ids.
+  std::vector<int64_t> tokens;
+  int64_t max_tokens = 1;
+  row_sampling sampling;
+  /// Time the request may take from admission, 0 for the server's default.
+  uint32_t deadline_ms = 0;
+  /// Set by the frontend.
+  uint64_t id = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, infer_request& x) {
+  return f(caf::meta::type_name("infer_request"), x.model, x.tokens, x.max_tokens, x.sampling,
+           x.deadline_ms, x.id);
+}
+
+/// The generated tokens and where the time went.
+struct infer_reply {
+  uint64_t id = 0;
+  std::string model;
+  std::vector<int64_t> tokens;
+  double queue_ms = 0;
+  /// Waiting for the model to become resident (a swap), 0 when it already was.
+  double load_ms = 0;
+  double compute_ms = 0;
+  double total_ms = 0;
+  uint32_t batch_size = 0;
+  bool swapped = false;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, infer_reply& x) {
+  return f(caf::meta::type_name("infer_reply"), x.id, x.model, x.tokens, x.queue_ms, x.load_ms,
+           x.compute_ms, x.total_ms, x.batch_size, x.swapped);
+}
+
+/// A registered model as clients see it.
+struct model_info {
+  model_config config;
+  std::string state;
+  uint64_t bytes = 0;
+  uint32_t queued = 0;
+  bool busy = false;
+  uint64_t served = 0;
+  uint64_t loads = 0;
+  uint64_t evictions = 0;
+  int64_t vocab = 0;
+  int64_t max_positions = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, model_info& x) {
+  return f(caf::meta::type_name("model_info"), x.config, x.state, x.bytes, x.queued, x.busy,
+           x.served, x.loads, x.evictions, x.vocab, x.max_positions);
+}
+
+}  // namespace computron::actors
+
+CAF_BEGIN_TYPE_ID_BLOCK(computron_messages, caf::id_block::computron_atoms::end)
+  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::model_config))
+  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::shard_spec))
+  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::shard_report))
+  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::transfer_report))
+  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::row_sampling))
+  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::tensor_payload))
+  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::step_request))
+  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::step_result))
+  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::device_report))
+  CAF_ADD_TYPE_ID(computron_messages, (std::vector<computron::actors::device_report>))
+  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::model_placement))
+  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::lease))
+  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::residency_report))
+  CAF_ADD_TYPE_ID(computron_messages, (std::vector<computron::actors::residency_report>))
+  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::device_usage))
+  CAF_ADD_TYPE_ID(computron_messages, (std::vector<computron::actors::device_usage>))
+  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::infer_request))
+  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::infer_reply))
+  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::model_info))
+  CAF_ADD_TYPE_ID(computron_messages, (std::vector<computron::actors::model_info>))
+CAF_END_TYPE_ID_BLOCK(computron_messages)

@@ -1,0 +1,530 @@
+#include "actors/model_manager.hpp"
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <set>
+
+#include <caf/all.hpp>
+
+#include "actors/join.hpp"
+#include "actors/policies.hpp"
+#include "common/error.hpp"
+#include "common/log.hpp"
+#include "models/sampling.hpp"
+
+namespace computron::actors {
+
+namespace {
+
+using namespace std::chrono_literals;
+
+struct queued_request {
+  infer_request req;
+  caf::typed_response_promise<infer_reply> rp;
+  double arrival_s = 0;
+  double deadline_s = 0;
+};
+
+struct batch {
+  uint64_t id = 0;
+  std::string model;
+  std::vector<queued_request> rows;
+  std::vector<std::vector<int64_t>> outputs;
+  double dispatch_s = 0;
+  double run_s = 0;
+  double load_ms = 0;
+  double compute_ms = 0;
+  bool swapped = false;
+  int64_t steps = 1;
+};
+
+using batch_ptr = std::shared_ptr<batch>;
+
+struct managed_model {
+  model_config cfg;
+  int64_t vocab = 0;
+  int64_t max_positions = 0;
+  uint64_t bytes = 0;
+  std::deque<queued_request> queue;
+  bool in_flight = false;
+  /// The manager's belief, for the dispatch policy: a load elsewhere on its devices
+  /// may have evicted it.
+  bool resident = false;
+  uint64_t served = 0;
+};
+
+struct model_manager_state {
+  static constexpr const char* name = "model_manager";
+  model_manager_options opts;
+  engine_registry engines;
+  std::vector<shard_worker_actor> workers;
+  swap_scheduler_actor scheduler;
+  std::shared_ptr<dispatch_policy> policy;
+  std::map<std::string, managed_model> models;
+  std::set<std::string> registering;
+  std::vector<bool> device_busy;
+  std::deque<batch_ptr> runnable;
+  uint64_t next_batch = 1;
+  double tick_at_s = -1;
+};
+
+using manager_pointer = model_manager_actor::stateful_pointer<model_manager_state>;
+
+double seconds(std::chrono::milliseconds d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+caf::error check_request(const managed_model& m, const infer_request& r, int64_t max_tokens_limit) {
+  auto bad = [&](std::string why) { return make_error(ec::invalid_request, std::move(why)); };
+  if (r.tokens.empty()) return bad("the prompt is empty");
+  for (auto t : r.tokens)
+    if (t < 0 || t >= m.vocab)
+      return bad("token id " + std::to_string(t) + " is outside the vocabulary of " + m.cfg.name +
+                 " (0.." + std::to_string(m.vocab - 1) + ")");
+  if (r.max_tokens < 1 || r.max_tokens > max_tokens_limit)
+    return bad("max_tokens must be 1.." + std::to_string(max_tokens_limit) + ", got " +
+               std::to_string(r.max_tokens));
+  if (static_cast<int64_t>(r.tokens.size()) + r.max_tokens > m.max_positions)
+    return bad("prompt of " + std::to_string(r.tokens.size()) + " tokens plus max_tokens " +
+               std::to_string(r.max_tokens) + " exceeds the " + std::to_string(m.max_positions) +
+               " positions of " + m.cfg.name);
+  models::sampling_params sp{r.sampling.temperature, r.sampling.top_k, r.sampling.top_p, r.sampling.seed};
+  if (auto err = models::validate(sp)) return bad(render(err));
+  return {};
+}
+
+model_info info_of(const managed_model& m, const residency_report* r) {
+  model_info i;
+  i.config = m.cfg;
+  i.state = r ? r->state : "unknown";
+  i.bytes = m.bytes;
+  i.queued = static_cast<uint32_t>(m.queue.size());
+  i.busy = m.in_flight;
+  i.served = m.served;
+  i.loads = r ? r->loads : 0;
+  i.evictions = r ? r->evictions : 0;
+  i.vocab = m.vocab;
+  i.max_positions = m.max_positions;
+  if (r) i.config.pinned = r->pinned;
+  return i;
+}
+
+void dispatch(manager_pointer self);
+void try_run(manager_pointer self);
+
+void arm_tick(manager_pointer self, double at_s) {
+  auto& st = self->state;
+  auto now = now_s();
+  if (st.tick_at_s >= now && st.tick_at_s <= at_s) return;  // an earlier tick is armed
+  st.tick_at_s = at_s;
+  auto delay = std::chrono::duration<double>(std::max(0.0, at_s - now));
+  self->delayed_send(self, std::chrono::duration_cast<std::chrono::microseconds>(delay) + 100us,
+                     tick_atom_v);
+}
+
+void reply_error(manager_pointer self, queued_request& q, const caf::error& err) {
+  q.rp.deliver(err);
+  self->state.opts.obs->request_done(q.req.model, is(err, ec::deadline_exceeded) ? "deadline_exceeded" : "error",
+                                     now_s() - q.arrival_s);
+}
+
+void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* err) {
+  auto& st = self->state;
+  auto& m = st.models.at(b->model);
+  for (auto d : m.cfg.devices) st.device_busy[static_cast<size_t>(d)] = false;
+  self->send(st.scheduler, release_atom_v, b->model);
+  m.in_flight = false;
+  auto now = now_s();
+  if (err) {
+    for (auto& w : m.cfg.devices)
+      self->send(st.workers[static_cast<size_t>(w)], cancel_atom_v, b->model, b->id);
+    for (auto& q : b->rows) reply_error(self, q, *err);
+  } else {
+    for (size_t r = 0; r < b->rows.size(); ++r) {
+      auto& q = b->rows[r];
+      infer_reply rep;
+      rep.id = q.req.id;
+      rep.model = b->model;
+      rep.tokens = std::move(b->outputs[r]);
+      rep.tokens.resize(static_cast<size_t>(q.req.max_tokens));
+      rep.queue_ms = (b->dispatch_s - q.arrival_s) * 1e3;
+      rep.load_ms = b->load_ms;
+      rep.compute_ms = b->compute_ms;
+      rep.total_ms = (now - q.arrival_s) * 1e3;
+      rep.batch_size = static_cast<uint32_t>(b->rows.size());
+      rep.swapped = b->swapped;
+      q.rp.deliver(std::move(rep));
+      st.opts.obs->request_done(b->model, "ok", now - q.arrival_s);
+    }
+    m.served += b->rows.size();
+  }
+  st.opts.obs->batch_done(b->model, m.cfg.devices, b->rows.size(), b->run_s, now - b->run_s);
+  try_run(self);
+  dispatch(self);
+}
+
+void run_step(manager_pointer self, const batch_ptr& b, int64_t step) {
+  auto& st = self->state;
+  auto& m = st.models.at(b->model);
+  const auto tp = static_cast<size_t>(m.cfg.tp);
+  const auto pp = static_cast<size_t>(m.cfg.pp);
+  step_request req;
+  req.model = b->model;
+  req.batch_id = b->id;
+  req.step = static_cast<int32_t>(step);
+  req.last = step + 1 == b->steps;
+  for (size_t r = 0; r < b->rows.size(); ++r) {
+    if (step == 0)
+      req.prompts.push_back(b->rows[r].req.tokens);
+    else
+      req.tokens.push_back(b->outputs[r].back());
+    req.sampling.push_back(b->rows[r].req.sampling);
+  }
+  auto j = make_join<step_result>(
+      tp,
+      [=](std::vector<step_result> results) {
+        auto& first = results[0];
+        if (first.tokens.size() != b->rows.size()) {
+          auto e = make_error(ec::invalid_state, "step returned " + std::to_string(first.tokens.size()) +
+                                                     " tokens for " + std::to_string(b->rows.size()) + " rows");
+          finish_batch(self, b, &e);
+          return;
+        }
+        for (size_t r = 0; r < b->rows.size(); ++r) b->outputs[r].push_back(first.tokens[r]);
+        b->compute_ms += first.compute_ms;
+        if (step + 1 == b->steps)
+          finish_batch(self, b, nullptr);
+        else
+          run_step(self, b, step + 1);
+      },
+      [=](caf::error err, size_t rank) {
+        log::warn("batch {} of {} failed at step {} (rank {}): {}", b->id, b->model, step, rank, render(err));
+        finish_batch(self, b, &err);
+      });
+  auto timeout = st.opts.step_timeout * static_cast<int>(pp);
+  for (size_t rank = 0; rank < tp; ++rank) {
+    auto r = req;
+    for (size_t stage = 0; stage < pp; ++stage)
+      r.route.push_back(caf::actor_cast<caf::actor>(
+          st.workers[static_cast<size_t>(m.cfg.devices[stage * tp + rank])]));
+    auto first = caf::actor_cast<shard_worker_actor>(r.route[0]);
+    self->request(first, timeout, step_atom_v, std::move(r))
+        .then([=](step_result& res) { j->ok(rank, std::move(res)); },
+              [=](caf::error& e) { j->failed(std::move(e), rank); });
+  }
+}
+
+/// Starts leased batches whose devices are idle, oldest first; a waiting batch reserves
+/// its devices so a later one cannot overtake it forever. One batch per device at a
+/// time: tensor-parallel ranks of two batches never interleave their collectives.
+void try_run(manager_pointer self) {
+  auto& st = self->state;
+  std::vector<bool> reserved(st.device_busy.size(), false);
+  std::deque<batch_ptr> still;
+  while (!st.runnable.empty()) {
+    auto b = std::move(st.runnable.front());
+    st.runnable.pop_front();
+    auto& m = st.models.at(b->model);
+    bool free = true;
+    for (auto d : m.cfg.devices)
+      free = free && !st.device_busy[static_cast<size_t>(d)] && !reserved[static_cast<size_t>(d)];
+    if (!free) {
+      for (auto d : m.cfg.devices) reserved[static_cast<size_t>(d)] = true;
+      still.push_back(std::move(b));
+      continue;
+    }
+    // Requests whose deadline passed while the model loaded end here.
+    auto now = now_s();
+    std::vector<queued_request> live;
+    for (auto& q : b->rows) {
+      if (q.deadline_s <= now)
+        reply_error(self, q, make_error(ec::deadline_exceeded, "request " + std::to_string(q.req.id) +
+                                                                   " passed its deadline waiting for " + b->model));
+      else
+        live.push_back(std::move(q));
+    }
+    b->rows = std::move(live);
+    if (b->rows.empty()) {
+      self->send(st.scheduler, release_atom_v, b->model);
+      m.in_flight = false;
+      continue;
+    }
+    for (auto d : m.cfg.devices) st.device_busy[static_cast<size_t>(d)] = true;
+    b->outputs.assign(b->rows.size(), {});
+    b->steps = 1;
+    for (auto& q : b->rows) b->steps = std::max(b->steps, q.req.max_tokens);
+    b->run_s = now;
+    run_step(self, b, 0);
+  }
+  st.runnable = std::move(still);
+}
+
+void start_batch(manager_pointer self, const batch_ptr& b) {
+  auto& st = self->state;
+  self->request(st.scheduler, st.opts.acquire_timeout, acquire_atom_v, b->model)
+      .then(
+          [=](lease& l) {
+            auto& st = self->state;
+            b->load_ms = l.wait_ms;
+            b->swapped = l.loaded;
+            auto& m = st.models.at(b->model);
+            if (l.loaded) {
+              std::set<int32_t> devs(m.cfg.devices.begin(), m.cfg.devices.end());
+              for (auto& [name, other] : st.models)
+                for (auto d : other.cfg.devices)
+                  if (devs.count(d) > 0) other.resident = false;
+            }
+            m.resident = true;
+            st.runnable.push_back(b);
+            try_run(self);
+          },
+          [=](caf::error& err) {
+            auto& m = self->state.models.at(b->model);
+            m.in_flight = false;
+            m.resident = false;
+            for (auto& q : b->rows) reply_error(self, q, err);
+            dispatch(self);
+          });
+}
+
+void dispatch(manager_pointer self) {
+  auto& st = self->state;
+  auto now = now_s();
+  const auto window = seconds(st.opts.batch_window);
+  double next_tick = -1;
+  auto want_tick = [&](double at) {
+    if (next_tick < 0 || at < next_tick) next_tick = at;
+  };
+  std::vector<queue_view> views;
+  std::vector<managed_model*> ms;
+  for (auto& [name, m] : st.models) {
+    // Requests that passed their deadline in the queue end here.
+    for (auto i = m.queue.begin(); i != m.queue.end();) {
+      if (i->deadline_s <= now) {
+        reply_error(self, *i, make_error(ec::deadline_exceeded, "request " + std::to_string(i->req.id) +
+                                                                    " passed its deadline in the queue of " + name));
+        i = m.queue.erase(i);
+      } else {
+        want_tick(i->deadline_s);
+        ++i;
+      }
+    }
+    st.opts.obs->queue_depth(name, m.queue.size());
+    if (m.queue.empty() || m.in_flight) continue;
+    views.push_back({name, now - m.queue.front().arrival_s, m.queue.size(), m.resident});
+    ms.push_back(&m);
+  }
+  for (auto i : st.policy->order(views)) {
+    auto& m = *ms[i];
+    bool full = m.queue.size() >= st.opts.max_batch_size;
+    if (!full && views[i].head_age_s < window) {
+      want_tick(m.queue.front().arrival_s + window);
+      continue;
+    }
+    auto b = std::make_shared<batch>();
+    b->id = st.next_batch++;
+    b->model = m.cfg.name;
+    b->dispatch_s = now;
+    while (!m.queue.empty() && b->rows.size() < st.opts.max_batch_size) {
+      b->rows.push_back(std::move(m.queue.front()));
+      m.queue.pop_front();
+    }
+    m.in_flight = true;
+    st.opts.obs->queue_depth(m.cfg.name, m.queue.size());
+    start_batch(self, b);
+  }
+  if (next_tick >= 0) arm_tick(self, next_tick);
+}
+
+model_manager_actor::behavior_type model_manager(manager_pointer self, model_manager_options opts,
+                                                 engine_registry engines,
+                                                 std::vector<shard_worker_actor> workers,
+                                                 swap_scheduler_actor scheduler,
+                                                 std::shared_ptr<dispatch_policy> policy) {
+  auto& st = self->state;
+  st.opts = std::move(opts);
+  st.engines = std::move(engines);
+  st.workers = std::move(workers);
+  st.scheduler = std::move(scheduler);
+  st.policy = std::move(policy);
+  st.device_busy.assign(st.workers.size(), false);
+  auto unknown = [](const std::string& name) {
+    return make_error(ec::unknown_model, "no model named '" + name + "'");
+  };
+  // Replies with the model's info once the scheduler said where it stands.
+  auto with_info = [=](const std::string& name, caf::typed_response_promise<model_info> rp) {
+    self->request(self->state.scheduler, 10s, status_atom_v)
+        .then(
+            [=](std::vector<residency_report>& rs) mutable {
+              auto i = self->state.models.find(name);
+              if (i == self->state.models.end()) {
+                rp.deliver(make_error(ec::unknown_model, "no model named '" + name + "'"));
+                return;
+              }
+              const residency_report* r = nullptr;
+              for (auto& x : rs)
+                if (x.model == name) r = &x;
+              rp.deliver(info_of(i->second, r));
+            },
+            [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
+  };
+  return {
+      [=](infer_atom, infer_request& req) -> caf::result<infer_reply> {
+        auto& st = self->state;
+        auto i = st.models.find(req.model);
+        if (i == st.models.end()) return unknown(req.model);
+        auto& m = i->second;
+        if (auto err = check_request(m, req, st.opts.max_tokens_limit)) return err;
+        if (m.queue.size() >= st.opts.max_queue)
+          return make_error(ec::overloaded, "the queue of " + req.model + " is full (" +
+                                                std::to_string(st.opts.max_queue) + " requests)");
+        auto now = now_s();
+        auto deadline = req.deadline_ms > 0 ? req.deadline_ms / 1e3 : seconds(st.opts.default_deadline);
+        queued_request q{std::move(req), self->make_response_promise<infer_reply>(), now, now + deadline};
+        auto rp = q.rp;
+        self->send(st.scheduler, demand_atom_v, m.cfg.name, uint32_t{1});
+        m.queue.push_back(std::move(q));
+        dispatch(self);
+        return rp;
+      },
+      [=](register_atom, model_config& cfg) -> caf::result<model_info> {
+        auto& st = self->state;
+        if (auto err = validate_model(st.engines, cfg, st.workers.size())) return err;
+        if (auto i = st.models.find(cfg.name); i != st.models.end())
+          return make_error(ec::invalid_state, "model " + cfg.name + " is already registered");
+        if (st.registering.count(cfg.name) > 0)
+          return make_error(ec::invalid_state, "model " + cfg.name + " is being registered");
+        st.registering.insert(cfg.name);
+        std::vector<shard_worker_actor> ws;
+        for (auto d : cfg.devices) ws.push_back(st.workers[static_cast<size_t>(d)]);
+        auto rp = self->make_response_promise<model_info>();
+        auto j = make_join<shard_report>(
+            ws.size(),
+            [=](std::vector<shard_report> reports) mutable {
+              model_placement p{cfg.name, cfg.devices, {}, cfg.pinned};
+              for (auto& r : reports) p.bytes.push_back(r.bytes);
+              self->request(self->state.scheduler, 10s, register_atom_v, p)
+                  .then(
+                      [=](bool) mutable {
+                        auto& st = self->state;
+                        st.registering.erase(cfg.name);
+                        auto& eng = *st.engines.at(cfg.kind);
+                        managed_model m;
+                        m.cfg = cfg;
+                        m.vocab = eng.vocab(cfg);
+                        m.max_positions = eng.max_positions(cfg);
+                        for (auto b : p.bytes) m.bytes += b;
+                        st.models.emplace(cfg.name, std::move(m));
+                        log::info("registered {} ({} {}, tp {} x pp {}, {} bytes)", cfg.name, cfg.kind,
+                                  cfg.spec, cfg.tp, cfg.pp, st.models.at(cfg.name).bytes);
+                        with_info(cfg.name, rp);
+                      },
+                      [=](caf::error& e) mutable {
+                        self->state.registering.erase(cfg.name);
+                        rp.deliver(std::move(e));
+                      });
+            },
+            [=](caf::error err, size_t i) mutable {
+              self->state.registering.erase(cfg.name);
+              rp.deliver(make_error(ec::invalid_configuration,
+                                    "preparing " + cfg.name + " on device " +
+                                        std::to_string(cfg.devices[i]) + " failed: " + render(err)));
+            });
+        for (size_t i = 0; i < ws.size(); ++i)
+          self->request(ws[i], st.opts.prepare_timeout, prepare_atom_v,
+                        shard_spec{cfg, static_cast<int32_t>(i % static_cast<size_t>(cfg.tp)),
+                                   static_cast<int32_t>(i / static_cast<size_t>(cfg.tp))})
+              .then([=](shard_report& r) { j->ok(i, std::move(r)); },
+                    [=](caf::error& e) { j->failed(std::move(e), i); });
+        return rp;
+      },
+      [=](list_atom) -> caf::result<std::vector<model_info>> {
+        auto rp = self->make_response_promise<std::vector<model_info>>();
+        self->request(self->state.scheduler, 10s, status_atom_v)
+            .then(
+                [=](std::vector<residency_report>& rs) mutable {
+                  std::vector<model_info> out;
+                  for (auto& [name, m] : self->state.models) {
+                    const residency_report* r = nullptr;
+                    for (auto& x : rs)
+                      if (x.model == name) r = &x;
+                    out.push_back(info_of(m, r));
+                  }
+                  rp.deliver(std::move(out));
+                },
+                [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      },
+      [=](info_atom, std::string& name) -> caf::result<model_info> {
+        if (self->state.models.count(name) == 0) return unknown(name);
+        auto rp = self->make_response_promise<model_info>();
+        with_info(name, rp);
+        return rp;
+      },
+      [=](load_atom, std::string& name) -> caf::result<model_info> {
+        auto& st = self->state;
+        if (st.models.count(name) == 0) return unknown(name);
+        auto rp = self->make_response_promise<model_info>();
+        self->request(st.scheduler, st.opts.acquire_timeout, load_atom_v, name)
+            .then(
+                [=](residency_report&) mutable {
+                  auto& st = self->state;
+                  auto& m = st.models.at(name);
+                  std::set<int32_t> devs(m.cfg.devices.begin(), m.cfg.devices.end());
+                  for (auto& [other_name, other] : st.models)
+                    for (auto d : other.cfg.devices)
+                      if (devs.count(d) > 0) other.resident = false;
+                  m.resident = true;
+                  with_info(name, rp);
+                },
+                [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      },
+      [=](unload_atom, std::string& name) -> caf::result<model_info> {
+        auto& st = self->state;
+        if (st.models.count(name) == 0) return unknown(name);
+        auto rp = self->make_response_promise<model_info>();
+        self->request(st.scheduler, st.opts.acquire_timeout, unload_atom_v, name)
+            .then(
+                [=](residency_report&) mutable {
+                  self->state.models.at(name).resident = false;
+                  with_info(name, rp);
+                },
+                [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      },
+      [=](devices_atom) -> caf::result<std::vector<device_report>> {
+        auto rp = self->make_response_promise<std::vector<device_report>>();
+        fan_out_all<device_report>(
+            self, self->state.workers, caf::timespan{10s},
+            [=](std::vector<device_report> rs) mutable { rp.deliver(std::move(rs)); },
+            [=](caf::error e, size_t) mutable { rp.deliver(std::move(e)); }, devices_atom_v);
+        return rp;
+      },
+      [=](tick_atom) {
+        self->state.tick_at_s = -1;
+        dispatch(self);
+      },
+  };
+}
+
+}  // namespace
+
+caf::expected<model_manager_actor> spawn_model_manager(caf::actor_system& sys,
+                                                       std::vector<shard_worker_actor> workers,
+                                                       swap_scheduler_actor scheduler,
+                                                       engine_registry engines,
+                                                       model_manager_options opts) {
+  if (workers.empty()) return make_error(ec::invalid_configuration, "model manager without workers");
+  if (!scheduler) return make_error(ec::invalid_configuration, "model manager without a scheduler");
+  if (opts.max_batch_size == 0 || opts.max_queue == 0)
+    return make_error(ec::invalid_configuration, "max_batch_size and max_queue must be at least 1");
+  auto policy = make_dispatch_policy(opts.dispatch, seconds(opts.max_wait));
+  if (!policy) return policy.error();
+  if (!opts.obs) opts.obs = null_observer();
+  return sys.spawn(model_manager, std::move(opts), std::move(engines), std::move(workers),
+                   std::move(scheduler), std::shared_ptr<dispatch_policy>(std::move(*policy)));
+}
+
+}  // namespace computron::actors

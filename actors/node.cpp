@@ -1,0 +1,112 @@
+#include "actors/node.hpp"
+
+#include <atomic>
+
+#include <caf/all.hpp>
+
+#include "actors/join.hpp"
+#include "common/error.hpp"
+
+namespace computron::actors {
+
+namespace {
+
+using namespace std::chrono_literals;
+
+struct node_state {
+  static constexpr const char* name = "node";
+  std::vector<shard_worker_actor> workers;
+};
+
+node_actor::behavior_type node(node_actor::stateful_pointer<node_state> self,
+                               std::vector<shard_worker_actor> workers) {
+  self->state.workers = std::move(workers);
+  return {
+      [=](devices_atom) -> caf::result<std::vector<device_report>> {
+        auto rp = self->make_response_promise<std::vector<device_report>>();
+        fan_out_all<device_report>(
+            self, self->state.workers, caf::timespan{10s},
+            [=](std::vector<device_report> rs) mutable { rp.deliver(std::move(rs)); },
+            [=](caf::error e, size_t) mutable { rp.deliver(std::move(e)); }, devices_atom_v);
+        return rp;
+      },
+      [=](workers_atom) {
+        std::vector<caf::actor> out;
+        for (auto& w : self->state.workers) out.push_back(caf::actor_cast<caf::actor>(w));
+        return out;
+      },
+  };
+}
+
+}  // namespace
+
+system_config::system_config() {
+  add_message_types<caf::id_block::computron_atoms>();
+  add_message_types<caf::id_block::computron_messages>();
+  register_errors(*this);
+}
+
+caf::expected<node_handle> spawn_node(caf::actor_system& sys, const std::vector<gpu::device_ptr>& devices,
+                                      engine_registry engines, shard_worker_options worker_opts,
+                                      int32_t first_index) {
+  if (devices.empty()) return make_error(ec::invalid_configuration, "a node needs at least one device");
+  static std::atomic<uint64_t> node_counter{0};
+  worker_opts.group_scope = "node" + std::to_string(node_counter++);
+  node_handle h;
+  for (size_t i = 0; i < devices.size(); ++i) {
+    auto o = worker_opts;
+    o.device_index = first_index + static_cast<int32_t>(i);
+    auto w = spawn_shard_worker(sys, devices[i], engines, o);
+    if (!w) {
+      for (auto& spawned : h.workers) caf::anon_send_exit(spawned, caf::exit_reason::user_shutdown);
+      return w.error();
+    }
+    h.workers.push_back(*w);
+  }
+  h.node = sys.spawn(node, h.workers);
+  return h;
+}
+
+void runtime::shutdown() {
+  auto bye = [](const auto& h) {
+    if (h) caf::anon_send_exit(h, caf::exit_reason::user_shutdown);
+  };
+  bye(frontend);
+  bye(manager);
+  bye(scheduler);
+  bye(node.node);
+  for (auto& w : node.workers) bye(w);
+}
+
+caf::expected<runtime> start_runtime(caf::actor_system& sys, runtime_options opts,
+                                     engine_registry engines) {
+  runtime rt;
+  auto devs = gpu::open_devices(opts.devices);
+  if (!devs) return devs.error();
+  rt.devices = std::move(*devs);
+  auto n = spawn_node(sys, rt.devices, engines, opts.worker);
+  if (!n) return n.error();
+  rt.node = std::move(*n);
+  std::vector<scheduler_device> sds;
+  for (size_t i = 0; i < rt.devices.size(); ++i)
+    sds.push_back({rt.node.workers[i], rt.devices[i]->capacity_bytes(), rt.devices[i]->info().link_gbps});
+  opts.scheduler.obs = opts.obs;
+  opts.manager.obs = opts.obs;
+  opts.frontend.obs = opts.obs;
+  auto fail = [&](caf::error e) {
+    rt.shutdown();
+    return e;
+  };
+  auto s = spawn_swap_scheduler(sys, std::move(sds), opts.scheduler);
+  if (!s) return fail(s.error());
+  rt.scheduler = *s;
+  auto m = spawn_model_manager(sys, rt.node.workers, rt.scheduler, std::move(engines), opts.manager);
+  if (!m) return fail(m.error());
+  rt.manager = *m;
+  auto f = spawn_frontend(sys, caf::actor_cast<serving_actor>(rt.manager), opts.frontend);
+  if (!f) return fail(f.error());
+  rt.frontend = *f;
+  return rt;
+}
+
+}  // namespace computron::actors

@@ -1,0 +1,63 @@
+#pragma once
+
+#include <vector>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/expected.hpp>
+
+#include "actors/engine.hpp"
+#include "actors/frontend.hpp"
+#include "actors/interfaces.hpp"
+#include "actors/model_manager.hpp"
+#include "actors/shard_worker.hpp"
+#include "actors/swap_scheduler.hpp"
+#include "gpu/backends.hpp"
+
+namespace computron::actors {
+
+/// An actor system configuration with Computron's message types and error category
+/// registered (the same in every process of a cluster).
+struct system_config : caf::actor_system_config {
+  system_config();
+};
+
+/// A node's actor and its workers.
+struct node_handle {
+  node_actor node;
+  std::vector<shard_worker_actor> workers;
+};
+
+/// Spawns one shard worker per device and the node actor that reports them. Worker i
+/// answers for global device index `first_index + i`.
+caf::expected<node_handle> spawn_node(caf::actor_system& sys, const std::vector<gpu::device_ptr>& devices,
+                                      engine_registry engines, shard_worker_options worker_opts,
+                                      int32_t first_index = 0);
+
+/// Everything `computron serve` runs in one process.
+struct runtime_options {
+  gpu::device_options devices;
+  shard_worker_options worker;
+  swap_scheduler_options scheduler;
+  model_manager_options manager;
+  frontend_options frontend;
+  /// Metrics and trace; shared by every actor.
+  std::shared_ptr<observer> obs = null_observer();
+};
+
+/// The in-process stack: devices, node, scheduler, manager, frontend.
+struct runtime {
+  std::vector<gpu::device_ptr> devices;
+  node_handle node;
+  swap_scheduler_actor scheduler;
+  model_manager_actor manager;
+  frontend_actor frontend;
+  /// Asks every actor to exit (the actor system then joins their threads).
+  void shutdown();
+};
+
+/// Opens the devices and spawns the stack. Errors: no devices, invalid options.
+caf::expected<runtime> start_runtime(caf::actor_system& sys, runtime_options opts,
+                                     engine_registry engines);
+
+}  // namespace computron::actors

@@ -1,0 +1,50 @@
+#include "actors/observer.hpp"
+
+namespace computron::actors {
+
+namespace {
+
+class fan_out final : public observer {
+ public:
+  explicit fan_out(std::vector<std::shared_ptr<observer>> parts) : parts_(std::move(parts)) {}
+  void request_done(const std::string& m, const std::string& o, double s) override {
+    for (auto& p : parts_) p->request_done(m, o, s);
+  }
+  void queue_depth(const std::string& m, size_t d) override {
+    for (auto& p : parts_) p->queue_depth(m, d);
+  }
+  void batch_done(const std::string& m, const std::vector<int32_t>& d, size_t rows, double start,
+                  double s) override {
+    for (auto& p : parts_) p->batch_done(m, d, rows, start, s);
+  }
+  void transfer_done(const std::string& m, int32_t d, bool load, uint64_t bytes, double start,
+                     double s) override {
+    for (auto& p : parts_) p->transfer_done(m, d, load, bytes, start, s);
+  }
+  void device_usage(int32_t d, uint64_t used, uint64_t cap, size_t n) override {
+    for (auto& p : parts_) p->device_usage(d, used, cap, n);
+  }
+  void resident_models(size_t n) override {
+    for (auto& p : parts_) p->resident_models(n);
+  }
+
+ private:
+  std::vector<std::shared_ptr<observer>> parts_;
+};
+
+}  // namespace
+
+double now_s() {
+  static const auto t0 = std::chrono::steady_clock::now();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::shared_ptr<observer> null_observer() {
+  return std::make_shared<observer>();
+}
+
+std::shared_ptr<observer> combine(std::vector<std::shared_ptr<observer>> parts) {
+  return std::make_shared<fan_out>(std::move(parts));
+}
+
+}  // namespace computron::actors

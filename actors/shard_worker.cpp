@@ -1,0 +1,337 @@
+#include "actors/shard_worker.hpp"
+
+#include <map>
+#include <set>
+
+#include <caf/all.hpp>
+
+#include "common/error.hpp"
+#include "common/log.hpp"
+
+namespace computron::actors {
+
+namespace {
+
+using namespace std::chrono_literals;
+
+struct shard_entry {
+  shard_spec spec;
+  std::shared_ptr<gpu::weight_shard> weights;
+  std::shared_ptr<gpu::collective> group;
+  std::shared_ptr<shard_program> program;
+};
+
+/// Per-batch state of the sampling rank; only the compute lane touches its contents.
+struct batch_ctx {
+  std::vector<models::sampler> samplers;
+};
+
+struct shard_worker_state {
+  static constexpr const char* name = "shard_worker";
+  gpu::device_ptr dev;
+  engine_registry engines;
+  shard_worker_options opts;
+  lane_actor copy_lane;
+  lane_actor compute_lane;
+  std::map<std::string, shard_entry> shards;
+  std::set<std::string> preparing;
+  std::map<std::pair<std::string, uint64_t>, std::shared_ptr<batch_ctx>> batches;
+  uint64_t loads = 0;
+  uint64_t bytes_loaded = 0;
+  double load_seconds = 0;
+};
+
+using worker_pointer = shard_worker_actor::stateful_pointer<shard_worker_state>;
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+bool same_shard(const shard_spec& a, const shard_spec& b) {
+  return a.tp_rank == b.tp_rank && a.pp_rank == b.pp_rank && a.model.kind == b.model.kind &&
+         a.model.spec == b.model.spec && a.model.dtype == b.model.dtype && a.model.tp == b.model.tp &&
+         a.model.pp == b.model.pp && a.model.seed == b.model.seed &&
+         a.model.weights_path == b.model.weights_path && a.model.devices == b.model.devices &&
+         a.model.toy_shard_bytes == b.model.toy_shard_bytes;
+}
+
+std::string group_name(const std::string& scope, const shard_spec& s) {
+  std::string name = scope + "/model/" + s.model.name + "/stage" + std::to_string(s.pp_rank) + "/on";
+  for (int r = 0; r < s.model.tp; ++r)
+    name += "-" + std::to_string(s.model.devices.at(static_cast<size_t>(s.pp_rank * s.model.tp + r)));
+  return name;
+}
+
+lane_actor::behavior_type lane(lane_actor::pointer self) {
+  return {
+      [=](run_atom, lane_job& job) -> caf::result<bool> {
+        // No exception crosses the actor boundary.
+        try {
+          if (auto err = job.run()) return err;
+          return true;
+        } catch (const std::exception& e) {
+          return make_error(ec::unspecified, std::string{"blocking job threw: "} + e.what());
+        }
+      },
+  };
+}
+
+shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_ptr dev,
+                                               engine_registry engines, shard_worker_options opts) {
+  auto& st = self->state;
+  st.dev = std::move(dev);
+  st.engines = std::move(engines);
+  st.opts = std::move(opts);
+  // Two lanes: a load never waits behind a forward pass, nor a forward behind a load.
+  st.copy_lane = self->template spawn<caf::detached + caf::linked>(lane);
+  st.compute_lane = self->template spawn<caf::detached + caf::linked>(lane);
+  const int32_t index = st.opts.device_index;
+  auto missing = [=](const std::string& model) {
+    return make_error(ec::unknown_model,
+                      "device " + std::to_string(index) + " holds no shard of model " + model);
+  };
+  return {
+      [=](prepare_atom, shard_spec& s) -> caf::result<shard_report> {
+        auto& st = self->state;
+        const auto name = s.model.name;
+        if (auto i = st.shards.find(name); i != st.shards.end()) {
+          if (!same_shard(i->second.spec, s))
+            return make_error(ec::invalid_state, "device " + std::to_string(index) +
+                                                     " already holds a different shard of model " +
+                                                     name);
+          return shard_report{name, index, gpu::align_up(i->second.weights->size_bytes(), gpu::device::granularity),
+                              i->second.weights->host_pinned()};
+        }
+        if (st.preparing.count(name) > 0)
+          return make_error(ec::invalid_state, "model " + name + " is being prepared on device " +
+                                                   std::to_string(index));
+        auto e = st.engines.find(s.model.kind);
+        if (e == st.engines.end())
+          return make_error(ec::invalid_configuration, "no engine for kind " + s.model.kind);
+        st.preparing.insert(name);
+        auto entry = std::make_shared<shard_entry>();
+        entry->spec = s;
+        auto eng = e->second;
+        auto device = st.dev;
+        auto group = group_name(st.opts.group_scope, s);
+        auto peer_timeout = st.opts.step_timeout;
+        lane_job job{[=]() -> caf::error {
+          auto table = eng->layout(s);
+          if (!table) return table.error();
+          auto w = gpu::weight_shard::create(device, std::move(*table));
+          if (!w) return w.error();
+          entry->weights = std::shared_ptr<gpu::weight_shard>(std::move(*w));
+          if (auto err = eng->fill(s, *entry->weights)) return err;
+          auto g = gpu::join_local_group(group, s.tp_rank, s.model.tp, peer_timeout);
+          if (!g) return g.error();
+          entry->group = std::shared_ptr<gpu::collective>(std::move(*g));
+          auto p = eng->make_program(s, *entry->weights, *entry->group);
+          if (!p) return p.error();
+          entry->program = std::shared_ptr<shard_program>(std::move(*p));
+          return {};
+        }};
+        auto rp = self->make_response_promise<shard_report>();
+        self->request(self->state.copy_lane, caf::timespan{std::chrono::hours(1)}, run_atom_v,
+                      std::move(job))
+            .then(
+                [=](bool) mutable {
+                  self->state.preparing.erase(name);
+                  auto report = shard_report{name, index, gpu::align_up(entry->weights->size_bytes(), gpu::device::granularity),
+                                             entry->weights->host_pinned()};
+                  self->state.shards[name] = std::move(*entry);
+                  rp.deliver(std::move(report));
+                },
+                [=](caf::error& err) mutable {
+                  self->state.preparing.erase(name);
+                  rp.deliver(std::move(err));
+                });
+        return rp;
+      },
+      [=](load_atom, std::string& model) -> caf::result<transfer_report> {
+        auto& st = self->state;
+        auto i = st.shards.find(model);
+        if (i == st.shards.end()) return missing(model);
+        auto w = i->second.weights;
+        if (w->state() == gpu::residency::resident)
+          return transfer_report{model, index, w->size_bytes(), 0};
+        auto seconds = std::make_shared<double>(0);
+        auto chunk = st.opts.chunk_bytes;
+        auto timeout = st.opts.load_timeout;
+        lane_job job{[=]() -> caf::error {
+          auto t0 = std::chrono::steady_clock::now();
+          if (auto err = w->load({chunk})) return err;
+          if (auto err = w->wait_loaded(timeout)) return err;
+          *seconds = seconds_since(t0);
+          return {};
+        }};
+        auto rp = self->make_response_promise<transfer_report>();
+        self->request(st.copy_lane, timeout + 5s, run_atom_v, std::move(job))
+            .then(
+                [=](bool) mutable {
+                  auto& st = self->state;
+                  ++st.loads;
+                  st.bytes_loaded += w->size_bytes();
+                  st.load_seconds += *seconds;
+                  rp.deliver(transfer_report{model, index, w->size_bytes(), *seconds});
+                },
+                [=](caf::error& err) mutable {
+                  log::warn("device {}: load of {} failed: {}", index, model, render(err));
+                  rp.deliver(std::move(err));
+                });
+        return rp;
+      },
+      [=](evict_atom, std::string& model) -> caf::result<transfer_report> {
+        auto& st = self->state;
+        auto i = st.shards.find(model);
+        if (i == st.shards.end()) return missing(model);
+        auto w = i->second.weights;
+        auto seconds = std::make_shared<double>(0);
+        // Behind any load in flight on the copy lane, so a load is never freed mid-copy.
+        lane_job job{[=]() -> caf::error {
+          auto t0 = std::chrono::steady_clock::now();
+          if (w->state() == gpu::residency::offloaded) return {};
+          if (auto err = w->evict()) return err;
+          *seconds = seconds_since(t0);
+          return {};
+        }};
+        auto rp = self->make_response_promise<transfer_report>();
+        self->request(st.copy_lane, st.opts.load_timeout + 5s, run_atom_v, std::move(job))
+            .then([=](bool) mutable { rp.deliver(transfer_report{model, index, w->size_bytes(), *seconds}); },
+                  [=](caf::error& err) mutable { rp.deliver(std::move(err)); });
+        return rp;
+      },
+      [=](step_atom, step_request& req) -> caf::result<step_result> {
+        auto& st = self->state;
+        auto i = st.shards.find(req.model);
+        if (i == st.shards.end()) return missing(req.model);
+        auto& e = i->second;
+        if (req.stage != e.spec.pp_rank)
+          return make_error(ec::invalid_request,
+                            "step for stage " + std::to_string(req.stage) + " reached device " +
+                                std::to_string(index) + ", which holds stage " +
+                                std::to_string(e.spec.pp_rank));
+        const bool last_stage = e.spec.pp_rank == e.spec.model.pp - 1;
+        const bool sampling_rank = last_stage && e.spec.tp_rank == 0;
+        const auto key = std::make_pair(req.model, req.batch_id);
+        std::shared_ptr<batch_ctx> ctx;
+        if (sampling_rank) {
+          auto& slot = st.batches[key];
+          if (!slot) slot = std::make_shared<batch_ctx>();
+          ctx = slot;
+        }
+        auto program = e.program;
+        auto w = e.weights;
+        auto in = std::make_shared<step_request>(std::move(req));
+        auto out = std::make_shared<step_result>();
+        auto hidden_out = std::make_shared<tensor_payload>();
+        lane_job job{[=]() -> caf::error {
+          auto t0 = std::chrono::steady_clock::now();
+          auto state = w->state();
+          if (state != gpu::residency::resident && state != gpu::residency::loading)
+            return make_error(ec::not_resident, "model " + in->model + " is " +
+                                                     gpu::to_string(state) + " on device " +
+                                                     std::to_string(index));
+          models::host_tensor h;
+          const models::host_tensor* hp = nullptr;
+          if (in->stage > 0) {
+            h = from_payload(in->hidden);
+            hp = &h;
+          }
+          auto r = program->run(*in, hp);
+          if (!r) return r.error();
+          if (sampling_rank) {
+            auto tokens = sample_rows(*r, ctx->samplers, in->sampling);
+            if (!tokens) return tokens.error();
+            out->tokens = std::move(*tokens);
+          } else if (!last_stage) {
+            *hidden_out = to_payload(*r);
+          }
+          out->compute_ms = seconds_since(t0) * 1e3;
+          return {};
+        }};
+        auto rp = self->make_response_promise<step_result>();
+        auto timeout = st.opts.step_timeout;
+        self->request(st.compute_lane, timeout, run_atom_v, std::move(job))
+            .then(
+                [=](bool) mutable {
+                  if (in->last) self->state.batches.erase(key);
+                  if (last_stage) {
+                    rp.deliver(std::move(*out));
+                    return;
+                  }
+                  auto next_stage = static_cast<size_t>(in->stage + 1);
+                  if (in->route.size() <= next_stage) {
+                    rp.deliver(make_error(ec::invalid_request, "step route has no stage " +
+                                                                   std::to_string(next_stage)));
+                    return;
+                  }
+                  auto next = caf::actor_cast<shard_worker_actor>(in->route[next_stage]);
+                  auto mine = out->compute_ms;
+                  auto remaining = static_cast<int>(in->route.size() - next_stage);
+                  in->stage += 1;
+                  in->hidden = std::move(*hidden_out);
+                  self->request(next, timeout * remaining, step_atom_v, std::move(*in))
+                      .then(
+                          [=](step_result& r) mutable {
+                            r.compute_ms += mine;
+                            rp.deliver(std::move(r));
+                          },
+                          [=](caf::error& err) mutable { rp.deliver(std::move(err)); });
+                },
+                [=](caf::error& err) mutable {
+                  self->state.batches.erase(key);
+                  rp.deliver(std::move(err));
+                });
+        return rp;
+      },
+      [=](cancel_atom, std::string& model, uint64_t batch_id) {
+        auto& st = self->state;
+        st.batches.erase(std::make_pair(model, batch_id));
+        auto i = st.shards.find(model);
+        if (i == st.shards.end()) return;
+        auto program = i->second.program;
+        lane_job job{[=]() -> caf::error {
+          program->end_batch(batch_id);
+          return {};
+        }};
+        self->request(st.compute_lane, st.opts.step_timeout, run_atom_v, std::move(job))
+            .then([](bool) {}, [](caf::error&) {});
+      },
+      [=](devices_atom) -> device_report {
+        auto& st = self->state;
+        auto& info = st.dev->info();
+        device_report r;
+        r.device = index;
+        r.name = info.name;
+        r.kind = gpu::to_string(info.kind);
+        r.capacity_bytes = info.capacity_bytes;
+        r.used_bytes = st.dev->used_bytes();
+        r.link_gbps = info.link_gbps;
+        for (auto& [name, e] : st.shards) {
+          r.shards.push_back(name);
+          if (e.weights->state() == gpu::residency::resident) r.resident.push_back(name);
+        }
+        r.loads = st.loads;
+        r.bytes_loaded = st.bytes_loaded;
+        r.load_seconds = st.load_seconds;
+        return r;
+      },
+  };
+}
+
+}  // namespace
+
+lane_actor spawn_lane(caf::actor_system& sys) {
+  return sys.spawn<caf::detached>(lane);
+}
+
+caf::expected<shard_worker_actor> spawn_shard_worker(caf::actor_system& sys, gpu::device_ptr dev,
+                                                     engine_registry engines,
+                                                     shard_worker_options opts) {
+  if (!dev) return make_error(ec::invalid_configuration, "shard worker without a device");
+  if (engines.empty()) return make_error(ec::invalid_configuration, "shard worker without engines");
+  if (opts.chunk_bytes == 0) return make_error(ec::invalid_configuration, "chunk size 0");
+  return sys.spawn(shard_worker, std::move(dev), std::move(engines), std::move(opts));
+}
+
+}  // namespace computron::actors

@@ -1,0 +1,152 @@
+// `computron demo`: a short mixed workload against a running server, and its summary.
+#include <algorithm>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "apps/computron/serve.hpp"
+#include "common/error.hpp"
+#include "net/http_client.hpp"
+
+namespace computron::app {
+
+namespace {
+
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+double percentile(std::vector<double> xs, double p) {
+  if (xs.empty()) return 0;
+  std::sort(xs.begin(), xs.end());
+  auto i = static_cast<size_t>(p * static_cast<double>(xs.size() - 1) + 0.5);
+  return xs[std::min(i, xs.size() - 1)];
+}
+
+/// Sums a metric's samples per label value of `label` from Prometheus text.
+std::map<std::string, double> scrape(const std::string& text, const std::string& metric, const std::string& label) {
+  std::map<std::string, double> out;
+  std::istringstream in{text};
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(metric, 0) != 0) continue;
+    auto rest = line.substr(metric.size());
+    if (rest.empty() || (rest[0] != '{' && rest[0] != ' ')) continue;
+    std::string key;
+    if (auto at = rest.find(label + "=\""); at != std::string::npos) {
+      auto start = at + label.size() + 2;
+      key = rest.substr(start, rest.find('"', start) - start);
+    }
+    out[key] += std::stod(rest.substr(rest.rfind(' ') + 1));
+  }
+  return out;
+}
+
+}  // namespace
+
+int run_demo(const demo_options& o) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(o.ready_timeout_s);
+  std::unique_ptr<net::http_client> client;
+  while (true) {
+    auto c = net::http_client::connect(o.host, o.port, 2s);
+    if (c) {
+      auto r = (*c)->request("GET", "/v2/health/ready", {}, 5s);
+      if (r && r->status == 200) {
+        client = std::move(*c);
+        break;
+      }
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::cerr << "computron demo: no ready server at " << o.host << ':' << o.port << '\n';
+      return 1;
+    }
+    std::this_thread::sleep_for(200ms);  // polling a process we do not control
+  }
+  auto index = client->request("POST", "/v2/repository/index");
+  if (!index || index->status != 200) {
+    std::cerr << "computron demo: repository index failed\n";
+    return 1;
+  }
+  struct target {
+    std::string name;
+    int64_t vocab;
+  };
+  std::vector<target> models;
+  for (auto& m : json::parse(index->body)) {
+    auto name = m["name"].get<std::string>();
+    auto info = client->request("GET", "/v2/models/" + name);
+    if (!info || info->status != 200) continue;
+    models.push_back({name, json::parse(info->body)["parameters"]["vocab"].get<int64_t>()});
+  }
+  if (models.empty()) {
+    std::cerr << "computron demo: the server has no models\n";
+    return 1;
+  }
+  std::cout << fmt::format("computron demo: {} requests over {} models from {} clients, {} tokens each\n",
+                           o.requests, models.size(), o.clients, o.max_tokens);
+  std::mutex mtx;
+  std::vector<double> latencies;
+  std::map<int, size_t> statuses;
+  size_t swapped = 0;
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> clients;
+  for (size_t c = 0; c < o.clients; ++c) {
+    clients.emplace_back([&, c] {
+      std::mt19937_64 rng{o.seed * 7919 + c};
+      auto conn = net::http_client::connect(o.host, o.port, 5s);
+      for (size_t i = c; i < o.requests; i += o.clients) {
+        // Skewed mix: model k is picked with weight 1/(k+1), like the power-law workloads.
+        std::vector<double> w;
+        for (size_t k = 0; k < models.size(); ++k) w.push_back(1.0 / static_cast<double>(k + 1));
+        auto& m = models[std::discrete_distribution<size_t>(w.begin(), w.end())(rng)];
+        json prompt = json::array();
+        for (int t = 0; t < 8; ++t) prompt.push_back(std::uniform_int_distribution<int64_t>(0, m.vocab - 1)(rng));
+        json body{{"inputs", {{{"name", "input_ids"}, {"datatype", "INT64"}, {"shape", {1, 8}}, {"data", prompt}}}},
+                  {"parameters", {{"max_tokens", o.max_tokens}}}};
+        auto s = std::chrono::steady_clock::now();
+        auto r = conn ? (*conn)->request("POST", "/v2/models/" + m.name + "/infer", body.dump(), 300s)
+                      : caf::expected<net::http_result>{make_error(ec::io_error, "no connection")};
+        auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s).count();
+        std::lock_guard<std::mutex> guard{mtx};
+        statuses[r ? r->status : 0]++;
+        if (r && r->status == 200) {
+          latencies.push_back(ms);
+          if (json::parse(r->body)["parameters"]["swapped"].get<bool>()) ++swapped;
+        } else {
+          std::cerr << "request failed: " << (r ? r->body : render(r.error())) << '\n';
+        }
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  auto wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  auto metrics = client->request("GET", "/metrics");
+  std::cout << fmt::format("  ok {} of {} in {:.2f} s ({:.1f} req/s)\n", latencies.size(), o.requests, wall,
+                           static_cast<double>(latencies.size()) / wall);
+  std::cout << fmt::format("  latency ms: p50 {:.1f}  p90 {:.1f}  p99 {:.1f}  max {:.1f}\n",
+                           percentile(latencies, 0.5), percentile(latencies, 0.9), percentile(latencies, 0.99),
+                           percentile(latencies, 1.0));
+  std::cout << fmt::format("  requests that waited for a swap: {}\n", swapped);
+  if (metrics && metrics->status == 200) {
+    auto bytes = scrape(metrics->body, "computron_bytes_loaded_total", "device");
+    auto secs = scrape(metrics->body, "computron_load_seconds_sum", "device");
+    auto loads = scrape(metrics->body, "computron_shard_loads_total", "device");
+    auto evictions = scrape(metrics->body, "computron_shard_evictions_total", "device");
+    for (auto& [dev, b] : bytes)
+      std::cout << fmt::format("  device {}: {:.0f} shard loads, {:.0f} evictions, {:.1f} MiB moved, {:.2f} GB/s\n",
+                               dev, loads[dev], evictions[dev], b / 1048576.0,
+                               secs[dev] > 0 ? b / secs[dev] / 1e9 : 0.0);
+  }
+  bool ok = latencies.size() == o.requests;
+  if (!ok)
+    for (auto& [status, n] : statuses)
+      if (status != 200) std::cout << fmt::format("  status {}: {}\n", status, n);
+  return ok ? 0 : 1;
+}
+
+}  // namespace computron::app

@@ -1,0 +1,317 @@
+#include "apps/computron/serve.hpp"
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <iostream>
+#include <mutex>
+#include <random>
+#include <set>
+
+#include <caf/all.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "actors/opt_engine.hpp"
+#include "common/error.hpp"
+#include "common/log.hpp"
+#include "models/opt_model.hpp"
+#include "net/metrics.hpp"
+#include "net/trace.hpp"
+
+namespace computron::app {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr double mib = 1048576.0;
+
+caf::error bad(const std::string& where, const std::string& why) {
+  return make_error(ec::invalid_configuration, where + ": " + why);
+}
+
+/// Rejects keys outside `allowed`, so a typo in a config is an error, not a silent default.
+caf::error check_keys(const json& j, const std::string& where, std::set<std::string> allowed) {
+  if (!j.is_object()) return bad(where, "must be a JSON object");
+  for (auto& [k, _] : j.items())
+    if (allowed.count(k) == 0) return bad(where, "unknown key '" + k + "'");
+  return {};
+}
+
+template <class T>
+caf::error read(const json& j, const char* key, const std::string& where, T& out) {
+  auto it = j.find(key);
+  if (it == j.end()) return {};
+  try {
+    if constexpr (std::is_same_v<T, bool>) {
+      if (!it->is_boolean()) return bad(where, std::string{key} + " must be true or false");
+    } else if constexpr (std::is_arithmetic_v<T>) {
+      if (!it->is_number()) return bad(where, std::string{key} + " must be a number");
+      if constexpr (std::is_integral_v<T>) {
+        if (!it->is_number_integer()) return bad(where, std::string{key} + " must be an integer");
+        if (std::is_unsigned_v<T> && it->get<int64_t>() < 0)
+          return bad(where, std::string{key} + " must not be negative");
+      }
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      if (!it->is_string()) return bad(where, std::string{key} + " must be a string");
+    }
+    out = it->get<T>();
+  } catch (const std::exception& e) {
+    return bad(where, std::string{key} + ": " + e.what());
+  }
+  return {};
+}
+
+caf::error read_model(const json& j, const std::string& where, const fs::path& base, actors::model_config& m) {
+  if (auto e = check_keys(j, where, {"name", "kind", "spec", "dtype", "tp", "pp", "devices", "seed", "weights",
+                                     "toy_shard_bytes", "pinned"}))
+    return e;
+  std::string weights;
+  caf::error e;
+  if ((e = read(j, "name", where, m.name)) || (e = read(j, "kind", where, m.kind)) ||
+      (e = read(j, "spec", where, m.spec)) || (e = read(j, "dtype", where, m.dtype)) ||
+      (e = read(j, "tp", where, m.tp)) || (e = read(j, "pp", where, m.pp)) ||
+      (e = read(j, "devices", where, m.devices)) || (e = read(j, "seed", where, m.seed)) ||
+      (e = read(j, "weights", where, weights)) || (e = read(j, "toy_shard_bytes", where, m.toy_shard_bytes)) ||
+      (e = read(j, "pinned", where, m.pinned)))
+    return e;
+  if (!weights.empty()) {
+    fs::path p{weights};
+    m.weights_path = (p.is_absolute() ? p : base / p).string();
+  }
+  if (m.devices.empty())
+    for (int32_t i = 0; i < m.tp * m.pp; ++i) m.devices.push_back(i);  // the first tp x pp devices
+  return {};
+}
+
+caf::expected<json> read_json_file(const fs::path& path) {
+  std::ifstream in{path};
+  if (!in) return make_error(ec::io_error, "cannot read " + path.string());
+  auto j = json::parse(in, nullptr, false);
+  if (j.is_discarded()) return make_error(ec::invalid_configuration, path.string() + " is not valid JSON");
+  return j;
+}
+
+}  // namespace
+
+serve_config default_serve_config() {
+  serve_config c;
+  c.runtime.devices.kind = "emulated";
+  c.runtime.devices.count = 4;
+  c.runtime.devices.emulated_capacity_bytes = 256ull << 20;
+  c.runtime.devices.emulated_link_gbps = 2.0;
+  c.runtime.manager.max_batch_size = 8;
+  c.runtime.manager.batch_window = std::chrono::milliseconds(5);
+  for (int i = 0; i < 3; ++i) {
+    actors::model_config m;
+    m.name = "opt-125m-" + std::string(1, static_cast<char>('a' + i));
+    m.kind = "opt";
+    m.spec = "opt-125m";
+    m.dtype = "bf16";
+    m.tp = 2;
+    m.pp = 2;
+    m.devices = {0, 1, 2, 3};
+    m.seed = static_cast<uint64_t>(i + 1);
+    c.models.push_back(m);
+  }
+  return c;
+}
+
+caf::expected<std::vector<actors::model_config>> load_repository(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return make_error(ec::io_error, "model repository " + dir + " is not a folder");
+  std::vector<fs::path> folders;
+  for (auto& entry : fs::directory_iterator(dir, ec))
+    if (entry.is_directory()) folders.push_back(entry.path());
+  std::sort(folders.begin(), folders.end());
+  std::vector<actors::model_config> out;
+  for (auto& f : folders) {
+    auto cfg_path = f / "config.json";
+    auto j = read_json_file(cfg_path);
+    if (!j) return j.error();
+    actors::model_config m;
+    m.name = f.filename().string();
+    if (auto e = read_model(*j, cfg_path.string(), f, m)) return e;
+    if (m.name != f.filename().string())
+      return bad(cfg_path.string(), "name '" + m.name + "' differs from its folder's");
+    if (m.weights_path.empty() && fs::exists(f / "weights.safetensors"))
+      m.weights_path = (f / "weights.safetensors").string();
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+caf::expected<serve_config> load_serve_config(const std::string& path) {
+  auto j = read_json_file(path);
+  if (!j) return j.error();
+  auto base = fs::path{path}.parent_path();
+  auto c = default_serve_config();
+  c.models.clear();
+  const std::string w = path;
+  if (auto e = check_keys(*j, w, {"devices", "http", "scheduler", "batching", "frontend", "repository", "models",
+                                  "trace_file", "compute_threads", "chunk_mb", "comment"}))
+    return e;
+  caf::error e;
+  if (auto d = j->find("devices"); d != j->end()) {
+    auto dw = w + " devices";
+    if ((e = check_keys(*d, dw, {"kind", "count", "capacity_mb", "link_gbps", "reserved_mb"}))) return e;
+    double cap = static_cast<double>(c.runtime.devices.emulated_capacity_bytes) / mib;
+    double reserved = static_cast<double>(c.runtime.devices.cuda_reserved_bytes) / mib;
+    if ((e = read(*d, "kind", dw, c.runtime.devices.kind)) || (e = read(*d, "count", dw, c.runtime.devices.count)) ||
+        (e = read(*d, "capacity_mb", dw, cap)) || (e = read(*d, "link_gbps", dw, c.runtime.devices.emulated_link_gbps)) ||
+        (e = read(*d, "reserved_mb", dw, reserved)))
+      return e;
+    if (!(cap > 0) || !(c.runtime.devices.emulated_link_gbps > 0))
+      return bad(dw, "capacity_mb and link_gbps must be positive");
+    c.runtime.devices.emulated_capacity_bytes = static_cast<uint64_t>(cap * mib);
+    c.runtime.devices.cuda_reserved_bytes = static_cast<uint64_t>(reserved * mib);
+  }
+  if (auto h = j->find("http"); h != j->end()) {
+    auto hw = w + " http";
+    if ((e = check_keys(*h, hw, {"host", "port", "threads", "max_body_bytes", "max_batch_rows"}))) return e;
+    if ((e = read(*h, "host", hw, c.http.host)) || (e = read(*h, "port", hw, c.http.port)) ||
+        (e = read(*h, "threads", hw, c.http.threads)) || (e = read(*h, "max_body_bytes", hw, c.http.max_body_bytes)) ||
+        (e = read(*h, "max_batch_rows", hw, c.http.max_batch_rows)))
+      return e;
+  }
+  if (auto s = j->find("scheduler"); s != j->end()) {
+    auto sw = w + " scheduler";
+    if ((e = check_keys(*s, sw, {"policy", "max_transfers_per_link", "workspace_mb", "load_timeout_s"}))) return e;
+    double ws = 0;
+    int64_t timeout_s = 300;
+    if ((e = read(*s, "policy", sw, c.runtime.scheduler.policy)) ||
+        (e = read(*s, "max_transfers_per_link", sw, c.runtime.scheduler.max_transfers_per_link)) ||
+        (e = read(*s, "workspace_mb", sw, ws)) || (e = read(*s, "load_timeout_s", sw, timeout_s)))
+      return e;
+    c.runtime.scheduler.workspace_bytes = static_cast<uint64_t>(ws * mib);
+    c.runtime.scheduler.load_timeout = std::chrono::seconds(timeout_s);
+  }
+  if (auto b = j->find("batching"); b != j->end()) {
+    auto bw = w + " batching";
+    if ((e = check_keys(*b, bw, {"max_batch_size", "batch_window_ms", "dispatch", "max_wait_ms", "max_queue",
+                                 "max_tokens", "deadline_ms"})))
+      return e;
+    auto& m = c.runtime.manager;
+    int64_t window = m.batch_window.count(), max_wait = m.max_wait.count(), deadline = m.default_deadline.count();
+    if ((e = read(*b, "max_batch_size", bw, m.max_batch_size)) || (e = read(*b, "batch_window_ms", bw, window)) ||
+        (e = read(*b, "dispatch", bw, m.dispatch)) || (e = read(*b, "max_wait_ms", bw, max_wait)) ||
+        (e = read(*b, "max_queue", bw, m.max_queue)) || (e = read(*b, "max_tokens", bw, m.max_tokens_limit)) ||
+        (e = read(*b, "deadline_ms", bw, deadline)))
+      return e;
+    if (window < 0 || max_wait < 0 || deadline <= 0) return bad(bw, "times must be positive");
+    m.batch_window = std::chrono::milliseconds(window);
+    m.max_wait = std::chrono::milliseconds(max_wait);
+    m.default_deadline = std::chrono::milliseconds(deadline);
+    c.runtime.frontend.default_deadline = m.default_deadline;
+  }
+  if (auto f = j->find("frontend"); f != j->end()) {
+    auto fw = w + " frontend";
+    if ((e = check_keys(*f, fw, {"max_outstanding_per_model", "max_outstanding"}))) return e;
+    if ((e = read(*f, "max_outstanding_per_model", fw, c.runtime.frontend.max_outstanding_per_model)) ||
+        (e = read(*f, "max_outstanding", fw, c.runtime.frontend.max_outstanding)))
+      return e;
+  }
+  double chunk_mb = static_cast<double>(c.runtime.worker.chunk_bytes) / mib;
+  if ((e = read(*j, "trace_file", w, c.trace_file)) || (e = read(*j, "compute_threads", w, c.compute_threads)) ||
+      (e = read(*j, "chunk_mb", w, chunk_mb)))
+    return e;
+  if (!(chunk_mb > 0)) return bad(w, "chunk_mb must be positive");
+  c.runtime.worker.chunk_bytes = static_cast<uint64_t>(chunk_mb * mib);
+  if (auto ms = j->find("models"); ms != j->end()) {
+    if (!ms->is_array()) return bad(w, "models must be an array");
+    for (size_t i = 0; i < ms->size(); ++i) {
+      actors::model_config m;
+      if (auto err = read_model((*ms)[i], w + " models[" + std::to_string(i) + "]", base, m)) return err;
+      c.models.push_back(std::move(m));
+    }
+  }
+  std::string repo;
+  if ((e = read(*j, "repository", w, repo))) return e;
+  if (!repo.empty()) {
+    fs::path p{repo};
+    auto models = load_repository((p.is_absolute() ? p : base / p).string());
+    if (!models) return models.error();
+    for (auto& m : *models) c.models.push_back(std::move(m));
+  }
+  return c;
+}
+
+int run_serve(serve_config cfg) {
+  // Block the stop signals in every thread (CAF's and Asio's inherit the mask) and wait
+  // for them here.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  if (cfg.compute_threads > 0) models::set_compute_threads(cfg.compute_threads);
+
+  auto metrics = std::make_shared<net::metrics>();
+  auto trace = std::make_shared<net::trace_recorder>();
+  cfg.runtime.obs = actors::combine({metrics, trace});
+  actors::system_config sys_cfg;
+  caf::actor_system sys{sys_cfg};
+  auto rt = actors::start_runtime(sys, cfg.runtime, actors::all_engines());
+  if (!rt) {
+    std::cerr << "computron serve: " << render(rt.error()) << '\n';
+    return 1;
+  }
+  size_t registered = 0;
+  {
+    caf::scoped_actor self{sys};
+    for (auto& m : cfg.models) {
+      self->request(rt->manager, caf::timespan{std::chrono::hours(1)}, actors::register_atom_v, m)
+          .receive([&](actors::model_info&) { ++registered; },
+                   [&](caf::error& e) { log::error("model {} not served: {}", m.name, render(e)); });
+    }
+  }
+  if (registered == 0 && !cfg.models.empty()) {
+    std::cerr << "computron serve: none of the " << cfg.models.size() << " models could be registered\n";
+    rt->shutdown();
+    return 1;
+  }
+  auto srv = net::http_server::start(sys, rt->frontend, metrics, trace, cfg.http);
+  if (!srv) {
+    std::cerr << "computron serve: " << render(srv.error()) << '\n';
+    rt->shutdown();
+    return 1;
+  }
+  std::cout << "computron serve: listening on http://" << cfg.http.host << ':' << (*srv)->port() << " ("
+            << registered << " models, " << rt->devices.size() << ' '
+            << gpu::to_string(rt->devices.front()->info().kind) << " devices)" << std::endl;
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  log::info("signal {}: stopping", sig);
+  (*srv)->stop();
+  if (!cfg.trace_file.empty() && !trace->write(cfg.trace_file))
+    log::error("cannot write the trace to {}", cfg.trace_file);
+  rt->shutdown();
+  return 0;
+}
+
+int run_generate(const actors::model_config& cfg, const gpu::device_options& devices,
+                 const std::vector<std::vector<int64_t>>& prompts, int64_t max_tokens,
+                 const actors::row_sampling& sampling) {
+  auto engines = actors::all_engines();
+  auto devs = gpu::open_devices(devices);
+  if (!devs) {
+    std::cerr << "computron generate: " << render(devs.error()) << '\n';
+    return 1;
+  }
+  if (auto err = actors::validate_model(engines, cfg, devs->size())) {
+    std::cerr << "computron generate: " << render(err) << '\n';
+    return 1;
+  }
+  auto out = actors::direct_generate(*engines.at(cfg.kind), cfg, *devs, prompts, max_tokens, sampling);
+  if (!out) {
+    std::cerr << "computron generate: " << render(out.error()) << '\n';
+    return 1;
+  }
+  std::cout << json(*out).dump() << '\n';
+  return 0;
+}
+
+}  // namespace computron::app

@@ -1,0 +1,62 @@
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <caf/expected.hpp>
+
+#include "actors/node.hpp"
+#include "net/http_server.hpp"
+
+/// `computron serve`, `computron demo` and `computron generate`.
+namespace computron::app {
+
+/// Everything a serve process runs with: the config file, then the repository's models,
+/// then command-line overrides.
+struct serve_config {
+  actors::runtime_options runtime;
+  net::http_options http;
+  std::vector<actors::model_config> models;
+  /// Written at shutdown when set (the timeline is also at GET /v2/trace).
+  std::string trace_file;
+  /// Intra-op threads of the CPU compute (0: leave libtorch's default).
+  int compute_threads = 1;
+};
+
+/// Reads a JSON serve config (see configs/README.md); relative paths are resolved from
+/// the file's folder. Unknown keys and bad values are errors that name them.
+caf::expected<serve_config> load_serve_config(const std::string& path);
+
+/// The built-in defaults (configs/default.json has the same values, documented).
+serve_config default_serve_config();
+
+/// Reads a model repository: one folder per model holding config.json (the model_config
+/// fields) and optionally weights.safetensors. Errors name the folder and the problem.
+caf::expected<std::vector<actors::model_config>> load_repository(const std::string& dir);
+
+/// Runs the server until SIGINT or SIGTERM; prints "listening on http://HOST:PORT" on
+/// stdout once ready. Returns the process exit code.
+int run_serve(serve_config cfg);
+
+struct demo_options {
+  std::string host = "127.0.0.1";
+  uint16_t port = 8000;
+  size_t requests = 48;
+  size_t clients = 4;
+  int64_t max_tokens = 4;
+  uint64_t seed = 1;
+  /// Waiting for the server to become ready at most.
+  int ready_timeout_s = 300;
+};
+
+/// Sends a short mixed workload to a running server and prints a summary (latency,
+/// swaps, GB/s). Returns the exit code (1 when any request failed).
+int run_demo(const demo_options& opts);
+
+/// Generates directly (no actors, no server) with a model config; prints the tokens as
+/// a JSON array of arrays. The reference for the served outputs.
+int run_generate(const actors::model_config& cfg, const gpu::device_options& devices,
+                 const std::vector<std::vector<int64_t>>& prompts, int64_t max_tokens,
+                 const actors::row_sampling& sampling);
+
+}  // namespace computron::app

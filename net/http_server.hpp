@@ -1,0 +1,60 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <caf/actor_system.hpp>
+#include <caf/expected.hpp>
+
+#include "actors/interfaces.hpp"
+
+/// The HTTP API (KServe v2 / Triton REST conventions) on Boost.Beast, talking only to
+/// the frontend actor. Beast and Asio stay inside http_server.cpp.
+namespace computron::net {
+
+class metrics;
+class trace_recorder;
+
+struct http_options {
+  std::string host = "127.0.0.1";
+  /// 0 picks a free port (tests); port() tells which.
+  uint16_t port = 8000;
+  /// Larger request bodies are refused with 413.
+  uint64_t max_body_bytes = 1 << 20;
+  /// Sequences one infer request may carry.
+  uint32_t max_batch_rows = 256;
+  /// I/O threads.
+  int threads = 2;
+  /// Idle keep-alive connections close after this.
+  std::chrono::seconds idle_timeout{30};
+  /// Longest the server waits for the frontend's answer.
+  std::chrono::seconds request_timeout{300};
+};
+
+class http_server {
+ public:
+  /// Binds and starts serving. Errors: the address cannot be bound (io_error, with the
+  /// reason).
+  static caf::expected<std::unique_ptr<http_server>> start(caf::actor_system& sys,
+                                                           actors::frontend_actor frontend,
+                                                           std::shared_ptr<metrics> metrics,
+                                                           std::shared_ptr<trace_recorder> trace,
+                                                           http_options opts);
+  ~http_server();
+
+  /// The bound port.
+  uint16_t port() const;
+
+  /// Stops accepting and closes every connection; idempotent.
+  void stop();
+
+  struct impl;
+
+ private:
+  explicit http_server(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace computron::net

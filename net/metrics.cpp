@@ -1,0 +1,132 @@
+#include "net/metrics.hpp"
+
+#include <sstream>
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+namespace computron::net {
+
+namespace pm = prometheus;
+
+struct metrics::impl {
+  std::shared_ptr<pm::Registry> reg = std::make_shared<pm::Registry>();
+  pm::Family<pm::Counter>& requests = pm::BuildCounter()
+                                          .Name("computron_requests_total")
+                                          .Help("Requests that ended, by model and outcome")
+                                          .Register(*reg);
+  pm::Family<pm::Histogram>& latency = pm::BuildHistogram()
+                                           .Name("computron_request_latency_seconds")
+                                           .Help("Time from admission to reply of successful requests")
+                                           .Register(*reg);
+  pm::Family<pm::Gauge>& queue = pm::BuildGauge()
+                                     .Name("computron_queue_depth")
+                                     .Help("Requests waiting in a model's queue")
+                                     .Register(*reg);
+  pm::Family<pm::Gauge>& resident = pm::BuildGauge()
+                                        .Name("computron_resident_models")
+                                        .Help("Models resident on their devices")
+                                        .Register(*reg);
+  pm::Family<pm::Gauge>& used = pm::BuildGauge()
+                                    .Name("computron_device_used_bytes")
+                                    .Help("Device bytes held by model weights (loading or resident)")
+                                    .Register(*reg);
+  pm::Family<pm::Gauge>& capacity = pm::BuildGauge()
+                                        .Name("computron_device_capacity_bytes")
+                                        .Help("Device bytes available to model weights")
+                                        .Register(*reg);
+  pm::Family<pm::Gauge>& device_models = pm::BuildGauge()
+                                             .Name("computron_device_resident_models")
+                                             .Help("Models with a resident shard on the device")
+                                             .Register(*reg);
+  pm::Family<pm::Counter>& loads = pm::BuildCounter()
+                                       .Name("computron_shard_loads_total")
+                                       .Help("Shard loads, by device")
+                                       .Register(*reg);
+  pm::Family<pm::Counter>& evictions = pm::BuildCounter()
+                                           .Name("computron_shard_evictions_total")
+                                           .Help("Shard evictions, by device")
+                                           .Register(*reg);
+  pm::Family<pm::Histogram>& load_seconds = pm::BuildHistogram()
+                                                .Name("computron_load_seconds")
+                                                .Help("Time of one shard's load, by device")
+                                                .Register(*reg);
+  pm::Family<pm::Counter>& bytes_loaded = pm::BuildCounter()
+                                              .Name("computron_bytes_loaded_total")
+                                              .Help("Bytes copied host to device, by device")
+                                              .Register(*reg);
+  pm::Family<pm::Gauge>& gbps = pm::BuildGauge()
+                                    .Name("computron_load_gbps")
+                                    .Help("Achieved GB/s (1e9 bytes) of the device's last load")
+                                    .Register(*reg);
+  pm::Family<pm::Counter>& batches = pm::BuildCounter()
+                                         .Name("computron_batches_total")
+                                         .Help("Batches run, by model")
+                                         .Register(*reg);
+  pm::Family<pm::Histogram>& batch_rows = pm::BuildHistogram()
+                                              .Name("computron_batch_size")
+                                              .Help("Sequences per batch")
+                                              .Register(*reg);
+  pm::Gauge& resident_gauge = resident.Add({});
+  pm::Histogram& rows_hist = batch_rows.Add({}, pm::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64});
+};
+
+metrics::metrics() : impl_(std::make_unique<impl>()) {}
+
+metrics::~metrics() = default;
+
+std::string metrics::render() const {
+  std::ostringstream os;
+  pm::TextSerializer{}.Serialize(os, impl_->reg->Collect());
+  return os.str();
+}
+
+void metrics::request_done(const std::string& model, const std::string& outcome, double seconds) {
+  impl_->requests.Add({{"model", model}, {"outcome", outcome}}).Increment();
+  if (outcome == "ok")
+    impl_->latency
+        .Add({{"model", model}},
+             pm::Histogram::BucketBoundaries{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30})
+        .Observe(seconds);
+}
+
+void metrics::queue_depth(const std::string& model, size_t depth) {
+  impl_->queue.Add({{"model", model}}).Set(static_cast<double>(depth));
+}
+
+void metrics::batch_done(const std::string& model, const std::vector<int32_t>&, size_t rows, double,
+                         double) {
+  impl_->batches.Add({{"model", model}}).Increment();
+  impl_->rows_hist.Observe(static_cast<double>(rows));
+}
+
+void metrics::transfer_done(const std::string&, int32_t device, bool load, uint64_t bytes, double,
+                            double seconds) {
+  pm::Labels l{{"device", std::to_string(device)}};
+  if (!load) {
+    impl_->evictions.Add(l).Increment();
+    return;
+  }
+  impl_->loads.Add(l).Increment();
+  impl_->bytes_loaded.Add(l).Increment(static_cast<double>(bytes));
+  impl_->load_seconds.Add(l, pm::Histogram::BucketBoundaries{0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5})
+      .Observe(seconds);
+  if (seconds > 0) impl_->gbps.Add(l).Set(static_cast<double>(bytes) / seconds / 1e9);
+}
+
+void metrics::device_usage(int32_t device, uint64_t used_bytes, uint64_t capacity_bytes,
+                           size_t resident_models) {
+  pm::Labels l{{"device", std::to_string(device)}};
+  impl_->used.Add(l).Set(static_cast<double>(used_bytes));
+  impl_->capacity.Add(l).Set(static_cast<double>(capacity_bytes));
+  impl_->device_models.Add(l).Set(static_cast<double>(resident_models));
+}
+
+void metrics::resident_models(size_t count) {
+  impl_->resident_gauge.Set(static_cast<double>(count));
+}
+
+}  // namespace computron::net

@@ -1,0 +1,35 @@
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "actors/observer.hpp"
+
+/// Prometheus metrics (prometheus-cpp) fed by the actors through the observer hooks;
+/// prometheus stays out of this header.
+namespace computron::net {
+
+class metrics final : public actors::observer {
+ public:
+  metrics();
+  ~metrics() override;
+
+  /// Every metric in Prometheus' text exposition format (GET /metrics).
+  std::string render() const;
+
+  void request_done(const std::string& model, const std::string& outcome, double seconds) override;
+  void queue_depth(const std::string& model, size_t depth) override;
+  void batch_done(const std::string& model, const std::vector<int32_t>& devices, size_t rows,
+                  double start_s, double seconds) override;
+  void transfer_done(const std::string& model, int32_t device, bool load, uint64_t bytes,
+                     double start_s, double seconds) override;
+  void device_usage(int32_t device, uint64_t used_bytes, uint64_t capacity_bytes,
+                    size_t resident_models) override;
+  void resident_models(size_t count) override;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace computron::net

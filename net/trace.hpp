@@ -1,0 +1,46 @@
+#pragma once
+
+#include <cstddef>
+#include <deque>
+#include <mutex>
+#include <string>
+
+#include "actors/observer.hpp"
+
+/// A Chrome trace-event timeline (opens in Perfetto / chrome://tracing) of loads,
+/// evictions and batches, one track per device.
+namespace computron::net {
+
+class trace_recorder final : public actors::observer {
+ public:
+  /// Keeps the newest `max_events` events (older ones are dropped, so memory is bounded).
+  explicit trace_recorder(size_t max_events = 200000) : max_events_(max_events) {}
+
+  /// The timeline as trace-event JSON.
+  std::string to_json() const;
+
+  /// Writes to_json() to `path`; false when the file cannot be written.
+  bool write(const std::string& path) const;
+
+  void batch_done(const std::string& model, const std::vector<int32_t>& devices, size_t rows,
+                  double start_s, double seconds) override;
+  void transfer_done(const std::string& model, int32_t device, bool load, uint64_t bytes,
+                     double start_s, double seconds) override;
+
+ private:
+  struct event {
+    std::string name;
+    std::string category;
+    int32_t device;
+    double start_s;
+    double seconds;
+    std::string args;
+  };
+  void add(event e);
+
+  size_t max_events_;
+  mutable std::mutex mtx_;
+  std::deque<event> events_;
+};
+
+}  // namespace computron::net
