@@ -52,7 +52,9 @@ class toy_program final : public shard_program {
     const uint64_t offset = (static_cast<uint64_t>(req.step) * 7919) % (n - len + 1);
     if (auto err = weights_.read_back(offset, window, len)) return err;
     for (size_t r = 0; r < rows; ++r)
-      partial[r] = (group_.rank() == 0 ? x[r] : 0.0f) + static_cast<float>(window[r % len]);
+      // The byte depends on the row's own value, never on its position in the batch.
+      partial[r] = (group_.rank() == 0 ? x[r] : 0.0f) +
+                   static_cast<float>(window[static_cast<uint64_t>(x[r]) % len]);
     if (auto err = group_.all_reduce_sum(partial.data(), rows)) return err;
     for (auto& v : partial) v = std::fmod(v, static_cast<float>(toy_vocab));
     models::host_tensor out;

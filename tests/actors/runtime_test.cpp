@@ -1,0 +1,184 @@
+#include <catch2/catch.hpp>
+
+#include <caf/all.hpp>
+
+#include "actors/node.hpp"
+#include "common/error.hpp"
+
+using namespace computron;
+using namespace computron::actors;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// The whole stack on 4 emulated devices with room for two toy models of 4 x 1 MiB.
+struct runtime_fixture {
+  system_config cfg;
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  runtime rt;
+
+  explicit runtime_fixture(uint32_t per_model_bound = 64, std::chrono::milliseconds window = 2ms) {
+    runtime_options o;
+    o.devices.kind = "emulated";
+    o.devices.count = 4;
+    o.devices.emulated_capacity_bytes = (5ull << 20) / 2;  // 2.5 MiB
+    o.devices.emulated_link_gbps = 1.0;
+    o.manager.batch_window = window;
+    o.manager.max_batch_size = 4;
+    o.frontend.max_outstanding_per_model = per_model_bound;
+    rt = start_runtime(sys, o, torch_free_engines()).value();
+  }
+
+  ~runtime_fixture() { rt.shutdown(); }
+
+  static model_config toy(const std::string& name, uint64_t seed, int tp = 2, int pp = 2) {
+    model_config m;
+    m.name = name;
+    m.kind = "toy";
+    m.tp = tp;
+    m.pp = pp;
+    for (int i = 0; i < tp * pp; ++i) m.devices.push_back(i);
+    m.seed = seed;
+    m.toy_shard_bytes = 1 << 20;
+    return m;
+  }
+
+  caf::expected<model_info> add(const model_config& m) {
+    caf::expected<model_info> out{caf::make_error(caf::sec::request_timeout)};
+    self->request(rt.manager, 30s, register_atom_v, m)
+        .receive([&](model_info& i) { out = std::move(i); }, [&](caf::error& e) { out = std::move(e); });
+    return out;
+  }
+
+  caf::expected<infer_reply> infer(infer_request r) {
+    caf::expected<infer_reply> out{caf::make_error(caf::sec::request_timeout)};
+    self->request(rt.frontend, 30s, infer_atom_v, std::move(r))
+        .receive([&](infer_reply& x) { out = std::move(x); }, [&](caf::error& e) { out = std::move(e); });
+    return out;
+  }
+
+  std::vector<int64_t> reference(const model_config& m, const std::vector<int64_t>& prompt, int64_t n) {
+    gpu::device_options d;
+    d.kind = "emulated";
+    d.count = 4;
+    d.emulated_capacity_bytes = 8ull << 20;
+    d.emulated_link_gbps = 100;
+    auto devs = gpu::open_devices(d).value();
+    return direct_generate(*make_toy_engine(), m, devs, {prompt}, n, {}).value().at(0);
+  }
+};
+
+infer_request request(const std::string& model, std::vector<int64_t> tokens, int64_t max_tokens = 3) {
+  infer_request r;
+  r.model = model;
+  r.tokens = std::move(tokens);
+  r.max_tokens = max_tokens;
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("more models than fit are served by swapping and outputs equal a direct run",
+          "[actors][runtime]") {
+  runtime_fixture f;
+  std::vector<model_config> ms{runtime_fixture::toy("m0", 1), runtime_fixture::toy("m1", 2),
+                               runtime_fixture::toy("m2", 3, 4, 1), runtime_fixture::toy("m3", 4, 1, 4)};
+  for (auto& m : ms) REQUIRE(f.add(m));
+  std::vector<int64_t> prompt{5, 9, 11};
+  for (int round = 0; round < 2; ++round)
+    for (auto& m : ms) {
+      auto r = f.infer(request(m.name, prompt));
+      REQUIRE(r);
+      CHECK(r->tokens == f.reference(m, prompt, 3));
+      CHECK(r->model == m.name);
+    }
+  std::vector<residency_report> status;
+  f.self->request(f.rt.scheduler, 10s, status_atom_v).receive([&](std::vector<residency_report>& s) { status = s; },
+                                                              [](caf::error&) {});
+  uint64_t evictions = 0;
+  size_t resident = 0;
+  for (auto& s : status) {
+    evictions += s.evictions;
+    resident += s.state == "resident";
+  }
+  CHECK(evictions >= 4);  // every model was loaded twice with room for two
+  CHECK(resident <= 2);
+}
+
+TEST_CASE("concurrent requests to one model share batches", "[actors][runtime]") {
+  runtime_fixture f{64, 200ms};
+  auto m = runtime_fixture::toy("m", 7);
+  REQUIRE(f.add(m));
+  std::vector<uint32_t> sizes;
+  std::vector<std::vector<int64_t>> outputs;
+  std::vector<caf::error> errors;
+  for (int i = 0; i < 4; ++i)
+    f.self->request(f.rt.frontend, 30s, infer_atom_v, request("m", {i + 1, 2}, 2))
+        .receive(
+            [&](infer_reply&) {}, [&](caf::error&) {});  // warm-up: the model loads once
+  auto h1 = f.self->request(f.rt.frontend, 30s, infer_atom_v, request("m", {1, 2}, 2));
+  auto h2 = f.self->request(f.rt.frontend, 30s, infer_atom_v, request("m", {3, 4, 5}, 3));
+  auto h3 = f.self->request(f.rt.frontend, 30s, infer_atom_v, request("m", {6}, 1));
+  for (auto* h : {&h1, &h2, &h3})
+    std::move(*h).receive(
+        [&](infer_reply& r) {
+          sizes.push_back(r.batch_size);
+          outputs.push_back(r.tokens);
+        },
+        [&](caf::error& e) { errors.push_back(e); });
+  REQUIRE(errors.empty());
+  CHECK(sizes == std::vector<uint32_t>{3, 3, 3});
+  CHECK(outputs[0] == f.reference(m, {1, 2}, 2));
+  CHECK(outputs[1] == f.reference(m, {3, 4, 5}, 3));
+  CHECK(outputs[2] == f.reference(m, {6}, 1));
+}
+
+TEST_CASE("bad requests get clear errors and the runtime keeps serving", "[actors][runtime]") {
+  runtime_fixture f;
+  REQUIRE(f.add(runtime_fixture::toy("m", 1)));
+  auto unknown = f.infer(request("nope", {1}));
+  REQUIRE_FALSE(unknown);
+  CHECK(is(unknown.error(), ec::unknown_model));
+  auto empty = f.infer(request("m", {}));
+  REQUIRE_FALSE(empty);
+  CHECK(is(empty.error(), ec::invalid_request));
+  auto vocab = f.infer(request("m", {1, 1024}));
+  REQUIRE_FALSE(vocab);
+  CHECK(render(vocab.error()).find("1024") != std::string::npos);
+  auto huge = f.infer(request("m", {1}, 100000));
+  REQUIRE_FALSE(huge);
+  CHECK(is(huge.error(), ec::invalid_request));
+  auto temp = request("m", {1});
+  temp.sampling.temperature = -1;
+  CHECK_FALSE(f.infer(temp));
+  auto dup = runtime_fixture::toy("d", 1);
+  dup.devices = {0, 0, 1, 2};
+  auto bad = f.add(dup);
+  REQUIRE_FALSE(bad);
+  CHECK(is(bad.error(), ec::invalid_configuration));
+  auto too_big = runtime_fixture::toy("big", 1);
+  too_big.toy_shard_bytes = 3 << 20;  // more than a 2.5 MiB device
+  REQUIRE(f.add(too_big));
+  auto refused = f.infer(request("big", {1}));
+  REQUIRE_FALSE(refused);
+  CHECK(is(refused.error(), ec::out_of_device_memory));
+  CHECK(f.infer(request("m", {1, 2, 3})));
+}
+
+TEST_CASE("a burst beyond the queue bound is refused as overloaded and the rest is served",
+          "[actors][runtime]") {
+  runtime_fixture f{2, 50ms};
+  REQUIRE(f.add(runtime_fixture::toy("m", 1)));
+  using handle = decltype(f.self->request(f.rt.frontend, 30s, infer_atom_v, infer_request{}));
+  std::vector<handle> hs;
+  for (int i = 0; i < 20; ++i) hs.push_back(f.self->request(f.rt.frontend, 30s, infer_atom_v, request("m", {i})));
+  int ok = 0;
+  int overloaded = 0;
+  for (auto& h : hs)
+    std::move(h).receive([&](infer_reply&) { ++ok; },
+                         [&](caf::error& e) { overloaded += is(e, ec::overloaded) ? 1 : 0; });
+  CHECK(ok == 2);
+  CHECK(overloaded == 18);
+  CHECK(f.infer(request("m", {1})));
+}

@@ -1,0 +1,235 @@
+#include <catch2/catch.hpp>
+
+#include "actors/swap_scheduler.hpp"
+#include "common/error.hpp"
+#include "tests/support/deterministic.hpp"
+
+using namespace computron;
+using namespace computron::actors;
+using computron::testing::deterministic_fixture;
+using computron::testing::fake_worker;
+using computron::testing::fake_worker_script;
+
+namespace {
+
+constexpr uint64_t mb = 1 << 20;
+
+/// Two devices of 100 MB; every model has one 40 MB shard on each (so two fit).
+struct scheduler_fixture : deterministic_fixture {
+  fake_worker_script script;
+  std::vector<shard_worker_actor> workers;
+  swap_scheduler_actor sched_actor;
+
+  ~scheduler_fixture() {
+    // Held promises keep actors alive: end them all, or ~actor_system waits forever.
+    caf::anon_send_exit(script.holder, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(sched_actor, caf::exit_reason::user_shutdown);
+    for (auto& w : workers) caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
+  }
+
+  explicit scheduler_fixture(const std::string& policy = "lru") {
+    script.holder = sys.spawn(computron::testing::load_holder);
+    std::vector<scheduler_device> devs;
+    for (int32_t d = 0; d < 2; ++d) {
+      workers.push_back(sys.spawn(fake_worker, &script, d));
+      devs.push_back({workers.back(), 100 * mb, 10.0});
+    }
+    swap_scheduler_options o;
+    o.policy = policy;
+    o.load_timeout = std::chrono::seconds(5);
+    sched_actor = spawn_swap_scheduler(sys, devs, o).value();
+  }
+
+  void add(const std::string& name, uint64_t bytes = 40 * mb, bool pinned = false) {
+    REQUIRE(ask<bool>(sched_actor, register_atom_v, model_placement{name, {0, 1}, {bytes, bytes}, pinned}).value());
+  }
+
+  std::string state_of(const std::string& name) {
+    auto st = ask<std::vector<residency_report>>(sched_actor, status_atom_v);
+    if (!st) return "no status: " + caf::to_string(st.error());
+    for (auto& r : *st)
+      if (r.model == name) return r.state;
+    return "missing";
+  }
+
+  caf::expected<lease> acquire(const std::string& name) { return ask<lease>(sched_actor, acquire_atom_v, name); }
+
+  void release(const std::string& name) {
+    self->send(sched_actor, release_atom_v, name);
+    sched.run();
+  }
+
+  void use(const std::string& name) {
+    REQUIRE(acquire(name));
+    release(name);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("LRU evicts the least recently used model counted in bytes", "[actors][scheduler]") {
+  scheduler_fixture f{"lru"};
+  f.add("a");
+  f.add("b");
+  f.add("c");
+  f.use("a");
+  f.sched.advance_time(std::chrono::milliseconds(1));
+  f.use("b");
+  f.use("a");  // a is now more recent than b
+  f.use("c");
+  CHECK(f.state_of("a") == "resident");
+  CHECK(f.state_of("b") == "offloaded");
+  CHECK(f.state_of("c") == "resident");
+  CHECK(f.script.evictions["b"] == 2);  // one evict per device
+  CHECK(f.script.evictions["a"] == 0);
+}
+
+TEST_CASE("small models fill the room one large model frees", "[actors][scheduler]") {
+  scheduler_fixture f{"lru"};
+  f.add("big", 90 * mb);
+  f.add("s1", 30 * mb);
+  f.add("s2", 30 * mb);
+  f.add("s3", 30 * mb);
+  f.use("s1");
+  f.use("s2");
+  f.use("s3");  // 90 MB of small models resident: counted in bytes, three fit
+  CHECK(f.state_of("s1") == "resident");
+  CHECK(f.state_of("s3") == "resident");
+  f.use("big");  // needs all three gone
+  CHECK(f.state_of("big") == "resident");
+  CHECK(f.state_of("s1") == "offloaded");
+  CHECK(f.state_of("s2") == "offloaded");
+  CHECK(f.state_of("s3") == "offloaded");
+}
+
+TEST_CASE("the cost-aware policy keeps the model in demand even when LRU would evict it",
+          "[actors][scheduler]") {
+  for (std::string policy : {"lru", "cost"}) {
+    scheduler_fixture f{policy};
+    f.add("hot");
+    f.add("cold");
+    f.add("new");
+    f.use("hot");
+    f.self->send(f.sched_actor, demand_atom_v, std::string{"hot"}, uint32_t{100});
+    f.use("cold");  // more recent than hot, but nobody asks for it
+    f.use("new");
+    INFO(policy);
+    if (policy == "lru") {
+      CHECK(f.state_of("hot") == "offloaded");
+      CHECK(f.state_of("cold") == "resident");
+    } else {
+      CHECK(f.state_of("hot") == "resident");
+      CHECK(f.state_of("cold") == "offloaded");
+    }
+  }
+}
+
+TEST_CASE("concurrent acquires of a loading model wait for one load", "[actors][scheduler]") {
+  scheduler_fixture f;
+  f.add("a");
+  f.script.hanging.insert("a");
+  auto h1 = f.self->request(f.sched_actor, caf::timespan{std::chrono::hours(1)}, acquire_atom_v, std::string{"a"});
+  auto h2 = f.self->request(f.sched_actor, caf::timespan{std::chrono::hours(1)}, acquire_atom_v, std::string{"a"});
+  f.sched.run();
+  CHECK(f.state_of("a") == "loading");
+  CHECK(f.script.loads["a"] == 2);  // one per device, not one per acquire
+  f.self->send(f.script.holder, caf::ok_atom_v);
+  f.sched.run();
+  int leases = 0;
+  for (auto* h : {&h1, &h2})
+    std::move(*h).receive([&](lease& l) { leases += l.loaded ? 1 : 0; }, [&](caf::error&) {});
+  CHECK(leases == 2);
+  CHECK(f.script.loads["a"] == 2);
+  CHECK(f.state_of("a") == "resident");
+}
+
+TEST_CASE("a leased model is never evicted and the load waits for the release", "[actors][scheduler]") {
+  scheduler_fixture f;
+  f.add("a");
+  f.add("b");
+  f.add("c");
+  REQUIRE(f.acquire("a"));  // held
+  REQUIRE(f.acquire("b"));  // held
+  auto h = f.self->request(f.sched_actor, caf::timespan{std::chrono::hours(1)}, acquire_atom_v, std::string{"c"});
+  f.sched.run();
+  CHECK(f.state_of("c") == "offloaded");
+  CHECK(f.script.evictions["a"] == 0);
+  CHECK(f.script.evictions["b"] == 0);
+  f.release("b");
+  CHECK(f.state_of("b") == "offloaded");
+  CHECK(f.state_of("c") == "resident");
+  CHECK(f.state_of("a") == "resident");
+  bool got = false;
+  std::move(h).receive([&](lease& l) { got = l.model == "c"; }, [&](caf::error&) {});
+  CHECK(got);
+}
+
+TEST_CASE("a load that can never fit is refused before anything moves", "[actors][scheduler]") {
+  scheduler_fixture f;
+  f.add("huge", 150 * mb);
+  f.add("pinned", 60 * mb, true);
+  f.add("fits-alone", 60 * mb);
+  auto r = f.acquire("huge");
+  REQUIRE_FALSE(r);
+  CHECK(is(r.error(), ec::out_of_device_memory));
+  CHECK(render(r.error()).find("huge") != std::string::npos);
+  CHECK(f.script.loads["huge"] == 0);
+  // A pinned model's bytes never free: 60 + 60 > 100 on each device.
+  f.use("pinned");
+  auto r2 = f.acquire("fits-alone");
+  REQUIRE_FALSE(r2);
+  CHECK(is(r2.error(), ec::out_of_device_memory));
+  CHECK(f.state_of("pinned") == "resident");
+  auto unknown = f.acquire("nope");
+  REQUIRE_FALSE(unknown);
+  CHECK(is(unknown.error(), ec::unknown_model));
+}
+
+TEST_CASE("a worker that fails a load fails only that model", "[actors][scheduler]") {
+  scheduler_fixture f;
+  f.add("bad");
+  f.add("good");
+  f.script.failing.insert("bad");
+  auto r = f.acquire("bad");
+  REQUIRE_FALSE(r);
+  CHECK(is(r.error(), ec::device_error));
+  CHECK(render(r.error()).find("injected failure") != std::string::npos);
+  CHECK(f.state_of("bad") == "offloaded");
+  CHECK(f.acquire("good"));
+  CHECK(f.state_of("good") == "resident");
+  // The failed model's room was given back: the other one still fits next to good.
+  f.script.failing.clear();
+  CHECK(f.acquire("bad"));
+}
+
+TEST_CASE("the load join fails on a timeout and the model can load again", "[actors][scheduler]") {
+  scheduler_fixture f;
+  f.add("slow");
+  f.script.hanging.insert("slow");
+  auto h = f.self->request(f.sched_actor, caf::timespan{std::chrono::hours(1)}, acquire_atom_v, std::string{"slow"});
+  f.sched.run();
+  CHECK(f.state_of("slow") == "loading");
+  f.sched.advance_time(std::chrono::seconds(6));  // past the 5 s load timeout
+  f.sched.run();
+  REQUIRE_FALSE(f.self->mailbox().empty());
+  caf::error got;
+  std::move(h).receive([](lease&) {}, [&](caf::error& e) { got = e; });
+  CHECK(got);
+  CHECK(f.state_of("slow") == "offloaded");
+  f.script.hanging.clear();
+  CHECK(f.acquire("slow"));
+}
+
+TEST_CASE("unload is refused under a lease and evicts otherwise", "[actors][scheduler]") {
+  scheduler_fixture f;
+  f.add("a");
+  REQUIRE(f.acquire("a"));
+  auto refused = f.ask<residency_report>(f.sched_actor, unload_atom_v, std::string{"a"});
+  REQUIRE_FALSE(refused);
+  CHECK(is(refused.error(), ec::invalid_state));
+  f.release("a");
+  auto ok = f.ask<residency_report>(f.sched_actor, unload_atom_v, std::string{"a"});
+  REQUIRE(ok);
+  CHECK(ok->state == "offloaded");
+  CHECK(f.script.evictions["a"] == 2);
+}

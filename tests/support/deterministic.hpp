@@ -1,0 +1,101 @@
+#pragma once
+
+#include <map>
+#include <set>
+#include <string>
+
+#include <caf/all.hpp>
+#include <caf/scheduler/test_coordinator.hpp>
+
+#include "actors/node.hpp"
+
+/// Deterministic actor tests under Catch2 (CAF_0.17.md §7): CAF's test coordinator runs
+/// every actor on the test thread; time moves only when the test advances it.
+namespace computron::testing {
+
+struct deterministic_config : actors::system_config {
+  deterministic_config() {
+    set("scheduler.policy", caf::atom("testing"));
+    set("logger.inline-output", true);
+  }
+};
+
+struct deterministic_fixture {
+  deterministic_config cfg;
+  caf::actor_system sys{cfg};
+  caf::scheduler::test_coordinator& sched = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
+  caf::scoped_actor self{sys, true};
+
+  ~deterministic_fixture() {
+    // Pending request timeouts keep actors alive: drain them too, or ~actor_system hangs.
+    while (sched.run() + sched.trigger_timeouts() > 0) {
+    }
+  }
+
+  /// Sends a request, runs the system until it is idle, and returns the reply; an error
+  /// (not a hang) when no reply came.
+  template <class T, class Handle, class... Ts>
+  caf::expected<T> ask(const Handle& h, const Ts&... xs) {
+    auto rh = self->request(h, caf::timespan{std::chrono::hours(24)}, xs...);
+    sched.run();
+    if (self->mailbox().empty()) return caf::make_error(caf::sec::request_timeout, "no reply yet");
+    caf::expected<T> out{caf::make_error(caf::sec::unexpected_response)};
+    std::move(rh).receive([&](T& x) { out = std::move(x); }, [&](caf::error& e) { out = std::move(e); });
+    return out;
+  }
+};
+
+/// A shard worker that only pretends: loads and evictions succeed at once unless the
+/// script says a model fails or hangs. Counts what it was asked.
+struct fake_worker_script {
+  std::map<std::string, int> loads;
+  std::map<std::string, int> evictions;
+  std::set<std::string> failing;
+  std::set<std::string> hanging;
+  /// Holds hanging loads until it receives ok_atom (promises are delivered by their
+  /// owner only, so the test releases them through this actor).
+  caf::actor holder;
+};
+
+inline caf::behavior load_holder(caf::event_based_actor* self) {
+  auto held = std::make_shared<std::vector<caf::response_promise>>();
+  return {
+      [=](actors::load_atom, std::string&) {
+        held->push_back(self->make_response_promise());
+        return held->back();
+      },
+      [=](caf::ok_atom) {
+        for (auto& rp : *held) rp.deliver(actors::transfer_report{});
+        held->clear();
+      },
+  };
+}
+
+inline actors::shard_worker_actor::behavior_type fake_worker(actors::shard_worker_actor::pointer self,
+                                                              fake_worker_script* script, int32_t device) {
+  using namespace actors;
+  return {
+      [=](prepare_atom, shard_spec& s) { return shard_report{s.model.name, device, 0, false}; },
+      [=](load_atom, std::string& m) -> caf::result<transfer_report> {
+        ++script->loads[m];
+        if (script->failing.count(m) > 0) return make_error(ec::device_error, "injected failure on " + m);
+        if (script->hanging.count(m) > 0) {
+          auto rp = self->make_response_promise<transfer_report>();
+          self->request(script->holder, caf::timespan{std::chrono::hours(24)}, load_atom_v, m)
+              .then([=](transfer_report& r) mutable { rp.deliver(std::move(r)); },
+                    [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
+          return rp;
+        }
+        return transfer_report{m, device, 0, 0};
+      },
+      [=](evict_atom, std::string& m) {
+        ++script->evictions[m];
+        return transfer_report{m, device, 0, 0};
+      },
+      [=](step_atom, step_request& r) { return step_result{std::vector<int64_t>(r.prompts.size(), 7), 0}; },
+      [=](cancel_atom, std::string&, uint64_t) {},
+      [=](devices_atom) { return device_report{}; },
+  };
+}
+
+}  // namespace computron::testing
