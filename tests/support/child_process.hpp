@@ -1,0 +1,110 @@
+#pragma once
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+/// A child process for end-to-end tests: the real binary, its stdout read line by line
+/// with deadlines, stopped with SIGTERM (SIGKILL if it does not exit in time).
+namespace computron::testing {
+
+class child_process {
+ public:
+  explicit child_process(const std::vector<std::string>& argv) {
+    int fds[2];
+    if (pipe(fds) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(fds[1], 1);
+      close(fds[0]);
+      close(fds[1]);
+      std::vector<char*> args;
+      for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+    close(fds[1]);
+    out_ = fds[0];
+  }
+
+  ~child_process() {
+    stop(std::chrono::seconds(20));
+    if (out_ >= 0) close(out_);
+  }
+
+  pid_t pid() const { return pid_; }
+
+  /// The next stdout line, or nothing when none came before the deadline.
+  std::optional<std::string> read_line(std::chrono::milliseconds timeout) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (true) {
+      if (auto nl = buffer_.find('\n'); nl != std::string::npos) {
+        auto line = buffer_.substr(0, nl);
+        buffer_.erase(0, nl + 1);
+        return line;
+      }
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return std::nullopt;
+      pollfd p{out_, POLLIN, 0};
+      if (poll(&p, 1, static_cast<int>(left.count())) <= 0) return std::nullopt;
+      char buf[4096];
+      auto n = ::read(out_, buf, sizeof(buf));
+      if (n <= 0) return std::nullopt;
+      buffer_.append(buf, static_cast<size_t>(n));
+    }
+  }
+
+  /// SIGTERM, then waits; SIGKILL after `grace`. Returns the exit status (or -1).
+  int stop(std::chrono::milliseconds grace) {
+    if (pid_ <= 0 || exited_) return status_;
+    kill(pid_, SIGTERM);
+    auto deadline = std::chrono::steady_clock::now() + grace;
+    while (std::chrono::steady_clock::now() < deadline) {
+      int st = 0;
+      if (waitpid(pid_, &st, WNOHANG) == pid_) {
+        exited_ = true;
+        status_ = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        return status_;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling a child
+    }
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    exited_ = true;
+    return -1;
+  }
+
+  /// Resident memory of the child in KiB (0 when unknown).
+  long rss_kib() const {
+    std::ifstream in{"/proc/" + std::to_string(pid_) + "/status"};
+    std::string key;
+    while (in >> key) {
+      if (key == "VmRSS:") {
+        long v = 0;
+        in >> v;
+        return v;
+      }
+      std::string rest;
+      std::getline(in, rest);
+    }
+    return 0;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int out_ = -1;
+  std::string buffer_;
+  bool exited_ = false;
+  int status_ = -1;
+};
+
+}  // namespace computron::testing
