@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/forward_bench.hpp"
+#include "bench/runtime_bench.hpp"
 #include "bench/swap_bench.hpp"
 #include "apps/computron/serve.hpp"
 #include "common/error.hpp"
@@ -128,6 +129,20 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   fwd_cmd->add_flag("--json", fwd_json, "print one JSON object");
 
+  // bench runtime
+  auto rt_cmd = bench_cmd->add_subcommand(
+      "runtime", "actor-path dispatch rate and added latency, HTTP requests/s, swap via the actors");
+  bench::runtime_bench_options rtb;
+  double rt_swap_mb = static_cast<double>(rtb.swap_bytes) / 1048576.0;
+  bool rt_json = false;
+  rt_cmd->add_option("--clients", rtb.clients, "closed-loop clients")->capture_default_str();
+  rt_cmd->add_option("--seconds", rtb.seconds, "duration of each throughput part")->capture_default_str();
+  rt_cmd->add_option("--latency-requests", rtb.latency_requests, "sequential requests timed")->capture_default_str();
+  rt_cmd->add_option("--swap-mb", rt_swap_mb, "model size of the swap part, MiB")->capture_default_str();
+  rt_cmd->add_option("--link-gbps", rtb.link_gbps, "emulated link rate, GB/s")->capture_default_str();
+  rt_cmd->add_option("--repeats", rtb.swap_repeats, "timed swap rounds (median)")->capture_default_str();
+  rt_cmd->add_flag("--json", rt_json, "print one JSON object");
+
   // devices
   auto devices_cmd = app.add_subcommand("devices", "list the devices this process would use");
   gpu::device_options dev_opts;
@@ -215,6 +230,20 @@ int main(int argc, char** argv) {
       std::cout << bench::to_json(*r) << '\n';
     else
       bench::print_table(std::cout, *r);
+    return 0;
+  }
+  if (*rt_cmd) {
+    if (!(rt_swap_mb >= 4) || !std::isfinite(rt_swap_mb)) {
+      std::cerr << "computron bench runtime: --swap-mb must be at least 4\n";
+      return exit_usage;
+    }
+    rtb.swap_bytes = mib_to_bytes(rt_swap_mb);
+    auto r = bench::run_runtime_bench(rtb);
+    if (!r) {
+      std::cerr << "computron bench runtime: " << render(r.error()) << '\n';
+      return exit_failure;
+    }
+    std::cout << (rt_json ? bench::to_json(*r) + "\n" : bench::to_table(*r));
     return 0;
   }
   if (*devices_cmd) return run_devices(dev_opts, devices_json);

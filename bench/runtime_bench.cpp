@@ -1,0 +1,219 @@
+#include "bench/runtime_bench.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+
+#include <caf/all.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "actors/node.hpp"
+#include "common/error.hpp"
+#include "net/http_client.hpp"
+#include "net/http_server.hpp"
+#include "net/metrics.hpp"
+
+namespace computron::bench {
+
+namespace {
+
+using namespace std::chrono_literals;
+using clock_type = std::chrono::steady_clock;
+using namespace computron::actors;
+
+double percentile(std::vector<double> xs, double p) {
+  if (xs.empty()) return 0;
+  std::sort(xs.begin(), xs.end());
+  return xs[std::min(xs.size() - 1, static_cast<size_t>(p * static_cast<double>(xs.size() - 1) + 0.5))];
+}
+
+double since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+model_config toy(const std::string& name, int tp, std::vector<int32_t> devices, uint64_t shard_bytes) {
+  model_config m;
+  m.name = name;
+  m.kind = "toy";
+  m.tp = tp;
+  m.devices = std::move(devices);
+  m.toy_shard_bytes = shard_bytes;
+  return m;
+}
+
+caf::error add(caf::scoped_actor& self, const runtime& rt, const model_config& m) {
+  caf::error err;
+  self->request(rt.manager, caf::timespan{std::chrono::minutes(10)}, register_atom_v, m)
+      .receive([](model_info&) {}, [&](caf::error& e) { err = e; });
+  return err;
+}
+
+caf::expected<double> timed(caf::scoped_actor& self, const runtime& rt, bool load, const std::string& model) {
+  auto t0 = clock_type::now();
+  caf::error err;
+  auto h = load ? self->request(rt.manager, caf::timespan{std::chrono::minutes(10)}, load_atom_v, model)
+                : self->request(rt.manager, caf::timespan{std::chrono::minutes(10)}, unload_atom_v, model);
+  std::move(h).receive([](model_info&) {}, [&](caf::error& e) { err = e; });
+  if (err) return err;
+  return since(t0);
+}
+
+}  // namespace
+
+caf::expected<runtime_bench_result> run_runtime_bench(const runtime_bench_options& o) {
+  if (o.clients < 1 || !(o.seconds > 0) || o.latency_requests < 1 || o.swap_repeats < 1 || o.swap_bytes < (4u << 20))
+    return make_error(ec::invalid_request, "clients, seconds, requests and repeats must be positive; swap >= 4 MiB");
+  runtime_bench_result res;
+  system_config cfg;
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+
+  // Parts 1 and 2: a resident toy model on one device; batches of up to 8.
+  {
+    runtime_options ro;
+    ro.devices.kind = "emulated";
+    ro.devices.count = 1;
+    ro.devices.emulated_capacity_bytes = 64ull << 20;
+    ro.manager.max_batch_size = 8;
+    ro.manager.batch_window = 0ms;
+    ro.frontend.max_outstanding_per_model = 100000;
+    auto metrics = std::make_shared<net::metrics>();
+    ro.obs = metrics;
+    auto rt = start_runtime(sys, ro, torch_free_engines());
+    if (!rt) return rt.error();
+    if (auto err = add(self, *rt, toy("m", 1, {0}, 4096))) return err;
+    if (auto t = timed(self, *rt, true, "m"); !t) return t.error();
+    // Added latency: one request at a time; what the actors add on top of the compute.
+    std::vector<double> added;
+    for (int i = 0; i < o.latency_requests; ++i) {
+      infer_request r{"m", {1, 2, 3}, 1, {}, 0, 0};
+      auto t0 = clock_type::now();
+      caf::error err;
+      double compute_ms = 0;
+      self->request(rt->frontend, 10s, infer_atom_v, r)
+          .receive([&](infer_reply& rep) { compute_ms = rep.compute_ms; }, [&](caf::error& e) { err = e; });
+      if (err) return err;
+      added.push_back(since(t0) * 1e3 - compute_ms);
+    }
+    res.added_p50_ms = percentile(added, 0.5);
+    res.added_p99_ms = percentile(added, 0.99);
+    // Dispatch rate: closed loop, `clients` requests always in flight.
+    std::atomic<uint64_t> done{0};
+    std::atomic<uint64_t> batches{0};
+    std::atomic<bool> stop{false};
+    std::atomic<uint64_t> rows_sum{0};
+    std::vector<std::thread> ts;
+    auto t0 = clock_type::now();
+    for (int c = 0; c < o.clients; ++c)
+      ts.emplace_back([&, c] {
+        caf::scoped_actor me{sys};
+        while (!stop) {
+          infer_request r{"m", {c + 1, 2}, 1, {}, 0, 0};
+          me->request(rt->frontend, 10s, infer_atom_v, r)
+              .receive(
+                  [&](infer_reply& rep) {
+                    ++done;
+                    rows_sum += rep.batch_size;
+                  },
+                  [&](caf::error&) { stop = true; });
+        }
+      });
+    std::this_thread::sleep_for(std::chrono::duration<double>(o.seconds));
+    stop = true;
+    for (auto& t : ts) t.join();
+    auto wall = since(t0);
+    (void)batches;
+    res.requests_per_s = static_cast<double>(done) / wall;
+    // Each reply carries its batch's size: batches = sum over requests of 1/size.
+    res.mean_batch_rows = done > 0 ? static_cast<double>(rows_sum) / static_cast<double>(done) : 0;
+    res.batches_per_s = res.mean_batch_rows > 0 ? res.requests_per_s / res.mean_batch_rows : 0;
+
+    // HTTP: the same model behind the real server, keep-alive connections.
+    net::http_options ho;
+    ho.port = 0;
+    auto srv = net::http_server::start(sys, rt->frontend, metrics, nullptr, ho);
+    if (!srv) return srv.error();
+    std::atomic<uint64_t> http_done{0};
+    std::vector<std::vector<double>> lat(static_cast<size_t>(o.clients));
+    stop = false;
+    ts.clear();
+    t0 = clock_type::now();
+    std::string body = R"({"inputs":[{"name":"input_ids","datatype":"INT64","shape":[1,3],"data":[1,2,3]}]})";
+    for (int c = 0; c < o.clients; ++c)
+      ts.emplace_back([&, c] {
+        auto conn = net::http_client::connect("127.0.0.1", (*srv)->port(), 5s);
+        if (!conn) return;
+        while (!stop) {
+          auto s = clock_type::now();
+          auto r = (*conn)->request("POST", "/v2/models/m/infer", body, 10s);
+          if (!r || r->status != 200) break;
+          lat[static_cast<size_t>(c)].push_back(since(s) * 1e3);
+          ++http_done;
+        }
+      });
+    std::this_thread::sleep_for(std::chrono::duration<double>(o.seconds));
+    stop = true;
+    for (auto& t : ts) t.join();
+    res.http_requests_per_s = static_cast<double>(http_done) / since(t0);
+    std::vector<double> all;
+    for (auto& l : lat) all.insert(all.end(), l.begin(), l.end());
+    res.http_p50_ms = percentile(all, 0.5);
+    (*srv)->stop();
+    rt->shutdown();
+  }
+
+  // Part 3: a swap through the actors: 4 shards on 4 links against 1 shard on 1 link.
+  {
+    runtime_options ro;
+    ro.devices.kind = "emulated";
+    ro.devices.count = 4;
+    ro.devices.emulated_capacity_bytes = o.swap_bytes + (64ull << 20);
+    ro.devices.emulated_link_gbps = o.link_gbps;
+    auto rt = start_runtime(sys, ro, torch_free_engines());
+    if (!rt) return rt.error();
+    if (auto err = add(self, *rt, toy("four", 4, {0, 1, 2, 3}, o.swap_bytes / 4))) return err;
+    if (auto err = add(self, *rt, toy("one", 1, {0}, o.swap_bytes))) return err;
+    std::vector<double> four, one;
+    for (int i = 0; i < o.swap_repeats + 1; ++i)
+      for (auto [name, out] : {std::pair{"four", &four}, std::pair{"one", &one}}) {
+        auto t = timed(self, *rt, true, name);
+        if (!t) return t.error();
+        if (i > 0) out->push_back(*t);  // the first round faults the memory in
+        if (auto u = timed(self, *rt, false, name); !u) return u.error();
+      }
+    res.load_4_shards_s = percentile(four, 0.5);
+    res.load_1_shard_s = percentile(one, 0.5);
+    res.swap_speedup = res.load_4_shards_s > 0 ? res.load_1_shard_s / res.load_4_shards_s : 0;
+    rt->shutdown();
+  }
+  return res;
+}
+
+std::string to_json(const runtime_bench_result& r) {
+  return nlohmann::json{{"batches_per_s", r.batches_per_s},
+                        {"requests_per_s", r.requests_per_s},
+                        {"mean_batch_rows", r.mean_batch_rows},
+                        {"added_latency_p50_ms", r.added_p50_ms},
+                        {"added_latency_p99_ms", r.added_p99_ms},
+                        {"http_requests_per_s", r.http_requests_per_s},
+                        {"http_p50_ms", r.http_p50_ms},
+                        {"load_4_shards_s", r.load_4_shards_s},
+                        {"load_1_shard_s", r.load_1_shard_s},
+                        {"swap_speedup", r.swap_speedup},
+                        {"emulated", true}}
+      .dump();
+}
+
+std::string to_table(const runtime_bench_result& r) {
+  return fmt::format(
+      "actor path (toy model, emulated device)\n"
+      "  dispatch         {:.0f} batches/s, {:.0f} requests/s (mean batch {:.2f} rows)\n"
+      "  added latency    p50 {:.3f} ms, p99 {:.3f} ms (round trip minus compute)\n"
+      "http (keep-alive)  {:.0f} requests/s, p50 {:.2f} ms\n"
+      "swap via actors    4 shards {:.3f} s, 1 shard {:.3f} s: {:.2f}x\n",
+      r.batches_per_s, r.requests_per_s, r.mean_batch_rows, r.added_p50_ms, r.added_p99_ms, r.http_requests_per_s,
+      r.http_p50_ms, r.load_4_shards_s, r.load_1_shard_s, r.swap_speedup);
+}
+
+}  // namespace computron::bench
