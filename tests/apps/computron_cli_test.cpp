@@ -5,7 +5,10 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
+
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -136,5 +139,45 @@ TEST_CASE("bench forward rejects unknown models and impossible shapes", "[cli][b
   CHECK_THAT(seq.all, Catch::Contains("positions"));
   auto dtype = run("bench forward --model opt-tiny --dtype int4", true);
   CHECK(dtype.exit_code == 1);
-  CHECK_THAT(dtype.all, Catch::Contains("--dtype must be"));
+  CHECK_THAT(dtype.all, Catch::Contains("dtype must be f32, bf16 or f16"));
+}
+
+TEST_CASE("serve refuses bad configs with a clear error before listening", "[cli][serve]") {
+  auto dir = std::string{"/tmp/computron-cli-"} + std::to_string(::getpid());
+  auto write = [&](const std::string& file, const std::string& text) {
+    std::string cmd = "mkdir -p " + dir + "/repo/m && printf '%s' '" + text + "' > " + dir + "/" + file;
+    REQUIRE(std::system(cmd.c_str()) == 0);
+  };
+  write("typo.json", R"({"devices": {"kind": "emulated", "cout": 4}})");
+  auto typo = run("serve --config " + dir + "/typo.json --port 0", true);
+  CHECK(typo.exit_code == 2);
+  CHECK_THAT(typo.all, Catch::Contains("unknown key 'cout'"));
+  auto missing = run("serve --config " + dir + "/absent.json --port 0", true);
+  CHECK(missing.exit_code == 2);
+  CHECK_THAT(missing.all, Catch::Contains("cannot read"));
+  write("repo/m/config.json", R"({"kind": "toy", "tp": 2, "devices": [0, 0]})");
+  auto dup = run("serve --repository " + dir + "/repo --devices 2 --port 0", true);
+  CHECK(dup.exit_code == 1);
+  CHECK_THAT(dup.all, Catch::Contains("holds two shards"));
+  write("repo/m/config.json", R"({"kind": "toy", "tp": "two"})");
+  auto type = run("serve --repository " + dir + "/repo --port 0", true);
+  CHECK(type.exit_code == 2);
+  CHECK_THAT(type.all, Catch::Contains("tp must be a number"));
+  std::system(("rm -rf " + dir).c_str());
+}
+
+TEST_CASE("generate prints the tokens of a direct run", "[cli][serve]") {
+  auto dir = std::string{"/tmp/computron-gen-"} + std::to_string(::getpid());
+  REQUIRE(std::system(("mkdir -p " + dir + "/toy && echo '{\"kind\":\"toy\",\"tp\":2,\"pp\":2}' > " + dir +
+                       "/toy/config.json")
+                          .c_str()) == 0);
+  auto r = run("generate --model-dir " + dir + "/toy --prompts '[[1,2],[3,4]]' --max-tokens 3", false);
+  CHECK(r.exit_code == 0);
+  auto j = nlohmann::json::parse(r.out, nullptr, false);
+  REQUIRE(j.is_array());
+  CHECK(j.size() == 2);
+  CHECK(j[0].size() == 3);
+  auto bad = run("generate --model-dir " + dir + "/toy --prompts 'nope'", true);
+  CHECK(bad.exit_code == 2);
+  std::system(("rm -rf " + dir).c_str());
 }
