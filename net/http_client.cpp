@@ -80,9 +80,16 @@ caf::expected<http_result> http_client::request(const std::string& method, const
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (!impl_->stream)
       if (auto err = impl_->open()) return err;
+    const bool reused = attempt == 0;
     auto r = impl_->once(method, target, body, timeout);
     if (r || attempt == 1) return r;
-    impl_->stream.reset();  // the server closed a kept-alive connection: retry once
+    impl_->stream.reset();
+    // Retry only when a kept-alive connection turned out closed before any answer (the
+    // server's idle timeout); never after a timeout, which could run a request twice.
+    auto why = render(r.error());
+    bool closed = why.find("end of stream") != std::string::npos ||
+                  why.find("reset by peer") != std::string::npos || why.find("Broken pipe") != std::string::npos;
+    if (!reused || !closed) return r;
   }
   return make_error(ec::io_error, "unreachable");
 }

@@ -36,7 +36,7 @@ struct server {
     for (int i = 0; i < 3; ++i)
       model("toy" + std::to_string(i), {{"kind", "toy"}, {"tp", 2}, {"pp", 2}, {"seed", i + 1}, {"toy_shard_bytes", 1 << 20}});
     model("tiny", {{"kind", "opt"}, {"spec", "opt-tiny"}, {"dtype", "f32"}, {"tp", 2}, {"pp", 2}, {"seed", 9}});
-    json cfg{{"devices", {{"kind", "emulated"}, {"count", 4}, {"capacity_mb", 2.5}, {"link_gbps", 0.05}}},
+    json cfg{{"devices", {{"kind", "emulated"}, {"count", 4}, {"capacity_mb", 2.5}, {"link_gbps", 0.02}}},
              {"http", {{"host", "127.0.0.1"}, {"port", 0}, {"max_body_bytes", 65536}}},
              {"batching", {{"max_batch_size", 4}, {"batch_window_ms", 2}, {"max_tokens", 64}}},
              {"frontend", {{"max_outstanding_per_model", 4}}},
