@@ -101,13 +101,15 @@ class toy_engine final : public engine {
   }
 
   caf::error fill(const shard_spec& s, gpu::weight_shard& w) const override {
-    auto shard_seed = s.model.seed * 1000003 + static_cast<uint64_t>(s.pp_rank * s.model.tp + s.tp_rank);
+    auto shard_seed =
+        s.model.seed * 1000003 + static_cast<uint64_t>(s.pp_rank * s.model.tp + s.tp_rank);
     fill_random_bytes(w.host_data(), w.size_bytes(), shard_seed);
     return {};
   }
 
-  caf::expected<std::unique_ptr<shard_program>> make_program(
-      const shard_spec& s, gpu::weight_shard& w, gpu::collective& g) const override {
+  caf::expected<std::unique_ptr<shard_program>> make_program(const shard_spec& s,
+                                                             gpu::weight_shard& w,
+                                                             gpu::collective& g) const override {
     return std::unique_ptr<shard_program>{std::make_unique<toy_program>(s, w, g)};
   }
 };
@@ -152,13 +154,14 @@ caf::expected<std::vector<int64_t>> sample_rows(const models::host_tensor& logit
                                                 std::vector<models::sampler>& samplers,
                                                 const std::vector<row_sampling>& sampling) {
   if (logits.type != gpu::dtype::f32 || logits.shape.size() != 2)
-    return make_error(ec::invalid_state, "last stage returned logits that are not [rows, vocab] f32");
+    return make_error(ec::invalid_state,
+                      "last stage returned logits that are not [rows, vocab] f32");
   auto rows = static_cast<size_t>(logits.shape[0]);
   auto vocab = logits.shape[1];
   if (sampling.size() != rows)
     return make_error(ec::invalid_request, "sampling parameters for " +
-                                               std::to_string(sampling.size()) + " rows, logits for " +
-                                               std::to_string(rows));
+                                               std::to_string(sampling.size()) +
+                                               " rows, logits for " + std::to_string(rows));
   if (samplers.empty())
     for (auto& s : sampling)
       samplers.emplace_back(models::sampling_params{s.temperature, s.top_k, s.top_p, s.seed});
@@ -182,8 +185,7 @@ caf::error validate_model(const engine_registry& engines, const model_config& cf
     for (auto& [k, _] : engines) known += (known.empty() ? "" : ", ") + k;
     return bad("unknown kind '" + cfg.kind + "' (this build has: " + known + ")");
   }
-  if (cfg.tp < 1 || cfg.pp < 1 || cfg.tp > 64 || cfg.pp > 64)
-    return bad("tp and pp must be 1..64");
+  if (cfg.tp < 1 || cfg.pp < 1 || cfg.tp > 64 || cfg.pp > 64) return bad("tp and pp must be 1..64");
   auto shards = static_cast<size_t>(cfg.tp * cfg.pp);
   if (cfg.devices.size() != shards)
     return bad("needs " + std::to_string(shards) + " devices (tp x pp), got " +
@@ -256,7 +258,8 @@ caf::expected<std::vector<std::vector<int64_t>>> direct_generate(
       for (int r = 0; r < tp; ++r) {
         auto& s = shards[static_cast<size_t>(stage * tp + r)];
         const models::host_tensor* in = stage == 0 ? nullptr : &hidden[static_cast<size_t>(r)];
-        runs.push_back(std::async(std::launch::async, [&s, &req, in] { return s.program->run(req, in); }));
+        runs.push_back(
+            std::async(std::launch::async, [&s, &req, in] { return s.program->run(req, in); }));
       }
       caf::error first_error;
       for (int r = 0; r < tp; ++r) {

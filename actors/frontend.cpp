@@ -32,8 +32,8 @@ frontend_actor::behavior_type frontend(frontend_pointer self, serving_actor back
         if (n >= st.opts.max_outstanding_per_model || st.total >= st.opts.max_outstanding) {
           if (n == 0) st.outstanding.erase(req.model);
           st.opts.obs->request_done(req.model, "overloaded", 0);
-          return make_error(ec::overloaded, "too many requests in flight for " + req.model +
-                                                "; retry later");
+          return make_error(ec::overloaded,
+                            "too many requests in flight for " + req.model + "; retry later");
         }
         ++n;
         ++st.total;
@@ -61,9 +61,15 @@ frontend_actor::behavior_type frontend(frontend_pointer self, serving_actor back
         return rp;
       },
       [=](list_atom a) { return self->delegate(self->state.backend, a); },
-      [=](info_atom a, std::string& m) { return self->delegate(self->state.backend, a, std::move(m)); },
-      [=](load_atom a, std::string& m) { return self->delegate(self->state.backend, a, std::move(m)); },
-      [=](unload_atom a, std::string& m) { return self->delegate(self->state.backend, a, std::move(m)); },
+      [=](info_atom a, std::string& m) {
+        return self->delegate(self->state.backend, a, std::move(m));
+      },
+      [=](load_atom a, std::string& m) {
+        return self->delegate(self->state.backend, a, std::move(m));
+      },
+      [=](unload_atom a, std::string& m) {
+        return self->delegate(self->state.backend, a, std::move(m));
+      },
       [=](devices_atom a) { return self->delegate(self->state.backend, a); },
   };
 }

@@ -212,8 +212,8 @@ struct residency_report {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, residency_report& x) {
-  return f(caf::meta::type_name("residency_report"), x.model, x.state, x.bytes, x.leases,
-           x.pinned, x.loads, x.evictions, x.demand_per_s);
+  return f(caf::meta::type_name("residency_report"), x.model, x.state, x.bytes, x.leases, x.pinned,
+           x.loads, x.evictions, x.demand_per_s);
 }
 
 /// The scheduler's accounting of one device.
@@ -292,24 +292,24 @@ typename Inspector::result_type inspect(Inspector& f, model_info& x) {
 }  // namespace computron::actors
 
 CAF_BEGIN_TYPE_ID_BLOCK(computron_messages, caf::id_block::computron_atoms::end)
-  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::model_config))
-  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::shard_spec))
-  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::shard_report))
-  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::transfer_report))
-  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::row_sampling))
-  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::tensor_payload))
-  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::step_request))
-  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::step_result))
-  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::device_report))
-  CAF_ADD_TYPE_ID(computron_messages, (std::vector<computron::actors::device_report>))
-  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::model_placement))
-  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::lease))
-  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::residency_report))
-  CAF_ADD_TYPE_ID(computron_messages, (std::vector<computron::actors::residency_report>))
-  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::device_usage))
-  CAF_ADD_TYPE_ID(computron_messages, (std::vector<computron::actors::device_usage>))
-  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::infer_request))
-  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::infer_reply))
-  CAF_ADD_TYPE_ID(computron_messages, (computron::actors::model_info))
-  CAF_ADD_TYPE_ID(computron_messages, (std::vector<computron::actors::model_info>))
+CAF_ADD_TYPE_ID(computron_messages, (computron::actors::model_config))
+CAF_ADD_TYPE_ID(computron_messages, (computron::actors::shard_spec))
+CAF_ADD_TYPE_ID(computron_messages, (computron::actors::shard_report))
+CAF_ADD_TYPE_ID(computron_messages, (computron::actors::transfer_report))
+CAF_ADD_TYPE_ID(computron_messages, (computron::actors::row_sampling))
+CAF_ADD_TYPE_ID(computron_messages, (computron::actors::tensor_payload))
+CAF_ADD_TYPE_ID(computron_messages, (computron::actors::step_request))
+CAF_ADD_TYPE_ID(computron_messages, (computron::actors::step_result))
+CAF_ADD_TYPE_ID(computron_messages, (computron::actors::device_report))
+CAF_ADD_TYPE_ID(computron_messages, (std::vector<computron::actors::device_report>))
+CAF_ADD_TYPE_ID(computron_messages, (computron::actors::model_placement))
+CAF_ADD_TYPE_ID(computron_messages, (computron::actors::lease))
+CAF_ADD_TYPE_ID(computron_messages, (computron::actors::residency_report))
+CAF_ADD_TYPE_ID(computron_messages, (std::vector<computron::actors::residency_report>))
+CAF_ADD_TYPE_ID(computron_messages, (computron::actors::device_usage))
+CAF_ADD_TYPE_ID(computron_messages, (std::vector<computron::actors::device_usage>))
+CAF_ADD_TYPE_ID(computron_messages, (computron::actors::infer_request))
+CAF_ADD_TYPE_ID(computron_messages, (computron::actors::infer_reply))
+CAF_ADD_TYPE_ID(computron_messages, (computron::actors::model_info))
+CAF_ADD_TYPE_ID(computron_messages, (std::vector<computron::actors::model_info>))
 CAF_END_TYPE_ID_BLOCK(computron_messages)

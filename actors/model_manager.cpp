@@ -89,7 +89,8 @@ caf::error check_request(const managed_model& m, const infer_request& r, int64_t
     return bad("prompt of " + std::to_string(r.tokens.size()) + " tokens plus max_tokens " +
                std::to_string(r.max_tokens) + " exceeds the " + std::to_string(m.max_positions) +
                " positions of " + m.cfg.name);
-  models::sampling_params sp{r.sampling.temperature, r.sampling.top_k, r.sampling.top_p, r.sampling.seed};
+  models::sampling_params sp{r.sampling.temperature, r.sampling.top_k, r.sampling.top_p,
+                             r.sampling.seed};
   if (auto err = models::validate(sp)) return bad(render(err));
   return {};
 }
@@ -125,7 +126,8 @@ void arm_tick(manager_pointer self, double at_s) {
 
 void reply_error(manager_pointer self, queued_request& q, const caf::error& err) {
   q.rp.deliver(err);
-  self->state.opts.obs->request_done(q.req.model, is(err, ec::deadline_exceeded) ? "deadline_exceeded" : "error",
+  self->state.opts.obs->request_done(q.req.model,
+                                     is(err, ec::deadline_exceeded) ? "deadline_exceeded" : "error",
                                      now_s() - q.arrival_s);
 }
 
@@ -186,8 +188,9 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step) {
       [=](std::vector<step_result> results) {
         auto& first = results[0];
         if (first.tokens.size() != b->rows.size()) {
-          auto e = make_error(ec::invalid_state, "step returned " + std::to_string(first.tokens.size()) +
-                                                     " tokens for " + std::to_string(b->rows.size()) + " rows");
+          auto e = make_error(ec::invalid_state,
+                              "step returned " + std::to_string(first.tokens.size()) +
+                                  " tokens for " + std::to_string(b->rows.size()) + " rows");
           finish_batch(self, b, &e);
           return;
         }
@@ -199,7 +202,8 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step) {
           run_step(self, b, step + 1);
       },
       [=](caf::error err, size_t rank) {
-        log::warn("batch {} of {} failed at step {} (rank {}): {}", b->id, b->model, step, rank, render(err));
+        log::warn("batch {} of {} failed at step {} (rank {}): {}", b->id, b->model, step, rank,
+                  render(err));
         finish_batch(self, b, &err);
       });
   auto timeout = st.opts.step_timeout * static_cast<int>(pp);
@@ -222,6 +226,7 @@ void try_run(manager_pointer self) {
   auto& st = self->state;
   std::vector<bool> reserved(st.device_busy.size(), false);
   std::deque<batch_ptr> still;
+  bool freed_model = false;
   while (!st.runnable.empty()) {
     auto b = std::move(st.runnable.front());
     st.runnable.pop_front();
@@ -239,8 +244,10 @@ void try_run(manager_pointer self) {
     std::vector<queued_request> live;
     for (auto& q : b->rows) {
       if (q.deadline_s <= now)
-        reply_error(self, q, make_error(ec::deadline_exceeded, "request " + std::to_string(q.req.id) +
-                                                                   " passed its deadline waiting for " + b->model));
+        reply_error(
+            self, q,
+            make_error(ec::deadline_exceeded, "request " + std::to_string(q.req.id) +
+                                                  " passed its deadline waiting for " + b->model));
       else
         live.push_back(std::move(q));
     }
@@ -248,6 +255,7 @@ void try_run(manager_pointer self) {
     if (b->rows.empty()) {
       self->send(st.scheduler, release_atom_v, b->model);
       m.in_flight = false;
+      freed_model = true;
       continue;
     }
     for (auto d : m.cfg.devices) st.device_busy[static_cast<size_t>(d)] = true;
@@ -258,6 +266,8 @@ void try_run(manager_pointer self) {
     run_step(self, b, 0);
   }
   st.runnable = std::move(still);
+  // A model whose whole batch expired can take its next batch now.
+  if (freed_model) dispatch(self);
 }
 
 void start_batch(manager_pointer self, const batch_ptr& b) {
@@ -302,8 +312,10 @@ void dispatch(manager_pointer self) {
     // Requests that passed their deadline in the queue end here.
     for (auto i = m.queue.begin(); i != m.queue.end();) {
       if (i->deadline_s <= now) {
-        reply_error(self, *i, make_error(ec::deadline_exceeded, "request " + std::to_string(i->req.id) +
-                                                                    " passed its deadline in the queue of " + name));
+        reply_error(
+            self, *i,
+            make_error(ec::deadline_exceeded, "request " + std::to_string(i->req.id) +
+                                                  " passed its deadline in the queue of " + name));
         i = m.queue.erase(i);
       } else {
         want_tick(i->deadline_s);
@@ -380,8 +392,10 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
           return make_error(ec::overloaded, "the queue of " + req.model + " is full (" +
                                                 std::to_string(st.opts.max_queue) + " requests)");
         auto now = now_s();
-        auto deadline = req.deadline_ms > 0 ? req.deadline_ms / 1e3 : seconds(st.opts.default_deadline);
-        queued_request q{std::move(req), self->make_response_promise<infer_reply>(), now, now + deadline};
+        auto deadline =
+            req.deadline_ms > 0 ? req.deadline_ms / 1e3 : seconds(st.opts.default_deadline);
+        queued_request q{std::move(req), self->make_response_promise<infer_reply>(), now,
+                         now + deadline};
         auto rp = q.rp;
         self->send(st.scheduler, demand_atom_v, m.cfg.name, uint32_t{1});
         m.queue.push_back(std::move(q));
@@ -416,8 +430,8 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
                         m.max_positions = eng.max_positions(cfg);
                         for (auto b : p.bytes) m.bytes += b;
                         st.models.emplace(cfg.name, std::move(m));
-                        log::info("registered {} ({} {}, tp {} x pp {}, {} bytes)", cfg.name, cfg.kind,
-                                  cfg.spec, cfg.tp, cfg.pp, st.models.at(cfg.name).bytes);
+                        log::info("registered {} ({} {}, tp {} x pp {}, {} bytes)", cfg.name,
+                                  cfg.kind, cfg.spec, cfg.tp, cfg.pp, st.models.at(cfg.name).bytes);
                         with_info(cfg.name, rp);
                       },
                       [=](caf::error& e) mutable {
@@ -427,9 +441,10 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
             },
             [=](caf::error err, size_t i) mutable {
               self->state.registering.erase(cfg.name);
-              rp.deliver(make_error(ec::invalid_configuration,
-                                    "preparing " + cfg.name + " on device " +
-                                        std::to_string(cfg.devices[i]) + " failed: " + render(err)));
+              rp.deliver(make_error(ec::invalid_configuration, "preparing " + cfg.name +
+                                                                   " on device " +
+                                                                   std::to_string(cfg.devices[i]) +
+                                                                   " failed: " + render(err)));
             });
         for (size_t i = 0; i < ws.size(); ++i)
           self->request(ws[i], st.opts.prepare_timeout, prepare_atom_v,
@@ -516,7 +531,8 @@ caf::expected<model_manager_actor> spawn_model_manager(caf::actor_system& sys,
                                                        swap_scheduler_actor scheduler,
                                                        engine_registry engines,
                                                        model_manager_options opts) {
-  if (workers.empty()) return make_error(ec::invalid_configuration, "model manager without workers");
+  if (workers.empty())
+    return make_error(ec::invalid_configuration, "model manager without workers");
   if (!scheduler) return make_error(ec::invalid_configuration, "model manager without a scheduler");
   if (opts.max_batch_size == 0 || opts.max_queue == 0)
     return make_error(ec::invalid_configuration, "max_batch_size and max_queue must be at least 1");

@@ -46,10 +46,12 @@ system_config::system_config() {
   register_errors(*this);
 }
 
-caf::expected<node_handle> spawn_node(caf::actor_system& sys, const std::vector<gpu::device_ptr>& devices,
+caf::expected<node_handle> spawn_node(caf::actor_system& sys,
+                                      const std::vector<gpu::device_ptr>& devices,
                                       engine_registry engines, shard_worker_options worker_opts,
                                       int32_t first_index) {
-  if (devices.empty()) return make_error(ec::invalid_configuration, "a node needs at least one device");
+  if (devices.empty())
+    return make_error(ec::invalid_configuration, "a node needs at least one device");
   static std::atomic<uint64_t> node_counter{0};
   worker_opts.group_scope = "node" + std::to_string(node_counter++);
   node_handle h;
@@ -89,7 +91,8 @@ caf::expected<runtime> start_runtime(caf::actor_system& sys, runtime_options opt
   rt.node = std::move(*n);
   std::vector<scheduler_device> sds;
   for (size_t i = 0; i < rt.devices.size(); ++i)
-    sds.push_back({rt.node.workers[i], rt.devices[i]->capacity_bytes(), rt.devices[i]->info().link_gbps});
+    sds.push_back(
+        {rt.node.workers[i], rt.devices[i]->capacity_bytes(), rt.devices[i]->info().link_gbps});
   opts.scheduler.obs = opts.obs;
   opts.manager.obs = opts.obs;
   opts.frontend.obs = opts.obs;
@@ -100,7 +103,8 @@ caf::expected<runtime> start_runtime(caf::actor_system& sys, runtime_options opt
   auto s = spawn_swap_scheduler(sys, std::move(sds), opts.scheduler);
   if (!s) return fail(s.error());
   rt.scheduler = *s;
-  auto m = spawn_model_manager(sys, rt.node.workers, rt.scheduler, std::move(engines), opts.manager);
+  auto m =
+      spawn_model_manager(sys, rt.node.workers, rt.scheduler, std::move(engines), opts.manager);
   if (!m) return fail(m.error());
   rt.manager = *m;
   auto f = spawn_frontend(sys, caf::actor_cast<serving_actor>(rt.manager), opts.frontend);

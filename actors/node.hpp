@@ -30,7 +30,8 @@ struct node_handle {
 
 /// Spawns one shard worker per device and the node actor that reports them. Worker i
 /// answers for global device index `first_index + i`.
-caf::expected<node_handle> spawn_node(caf::actor_system& sys, const std::vector<gpu::device_ptr>& devices,
+caf::expected<node_handle> spawn_node(caf::actor_system& sys,
+                                      const std::vector<gpu::device_ptr>& devices,
                                       engine_registry engines, shard_worker_options worker_opts,
                                       int32_t first_index = 0);
 

@@ -49,7 +49,8 @@ class opt_engine final : public engine {
  public:
   caf::error validate(const model_config& cfg) const override {
     auto s = shape_of(cfg);
-    if (!s) return make_error(ec::invalid_configuration, "model " + cfg.name + ": " + render(s.error()));
+    if (!s)
+      return make_error(ec::invalid_configuration, "model " + cfg.name + ": " + render(s.error()));
     if (s->type == gpu::dtype::f16)
       return make_error(ec::invalid_configuration,
                         "model " + cfg.name + ": f16 needs a CUDA device; use bf16 or f32");
@@ -85,8 +86,9 @@ class opt_engine final : public engine {
     return models::fill_from_checkpoint(s->spec, s->par, idx, w.table(), w.host_data(), *file);
   }
 
-  caf::expected<std::unique_ptr<shard_program>> make_program(
-      const shard_spec& sh, gpu::weight_shard& w, gpu::collective& g) const override {
+  caf::expected<std::unique_ptr<shard_program>> make_program(const shard_spec& sh,
+                                                             gpu::weight_shard& w,
+                                                             gpu::collective& g) const override {
     auto s = shape_of(sh.model);
     if (!s) return s.error();
     auto stage = models::opt_stage::create(s->spec, s->par, {sh.tp_rank, sh.pp_rank}, w, g);

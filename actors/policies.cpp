@@ -105,9 +105,9 @@ caf::expected<std::unique_ptr<dispatch_policy>> make_dispatch_policy(std::string
                                                                      double max_wait_s) {
   if (name == "fcfs") return make_fcfs_policy();
   if (name == "resident-first") return make_resident_first_policy(max_wait_s);
-  return make_error(ec::invalid_configuration,
-                    "dispatch policy must be fcfs or resident-first, got '" + std::string{name} +
-                        "'");
+  return make_error(
+      ec::invalid_configuration,
+      "dispatch policy must be fcfs or resident-first, got '" + std::string{name} + "'");
 }
 
 void demand_meter::note(uint32_t n, double now_s) {

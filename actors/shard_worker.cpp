@@ -49,16 +49,18 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 bool same_shard(const shard_spec& a, const shard_spec& b) {
   return a.tp_rank == b.tp_rank && a.pp_rank == b.pp_rank && a.model.kind == b.model.kind &&
-         a.model.spec == b.model.spec && a.model.dtype == b.model.dtype && a.model.tp == b.model.tp &&
-         a.model.pp == b.model.pp && a.model.seed == b.model.seed &&
+         a.model.spec == b.model.spec && a.model.dtype == b.model.dtype &&
+         a.model.tp == b.model.tp && a.model.pp == b.model.pp && a.model.seed == b.model.seed &&
          a.model.weights_path == b.model.weights_path && a.model.devices == b.model.devices &&
          a.model.toy_shard_bytes == b.model.toy_shard_bytes;
 }
 
 std::string group_name(const std::string& scope, const shard_spec& s) {
-  std::string name = scope + "/model/" + s.model.name + "/stage" + std::to_string(s.pp_rank) + "/on";
+  std::string name =
+      scope + "/model/" + s.model.name + "/stage" + std::to_string(s.pp_rank) + "/on";
   for (int r = 0; r < s.model.tp; ++r)
-    name += "-" + std::to_string(s.model.devices.at(static_cast<size_t>(s.pp_rank * s.model.tp + r)));
+    name +=
+        "-" + std::to_string(s.model.devices.at(static_cast<size_t>(s.pp_rank * s.model.tp + r)));
   return name;
 }
 
@@ -99,8 +101,9 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
             return make_error(ec::invalid_state, "device " + std::to_string(index) +
                                                      " already holds a different shard of model " +
                                                      name);
-          return shard_report{name, index, gpu::align_up(i->second.weights->size_bytes(), gpu::device::granularity),
-                              i->second.weights->host_pinned()};
+          return shard_report{
+              name, index, gpu::align_up(i->second.weights->size_bytes(), gpu::device::granularity),
+              i->second.weights->host_pinned()};
         }
         if (st.preparing.count(name) > 0)
           return make_error(ec::invalid_state, "model " + name + " is being prepared on device " +
@@ -136,8 +139,10 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
             .then(
                 [=](bool) mutable {
                   self->state.preparing.erase(name);
-                  auto report = shard_report{name, index, gpu::align_up(entry->weights->size_bytes(), gpu::device::granularity),
-                                             entry->weights->host_pinned()};
+                  auto report = shard_report{
+                      name, index,
+                      gpu::align_up(entry->weights->size_bytes(), gpu::device::granularity),
+                      entry->weights->host_pinned()};
                   self->state.shards[name] = std::move(*entry);
                   rp.deliver(std::move(report));
                 },
@@ -196,8 +201,11 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
         }};
         auto rp = self->make_response_promise<transfer_report>();
         self->request(st.copy_lane, st.opts.load_timeout + 5s, run_atom_v, std::move(job))
-            .then([=](bool) mutable { rp.deliver(transfer_report{model, index, w->size_bytes(), *seconds}); },
-                  [=](caf::error& err) mutable { rp.deliver(std::move(err)); });
+            .then(
+                [=](bool) mutable {
+                  rp.deliver(transfer_report{model, index, w->size_bytes(), *seconds});
+                },
+                [=](caf::error& err) mutable { rp.deliver(std::move(err)); });
         return rp;
       },
       [=](step_atom, step_request& req) -> caf::result<step_result> {
@@ -206,10 +214,10 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
         if (i == st.shards.end()) return missing(req.model);
         auto& e = i->second;
         if (req.stage != e.spec.pp_rank)
-          return make_error(ec::invalid_request,
-                            "step for stage " + std::to_string(req.stage) + " reached device " +
-                                std::to_string(index) + ", which holds stage " +
-                                std::to_string(e.spec.pp_rank));
+          return make_error(ec::invalid_request, "step for stage " + std::to_string(req.stage) +
+                                                     " reached device " + std::to_string(index) +
+                                                     ", which holds stage " +
+                                                     std::to_string(e.spec.pp_rank));
         const bool last_stage = e.spec.pp_rank == e.spec.model.pp - 1;
         const bool sampling_rank = last_stage && e.spec.tp_rank == 0;
         const auto key = std::make_pair(req.model, req.batch_id);
@@ -229,8 +237,8 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
           auto state = w->state();
           if (state != gpu::residency::resident && state != gpu::residency::loading)
             return make_error(ec::not_resident, "model " + in->model + " is " +
-                                                     gpu::to_string(state) + " on device " +
-                                                     std::to_string(index));
+                                                    gpu::to_string(state) + " on device " +
+                                                    std::to_string(index));
           models::host_tensor h;
           const models::host_tensor* hp = nullptr;
           if (in->stage > 0) {
@@ -261,8 +269,8 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
                   }
                   auto next_stage = static_cast<size_t>(in->stage + 1);
                   if (in->route.size() <= next_stage) {
-                    rp.deliver(make_error(ec::invalid_request, "step route has no stage " +
-                                                                   std::to_string(next_stage)));
+                    rp.deliver(make_error(ec::invalid_request,
+                                          "step route has no stage " + std::to_string(next_stage)));
                     return;
                   }
                   auto next = caf::actor_cast<shard_worker_actor>(in->route[next_stage]);

@@ -85,7 +85,8 @@ void publish_usage(sched_pointer self) {
 
 std::vector<shard_worker_actor> workers_of(sched_pointer self, const scheduled_model& m) {
   std::vector<shard_worker_actor> ws;
-  for (auto d : m.placement.devices) ws.push_back(self->state.devices[static_cast<size_t>(d)].dev.worker);
+  for (auto d : m.placement.devices)
+    ws.push_back(self->state.devices[static_cast<size_t>(d)].dev.worker);
   return ws;
 }
 
@@ -108,7 +109,8 @@ void start_evict(sched_pointer self, const std::string& name) {
         auto& st = self->state;
         auto& m = st.models.at(name);
         for (size_t i = 0; i < m.placement.devices.size(); ++i)
-          st.devices[static_cast<size_t>(m.placement.devices[i])].used_bytes -= m.placement.bytes[i];
+          st.devices[static_cast<size_t>(m.placement.devices[i])].used_bytes -=
+              m.placement.bytes[i];
         m.state = residency::offloaded;
         ++m.evictions;
         for (auto& r : reports)
@@ -120,7 +122,8 @@ void start_evict(sched_pointer self, const std::string& name) {
       [=](caf::error err, size_t i) {
         auto& m = self->state.models.at(name);
         // The device copy is in an unknown state: keep accounting it as resident.
-        log::error("evicting {} failed on device {}: {}", name, m.placement.devices[i], render(err));
+        log::error("evicting {} failed on device {}: {}", name, m.placement.devices[i],
+                   render(err));
         m.state = residency::resident;
         auto e = make_error(ec::device_error, "evicting " + name + " failed: " + render(err));
         finish_waiters(m.evict_waiters, &e);
@@ -139,10 +142,12 @@ void start_load(sched_pointer self, const std::string& name) {
   }
   publish_usage(self);
   auto t0 = now_s();
-  log::debug("loading {} ({} bytes over {} devices)", name, m.total_bytes, m.placement.devices.size());
+  log::debug("loading {} ({} bytes over {} devices)", name, m.total_bytes,
+             m.placement.devices.size());
   auto end_transfers = [=] {
     auto& st = self->state;
-    for (auto d : st.models.at(name).placement.devices) --st.devices[static_cast<size_t>(d)].transfers;
+    for (auto d : st.models.at(name).placement.devices)
+      --st.devices[static_cast<size_t>(d)].transfers;
   };
   fan_out_all<transfer_report>(
       self, workers_of(self, m), st.opts.load_timeout,
@@ -153,7 +158,8 @@ void start_load(sched_pointer self, const std::string& name) {
         m.state = residency::resident;
         ++m.loads;
         m.last_used_s = now_s();
-        for (auto& r : reports) st.opts.obs->transfer_done(name, r.device, true, r.bytes, t0, r.seconds);
+        for (auto& r : reports)
+          st.opts.obs->transfer_done(name, r.device, true, r.bytes, t0, r.seconds);
         publish_usage(self);
         finish_waiters(m.waiters, nullptr);
         pump(self);
@@ -166,15 +172,16 @@ void start_load(sched_pointer self, const std::string& name) {
         log::warn("loading {} failed on device {}: {}", name, device, render(err));
         // Free whatever arrived elsewhere; each worker runs the evict after its load.
         for (auto& w : workers_of(self, m))
-          self->request(w, st.opts.load_timeout, evict_atom_v, name).then([](transfer_report&) {},
-                                                                         [](caf::error&) {});
+          self->request(w, st.opts.load_timeout, evict_atom_v, name)
+              .then([](transfer_report&) {}, [](caf::error&) {});
         for (size_t k = 0; k < m.placement.devices.size(); ++k)
-          st.devices[static_cast<size_t>(m.placement.devices[k])].used_bytes -= m.placement.bytes[k];
+          st.devices[static_cast<size_t>(m.placement.devices[k])].used_bytes -=
+              m.placement.bytes[k];
         m.state = residency::offloaded;
         publish_usage(self);
-        auto e = make_error(is(err, ec::out_of_device_memory) ? ec::out_of_device_memory : ec::device_error,
-                            "loading " + name + " failed on device " + std::to_string(device) +
-                                ": " + render(err));
+        auto e = make_error(
+            is(err, ec::out_of_device_memory) ? ec::out_of_device_memory : ec::device_error,
+            "loading " + name + " failed on device " + std::to_string(device) + ": " + render(err));
         finish_waiters(m.waiters, &e);
         pump(self);
       },
@@ -190,7 +197,8 @@ std::string never_fits(sched_pointer self, const scheduled_model& m) {
     for (auto& [name, other] : st.models)
       if (&other != &m && other.pinned && other.state != residency::offloaded) {
         for (size_t k = 0; k < other.placement.devices.size(); ++k)
-          if (static_cast<size_t>(other.placement.devices[k]) == d) pinned += other.placement.bytes[k];
+          if (static_cast<size_t>(other.placement.devices[k]) == d)
+            pinned += other.placement.bytes[k];
       }
     if (m.placement.bytes[i] + pinned > st.devices[d].usable_bytes)
       return "model " + m.placement.model + " needs " + std::to_string(m.placement.bytes[i]) +
@@ -230,7 +238,8 @@ plan make_room(sched_pointer self, scheduled_model& m) {
   std::vector<std::string> names;
   auto now = now_s();
   for (auto& [name, other] : st.models) {
-    if (&other == &m || other.state != residency::resident || other.leases > 0 || other.pinned) continue;
+    if (&other == &m || other.state != residency::resident || other.leases > 0 || other.pinned)
+      continue;
     uint64_t freed = 0;
     double slowest = 0;
     for (size_t k = 0; k < other.placement.devices.size(); ++k) {
@@ -317,8 +326,7 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
                                                    swap_scheduler_options opts,
                                                    std::shared_ptr<eviction_policy> policy) {
   auto& st = self->state;
-  for (auto& d : devices)
-    st.devices.push_back({d, d.capacity_bytes - opts.workspace_bytes, 0, 0});
+  for (auto& d : devices) st.devices.push_back({d, d.capacity_bytes - opts.workspace_bytes, 0, 0});
   st.opts = std::move(opts);
   st.policy = std::move(policy);
   publish_usage(self);
@@ -341,7 +349,8 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
         if (auto i = st.models.find(p.model); i != st.models.end()) {
           if (i->second.placement.devices == p.devices && i->second.placement.bytes == p.bytes)
             return true;
-          return make_error(ec::invalid_state, "model " + p.model + " is registered with another placement");
+          return make_error(ec::invalid_state,
+                            "model " + p.model + " is registered with another placement");
         }
         auto& m = st.models[p.model];
         m.placement = p;
@@ -399,10 +408,12 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
         if (!m) return unknown(name);
         if (m->state == residency::offloaded) return report_of(*m);
         if (m->leases > 0)
-          return make_error(ec::invalid_state, "model " + name + " has " + std::to_string(m->leases) +
+          return make_error(ec::invalid_state, "model " + name + " has " +
+                                                   std::to_string(m->leases) +
                                                    " batches in flight; retry when they end");
         if (m->state == residency::loading)
-          return make_error(ec::invalid_state, "model " + name + " is loading; retry when it is resident");
+          return make_error(ec::invalid_state,
+                            "model " + name + " is loading; retry when it is resident");
         auto rp = self->make_response_promise<residency_report>();
         m->evict_waiters.push_back([=](const caf::error* err) mutable {
           if (err)
@@ -432,8 +443,8 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
         std::vector<device_usage> out;
         auto& st = self->state;
         for (size_t d = 0; d < st.devices.size(); ++d)
-          out.push_back({static_cast<int32_t>(d), st.devices[d].usable_bytes, st.devices[d].used_bytes,
-                         st.devices[d].transfers});
+          out.push_back({static_cast<int32_t>(d), st.devices[d].usable_bytes,
+                         st.devices[d].used_bytes, st.devices[d].transfers});
         return out;
       },
   };

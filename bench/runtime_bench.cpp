@@ -4,8 +4,8 @@
 #include <atomic>
 #include <thread>
 
-#include <caf/all.hpp>
 #include <fmt/format.h>
+#include <caf/all.hpp>
 #include <nlohmann/json.hpp>
 
 #include "actors/node.hpp"
@@ -25,14 +25,16 @@ using namespace computron::actors;
 double percentile(std::vector<double> xs, double p) {
   if (xs.empty()) return 0;
   std::sort(xs.begin(), xs.end());
-  return xs[std::min(xs.size() - 1, static_cast<size_t>(p * static_cast<double>(xs.size() - 1) + 0.5))];
+  return xs[std::min(xs.size() - 1,
+                     static_cast<size_t>(p * static_cast<double>(xs.size() - 1) + 0.5))];
 }
 
 double since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
 
-model_config toy(const std::string& name, int tp, std::vector<int32_t> devices, uint64_t shard_bytes) {
+model_config toy(const std::string& name, int tp, std::vector<int32_t> devices,
+                 uint64_t shard_bytes) {
   model_config m;
   m.name = name;
   m.kind = "toy";
@@ -49,11 +51,14 @@ caf::error add(caf::scoped_actor& self, const runtime& rt, const model_config& m
   return err;
 }
 
-caf::expected<double> timed(caf::scoped_actor& self, const runtime& rt, bool load, const std::string& model) {
+caf::expected<double> timed(caf::scoped_actor& self, const runtime& rt, bool load,
+                            const std::string& model) {
   auto t0 = clock_type::now();
   caf::error err;
-  auto h = load ? self->request(rt.manager, caf::timespan{std::chrono::minutes(10)}, load_atom_v, model)
-                : self->request(rt.manager, caf::timespan{std::chrono::minutes(10)}, unload_atom_v, model);
+  auto h =
+      load ? self->request(rt.manager, caf::timespan{std::chrono::minutes(10)}, load_atom_v, model)
+           : self->request(rt.manager, caf::timespan{std::chrono::minutes(10)}, unload_atom_v,
+                           model);
   std::move(h).receive([](model_info&) {}, [&](caf::error& e) { err = e; });
   if (err) return err;
   return since(t0);
@@ -62,8 +67,10 @@ caf::expected<double> timed(caf::scoped_actor& self, const runtime& rt, bool loa
 }  // namespace
 
 caf::expected<runtime_bench_result> run_runtime_bench(const runtime_bench_options& o) {
-  if (o.clients < 1 || !(o.seconds > 0) || o.latency_requests < 1 || o.swap_repeats < 1 || o.swap_bytes < (4u << 20))
-    return make_error(ec::invalid_request, "clients, seconds, requests and repeats must be positive; swap >= 4 MiB");
+  if (o.clients < 1 || !(o.seconds > 0) || o.latency_requests < 1 || o.swap_repeats < 1 ||
+      o.swap_bytes < (4u << 20))
+    return make_error(ec::invalid_request,
+                      "clients, seconds, requests and repeats must be positive; swap >= 4 MiB");
   runtime_bench_result res;
   system_config cfg;
   caf::actor_system sys{cfg};
@@ -92,7 +99,8 @@ caf::expected<runtime_bench_result> run_runtime_bench(const runtime_bench_option
       caf::error err;
       double compute_ms = 0;
       self->request(rt->frontend, 10s, infer_atom_v, r)
-          .receive([&](infer_reply& rep) { compute_ms = rep.compute_ms; }, [&](caf::error& e) { err = e; });
+          .receive([&](infer_reply& rep) { compute_ms = rep.compute_ms; },
+                   [&](caf::error& e) { err = e; });
       if (err) return err;
       added.push_back(since(t0) * 1e3 - compute_ms);
     }
@@ -139,7 +147,8 @@ caf::expected<runtime_bench_result> run_runtime_bench(const runtime_bench_option
     stop = false;
     ts.clear();
     t0 = clock_type::now();
-    std::string body = R"({"inputs":[{"name":"input_ids","datatype":"INT64","shape":[1,3],"data":[1,2,3]}]})";
+    std::string body =
+        R"({"inputs":[{"name":"input_ids","datatype":"INT64","shape":[1,3],"data":[1,2,3]}]})";
     for (int c = 0; c < o.clients; ++c)
       ts.emplace_back([&, c] {
         auto conn = net::http_client::connect("127.0.0.1", (*srv)->port(), 5s);
@@ -212,8 +221,8 @@ std::string to_table(const runtime_bench_result& r) {
       "  added latency    p50 {:.3f} ms, p99 {:.3f} ms (round trip minus compute)\n"
       "http (keep-alive)  {:.0f} requests/s, p50 {:.2f} ms\n"
       "swap via actors    4 shards {:.3f} s, 1 shard {:.3f} s: {:.2f}x\n",
-      r.batches_per_s, r.requests_per_s, r.mean_batch_rows, r.added_p50_ms, r.added_p99_ms, r.http_requests_per_s,
-      r.http_p50_ms, r.load_4_shards_s, r.load_1_shard_s, r.swap_speedup);
+      r.batches_per_s, r.requests_per_s, r.mean_batch_rows, r.added_p50_ms, r.added_p99_ms,
+      r.http_requests_per_s, r.http_p50_ms, r.load_4_shards_s, r.load_1_shard_s, r.swap_speedup);
 }
 
 }  // namespace computron::bench

@@ -35,11 +35,13 @@ serving_actor::behavior_type router(serving_actor::stateful_pointer<router_state
                                     std::map<std::string, model_manager_actor> owner) {
   self->state.owner = std::move(owner);
   for (auto& [model, m] : self->state.owner)
-    if (std::find(self->state.managers.begin(), self->state.managers.end(), m) == self->state.managers.end())
+    if (std::find(self->state.managers.begin(), self->state.managers.end(), m) ==
+        self->state.managers.end())
       self->state.managers.push_back(m);
   auto find = [=](const std::string& model) -> caf::expected<model_manager_actor> {
     auto i = self->state.owner.find(model);
-    if (i == self->state.owner.end()) return make_error(ec::unknown_model, "no manager serves " + model);
+    if (i == self->state.owner.end())
+      return make_error(ec::unknown_model, "no manager serves " + model);
     return i->second;
   };
   return {
@@ -148,7 +150,8 @@ int main() {
       self->request(fe, 30s, infer_atom_v, req)
           .receive(
               [&](infer_reply& rep) {
-                std::cout << model << ": " << rep.tokens.size() << " tokens, swapped " << rep.swapped << '\n';
+                std::cout << model << ": " << rep.tokens.size() << " tokens, swapped "
+                          << rep.swapped << '\n';
                 if (rep.tokens.size() != 3) ++failures;
               },
               [&](caf::error& e) {

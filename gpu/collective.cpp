@@ -67,8 +67,7 @@ class local_member final : public collective {
       float* acc = s.buffers[0];
       for (size_t r = 1; r < s.buffers.size(); ++r)
         for (uint64_t i = 0; i < count; ++i) acc[i] += s.buffers[r][i];
-      for (size_t r = 1; r < s.buffers.size(); ++r)
-        std::copy(acc, acc + count, s.buffers[r]);
+      for (size_t r = 1; r < s.buffers.size(); ++r) std::copy(acc, acc + count, s.buffers[r]);
       s.arrived = 0;
       ++s.generation;
       s.cv.notify_all();
@@ -119,9 +118,9 @@ caf::expected<std::unique_ptr<collective>> join_local_group(const std::string& n
   }
   std::lock_guard<std::mutex> member_guard{st->mtx};
   if (st->size != size)
-    return make_error(ec::invalid_configuration,
-                      "local group " + name + " has size " + std::to_string(st->size) +
-                          ", not " + std::to_string(size));
+    return make_error(ec::invalid_configuration, "local group " + name + " has size " +
+                                                     std::to_string(st->size) + ", not " +
+                                                     std::to_string(size));
   if (st->joined[static_cast<size_t>(rank)])
     return make_error(ec::invalid_configuration,
                       "local group " + name + ": rank " + std::to_string(rank) + " joined twice");

@@ -147,7 +147,6 @@ class device : public std::enable_shared_from_this<device> {
  protected:
   explicit device(device_info info) : info_(std::move(info)) {}
 
-
   virtual caf::expected<host_buffer> do_allocate_host(uint64_t bytes) = 0;
   virtual caf::expected<void*> do_allocate(uint64_t bytes) = 0;
   virtual void do_release(void* ptr, uint64_t bytes) noexcept = 0;

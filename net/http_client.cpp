@@ -29,13 +29,14 @@ struct http_client::impl {
     stream->expires_after(connect_timeout);
     stream->connect(tcp::endpoint{addr, port}, ec);
     if (ec)
-      return make_error(ec::io_error, "cannot connect to " + host + ":" + std::to_string(port) + ": " + ec.message());
+      return make_error(ec::io_error, "cannot connect to " + host + ":" + std::to_string(port) +
+                                          ": " + ec.message());
     buffer.clear();
     return {};
   }
 
-  caf::expected<http_result> once(const std::string& method, const std::string& target, const std::string& body,
-                                  std::chrono::milliseconds timeout) {
+  caf::expected<http_result> once(const std::string& method, const std::string& target,
+                                  const std::string& body, std::chrono::milliseconds timeout) {
     http::request<http::string_body> req{http::string_to_verb(method), target, 11};
     req.set(http::field::host, host);
     req.keep_alive(true);
@@ -54,8 +55,10 @@ struct http_client::impl {
     http_result r;
     r.status = static_cast<int>(res.result_int());
     r.body = res.body();
-    if (auto it = res.find(http::field::retry_after); it != res.end()) r.retry_after = std::string{it->value()};
-    if (auto it = res.find(http::field::content_type); it != res.end()) r.content_type = std::string{it->value()};
+    if (auto it = res.find(http::field::retry_after); it != res.end())
+      r.retry_after = std::string{it->value()};
+    if (auto it = res.find(http::field::content_type); it != res.end())
+      r.content_type = std::string{it->value()};
     if (!res.keep_alive()) stream.reset();
     return r;
   }
@@ -65,8 +68,8 @@ http_client::http_client(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
 
 http_client::~http_client() = default;
 
-caf::expected<std::unique_ptr<http_client>> http_client::connect(const std::string& host, uint16_t port,
-                                                                 std::chrono::milliseconds timeout) {
+caf::expected<std::unique_ptr<http_client>> http_client::connect(
+    const std::string& host, uint16_t port, std::chrono::milliseconds timeout) {
   auto p = std::make_unique<impl>();
   p->host = host;
   p->port = port;
@@ -75,8 +78,9 @@ caf::expected<std::unique_ptr<http_client>> http_client::connect(const std::stri
   return std::unique_ptr<http_client>{new http_client(std::move(p))};
 }
 
-caf::expected<http_result> http_client::request(const std::string& method, const std::string& target,
-                                                const std::string& body, std::chrono::milliseconds timeout) {
+caf::expected<http_result> http_client::request(const std::string& method,
+                                                const std::string& target, const std::string& body,
+                                                std::chrono::milliseconds timeout) {
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (!impl_->stream)
       if (auto err = impl_->open()) return err;
@@ -88,7 +92,8 @@ caf::expected<http_result> http_client::request(const std::string& method, const
     // server's idle timeout); never after a timeout, which could run a request twice.
     auto why = render(r.error());
     bool closed = why.find("end of stream") != std::string::npos ||
-                  why.find("reset by peer") != std::string::npos || why.find("Broken pipe") != std::string::npos;
+                  why.find("reset by peer") != std::string::npos ||
+                  why.find("Broken pipe") != std::string::npos;
     if (!reused || !closed) return r;
   }
   return make_error(ec::io_error, "unreachable");

@@ -132,7 +132,8 @@ caf::expected<parsed_infer> parse_infer(const std::string& body, uint32_t max_ro
   if (j.is_discarded()) return bad("the body is not valid JSON");
   if (!j.is_object()) return bad("the body must be a JSON object");
   parsed_infer p;
-  if (auto id = j.find("id"); id != j.end() && id->is_string()) p.request_id = id->get<std::string>();
+  if (auto id = j.find("id"); id != j.end() && id->is_string())
+    p.request_id = id->get<std::string>();
   auto inputs = j.find("inputs");
   if (inputs == j.end() || !inputs->is_array() || inputs->empty())
     return bad("'inputs' must be a non-empty array");
@@ -146,15 +147,18 @@ caf::expected<parsed_infer> parse_infer(const std::string& body, uint32_t max_ro
     return bad("inputs[0].shape must be [batch, length] or [length]");
   std::vector<int64_t> dims;
   for (auto& d : *shape) {
-    if (!d.is_number_integer() || d.get<int64_t>() < 0) return bad("inputs[0].shape must hold non-negative integers");
+    if (!d.is_number_integer() || d.get<int64_t>() < 0)
+      return bad("inputs[0].shape must hold non-negative integers");
     dims.push_back(d.get<int64_t>());
   }
   if (dims.size() == 1) dims.insert(dims.begin(), 1);
   if (dims[0] == 0 || dims[1] == 0) return bad("the batch is empty (shape has a zero)");
-  if (dims[0] > max_rows) return bad("at most " + std::to_string(max_rows) + " sequences per request");
+  if (dims[0] > max_rows)
+    return bad("at most " + std::to_string(max_rows) + " sequences per request");
   auto data = in.find("data");
   std::vector<int64_t> flat;
-  if (data == in.end() || !flatten_ints(*data, flat)) return bad("inputs[0].data must hold integers");
+  if (data == in.end() || !flatten_ints(*data, flat))
+    return bad("inputs[0].data must hold integers");
   if (static_cast<int64_t>(flat.size()) != dims[0] * dims[1])
     return bad("inputs[0].data has " + std::to_string(flat.size()) + " elements; shape says " +
                std::to_string(dims[0] * dims[1]));
@@ -166,8 +170,8 @@ caf::expected<parsed_infer> parse_infer(const std::string& body, uint32_t max_ro
       auto v = params->find(key);
       if (v == params->end()) return {};
       if (!v->is_number_integer() || v->get<int64_t>() < lo || v->get<int64_t>() > hi)
-        return bad(std::string{"parameter "} + key + " must be an integer in " + std::to_string(lo) +
-                   ".." + std::to_string(hi));
+        return bad(std::string{"parameter "} + key + " must be an integer in " +
+                   std::to_string(lo) + ".." + std::to_string(hi));
       out = v->get<int64_t>();
       return {};
     };
@@ -208,7 +212,11 @@ struct http_server::impl {
 
   impl(caf::actor_system& s, actors::frontend_actor fe, std::shared_ptr<metrics> m,
        std::shared_ptr<trace_recorder> t, http_options o)
-      : sys(s), frontend(std::move(fe)), metrics_(std::move(m)), trace(std::move(t)), opts(std::move(o)) {}
+      : sys(s),
+        frontend(std::move(fe)),
+        metrics_(std::move(m)),
+        trace(std::move(t)),
+        opts(std::move(o)) {}
 
   /// Asks the frontend and answers with `ok(result)` or the error's response. Runs in
   /// a short-lived actor so that no I/O thread ever blocks on an actor.
@@ -258,11 +266,10 @@ struct http_server::impl {
               batch = std::max(batch, r.batch_size);
             }
             json out{{"model_name", model},
-                     {"outputs",
-                      json::array({json{{"name", "output_ids"},
-                                        {"datatype", "INT64"},
-                                        {"shape", {rows, parsed->max_tokens}},
-                                        {"data", data}}})},
+                     {"outputs", json::array({json{{"name", "output_ids"},
+                                                   {"datatype", "INT64"},
+                                                   {"shape", {rows, parsed->max_tokens}},
+                                                   {"data", data}}})},
                      {"parameters",
                       {{"queue_ms", queue_ms},
                        {"load_ms", load_ms},
@@ -301,8 +308,9 @@ struct http_server::impl {
     auto is_get = method == http::verb::get;
     auto is_post = method == http::verb::post;
     auto wrong_method = [&] {
-      reply(make_error_response(http::status::method_not_allowed,
-                                "method " + std::string{req.method_string()} + " is not allowed on " + target));
+      reply(make_error_response(
+          http::status::method_not_allowed,
+          "method " + std::string{req.method_string()} + " is not allowed on " + target));
     };
     if (target == "/v2/health/live" || target == "/v2/health/ready") {
       if (!is_get) return wrong_method();
@@ -311,9 +319,9 @@ struct http_server::impl {
     }
     if (target == "/v2") {
       if (!is_get) return wrong_method();
-      return reply(make_json(http::status::ok, json{{"name", "computron"},
-                                                   {"version", "0.1.0"},
-                                                   {"extensions", {"model_repository"}}}));
+      return reply(make_json(
+          http::status::ok,
+          json{{"name", "computron"}, {"version", "0.1.0"}, {"extensions", {"model_repository"}}}));
     }
     if (target == "/metrics") {
       if (!is_get) return wrong_method();
@@ -337,7 +345,10 @@ struct http_server::impl {
           [](std::vector<actors::model_info>& ms) {
             json out = json::array();
             for (auto& m : ms)
-              out.push_back({{"name", m.config.name}, {"version", "1"}, {"state", "READY"}, {"residency", m.state}});
+              out.push_back({{"name", m.config.name},
+                             {"version", "1"},
+                             {"state", "READY"},
+                             {"residency", m.state}});
             return make_json(http::status::ok, out);
           },
           actors::list_atom_v);
@@ -346,7 +357,8 @@ struct http_server::impl {
     if (target.rfind(repo, 0) == 0) {
       auto rest = target.substr(repo.size());
       auto slash = rest.find('/');
-      if (slash == std::string::npos) return reply(make_error_response(http::status::not_found, "no route " + target));
+      if (slash == std::string::npos)
+        return reply(make_error_response(http::status::not_found, "no route " + target));
       auto model = rest.substr(0, slash);
       auto verb = rest.substr(slash + 1);
       if (verb != "load" && verb != "unload")
@@ -362,18 +374,21 @@ struct http_server::impl {
       auto slash = rest.find('/');
       auto model = rest.substr(0, slash);
       auto verb = slash == std::string::npos ? std::string{} : rest.substr(slash + 1);
-      if (model.empty()) return reply(make_error_response(http::status::not_found, "no model named in " + target));
+      if (model.empty())
+        return reply(make_error_response(http::status::not_found, "no model named in " + target));
       if (verb.empty()) {
         if (!is_get) return wrong_method();
         return ask<actors::model_info>(
             reply,
             [](actors::model_info& i) {
-              auto j = json{{"name", i.config.name},
-                            {"versions", {"1"}},
-                            {"platform", "computron_" + i.config.kind},
-                            {"inputs", {{{"name", "input_ids"}, {"datatype", "INT64"}, {"shape", {-1, -1}}}}},
-                            {"outputs", {{{"name", "output_ids"}, {"datatype", "INT64"}, {"shape", {-1, -1}}}}},
-                            {"parameters", info_json(i)}};
+              auto j = json{
+                  {"name", i.config.name},
+                  {"versions", {"1"}},
+                  {"platform", "computron_" + i.config.kind},
+                  {"inputs", {{{"name", "input_ids"}, {"datatype", "INT64"}, {"shape", {-1, -1}}}}},
+                  {"outputs",
+                   {{{"name", "output_ids"}, {"datatype", "INT64"}, {"shape", {-1, -1}}}}},
+                  {"parameters", info_json(i)}};
               return make_json(http::status::ok, j);
             },
             actors::info_atom_v, model);
@@ -384,7 +399,8 @@ struct http_server::impl {
         return ask<actors::model_info>(
             reply,
             [](actors::model_info& i) {
-              return make_json(http::status::ok, json{{"name", i.config.name}, {"ready", true}, {"state", i.state}});
+              return make_json(http::status::ok,
+                               json{{"name", i.config.name}, {"ready", true}, {"state", i.state}});
             },
             actors::info_atom_v, model);
       }
@@ -412,21 +428,25 @@ class session : public std::enable_shared_from_this<session> {
     parser_.emplace();
     parser_->body_limit(srv_.opts.max_body_bytes);
     stream_.expires_after(srv_.opts.idle_timeout);
-    http::async_read(stream_, buffer_, *parser_,
-                     [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+    http::async_read(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
   }
 
   void on_read(beast::error_code ec) {
-    if (ec == http::error::end_of_stream || ec == beast::error::timeout || ec == asio::error::operation_aborted)
+    if (ec == http::error::end_of_stream || ec == beast::error::timeout ||
+        ec == asio::error::operation_aborted)
       return close();
     if (ec == http::error::body_limit) {
       keep_alive_ = false;
-      return write(make_error_response(http::status::payload_too_large,
-                                       "the body exceeds " + std::to_string(srv_.opts.max_body_bytes) + " bytes"));
+      return write(make_error_response(
+          http::status::payload_too_large,
+          "the body exceeds " + std::to_string(srv_.opts.max_body_bytes) + " bytes"));
     }
     if (ec) {
       keep_alive_ = false;
-      return write(make_error_response(http::status::bad_request, "malformed HTTP request: " + ec.message()));
+      return write(make_error_response(http::status::bad_request,
+                                       "malformed HTTP request: " + ec.message()));
     }
     auto req = parser_->release();
     keep_alive_ = req.keep_alive();
@@ -435,7 +455,8 @@ class session : public std::enable_shared_from_this<session> {
     stream_.expires_never();
     auto self = shared_from_this();
     srv_.route(req, [self](response res) {
-      asio::post(self->stream_.get_executor(), [self, res = std::move(res)]() mutable { self->write(std::move(res)); });
+      asio::post(self->stream_.get_executor(),
+                 [self, res = std::move(res)]() mutable { self->write(std::move(res)); });
     });
   }
 
@@ -465,15 +486,16 @@ class session : public std::enable_shared_from_this<session> {
 };
 
 void accept(http_server::impl& srv) {
-  srv.acceptor.async_accept(asio::make_strand(srv.ioc), [&srv](beast::error_code ec, tcp::socket socket) {
-    if (ec) {
-      if (srv.stopped) return;
-      log::warn("http: accept failed: {}", ec.message());
-    } else {
-      std::make_shared<session>(std::move(socket), srv)->run();
-    }
-    accept(srv);
-  });
+  srv.acceptor.async_accept(asio::make_strand(srv.ioc),
+                            [&srv](beast::error_code ec, tcp::socket socket) {
+                              if (ec) {
+                                if (srv.stopped) return;
+                                log::warn("http: accept failed: {}", ec.message());
+                              } else {
+                                std::make_shared<session>(std::move(socket), srv)->run();
+                              }
+                              accept(srv);
+                            });
 }
 
 }  // namespace
@@ -499,25 +521,26 @@ void http_server::stop() {
     if (t.joinable()) t.join();
 }
 
-caf::expected<std::unique_ptr<http_server>> http_server::start(caf::actor_system& sys,
-                                                               actors::frontend_actor frontend,
-                                                               std::shared_ptr<metrics> m,
-                                                               std::shared_ptr<trace_recorder> trace,
-                                                               http_options opts) {
+caf::expected<std::unique_ptr<http_server>> http_server::start(
+    caf::actor_system& sys, actors::frontend_actor frontend, std::shared_ptr<metrics> m,
+    std::shared_ptr<trace_recorder> trace, http_options opts) {
   if (opts.threads < 1) return make_error(ec::invalid_configuration, "http: at least one thread");
-  auto p = std::make_unique<impl>(sys, std::move(frontend), std::move(m), std::move(trace), std::move(opts));
+  auto p = std::make_unique<impl>(sys, std::move(frontend), std::move(m), std::move(trace),
+                                  std::move(opts));
   auto& o = p->opts;
   beast::error_code ec;
   auto addr = asio::ip::make_address(o.host, ec);
-  if (ec) return make_error(ec::invalid_configuration, "http: bad host address '" + o.host + "': " + ec.message());
+  if (ec)
+    return make_error(ec::invalid_configuration,
+                      "http: bad host address '" + o.host + "': " + ec.message());
   tcp::endpoint ep{addr, o.port};
   p->acceptor.open(ep.protocol(), ec);
   if (!ec) p->acceptor.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) p->acceptor.bind(ep, ec);
   if (!ec) p->acceptor.listen(asio::socket_base::max_listen_connections, ec);
   if (ec)
-    return make_error(ec::io_error, "http: cannot listen on " + o.host + ":" + std::to_string(o.port) + ": " +
-                                        ec.message());
+    return make_error(ec::io_error, "http: cannot listen on " + o.host + ":" +
+                                        std::to_string(o.port) + ": " + ec.message());
   p->bound_port = p->acceptor.local_endpoint().port();
   accept(*p);
   for (int i = 0; i < o.threads; ++i) p->threads.emplace_back([ioc = &p->ioc] { ioc->run(); });

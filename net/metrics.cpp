@@ -18,10 +18,11 @@ struct metrics::impl {
                                           .Name("computron_requests_total")
                                           .Help("Requests that ended, by model and outcome")
                                           .Register(*reg);
-  pm::Family<pm::Histogram>& latency = pm::BuildHistogram()
-                                           .Name("computron_request_latency_seconds")
-                                           .Help("Time from admission to reply of successful requests")
-                                           .Register(*reg);
+  pm::Family<pm::Histogram>& latency =
+      pm::BuildHistogram()
+          .Name("computron_request_latency_seconds")
+          .Help("Time from admission to reply of successful requests")
+          .Register(*reg);
   pm::Family<pm::Gauge>& queue = pm::BuildGauge()
                                      .Name("computron_queue_depth")
                                      .Help("Requests waiting in a model's queue")
@@ -30,10 +31,11 @@ struct metrics::impl {
                                         .Name("computron_resident_models")
                                         .Help("Models resident on their devices")
                                         .Register(*reg);
-  pm::Family<pm::Gauge>& used = pm::BuildGauge()
-                                    .Name("computron_device_used_bytes")
-                                    .Help("Device bytes held by model weights (loading or resident)")
-                                    .Register(*reg);
+  pm::Family<pm::Gauge>& used =
+      pm::BuildGauge()
+          .Name("computron_device_used_bytes")
+          .Help("Device bytes held by model weights (loading or resident)")
+          .Register(*reg);
   pm::Family<pm::Gauge>& capacity = pm::BuildGauge()
                                         .Name("computron_device_capacity_bytes")
                                         .Help("Device bytes available to model weights")
@@ -66,12 +68,11 @@ struct metrics::impl {
                                          .Name("computron_batches_total")
                                          .Help("Batches run, by model")
                                          .Register(*reg);
-  pm::Family<pm::Histogram>& batch_rows = pm::BuildHistogram()
-                                              .Name("computron_batch_size")
-                                              .Help("Sequences per batch")
-                                              .Register(*reg);
+  pm::Family<pm::Histogram>& batch_rows =
+      pm::BuildHistogram().Name("computron_batch_size").Help("Sequences per batch").Register(*reg);
   pm::Gauge& resident_gauge = resident.Add({});
-  pm::Histogram& rows_hist = batch_rows.Add({}, pm::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64});
+  pm::Histogram& rows_hist =
+      batch_rows.Add({}, pm::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64});
 };
 
 metrics::metrics() : impl_(std::make_unique<impl>()) {}
@@ -88,8 +89,8 @@ void metrics::request_done(const std::string& model, const std::string& outcome,
   impl_->requests.Add({{"model", model}, {"outcome", outcome}}).Increment();
   if (outcome == "ok")
     impl_->latency
-        .Add({{"model", model}},
-             pm::Histogram::BucketBoundaries{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30})
+        .Add({{"model", model}}, pm::Histogram::BucketBoundaries{0.005, 0.01, 0.025, 0.05, 0.1,
+                                                                 0.25, 0.5, 1, 2.5, 5, 10, 30})
         .Observe(seconds);
 }
 
@@ -112,7 +113,8 @@ void metrics::transfer_done(const std::string&, int32_t device, bool load, uint6
   }
   impl_->loads.Add(l).Increment();
   impl_->bytes_loaded.Add(l).Increment(static_cast<double>(bytes));
-  impl_->load_seconds.Add(l, pm::Histogram::BucketBoundaries{0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5})
+  impl_->load_seconds
+      .Add(l, pm::Histogram::BucketBoundaries{0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5})
       .Observe(seconds);
   if (seconds > 0) impl_->gbps.Add(l).Set(static_cast<double>(bytes) / seconds / 1e9);
 }

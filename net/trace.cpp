@@ -19,11 +19,12 @@ void trace_recorder::batch_done(const std::string& model, const std::vector<int3
     add({"batch " + model, "batch", d, start_s, seconds, nlohmann::json{{"rows", rows}}.dump()});
 }
 
-void trace_recorder::transfer_done(const std::string& model, int32_t device, bool load, uint64_t bytes,
-                                   double start_s, double seconds) {
+void trace_recorder::transfer_done(const std::string& model, int32_t device, bool load,
+                                   uint64_t bytes, double start_s, double seconds) {
   nlohmann::json args{{"bytes", bytes}};
   if (load && seconds > 0) args["gbps"] = static_cast<double>(bytes) / seconds / 1e9;
-  add({(load ? "load " : "evict ") + model, load ? "load" : "evict", device, start_s, seconds, args.dump()});
+  add({(load ? "load " : "evict ") + model, load ? "load" : "evict", device, start_s, seconds,
+       args.dump()});
 }
 
 std::string trace_recorder::to_json() const {
@@ -49,7 +50,8 @@ std::string trace_recorder::to_json() const {
                       {"pid", 1},
                       {"tid", d},
                       {"args", {{"name", "device " + std::to_string(d)}}}});
-  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 1}, {"args", {{"name", "computron"}}}});
+  events.push_back(
+      {{"name", "process_name"}, {"ph", "M"}, {"pid", 1}, {"args", {{"name", "computron"}}}});
   return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump();
 }
 

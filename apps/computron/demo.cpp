@@ -29,7 +29,8 @@ double percentile(std::vector<double> xs, double p) {
 }
 
 /// Sums a metric's samples per label value of `label` from Prometheus text.
-std::map<std::string, double> scrape(const std::string& text, const std::string& metric, const std::string& label) {
+std::map<std::string, double> scrape(const std::string& text, const std::string& metric,
+                                     const std::string& label) {
   std::map<std::string, double> out;
   std::istringstream in{text};
   std::string line;
@@ -87,8 +88,9 @@ int run_demo(const demo_options& o) {
     std::cerr << "computron demo: the server has no models\n";
     return 1;
   }
-  std::cout << fmt::format("computron demo: {} requests over {} models from {} clients, {} tokens each\n",
-                           o.requests, models.size(), o.clients, o.max_tokens);
+  std::cout << fmt::format(
+      "computron demo: {} requests over {} models from {} clients, {} tokens each\n", o.requests,
+      models.size(), o.clients, o.max_tokens);
   std::mutex mtx;
   std::vector<double> latencies;
   std::map<int, size_t> statuses;
@@ -105,13 +107,18 @@ int run_demo(const demo_options& o) {
         for (size_t k = 0; k < models.size(); ++k) w.push_back(1.0 / static_cast<double>(k + 1));
         auto& m = models[std::discrete_distribution<size_t>(w.begin(), w.end())(rng)];
         json prompt = json::array();
-        for (int t = 0; t < 8; ++t) prompt.push_back(std::uniform_int_distribution<int64_t>(0, m.vocab - 1)(rng));
-        json body{{"inputs", {{{"name", "input_ids"}, {"datatype", "INT64"}, {"shape", {1, 8}}, {"data", prompt}}}},
-                  {"parameters", {{"max_tokens", o.max_tokens}}}};
+        for (int t = 0; t < 8; ++t)
+          prompt.push_back(std::uniform_int_distribution<int64_t>(0, m.vocab - 1)(rng));
+        json body{
+            {"inputs",
+             {{{"name", "input_ids"}, {"datatype", "INT64"}, {"shape", {1, 8}}, {"data", prompt}}}},
+            {"parameters", {{"max_tokens", o.max_tokens}}}};
         auto s = std::chrono::steady_clock::now();
-        auto r = conn ? (*conn)->request("POST", "/v2/models/" + m.name + "/infer", body.dump(), 300s)
-                      : caf::expected<net::http_result>{make_error(ec::io_error, "no connection")};
-        auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s).count();
+        auto r =
+            conn ? (*conn)->request("POST", "/v2/models/" + m.name + "/infer", body.dump(), 300s)
+                 : caf::expected<net::http_result>{make_error(ec::io_error, "no connection")};
+        auto ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s).count();
         std::lock_guard<std::mutex> guard{mtx};
         statuses[r ? r->status : 0]++;
         if (r && r->status == 200) {
@@ -126,11 +133,11 @@ int run_demo(const demo_options& o) {
   for (auto& t : clients) t.join();
   auto wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   auto metrics = client->request("GET", "/metrics");
-  std::cout << fmt::format("  ok {} of {} in {:.2f} s ({:.1f} req/s)\n", latencies.size(), o.requests, wall,
-                           static_cast<double>(latencies.size()) / wall);
+  std::cout << fmt::format("  ok {} of {} in {:.2f} s ({:.1f} req/s)\n", latencies.size(),
+                           o.requests, wall, static_cast<double>(latencies.size()) / wall);
   std::cout << fmt::format("  latency ms: p50 {:.1f}  p90 {:.1f}  p99 {:.1f}  max {:.1f}\n",
-                           percentile(latencies, 0.5), percentile(latencies, 0.9), percentile(latencies, 0.99),
-                           percentile(latencies, 1.0));
+                           percentile(latencies, 0.5), percentile(latencies, 0.9),
+                           percentile(latencies, 0.99), percentile(latencies, 1.0));
   std::cout << fmt::format("  requests that waited for a swap: {}\n", swapped);
   if (metrics && metrics->status == 200) {
     auto bytes = scrape(metrics->body, "computron_bytes_loaded_total", "device");
@@ -138,9 +145,9 @@ int run_demo(const demo_options& o) {
     auto loads = scrape(metrics->body, "computron_shard_loads_total", "device");
     auto evictions = scrape(metrics->body, "computron_shard_evictions_total", "device");
     for (auto& [dev, b] : bytes)
-      std::cout << fmt::format("  device {}: {:.0f} shard loads, {:.0f} evictions, {:.1f} MiB moved, {:.2f} GB/s\n",
-                               dev, loads[dev], evictions[dev], b / 1048576.0,
-                               secs[dev] > 0 ? b / secs[dev] / 1e9 : 0.0);
+      std::cout << fmt::format(
+          "  device {}: {:.0f} shard loads, {:.0f} evictions, {:.1f} MiB moved, {:.2f} GB/s\n", dev,
+          loads[dev], evictions[dev], b / 1048576.0, secs[dev] > 0 ? b / secs[dev] / 1e9 : 0.0);
   }
   bool ok = latencies.size() == o.requests;
   if (!ok)

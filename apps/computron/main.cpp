@@ -1,7 +1,7 @@
 // `computron`: one binary, subcommands. For now `bench swap` (the model-parallel swap
 // benchmark) and `devices` (what this machine offers); serving comes in later issues.
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -10,10 +10,10 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "apps/computron/serve.hpp"
 #include "bench/forward_bench.hpp"
 #include "bench/runtime_bench.hpp"
 #include "bench/swap_bench.hpp"
-#include "apps/computron/serve.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "gpu/backends.hpp"
@@ -131,16 +131,22 @@ int main(int argc, char** argv) {
 
   // bench runtime
   auto rt_cmd = bench_cmd->add_subcommand(
-      "runtime", "actor-path dispatch rate and added latency, HTTP requests/s, swap via the actors");
+      "runtime",
+      "actor-path dispatch rate and added latency, HTTP requests/s, swap via the actors");
   bench::runtime_bench_options rtb;
   double rt_swap_mb = static_cast<double>(rtb.swap_bytes) / 1048576.0;
   bool rt_json = false;
   rt_cmd->add_option("--clients", rtb.clients, "closed-loop clients")->capture_default_str();
-  rt_cmd->add_option("--seconds", rtb.seconds, "duration of each throughput part")->capture_default_str();
-  rt_cmd->add_option("--latency-requests", rtb.latency_requests, "sequential requests timed")->capture_default_str();
-  rt_cmd->add_option("--swap-mb", rt_swap_mb, "model size of the swap part, MiB")->capture_default_str();
-  rt_cmd->add_option("--link-gbps", rtb.link_gbps, "emulated link rate, GB/s")->capture_default_str();
-  rt_cmd->add_option("--repeats", rtb.swap_repeats, "timed swap rounds (median)")->capture_default_str();
+  rt_cmd->add_option("--seconds", rtb.seconds, "duration of each throughput part")
+      ->capture_default_str();
+  rt_cmd->add_option("--latency-requests", rtb.latency_requests, "sequential requests timed")
+      ->capture_default_str();
+  rt_cmd->add_option("--swap-mb", rt_swap_mb, "model size of the swap part, MiB")
+      ->capture_default_str();
+  rt_cmd->add_option("--link-gbps", rtb.link_gbps, "emulated link rate, GB/s")
+      ->capture_default_str();
+  rt_cmd->add_option("--repeats", rtb.swap_repeats, "timed swap rounds (median)")
+      ->capture_default_str();
   rt_cmd->add_flag("--json", rt_json, "print one JSON object");
 
   // devices
@@ -155,40 +161,54 @@ int main(int argc, char** argv) {
   devices_cmd->add_flag("--json", devices_json, "print a JSON array");
 
   // serve
-  auto serve_cmd = app.add_subcommand("serve", "serve the models of a repository over HTTP (KServe v2)");
+  auto serve_cmd =
+      app.add_subcommand("serve", "serve the models of a repository over HTTP (KServe v2)");
   std::string serve_config_path, serve_repository, serve_host, serve_trace;
   int serve_port = -1;
   int serve_devices = 0;
-  serve_cmd->add_option("--config", serve_config_path, "JSON serve config (default: built-in, see configs/)");
-  serve_cmd->add_option("--repository", serve_repository, "model repository folder (one folder per model)");
+  serve_cmd->add_option("--config", serve_config_path,
+                        "JSON serve config (default: built-in, see configs/)");
+  serve_cmd->add_option("--repository", serve_repository,
+                        "model repository folder (one folder per model)");
   serve_cmd->add_option("--host", serve_host, "address to listen on (default 127.0.0.1)");
-  serve_cmd->add_option("--port", serve_port, "port to listen on (default 8000; 0 picks a free one)")
+  serve_cmd
+      ->add_option("--port", serve_port, "port to listen on (default 8000; 0 picks a free one)")
       ->check(CLI::Range(0, 65535));
   serve_cmd->add_option("--devices", serve_devices, "number of devices (overrides the config)")
       ->check(CLI::Range(1, 1024));
-  serve_cmd->add_option("--trace", serve_trace, "write a Chrome trace of loads and batches here at exit");
+  serve_cmd->add_option("--trace", serve_trace,
+                        "write a Chrome trace of loads and batches here at exit");
 
   // demo
-  auto demo_cmd = app.add_subcommand("demo", "send a short mixed workload to a running server; print a summary");
+  auto demo_cmd = app.add_subcommand(
+      "demo", "send a short mixed workload to a running server; print a summary");
   app::demo_options demo;
   demo_cmd->add_option("--host", demo.host, "server address")->capture_default_str();
   demo_cmd->add_option("--port", demo.port, "server port")->capture_default_str();
-  demo_cmd->add_option("--requests", demo.requests, "requests in all")->capture_default_str()->check(CLI::Range(1, 1000000));
-  demo_cmd->add_option("--clients", demo.clients, "concurrent clients")->capture_default_str()->check(CLI::Range(1, 256));
-  demo_cmd->add_option("--max-tokens", demo.max_tokens, "tokens per request")->capture_default_str();
+  demo_cmd->add_option("--requests", demo.requests, "requests in all")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000));
+  demo_cmd->add_option("--clients", demo.clients, "concurrent clients")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  demo_cmd->add_option("--max-tokens", demo.max_tokens, "tokens per request")
+      ->capture_default_str();
   demo_cmd->add_option("--seed", demo.seed, "workload seed")->capture_default_str();
 
   // generate
-  auto gen_cmd = app.add_subcommand("generate", "generate directly from one model (no server): the reference output");
+  auto gen_cmd = app.add_subcommand(
+      "generate", "generate directly from one model (no server): the reference output");
   std::string gen_model_dir, gen_prompts;
   int64_t gen_max_tokens = 1;
   actors::row_sampling gen_sampling;
   gpu::device_options gen_devices;
   gen_devices.kind = "emulated";
-  gen_cmd->add_option("--model-dir", gen_model_dir, "a repository folder holding config.json")->required();
+  gen_cmd->add_option("--model-dir", gen_model_dir, "a repository folder holding config.json")
+      ->required();
   gen_cmd->add_option("--prompts", gen_prompts, "JSON array of token-id arrays")->required();
   gen_cmd->add_option("--max-tokens", gen_max_tokens, "tokens to generate")->capture_default_str();
-  gen_cmd->add_option("--temperature", gen_sampling.temperature, "0 is greedy")->capture_default_str();
+  gen_cmd->add_option("--temperature", gen_sampling.temperature, "0 is greedy")
+      ->capture_default_str();
   gen_cmd->add_option("--top-k", gen_sampling.top_k, "0 keeps all")->capture_default_str();
   gen_cmd->add_option("--top-p", gen_sampling.top_p, "1 keeps all")->capture_default_str();
   gen_cmd->add_option("--seed", gen_sampling.seed, "row i uses seed + i")->capture_default_str();
@@ -248,8 +268,9 @@ int main(int argc, char** argv) {
   }
   if (*devices_cmd) return run_devices(dev_opts, devices_json);
   if (*serve_cmd) {
-    auto cfg = serve_config_path.empty() ? caf::expected<app::serve_config>{app::default_serve_config()}
-                                         : app::load_serve_config(serve_config_path);
+    auto cfg = serve_config_path.empty()
+                   ? caf::expected<app::serve_config>{app::default_serve_config()}
+                   : app::load_serve_config(serve_config_path);
     if (!cfg) {
       std::cerr << "computron serve: " << render(cfg.error()) << '\n';
       return exit_usage;

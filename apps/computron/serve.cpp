@@ -9,8 +9,8 @@
 #include <random>
 #include <set>
 
-#include <caf/all.hpp>
 #include <fmt/format.h>
+#include <caf/all.hpp>
 #include <nlohmann/json.hpp>
 
 #include "actors/opt_engine.hpp"
@@ -65,9 +65,11 @@ caf::error read(const json& j, const char* key, const std::string& where, T& out
   return {};
 }
 
-caf::error read_model(const json& j, const std::string& where, const fs::path& base, actors::model_config& m) {
-  if (auto e = check_keys(j, where, {"name", "kind", "spec", "dtype", "tp", "pp", "devices", "seed", "weights",
-                                     "toy_shard_bytes", "pinned"}))
+caf::error read_model(const json& j, const std::string& where, const fs::path& base,
+                      actors::model_config& m) {
+  if (auto e = check_keys(j, where,
+                          {"name", "kind", "spec", "dtype", "tp", "pp", "devices", "seed",
+                           "weights", "toy_shard_bytes", "pinned"}))
     return e;
   std::string weights;
   caf::error e;
@@ -75,7 +77,8 @@ caf::error read_model(const json& j, const std::string& where, const fs::path& b
       (e = read(j, "spec", where, m.spec)) || (e = read(j, "dtype", where, m.dtype)) ||
       (e = read(j, "tp", where, m.tp)) || (e = read(j, "pp", where, m.pp)) ||
       (e = read(j, "devices", where, m.devices)) || (e = read(j, "seed", where, m.seed)) ||
-      (e = read(j, "weights", where, weights)) || (e = read(j, "toy_shard_bytes", where, m.toy_shard_bytes)) ||
+      (e = read(j, "weights", where, weights)) ||
+      (e = read(j, "toy_shard_bytes", where, m.toy_shard_bytes)) ||
       (e = read(j, "pinned", where, m.pinned)))
     return e;
   if (!weights.empty()) {
@@ -91,7 +94,8 @@ caf::expected<json> read_json_file(const fs::path& path) {
   std::ifstream in{path};
   if (!in) return make_error(ec::io_error, "cannot read " + path.string());
   auto j = json::parse(in, nullptr, false);
-  if (j.is_discarded()) return make_error(ec::invalid_configuration, path.string() + " is not valid JSON");
+  if (j.is_discarded())
+    return make_error(ec::invalid_configuration, path.string() + " is not valid JSON");
   return j;
 }
 
@@ -122,7 +126,8 @@ serve_config default_serve_config() {
 
 caf::expected<std::vector<actors::model_config>> load_repository(const std::string& dir) {
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return make_error(ec::io_error, "model repository " + dir + " is not a folder");
+  if (!fs::is_directory(dir, ec))
+    return make_error(ec::io_error, "model repository " + dir + " is not a folder");
   std::vector<fs::path> folders;
   for (auto& entry : fs::directory_iterator(dir, ec))
     if (entry.is_directory()) folders.push_back(entry.path());
@@ -151,17 +156,21 @@ caf::expected<serve_config> load_serve_config(const std::string& path) {
   auto c = default_serve_config();
   c.models.clear();
   const std::string w = path;
-  if (auto e = check_keys(*j, w, {"devices", "http", "scheduler", "batching", "frontend", "repository", "models",
-                                  "trace_file", "compute_threads", "chunk_mb", "comment"}))
+  if (auto e = check_keys(*j, w,
+                          {"devices", "http", "scheduler", "batching", "frontend", "repository",
+                           "models", "trace_file", "compute_threads", "chunk_mb", "comment"}))
     return e;
   caf::error e;
   if (auto d = j->find("devices"); d != j->end()) {
     auto dw = w + " devices";
-    if ((e = check_keys(*d, dw, {"kind", "count", "capacity_mb", "link_gbps", "reserved_mb"}))) return e;
+    if ((e = check_keys(*d, dw, {"kind", "count", "capacity_mb", "link_gbps", "reserved_mb"})))
+      return e;
     double cap = static_cast<double>(c.runtime.devices.emulated_capacity_bytes) / mib;
     double reserved = static_cast<double>(c.runtime.devices.cuda_reserved_bytes) / mib;
-    if ((e = read(*d, "kind", dw, c.runtime.devices.kind)) || (e = read(*d, "count", dw, c.runtime.devices.count)) ||
-        (e = read(*d, "capacity_mb", dw, cap)) || (e = read(*d, "link_gbps", dw, c.runtime.devices.emulated_link_gbps)) ||
+    if ((e = read(*d, "kind", dw, c.runtime.devices.kind)) ||
+        (e = read(*d, "count", dw, c.runtime.devices.count)) ||
+        (e = read(*d, "capacity_mb", dw, cap)) ||
+        (e = read(*d, "link_gbps", dw, c.runtime.devices.emulated_link_gbps)) ||
         (e = read(*d, "reserved_mb", dw, reserved)))
       return e;
     if (!(cap > 0) || !(c.runtime.devices.emulated_link_gbps > 0))
@@ -171,15 +180,19 @@ caf::expected<serve_config> load_serve_config(const std::string& path) {
   }
   if (auto h = j->find("http"); h != j->end()) {
     auto hw = w + " http";
-    if ((e = check_keys(*h, hw, {"host", "port", "threads", "max_body_bytes", "max_batch_rows"}))) return e;
+    if ((e = check_keys(*h, hw, {"host", "port", "threads", "max_body_bytes", "max_batch_rows"})))
+      return e;
     if ((e = read(*h, "host", hw, c.http.host)) || (e = read(*h, "port", hw, c.http.port)) ||
-        (e = read(*h, "threads", hw, c.http.threads)) || (e = read(*h, "max_body_bytes", hw, c.http.max_body_bytes)) ||
+        (e = read(*h, "threads", hw, c.http.threads)) ||
+        (e = read(*h, "max_body_bytes", hw, c.http.max_body_bytes)) ||
         (e = read(*h, "max_batch_rows", hw, c.http.max_batch_rows)))
       return e;
   }
   if (auto s = j->find("scheduler"); s != j->end()) {
     auto sw = w + " scheduler";
-    if ((e = check_keys(*s, sw, {"policy", "max_transfers_per_link", "workspace_mb", "load_timeout_s"}))) return e;
+    if ((e = check_keys(*s, sw,
+                        {"policy", "max_transfers_per_link", "workspace_mb", "load_timeout_s"})))
+      return e;
     double ws = 0;
     int64_t timeout_s = 300;
     if ((e = read(*s, "policy", sw, c.runtime.scheduler.policy)) ||
@@ -191,14 +204,18 @@ caf::expected<serve_config> load_serve_config(const std::string& path) {
   }
   if (auto b = j->find("batching"); b != j->end()) {
     auto bw = w + " batching";
-    if ((e = check_keys(*b, bw, {"max_batch_size", "batch_window_ms", "dispatch", "max_wait_ms", "max_queue",
-                                 "max_tokens", "deadline_ms"})))
+    if ((e = check_keys(*b, bw,
+                        {"max_batch_size", "batch_window_ms", "dispatch", "max_wait_ms",
+                         "max_queue", "max_tokens", "deadline_ms"})))
       return e;
     auto& m = c.runtime.manager;
-    int64_t window = m.batch_window.count(), max_wait = m.max_wait.count(), deadline = m.default_deadline.count();
-    if ((e = read(*b, "max_batch_size", bw, m.max_batch_size)) || (e = read(*b, "batch_window_ms", bw, window)) ||
+    int64_t window = m.batch_window.count(), max_wait = m.max_wait.count(),
+            deadline = m.default_deadline.count();
+    if ((e = read(*b, "max_batch_size", bw, m.max_batch_size)) ||
+        (e = read(*b, "batch_window_ms", bw, window)) ||
         (e = read(*b, "dispatch", bw, m.dispatch)) || (e = read(*b, "max_wait_ms", bw, max_wait)) ||
-        (e = read(*b, "max_queue", bw, m.max_queue)) || (e = read(*b, "max_tokens", bw, m.max_tokens_limit)) ||
+        (e = read(*b, "max_queue", bw, m.max_queue)) ||
+        (e = read(*b, "max_tokens", bw, m.max_tokens_limit)) ||
         (e = read(*b, "deadline_ms", bw, deadline)))
       return e;
     if (window < 0 || max_wait < 0 || deadline <= 0) return bad(bw, "times must be positive");
@@ -210,12 +227,14 @@ caf::expected<serve_config> load_serve_config(const std::string& path) {
   if (auto f = j->find("frontend"); f != j->end()) {
     auto fw = w + " frontend";
     if ((e = check_keys(*f, fw, {"max_outstanding_per_model", "max_outstanding"}))) return e;
-    if ((e = read(*f, "max_outstanding_per_model", fw, c.runtime.frontend.max_outstanding_per_model)) ||
+    if ((e = read(*f, "max_outstanding_per_model", fw,
+                  c.runtime.frontend.max_outstanding_per_model)) ||
         (e = read(*f, "max_outstanding", fw, c.runtime.frontend.max_outstanding)))
       return e;
   }
   double chunk_mb = static_cast<double>(c.runtime.worker.chunk_bytes) / mib;
-  if ((e = read(*j, "trace_file", w, c.trace_file)) || (e = read(*j, "compute_threads", w, c.compute_threads)) ||
+  if ((e = read(*j, "trace_file", w, c.trace_file)) ||
+      (e = read(*j, "compute_threads", w, c.compute_threads)) ||
       (e = read(*j, "chunk_mb", w, chunk_mb)))
     return e;
   if (!(chunk_mb > 0)) return bad(w, "chunk_mb must be positive");
@@ -224,7 +243,8 @@ caf::expected<serve_config> load_serve_config(const std::string& path) {
     if (!ms->is_array()) return bad(w, "models must be an array");
     for (size_t i = 0; i < ms->size(); ++i) {
       actors::model_config m;
-      if (auto err = read_model((*ms)[i], w + " models[" + std::to_string(i) + "]", base, m)) return err;
+      if (auto err = read_model((*ms)[i], w + " models[" + std::to_string(i) + "]", base, m))
+        return err;
       c.models.push_back(std::move(m));
     }
   }
@@ -264,12 +284,14 @@ int run_serve(serve_config cfg) {
     caf::scoped_actor self{sys};
     for (auto& m : cfg.models) {
       self->request(rt->manager, caf::timespan{std::chrono::hours(1)}, actors::register_atom_v, m)
-          .receive([&](actors::model_info&) { ++registered; },
-                   [&](caf::error& e) { log::error("model {} not served: {}", m.name, render(e)); });
+          .receive(
+              [&](actors::model_info&) { ++registered; },
+              [&](caf::error& e) { log::error("model {} not served: {}", m.name, render(e)); });
     }
   }
   if (registered == 0 && !cfg.models.empty()) {
-    std::cerr << "computron serve: none of the " << cfg.models.size() << " models could be registered\n";
+    std::cerr << "computron serve: none of the " << cfg.models.size()
+              << " models could be registered\n";
     rt->shutdown();
     return 1;
   }
@@ -279,8 +301,8 @@ int run_serve(serve_config cfg) {
     rt->shutdown();
     return 1;
   }
-  std::cout << "computron serve: listening on http://" << cfg.http.host << ':' << (*srv)->port() << " ("
-            << registered << " models, " << rt->devices.size() << ' '
+  std::cout << "computron serve: listening on http://" << cfg.http.host << ':' << (*srv)->port()
+            << " (" << registered << " models, " << rt->devices.size() << ' '
             << gpu::to_string(rt->devices.front()->info().kind) << " devices)" << std::endl;
   int sig = 0;
   sigwait(&stop_signals, &sig);
@@ -305,7 +327,8 @@ int run_generate(const actors::model_config& cfg, const gpu::device_options& dev
     std::cerr << "computron generate: " << render(err) << '\n';
     return 1;
   }
-  auto out = actors::direct_generate(*engines.at(cfg.kind), cfg, *devs, prompts, max_tokens, sampling);
+  auto out =
+      actors::direct_generate(*engines.at(cfg.kind), cfg, *devs, prompts, max_tokens, sampling);
   if (!out) {
     std::cerr << "computron generate: " << render(out.error()) << '\n';
     return 1;

@@ -12,7 +12,8 @@ TEST_CASE("LRU orders victims by idle time longest first", "[actors][policy]") {
   CHECK(p->order(c) == std::vector<size_t>{1, 0, 2});
 }
 
-TEST_CASE("cost-aware evicts the cheapest expected reload first and uses LRU on ties", "[actors][policy]") {
+TEST_CASE("cost-aware evicts the cheapest expected reload first and uses LRU on ties",
+          "[actors][policy]") {
   auto p = make_cost_aware_policy();
   std::vector<victim_candidate> c{
       {"hot-small", 1, 100.0, 0.1, 10.0},  // cost 1.0

@@ -47,18 +47,21 @@ struct runtime_fixture {
   caf::expected<model_info> add(const model_config& m) {
     caf::expected<model_info> out{caf::make_error(caf::sec::request_timeout)};
     self->request(rt.manager, 30s, register_atom_v, m)
-        .receive([&](model_info& i) { out = std::move(i); }, [&](caf::error& e) { out = std::move(e); });
+        .receive([&](model_info& i) { out = std::move(i); },
+                 [&](caf::error& e) { out = std::move(e); });
     return out;
   }
 
   caf::expected<infer_reply> infer(infer_request r) {
     caf::expected<infer_reply> out{caf::make_error(caf::sec::request_timeout)};
     self->request(rt.frontend, 30s, infer_atom_v, std::move(r))
-        .receive([&](infer_reply& x) { out = std::move(x); }, [&](caf::error& e) { out = std::move(e); });
+        .receive([&](infer_reply& x) { out = std::move(x); },
+                 [&](caf::error& e) { out = std::move(e); });
     return out;
   }
 
-  std::vector<int64_t> reference(const model_config& m, const std::vector<int64_t>& prompt, int64_t n) {
+  std::vector<int64_t> reference(const model_config& m, const std::vector<int64_t>& prompt,
+                                 int64_t n) {
     gpu::device_options d;
     d.kind = "emulated";
     d.count = 4;
@@ -69,7 +72,8 @@ struct runtime_fixture {
   }
 };
 
-infer_request request(const std::string& model, std::vector<int64_t> tokens, int64_t max_tokens = 3) {
+infer_request request(const std::string& model, std::vector<int64_t> tokens,
+                      int64_t max_tokens = 3) {
   infer_request r;
   r.model = model;
   r.tokens = std::move(tokens);
@@ -83,7 +87,8 @@ TEST_CASE("more models than fit are served by swapping and outputs equal a direc
           "[actors][runtime]") {
   runtime_fixture f;
   std::vector<model_config> ms{runtime_fixture::toy("m0", 1), runtime_fixture::toy("m1", 2),
-                               runtime_fixture::toy("m2", 3, 4, 1), runtime_fixture::toy("m3", 4, 1, 4)};
+                               runtime_fixture::toy("m2", 3, 4, 1),
+                               runtime_fixture::toy("m3", 4, 1, 4)};
   for (auto& m : ms) REQUIRE(f.add(m));
   std::vector<int64_t> prompt{5, 9, 11};
   for (int round = 0; round < 2; ++round)
@@ -94,8 +99,8 @@ TEST_CASE("more models than fit are served by swapping and outputs equal a direc
       CHECK(r->model == m.name);
     }
   std::vector<residency_report> status;
-  f.self->request(f.rt.scheduler, 10s, status_atom_v).receive([&](std::vector<residency_report>& s) { status = s; },
-                                                              [](caf::error&) {});
+  f.self->request(f.rt.scheduler, 10s, status_atom_v)
+      .receive([&](std::vector<residency_report>& s) { status = s; }, [](caf::error&) {});
   uint64_t evictions = 0;
   size_t resident = 0;
   for (auto& s : status) {
@@ -115,8 +120,7 @@ TEST_CASE("concurrent requests to one model share batches", "[actors][runtime]")
   std::vector<caf::error> errors;
   for (int i = 0; i < 4; ++i)
     f.self->request(f.rt.frontend, 30s, infer_atom_v, request("m", {i + 1, 2}, 2))
-        .receive(
-            [&](infer_reply&) {}, [&](caf::error&) {});  // warm-up: the model loads once
+        .receive([&](infer_reply&) {}, [&](caf::error&) {});  // warm-up: the model loads once
   auto h1 = f.self->request(f.rt.frontend, 30s, infer_atom_v, request("m", {1, 2}, 2));
   auto h2 = f.self->request(f.rt.frontend, 30s, infer_atom_v, request("m", {3, 4, 5}, 3));
   auto h3 = f.self->request(f.rt.frontend, 30s, infer_atom_v, request("m", {6}, 1));
@@ -172,7 +176,8 @@ TEST_CASE("a burst beyond the queue bound is refused as overloaded and the rest 
   REQUIRE(f.add(runtime_fixture::toy("m", 1)));
   using handle = decltype(f.self->request(f.rt.frontend, 30s, infer_atom_v, infer_request{}));
   std::vector<handle> hs;
-  for (int i = 0; i < 20; ++i) hs.push_back(f.self->request(f.rt.frontend, 30s, infer_atom_v, request("m", {i})));
+  for (int i = 0; i < 20; ++i)
+    hs.push_back(f.self->request(f.rt.frontend, 30s, infer_atom_v, request("m", {i})));
   int ok = 0;
   int overloaded = 0;
   for (auto& h : hs)

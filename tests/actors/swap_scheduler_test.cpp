@@ -41,7 +41,9 @@ struct scheduler_fixture : deterministic_fixture {
   }
 
   void add(const std::string& name, uint64_t bytes = 40 * mb, bool pinned = false) {
-    REQUIRE(ask<bool>(sched_actor, register_atom_v, model_placement{name, {0, 1}, {bytes, bytes}, pinned}).value());
+    REQUIRE(ask<bool>(sched_actor, register_atom_v,
+                      model_placement{name, {0, 1}, {bytes, bytes}, pinned})
+                .value());
   }
 
   std::string state_of(const std::string& name) {
@@ -52,7 +54,9 @@ struct scheduler_fixture : deterministic_fixture {
     return "missing";
   }
 
-  caf::expected<lease> acquire(const std::string& name) { return ask<lease>(sched_actor, acquire_atom_v, name); }
+  caf::expected<lease> acquire(const std::string& name) {
+    return ask<lease>(sched_actor, acquire_atom_v, name);
+  }
 
   void release(const std::string& name) {
     self->send(sched_actor, release_atom_v, name);
@@ -128,8 +132,10 @@ TEST_CASE("concurrent acquires of a loading model wait for one load", "[actors][
   scheduler_fixture f;
   f.add("a");
   f.script.hanging.insert("a");
-  auto h1 = f.self->request(f.sched_actor, caf::timespan{std::chrono::hours(1)}, acquire_atom_v, std::string{"a"});
-  auto h2 = f.self->request(f.sched_actor, caf::timespan{std::chrono::hours(1)}, acquire_atom_v, std::string{"a"});
+  auto h1 = f.self->request(f.sched_actor, caf::timespan{std::chrono::hours(1)}, acquire_atom_v,
+                            std::string{"a"});
+  auto h2 = f.self->request(f.sched_actor, caf::timespan{std::chrono::hours(1)}, acquire_atom_v,
+                            std::string{"a"});
   f.sched.run();
   CHECK(f.state_of("a") == "loading");
   CHECK(f.script.loads["a"] == 2);  // one per device, not one per acquire
@@ -143,14 +149,16 @@ TEST_CASE("concurrent acquires of a loading model wait for one load", "[actors][
   CHECK(f.state_of("a") == "resident");
 }
 
-TEST_CASE("a leased model is never evicted and the load waits for the release", "[actors][scheduler]") {
+TEST_CASE("a leased model is never evicted and the load waits for the release",
+          "[actors][scheduler]") {
   scheduler_fixture f;
   f.add("a");
   f.add("b");
   f.add("c");
   REQUIRE(f.acquire("a"));  // held
   REQUIRE(f.acquire("b"));  // held
-  auto h = f.self->request(f.sched_actor, caf::timespan{std::chrono::hours(1)}, acquire_atom_v, std::string{"c"});
+  auto h = f.self->request(f.sched_actor, caf::timespan{std::chrono::hours(1)}, acquire_atom_v,
+                           std::string{"c"});
   f.sched.run();
   CHECK(f.state_of("c") == "offloaded");
   CHECK(f.script.evictions["a"] == 0);
@@ -206,7 +214,8 @@ TEST_CASE("the load join fails on a timeout and the model can load again", "[act
   scheduler_fixture f;
   f.add("slow");
   f.script.hanging.insert("slow");
-  auto h = f.self->request(f.sched_actor, caf::timespan{std::chrono::hours(1)}, acquire_atom_v, std::string{"slow"});
+  auto h = f.self->request(f.sched_actor, caf::timespan{std::chrono::hours(1)}, acquire_atom_v,
+                           std::string{"slow"});
   f.sched.run();
   CHECK(f.state_of("slow") == "loading");
   f.sched.advance_time(std::chrono::seconds(6));  // past the 5 s load timeout

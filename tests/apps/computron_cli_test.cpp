@@ -145,7 +145,8 @@ TEST_CASE("bench forward rejects unknown models and impossible shapes", "[cli][b
 TEST_CASE("serve refuses bad configs with a clear error before listening", "[cli][serve]") {
   auto dir = std::string{"/tmp/computron-cli-"} + std::to_string(::getpid());
   auto write = [&](const std::string& file, const std::string& text) {
-    std::string cmd = "mkdir -p " + dir + "/repo/m && printf '%s' '" + text + "' > " + dir + "/" + file;
+    std::string cmd =
+        "mkdir -p " + dir + "/repo/m && printf '%s' '" + text + "' > " + dir + "/" + file;
     REQUIRE(std::system(cmd.c_str()) == 0);
   };
   write("typo.json", R"({"devices": {"kind": "emulated", "cout": 4}})");
@@ -168,10 +169,12 @@ TEST_CASE("serve refuses bad configs with a clear error before listening", "[cli
 
 TEST_CASE("generate prints the tokens of a direct run", "[cli][serve]") {
   auto dir = std::string{"/tmp/computron-gen-"} + std::to_string(::getpid());
-  REQUIRE(std::system(("mkdir -p " + dir + "/toy && echo '{\"kind\":\"toy\",\"tp\":2,\"pp\":2}' > " + dir +
-                       "/toy/config.json")
-                          .c_str()) == 0);
-  auto r = run("generate --model-dir " + dir + "/toy --prompts '[[1,2],[3,4]]' --max-tokens 3", false);
+  REQUIRE(
+      std::system(("mkdir -p " + dir + "/toy && echo '{\"kind\":\"toy\",\"tp\":2,\"pp\":2}' > " +
+                   dir + "/toy/config.json")
+                      .c_str()) == 0);
+  auto r =
+      run("generate --model-dir " + dir + "/toy --prompts '[[1,2],[3,4]]' --max-tokens 3", false);
   CHECK(r.exit_code == 0);
   auto j = nlohmann::json::parse(r.out, nullptr, false);
   REQUIRE(j.is_array());

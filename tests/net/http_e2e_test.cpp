@@ -34,16 +34,23 @@ struct server {
       std::ofstream{dir + "/repo/" + name + "/config.json"} << cfg.dump();
     };
     for (int i = 0; i < 3; ++i)
-      model("toy" + std::to_string(i), {{"kind", "toy"}, {"tp", 2}, {"pp", 2}, {"seed", i + 1}, {"toy_shard_bytes", 1 << 20}});
-    model("tiny", {{"kind", "opt"}, {"spec", "opt-tiny"}, {"dtype", "f32"}, {"tp", 2}, {"pp", 2}, {"seed", 9}});
-    json cfg{{"devices", {{"kind", "emulated"}, {"count", 4}, {"capacity_mb", 2.5}, {"link_gbps", 0.02}}},
+      model("toy" + std::to_string(i),
+            {{"kind", "toy"}, {"tp", 2}, {"pp", 2}, {"seed", i + 1}, {"toy_shard_bytes", 1 << 20}});
+    model("tiny", {{"kind", "opt"},
+                   {"spec", "opt-tiny"},
+                   {"dtype", "f32"},
+                   {"tp", 2},
+                   {"pp", 2},
+                   {"seed", 9}});
+    json cfg{{"devices",
+              {{"kind", "emulated"}, {"count", 4}, {"capacity_mb", 2.5}, {"link_gbps", 0.02}}},
              {"http", {{"host", "127.0.0.1"}, {"port", 0}, {"max_body_bytes", 65536}}},
              {"batching", {{"max_batch_size", 4}, {"batch_window_ms", 2}, {"max_tokens", 64}}},
              {"frontend", {{"max_outstanding_per_model", 4}}},
              {"repository", "repo"}};
     std::ofstream{dir + "/config.json"} << cfg.dump();
-    proc = std::make_unique<testing::child_process>(
-        std::vector<std::string>{"/usr/bin/timeout", "300", COMPUTRON_BINARY, "serve", "--config", dir + "/config.json"});
+    proc = std::make_unique<testing::child_process>(std::vector<std::string>{
+        "/usr/bin/timeout", "300", COMPUTRON_BINARY, "serve", "--config", dir + "/config.json"});
     auto line = proc->read_line(120s);
     REQUIRE(line);
     auto at = line->find("127.0.0.1:");
@@ -57,7 +64,9 @@ struct server {
     fs::remove_all(dir, ec);
   }
 
-  std::unique_ptr<net::http_client> client() { return std::move(net::http_client::connect("127.0.0.1", port, 5s).value()); }
+  std::unique_ptr<net::http_client> client() {
+    return std::move(net::http_client::connect("127.0.0.1", port, 5s).value());
+  }
 };
 
 json infer_body(const std::vector<std::vector<int64_t>>& rows, int64_t max_tokens) {
@@ -73,8 +82,9 @@ json infer_body(const std::vector<std::vector<int64_t>>& rows, int64_t max_token
 
 /// `computron generate` on the same model folder: the reference output.
 json generate(const std::string& model_dir, const std::string& prompts, int64_t max_tokens) {
-  std::string cmd = std::string{"timeout 120 "} + COMPUTRON_BINARY + " generate --model-dir " + model_dir +
-                    " --prompts '" + prompts + "' --max-tokens " + std::to_string(max_tokens) + " 2>/dev/null";
+  std::string cmd = std::string{"timeout 120 "} + COMPUTRON_BINARY + " generate --model-dir " +
+                    model_dir + " --prompts '" + prompts + "' --max-tokens " +
+                    std::to_string(max_tokens) + " 2>/dev/null";
   std::string out;
   if (auto* p = popen(cmd.c_str(), "r")) {
     char buf[4096];
@@ -158,9 +168,13 @@ TEST_CASE("bad inputs get the right 4xx and the server keeps serving", "[net][e2
   };
   CHECK(post("tiny", "{not json").status == 400);
   CHECK(post("tiny", "[1,2]").status == 400);
-  CHECK(post("tiny", R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,2],"data":[1.5,2.5]}]})").status == 400);
-  CHECK(post("tiny", R"({"inputs":[{"name":"x","datatype":"INT64","shape":[1,3],"data":[1,2]}]})").status == 400);
-  CHECK(post("tiny", R"({"inputs":[{"name":"x","datatype":"INT64","shape":[0,3],"data":[]}]})").status == 400);
+  CHECK(
+      post("tiny", R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,2],"data":[1.5,2.5]}]})")
+          .status == 400);
+  CHECK(post("tiny", R"({"inputs":[{"name":"x","datatype":"INT64","shape":[1,3],"data":[1,2]}]})")
+            .status == 400);
+  CHECK(post("tiny", R"({"inputs":[{"name":"x","datatype":"INT64","shape":[0,3],"data":[]}]})")
+            .status == 400);
   CHECK(post("tiny", R"({"inputs":[]})").status == 400);
   auto vocab = post("tiny", infer_body({{1, 512}}, 1).dump());
   CHECK(vocab.status == 400);
@@ -175,7 +189,8 @@ TEST_CASE("bad inputs get the right 4xx and the server keeps serving", "[net][e2
   auto oversized = c->request("POST", "/v2/models/tiny/infer", infer_body({big}, 1).dump());
   CHECK((!oversized || oversized->status == 413));
   auto fresh = s.client();
-  auto ok = fresh->request("POST", "/v2/models/tiny/infer", infer_body({{1, 2, 3}}, 2).dump()).value();
+  auto ok =
+      fresh->request("POST", "/v2/models/tiny/infer", infer_body({{1, 2, 3}}, 2).dump()).value();
   CHECK(ok.status == 200);
   CHECK(fresh->request("GET", "/v2/health/live").value().status == 200);
 }
@@ -184,7 +199,8 @@ TEST_CASE("a burst of ten times the queue bound gets 429s and memory stays bound
   server s;
   auto c = s.client();
   // Warm up once so that allocator growth of a first request does not count.
-  REQUIRE(c->request("POST", "/v2/models/toy0/infer", infer_body({{1}}, 1).dump()).value().status == 200);
+  REQUIRE(c->request("POST", "/v2/models/toy0/infer", infer_body({{1}}, 1).dump()).value().status ==
+          200);
   REQUIRE(c->request("POST", "/v2/repository/models/toy0/unload").value().status == 200);
   auto rss_before = s.proc->rss_kib();
   std::vector<int> statuses(40, 0);
@@ -194,7 +210,8 @@ TEST_CASE("a burst of ten times the queue bound gets 429s and memory stays bound
     ts.emplace_back([&, i] {
       auto conn = net::http_client::connect("127.0.0.1", s.port, 10s);
       if (!conn) return;
-      auto r = (*conn)->request("POST", "/v2/models/toy0/infer", infer_body({{int64_t(i) + 1, 2}}, 1).dump(), 60s);
+      auto r = (*conn)->request("POST", "/v2/models/toy0/infer",
+                                infer_body({{int64_t(i) + 1, 2}}, 1).dump(), 60s);
       if (!r) return;
       statuses[i] = r->status;
       retry_after[i] = r->retry_after;
@@ -213,5 +230,7 @@ TEST_CASE("a burst of ten times the queue bound gets 429s and memory stays bound
   CHECK(overloaded >= 1);
   auto rss_after = s.proc->rss_kib();
   CHECK(rss_after - rss_before < 64 * 1024);  // less than 64 MiB for a 40-request burst
-  CHECK(c->request("POST", "/v2/models/toy1/infer", infer_body({{3, 4}}, 2).dump()).value().status == 200);
+  CHECK(
+      c->request("POST", "/v2/models/toy1/infer", infer_body({{3, 4}}, 2).dump()).value().status ==
+      200);
 }

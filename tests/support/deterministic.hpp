@@ -23,7 +23,8 @@ struct deterministic_config : actors::system_config {
 struct deterministic_fixture {
   deterministic_config cfg;
   caf::actor_system sys{cfg};
-  caf::scheduler::test_coordinator& sched = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
+  caf::scheduler::test_coordinator& sched =
+      dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
   caf::scoped_actor self{sys, true};
 
   ~deterministic_fixture() {
@@ -40,7 +41,8 @@ struct deterministic_fixture {
     sched.run();
     if (self->mailbox().empty()) return caf::make_error(caf::sec::request_timeout, "no reply yet");
     caf::expected<T> out{caf::make_error(caf::sec::unexpected_response)};
-    std::move(rh).receive([&](T& x) { out = std::move(x); }, [&](caf::error& e) { out = std::move(e); });
+    std::move(rh).receive([&](T& x) { out = std::move(x); },
+                          [&](caf::error& e) { out = std::move(e); });
     return out;
   }
 };
@@ -71,14 +73,17 @@ inline caf::behavior load_holder(caf::event_based_actor* self) {
   };
 }
 
-inline actors::shard_worker_actor::behavior_type fake_worker(actors::shard_worker_actor::pointer self,
-                                                              fake_worker_script* script, int32_t device) {
+inline actors::shard_worker_actor::behavior_type fake_worker(
+    actors::shard_worker_actor::pointer self, fake_worker_script* script, int32_t device) {
   using namespace actors;
   return {
-      [=](prepare_atom, shard_spec& s) { return shard_report{s.model.name, device, 0, false}; },
+      [=](prepare_atom, shard_spec& s) {
+        return shard_report{s.model.name, device, 0, false};
+      },
       [=](load_atom, std::string& m) -> caf::result<transfer_report> {
         ++script->loads[m];
-        if (script->failing.count(m) > 0) return make_error(ec::device_error, "injected failure on " + m);
+        if (script->failing.count(m) > 0)
+          return make_error(ec::device_error, "injected failure on " + m);
         if (script->hanging.count(m) > 0) {
           auto rp = self->make_response_promise<transfer_report>();
           self->request(script->holder, caf::timespan{std::chrono::hours(24)}, load_atom_v, m)
@@ -92,7 +97,9 @@ inline actors::shard_worker_actor::behavior_type fake_worker(actors::shard_worke
         ++script->evictions[m];
         return transfer_report{m, device, 0, 0};
       },
-      [=](step_atom, step_request& r) { return step_result{std::vector<int64_t>(r.prompts.size(), 7), 0}; },
+      [=](step_atom, step_request& r) {
+        return step_result{std::vector<int64_t>(r.prompts.size(), 7), 0};
+      },
       [=](cancel_atom, std::string&, uint64_t) {},
       [=](devices_atom) { return device_report{}; },
   };
