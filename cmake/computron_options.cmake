@@ -9,4 +9,13 @@ if(COMPUTRON_SANITIZE)
   target_compile_options(computron_flags INTERFACE
     $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=address,undefined -fno-omit-frame-pointer>)
   target_link_options(computron_flags INTERFACE -fsanitize=address,undefined)
+  # Every executable (whatever links computron_flags, however indirectly) gets the
+  # default UBSan options with the suppressions file; libraries do not, so the symbol is
+  # defined once per program.
+  set(COMPUTRON_UBSAN_SUPPRESSIONS "${CMAKE_CURRENT_LIST_DIR}/ubsan.supp")
+  set(computron_sanitizer_options "${CMAKE_BINARY_DIR}/sanitizer_options.cpp")
+  configure_file("${CMAKE_CURRENT_LIST_DIR}/sanitizer_options.cpp.in"
+    "${computron_sanitizer_options}" @ONLY)
+  target_sources(computron_flags INTERFACE
+    "$<$<STREQUAL:$<TARGET_PROPERTY:TYPE>,EXECUTABLE>:${computron_sanitizer_options}>")
 endif()
