@@ -7,6 +7,7 @@
 #include <cstring>
 #include <future>
 #include <set>
+#include <thread>
 
 #include "common/error.hpp"
 #include "common/random.hpp"
@@ -29,6 +30,11 @@ class toy_program final : public shard_program {
     const bool last = spec_.pp_rank == spec_.model.pp - 1;
     const size_t rows = req.step == 0 ? req.prompts.size() : req.tokens.size();
     if (rows == 0) return make_error(ec::invalid_request, "toy: empty batch");
+    if (spec_.model.toy_compute_ms > 0) {
+      // Emulated device compute: this lane is busy, as a GPU stream would be.
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(
+          spec_.model.toy_compute_ms / static_cast<double>(spec_.model.pp)));
+    }
     std::vector<float> x(rows);
     if (first) {
       for (size_t r = 0; r < rows; ++r) {
@@ -50,7 +56,7 @@ class toy_program final : public shard_program {
     uint8_t window[64] = {};
     const uint64_t len = std::min<uint64_t>(n, sizeof(window));
     const uint64_t offset = (static_cast<uint64_t>(req.step) * 7919) % (n - len + 1);
-    if (auto err = weights_.read_back(offset, window, len)) return err;
+    if (auto err = read_window(offset, window, len)) return err;
     for (size_t r = 0; r < rows; ++r)
       // The byte depends on the row's own value, never on its position in the batch.
       partial[r] = (group_.rank() == 0 ? x[r] : 0.0f) +
@@ -78,6 +84,21 @@ class toy_program final : public shard_program {
   void end_batch(uint64_t) override {}
 
  private:
+  /// Emulated device memory is host memory: read it in place, as a GPU kernel reads its
+  /// own memory. read_back would queue behind every copy in flight on the device's link
+  /// (other models' loads), which no compute on a real GPU waits for.
+  caf::error read_window(uint64_t offset, uint8_t* dst, uint64_t len) {
+    if (weights_.dev().info().kind != gpu::device_kind::emulated)
+      return weights_.read_back(offset, dst, len);
+    if (weights_.state() != gpu::residency::resident)
+      return make_error(ec::not_resident, "toy: the shard of " + spec_.model.name + " is " +
+                                              gpu::to_string(weights_.state()));
+    auto base = weights_.device_data();
+    if (!base) return base.error();
+    std::memcpy(dst, *base + offset, len);
+    return {};
+  }
+
   shard_spec spec_;
   gpu::weight_shard& weights_;
   gpu::collective& group_;
@@ -88,6 +109,10 @@ class toy_engine final : public engine {
   caf::error validate(const model_config& cfg) const override {
     if (cfg.toy_shard_bytes == 0)
       return make_error(ec::invalid_configuration, "toy model " + cfg.name + ": zero bytes");
+    if (!(std::isfinite(cfg.toy_compute_ms) && cfg.toy_compute_ms >= 0 &&
+          cfg.toy_compute_ms <= 60000))
+      return make_error(ec::invalid_configuration,
+                        "toy model " + cfg.name + ": toy_compute_ms must be 0..60000");
     return {};
   }
   int64_t vocab(const model_config&) const override { return toy_vocab; }

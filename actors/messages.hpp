@@ -34,6 +34,10 @@ struct model_config {
   std::string weights_path;
   /// Bytes of each shard of a "toy" model.
   uint64_t toy_shard_bytes = 1 << 20;
+  /// Emulated compute of a "toy" model: one forward step holds the model's devices this
+  /// long in all (each pipeline stage 1/pp of it), as a GPU would be busy. Lets the
+  /// experiments reproduce the original's measured exec time without its GPUs.
+  double toy_compute_ms = 0;
   /// Never chosen as an eviction victim.
   bool pinned = false;
 };
@@ -41,7 +45,7 @@ struct model_config {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, model_config& x) {
   return f(caf::meta::type_name("model_config"), x.name, x.kind, x.spec, x.dtype, x.tp, x.pp,
-           x.devices, x.seed, x.weights_path, x.toy_shard_bytes, x.pinned);
+           x.devices, x.seed, x.weights_path, x.toy_shard_bytes, x.toy_compute_ms, x.pinned);
 }
 
 /// One shard of a model, as handed to the worker that will hold it.

@@ -52,7 +52,8 @@ bool same_shard(const shard_spec& a, const shard_spec& b) {
          a.model.spec == b.model.spec && a.model.dtype == b.model.dtype &&
          a.model.tp == b.model.tp && a.model.pp == b.model.pp && a.model.seed == b.model.seed &&
          a.model.weights_path == b.model.weights_path && a.model.devices == b.model.devices &&
-         a.model.toy_shard_bytes == b.model.toy_shard_bytes;
+         a.model.toy_shard_bytes == b.model.toy_shard_bytes &&
+         a.model.toy_compute_ms == b.model.toy_compute_ms;
 }
 
 std::string group_name(const std::string& scope, const shard_spec& s) {

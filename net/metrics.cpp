@@ -56,6 +56,10 @@ struct metrics::impl {
                                                 .Name("computron_load_seconds")
                                                 .Help("Time of one shard's load, by device")
                                                 .Register(*reg);
+  pm::Family<pm::Histogram>& evict_seconds = pm::BuildHistogram()
+                                                 .Name("computron_evict_seconds")
+                                                 .Help("Time of one shard's eviction, by device")
+                                                 .Register(*reg);
   pm::Family<pm::Counter>& bytes_loaded = pm::BuildCounter()
                                               .Name("computron_bytes_loaded_total")
                                               .Help("Bytes copied host to device, by device")
@@ -109,6 +113,8 @@ void metrics::transfer_done(const std::string&, int32_t device, bool load, uint6
   pm::Labels l{{"device", std::to_string(device)}};
   if (!load) {
     impl_->evictions.Add(l).Increment();
+    impl_->evict_seconds.Add(l, pm::Histogram::BucketBoundaries{1e-5, 1e-4, 0.001, 0.01, 0.1, 1})
+        .Observe(seconds);
     return;
   }
   impl_->loads.Add(l).Increment();

@@ -13,6 +13,8 @@
 #include "apps/computron/serve.hpp"
 #include "common/error.hpp"
 #include "net/http_client.hpp"
+#include "net/loadgen.hpp"
+#include "workload/stats.hpp"
 
 namespace computron::app {
 
@@ -20,33 +22,6 @@ namespace {
 
 using json = nlohmann::json;
 using namespace std::chrono_literals;
-
-double percentile(std::vector<double> xs, double p) {
-  if (xs.empty()) return 0;
-  std::sort(xs.begin(), xs.end());
-  auto i = static_cast<size_t>(p * static_cast<double>(xs.size() - 1) + 0.5);
-  return xs[std::min(i, xs.size() - 1)];
-}
-
-/// Sums a metric's samples per label value of `label` from Prometheus text.
-std::map<std::string, double> scrape(const std::string& text, const std::string& metric,
-                                     const std::string& label) {
-  std::map<std::string, double> out;
-  std::istringstream in{text};
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(metric, 0) != 0) continue;
-    auto rest = line.substr(metric.size());
-    if (rest.empty() || (rest[0] != '{' && rest[0] != ' ')) continue;
-    std::string key;
-    if (auto at = rest.find(label + "=\""); at != std::string::npos) {
-      auto start = at + label.size() + 2;
-      key = rest.substr(start, rest.find('"', start) - start);
-    }
-    out[key] += std::stod(rest.substr(rest.rfind(' ') + 1));
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -135,15 +110,17 @@ int run_demo(const demo_options& o) {
   auto metrics = client->request("GET", "/metrics");
   std::cout << fmt::format("  ok {} of {} in {:.2f} s ({:.1f} req/s)\n", latencies.size(),
                            o.requests, wall, static_cast<double>(latencies.size()) / wall);
-  std::cout << fmt::format("  latency ms: p50 {:.1f}  p90 {:.1f}  p99 {:.1f}  max {:.1f}\n",
-                           percentile(latencies, 0.5), percentile(latencies, 0.9),
-                           percentile(latencies, 0.99), percentile(latencies, 1.0));
+  std::cout << fmt::format(
+      "  latency ms: p50 {:.1f}  p90 {:.1f}  p99 {:.1f}  max {:.1f}\n",
+      workload::percentile(latencies, 0.5), workload::percentile(latencies, 0.9),
+      workload::percentile(latencies, 0.99), workload::percentile(latencies, 1.0));
   std::cout << fmt::format("  requests that waited for a swap: {}\n", swapped);
   if (metrics && metrics->status == 200) {
-    auto bytes = scrape(metrics->body, "computron_bytes_loaded_total", "device");
-    auto secs = scrape(metrics->body, "computron_load_seconds_sum", "device");
-    auto loads = scrape(metrics->body, "computron_shard_loads_total", "device");
-    auto evictions = scrape(metrics->body, "computron_shard_evictions_total", "device");
+    auto bytes = net::prometheus_sum(metrics->body, "computron_bytes_loaded_total", "device");
+    auto secs = net::prometheus_sum(metrics->body, "computron_load_seconds_sum", "device");
+    auto loads = net::prometheus_sum(metrics->body, "computron_shard_loads_total", "device");
+    auto evictions =
+        net::prometheus_sum(metrics->body, "computron_shard_evictions_total", "device");
     for (auto& [dev, b] : bytes)
       std::cout << fmt::format(
           "  device {}: {:.0f} shard loads, {:.0f} evictions, {:.1f} MiB moved, {:.2f} GB/s\n", dev,

@@ -10,6 +10,8 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "apps/computron/experiments.hpp"
+#include "apps/computron/loadgen.hpp"
 #include "apps/computron/serve.hpp"
 #include "bench/forward_bench.hpp"
 #include "bench/runtime_bench.hpp"
@@ -149,6 +151,26 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   rt_cmd->add_flag("--json", rt_json, "print one JSON object");
 
+  // bench exp1 / exp2
+  app::experiment_options exp;
+  auto exp1_cmd = bench_cmd->add_subcommand(
+      "exp1", "the original's experiment 1 (swap scaling over TP x PP) against a real server");
+  auto exp2_cmd = bench_cmd->add_subcommand(
+      "exp2", "the original's experiment 2 (18 Gamma workloads) against a real server");
+  for (auto* c : {exp1_cmd, exp2_cmd}) {
+    c->add_option("--factor", exp.factor, "model bytes and link bandwidth divided by this")
+        ->capture_default_str();
+    c->add_option("--seed", exp.seed, "seed of weights, arrivals and prompts")
+        ->capture_default_str();
+    c->add_option("--out", exp.out_dir, "keep server configs and reports here");
+    c->add_flag("--json", exp.json, "print one JSON object");
+  }
+  exp2_cmd->add_option("--duration", exp.duration_s, "seconds of arrivals per cell")
+      ->capture_default_str();
+  exp2_cmd->add_option("--policy", exp.policy, "eviction policy of the server (lru, cost)")
+      ->capture_default_str();
+  exp2_cmd->add_option("--only", exp.only, "run only cells whose label contains this");
+
   // devices
   auto devices_cmd = app.add_subcommand("devices", "list the devices this process would use");
   gpu::device_options dev_opts;
@@ -194,6 +216,41 @@ int main(int argc, char** argv) {
   demo_cmd->add_option("--max-tokens", demo.max_tokens, "tokens per request")
       ->capture_default_str();
   demo_cmd->add_option("--seed", demo.seed, "workload seed")->capture_default_str();
+
+  // loadgen
+  auto lg_cmd = app.add_subcommand(
+      "loadgen", "open-loop Gamma or trace workload against a running server; latency report");
+  app::loadgen_cli lg;
+  double lg_alpha = 0, lg_total = 0;
+  lg_cmd->add_option("--url", lg.url, "server, http://HOST:PORT")->capture_default_str();
+  lg_cmd->add_option("--models", lg.models, "comma list of models (default: all the server has)");
+  lg_cmd->add_option("--rates", lg.rates, "requests/s per model, comma list (default 1 each)");
+  lg_cmd->add_option("--cv", lg.cv, "coefficient of variation of the gaps (1 Poisson, 4 bursty)")
+      ->capture_default_str();
+  lg_cmd->add_option("--duration", lg.duration_s, "seconds of arrivals")->capture_default_str();
+  lg_cmd->add_option("--seed", lg.seed, "seed of arrivals and prompts")->capture_default_str();
+  lg_cmd->add_option("--trace", lg.trace,
+                     "replay a CSV trace: time_s,model[,prompt_len[,max_tokens]]");
+  auto lg_alpha_opt =
+      lg_cmd->add_option("--power-law", lg_alpha, "skew rates as (i+1)^-ALPHA over the models");
+  auto lg_total_opt =
+      lg_cmd->add_option("--total-rate", lg_total, "requests/s over all models (uniform alone)");
+  lg_cmd->add_option("--prompt-len", lg.prompt_len, "prompt tokens per request")
+      ->capture_default_str();
+  lg_cmd->add_option("--max-tokens", lg.max_tokens, "tokens generated per request")
+      ->capture_default_str();
+  lg_cmd->add_option("--slo", lg.slo_s, "latency SLO in seconds for the attainment figure");
+  lg_cmd->add_flag("--json", lg.json, "print the summary as one JSON object");
+  lg_cmd->add_option("--report", lg.report_dir,
+                     "write summary.json, requests.csv and SVG plots into this folder");
+  lg_cmd->add_option("--max-connections", lg.max_connections, "keep-alive connections at most")
+      ->capture_default_str();
+  lg_cmd->add_option("--wait-ready", lg.wait_ready_s, "seconds to wait for a ready server")
+      ->capture_default_str();
+  lg_cmd->add_option("--timeout", lg.timeout_s, "seconds before one request counts as failed")
+      ->capture_default_str();
+  bool lg_no_progress = false;
+  lg_cmd->add_flag("--no-progress", lg_no_progress, "no progress bar on stderr");
 
   // generate
   auto gen_cmd = app.add_subcommand(
@@ -266,6 +323,8 @@ int main(int argc, char** argv) {
     std::cout << (rt_json ? bench::to_json(*r) + "\n" : bench::to_table(*r));
     return 0;
   }
+  if (*exp1_cmd) return app::run_experiment1(exp);
+  if (*exp2_cmd) return app::run_experiment2(exp);
   if (*devices_cmd) return run_devices(dev_opts, devices_json);
   if (*serve_cmd) {
     auto cfg = serve_config_path.empty()
@@ -290,6 +349,12 @@ int main(int argc, char** argv) {
     return app::run_serve(std::move(*cfg));
   }
   if (*demo_cmd) return app::run_demo(demo);
+  if (*lg_cmd) {
+    if (lg_alpha_opt->count() > 0) lg.power_law_alpha = lg_alpha;
+    if (lg_total_opt->count() > 0) lg.total_rate = lg_total;
+    lg.progress = !lg_no_progress;
+    return app::run_loadgen_cli(lg);
+  }
   if (*gen_cmd) {
     auto repo = app::load_repository(std::filesystem::path{gen_model_dir}.parent_path().string());
     if (!repo) {

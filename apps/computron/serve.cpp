@@ -69,7 +69,7 @@ caf::error read_model(const json& j, const std::string& where, const fs::path& b
                       actors::model_config& m) {
   if (auto e = check_keys(j, where,
                           {"name", "kind", "spec", "dtype", "tp", "pp", "devices", "seed",
-                           "weights", "toy_shard_bytes", "pinned"}))
+                           "weights", "toy_shard_bytes", "toy_compute_ms", "pinned"}))
     return e;
   std::string weights;
   caf::error e;
@@ -79,6 +79,7 @@ caf::error read_model(const json& j, const std::string& where, const fs::path& b
       (e = read(j, "devices", where, m.devices)) || (e = read(j, "seed", where, m.seed)) ||
       (e = read(j, "weights", where, weights)) ||
       (e = read(j, "toy_shard_bytes", where, m.toy_shard_bytes)) ||
+      (e = read(j, "toy_compute_ms", where, m.toy_compute_ms)) ||
       (e = read(j, "pinned", where, m.pinned)))
     return e;
   if (!weights.empty()) {

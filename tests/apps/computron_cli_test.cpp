@@ -12,31 +12,9 @@
 
 #include <nlohmann/json.hpp>
 
-namespace {
+#include "tests/support/run_binary.hpp"
 
-struct process_result {
-  int exit_code = -1;
-  std::string out;  // stdout
-  std::string all;  // stdout and stderr
-};
-
-/// Runs the binary with `args` under `timeout` so no test can hang.
-process_result run(const std::string& args, bool with_stderr) {
-  std::string cmd = std::string{"COMPUTRON_LOG_LEVEL=warn timeout 120 "} + COMPUTRON_BINARY + " " +
-                    args + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  process_result r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.all = r.out;
-  return r;
-}
-
-}  // namespace
+using computron::test::run;
 
 TEST_CASE("bench swap --json reports a verified model-parallel swap", "[cli][bench]") {
   auto r = run("bench swap --devices 2 --size-mb 64 --link-gbps 4 --chunk-mb 8 --repeats 1 --json",

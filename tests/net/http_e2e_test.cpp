@@ -9,8 +9,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/child_process.hpp"
 #include "net/http_client.hpp"
-#include "tests/support/child_process.hpp"
+#include "tests/support/run_binary.hpp"
 #include "tests/support/temp_files.hpp"
 
 using namespace computron;
@@ -24,7 +25,7 @@ namespace {
 /// one small OPT model; per-model bounds of 4 requests.
 struct server {
   std::string dir = test::temp_path("e2e-" + std::to_string(reinterpret_cast<uintptr_t>(this)));
-  std::unique_ptr<testing::child_process> proc;
+  std::unique_ptr<child_process> proc;
   uint16_t port = 0;
 
   server() {
@@ -49,13 +50,9 @@ struct server {
              {"frontend", {{"max_outstanding_per_model", 4}}},
              {"repository", "repo"}};
     std::ofstream{dir + "/config.json"} << cfg.dump();
-    proc = std::make_unique<testing::child_process>(std::vector<std::string>{
+    proc = std::make_unique<child_process>(std::vector<std::string>{
         "/usr/bin/timeout", "300", COMPUTRON_BINARY, "serve", "--config", dir + "/config.json"});
-    auto line = proc->read_line(120s);
-    REQUIRE(line);
-    auto at = line->find("127.0.0.1:");
-    REQUIRE(at != std::string::npos);
-    port = static_cast<uint16_t>(std::stoi(line->substr(at + 10)));
+    port = test::wait_for_port(*proc);
   }
 
   ~server() {

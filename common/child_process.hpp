@@ -12,9 +12,9 @@
 #include <thread>
 #include <vector>
 
-/// A child process for end-to-end tests: the real binary, its stdout read line by line
-/// with deadlines, stopped with SIGTERM (SIGKILL if it does not exit in time).
-namespace computron::testing {
+/// A child process (the experiments' server, end-to-end tests): a real binary, its stdout read line
+/// by line with deadlines, stopped with SIGTERM (SIGKILL if it does not exit in time).
+namespace computron {
 
 class child_process {
  public:
@@ -64,6 +64,19 @@ class child_process {
     }
   }
 
+  /// Whether the child has exited (reaping it); its exit code then, or -signal when a
+  /// signal killed it.
+  bool exited() {
+    if (pid_ <= 0) return true;
+    if (exited_) return true;
+    int st = 0;
+    if (waitpid(pid_, &st, WNOHANG) != pid_) return false;
+    exited_ = true;
+    status_ = WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? -WTERMSIG(st) : -1;
+    return true;
+  }
+  int exit_status() const { return status_; }
+
   /// SIGTERM, then waits; SIGKILL after `grace`. Returns the exit status (or -1).
   int stop(std::chrono::milliseconds grace) {
     if (pid_ <= 0 || exited_) return status_;
@@ -108,4 +121,4 @@ class child_process {
   int status_ = -1;
 };
 
-}  // namespace computron::testing
+}  // namespace computron

@@ -1,0 +1,38 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+/// `computron loadgen`: an open-loop workload against a running server, with a progress
+/// bar, a summary (table or JSON) and an optional report folder.
+namespace computron::app {
+
+struct loadgen_cli {
+  std::string url = "http://127.0.0.1:8000";
+  /// Comma lists; empty models means every model the server has.
+  std::string models;
+  std::string rates;
+  double cv = 1.0;
+  double duration_s = 30;
+  uint64_t seed = 1;
+  std::string trace;
+  std::optional<double> power_law_alpha;
+  std::optional<double> total_rate;
+  int64_t prompt_len = 8;
+  int64_t max_tokens = 1;
+  double slo_s = 0;
+  bool json = false;
+  std::string report_dir;
+  size_t max_connections = 256;
+  double wait_ready_s = 10;
+  double timeout_s = 300;
+  bool progress = true;
+};
+
+/// Exit codes: 0 all requests answered 200; 1 the server cannot be reached or the run
+/// cannot start; 2 bad input (flags, trace, unknown models); 3 the run finished but some
+/// requests failed (the summary says which and why).
+int run_loadgen_cli(const loadgen_cli& cli);
+
+}  // namespace computron::app

@@ -1,0 +1,262 @@
+#include "net/loadgen.hpp"
+
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.hpp"
+#include "net/http_client.hpp"
+
+namespace computron::net {
+
+namespace {
+
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+std::string scrape_metrics(http_client& c) {
+  auto r = c.request("GET", "/metrics", {}, 10s);
+  return r && r->status == 200 ? r->body : std::string{};
+}
+
+/// Swap events since `since_s` (client clock) from the server's trace timeline.
+std::vector<workload::swap_event> fetch_swaps(http_client& c,
+                                              std::chrono::steady_clock::time_point start) {
+  std::vector<workload::swap_event> out;
+  auto r = c.request("GET", "/v2/trace", {}, 30s);
+  auto here = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!r || r->status != 200) return out;
+  auto j = json::parse(r->body, nullptr, false);
+  if (!j.is_object() || !j.contains("traceEvents")) return out;
+  double server_now = j.value("otherData", json::object()).value("now_s", -1.0);
+  if (server_now < 0) return out;
+  const double shift = here - server_now;  // server time + shift = client time
+  for (auto& e : j["traceEvents"]) {
+    auto cat = e.value("cat", std::string{});
+    if (cat != "load" && cat != "evict") continue;
+    workload::swap_event s;
+    s.load = cat == "load";
+    auto name = e.value("name", std::string{});
+    s.model = name.substr(name.find(' ') + 1);
+    s.device = e.value("tid", 0);
+    s.start_s = e.value("ts", 0.0) / 1e6 + shift;
+    s.seconds = e.value("dur", 0.0) / 1e6;
+    if (e.contains("args")) s.bytes = e["args"].value("bytes", uint64_t{0});
+    if (s.start_s + s.seconds >= 0) out.push_back(s);
+  }
+  return out;
+}
+
+}  // namespace
+
+caf::expected<server_address> parse_url(const std::string& url) {
+  const std::string scheme = "http://";
+  if (url.rfind("https://", 0) == 0)
+    return make_error(ec::invalid_request,
+                      "--url " + url + ": https is not supported, use http://");
+  if (url.rfind(scheme, 0) != 0)
+    return make_error(ec::invalid_request, "--url " + url + ": expected http://HOST:PORT");
+  auto rest = url.substr(scheme.size());
+  if (auto slash = rest.find('/'); slash != std::string::npos) {
+    if (slash + 1 != rest.size())
+      return make_error(ec::invalid_request,
+                        "--url " + url + ": give no path, only http://HOST:PORT");
+    rest.resize(slash);
+  }
+  server_address a;
+  a.port = 80;
+  auto colon = rest.rfind(':');
+  a.host = rest.substr(0, colon);
+  if (colon != std::string::npos) {
+    auto p = rest.substr(colon + 1);
+    int port = -1;
+    try {
+      size_t used = 0;
+      port = std::stoi(p, &used);
+      if (used != p.size()) port = -1;
+    } catch (const std::exception&) {
+    }
+    if (port < 1 || port > 65535)
+      return make_error(ec::invalid_request, "--url " + url + ": port '" + p + "' is not 1..65535");
+    a.port = static_cast<uint16_t>(port);
+  }
+  if (a.host.empty()) return make_error(ec::invalid_request, "--url " + url + ": no host");
+  return a;
+}
+
+caf::expected<std::vector<served_model>> discover(const server_address& at,
+                                                  std::chrono::milliseconds wait) {
+  auto deadline = std::chrono::steady_clock::now() + wait;
+  std::string why = "no answer";
+  const auto where = "http://" + at.host + ":" + std::to_string(at.port);
+  while (true) {
+    auto c = http_client::connect(at.host, at.port, 2s);
+    if (c) {
+      auto ready = (*c)->request("GET", "/v2/health/ready", {}, 5s);
+      if (ready && ready->status == 200) {
+        auto index = (*c)->request("POST", "/v2/repository/index", {}, 10s);
+        if (!index || index->status != 200)
+          return make_error(ec::io_error, where + ": the repository index failed");
+        auto list = json::parse(index->body, nullptr, false);
+        if (!list.is_array())
+          return make_error(ec::io_error, where + ": the repository index is not a JSON array");
+        std::vector<served_model> out;
+        for (auto& m : list) {
+          served_model s;
+          s.name = m.value("name", std::string{});
+          auto info = (*c)->request("GET", "/v2/models/" + s.name, {}, 10s);
+          if (!info || info->status != 200) continue;
+          auto j = json::parse(info->body, nullptr, false);
+          if (!j.is_object()) continue;
+          s.vocab = j.value("parameters", json::object()).value("vocab", int64_t{0});
+          if (s.vocab > 0) out.push_back(s);
+        }
+        return out;
+      }
+      why =
+          ready ? "not ready (HTTP " + std::to_string(ready->status) + ")" : render(ready.error());
+    } else {
+      why = render(c.error());
+    }
+    if (std::chrono::steady_clock::now() >= deadline)
+      return make_error(ec::io_error, "cannot reach a ready server at " + where + ": " + why);
+    std::this_thread::sleep_for(200ms);  // polling a server we do not control
+  }
+}
+
+std::string error_kind(const timed_result& r) {
+  if (r.status == 200) return {};
+  if (r.status > 0) return "http_" + std::to_string(r.status);
+  if (r.error == "cancelled") return "cancelled";
+  if (r.error == "timeout") return "timeout";
+  if (r.error.rfind("connect", 0) == 0) return "connect";
+  return "io";
+}
+
+caf::expected<loadgen_run> run_loadgen(const workload::schedule& s,
+                                       const std::vector<served_model>& models,
+                                       const loadgen_options& opts) {
+  std::vector<std::string> names;
+  for (auto& m : models) names.push_back(m.name);
+  if (auto err = workload::check_models(s, names)) return err;
+  if (opts.prompt_len < 1 || opts.max_tokens < 1)
+    return make_error(ec::invalid_request, "prompt length and max tokens must be at least 1");
+  std::vector<int64_t> vocab(s.models.size());
+  for (size_t i = 0; i < s.models.size(); ++i)
+    for (auto& m : models)
+      if (m.name == s.models[i]) vocab[i] = m.vocab;
+  std::vector<timed_request> reqs;
+  reqs.reserve(s.arrivals.size());
+  std::mt19937_64 rng{opts.seed};
+  for (auto& a : s.arrivals) {
+    auto len = a.prompt_len > 0 ? a.prompt_len : opts.prompt_len;
+    std::uniform_int_distribution<int64_t> token(0, vocab[a.model] - 1);
+    json ids = json::array();
+    for (int64_t t = 0; t < len; ++t) ids.push_back(token(rng));
+    json body{
+        {"inputs",
+         {{{"name", "input_ids"}, {"datatype", "INT64"}, {"shape", {1, len}}, {"data", ids}}}},
+        {"parameters", {{"max_tokens", a.max_tokens > 0 ? a.max_tokens : opts.max_tokens}}}};
+    reqs.push_back({a.time_s, "POST", "/v2/models/" + s.models[a.model] + "/infer", body.dump()});
+  }
+  auto side = http_client::connect(opts.server.host, opts.server.port, 5s);
+  std::string before = side ? scrape_metrics(**side) : std::string{};
+  open_loop_options o;
+  o.host = opts.server.host;
+  o.port = opts.server.port;
+  o.max_connections = opts.max_connections;
+  o.request_timeout = opts.request_timeout;
+  o.on_progress = opts.on_progress;
+  o.cancel = opts.cancel;
+  const auto start = std::chrono::steady_clock::now();
+  auto results = run_open_loop(reqs, o);
+  if (!results) return results.error();
+  loadgen_run run;
+  for (size_t i = 0; i < results->size(); ++i) {
+    auto& r = (*results)[i];
+    workload::request_record rec;
+    rec.model = s.models[s.arrivals[i].model];
+    rec.arrival_s = s.arrivals[i].time_s;
+    rec.sent_s = r.sent_s;
+    rec.done_s = r.done_s;
+    rec.status = r.status;
+    rec.error_kind = error_kind(r);
+    if (rec.error_kind.empty()) {
+      auto j = json::parse(r.body, nullptr, false);
+      if (!j.is_object() || !j.contains("outputs")) {
+        rec.error_kind = "bad_response";
+        rec.error = r.body.substr(0, 200);
+      } else {
+        auto p = j.value("parameters", json::object());
+        rec.swapped = p.value("swapped", false);
+        rec.queue_ms = p.value("queue_ms", 0.0);
+        rec.load_ms = p.value("load_ms", 0.0);
+        rec.compute_ms = p.value("compute_ms", 0.0);
+      }
+    } else {
+      rec.error = r.body.substr(0, 200);
+    }
+    run.records.push_back(std::move(rec));
+  }
+  // The server's account: transfers during the run, and when each swap happened. A
+  // server that died mid-run has none to give; the records already say so.
+  auto after_conn = http_client::connect(opts.server.host, opts.server.port, 2s);
+  if (after_conn && !before.empty()) {
+    auto b = device_traffic(before);
+    for (auto& [dev, a] : device_traffic(scrape_metrics(**after_conn))) {
+      auto d = a;
+      auto& p = b[dev];
+      d.shard_loads -= p.shard_loads;
+      d.evictions -= p.evictions;
+      d.bytes_loaded -= p.bytes_loaded;
+      d.load_seconds -= p.load_seconds;
+      d.evict_seconds -= p.evict_seconds;
+      run.devices.push_back(d);
+    }
+    run.swaps = fetch_swaps(**after_conn, start);
+  }
+  return run;
+}
+
+std::map<std::string, workload::device_traffic> device_traffic(const std::string& text) {
+  std::map<std::string, workload::device_traffic> out;
+  auto put = [&](const char* metric, double workload::device_traffic::*field) {
+    for (auto& [dev, v] : prometheus_sum(text, metric, "device")) {
+      out[dev].device = dev;
+      out[dev].*field = v;
+    }
+  };
+  put("computron_shard_loads_total", &workload::device_traffic::shard_loads);
+  put("computron_shard_evictions_total", &workload::device_traffic::evictions);
+  put("computron_bytes_loaded_total", &workload::device_traffic::bytes_loaded);
+  put("computron_load_seconds_sum", &workload::device_traffic::load_seconds);
+  put("computron_evict_seconds_sum", &workload::device_traffic::evict_seconds);
+  return out;
+}
+
+std::map<std::string, double> prometheus_sum(const std::string& text, const std::string& metric,
+                                             const std::string& label) {
+  std::map<std::string, double> out;
+  std::istringstream in{text};
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(metric, 0) != 0) continue;
+    auto rest = line.substr(metric.size());
+    if (rest.empty() || (rest[0] != '{' && rest[0] != ' ')) continue;
+    std::string key;
+    if (auto at = rest.find(label + "=\""); at != std::string::npos) {
+      auto begin = at + label.size() + 2;
+      key = rest.substr(begin, rest.find('"', begin) - begin);
+    }
+    try {
+      out[key] += std::stod(rest.substr(rest.rfind(' ') + 1));
+    } catch (const std::exception&) {
+      // Not a sample line we understand; skip it.
+    }
+  }
+  return out;
+}
+
+}  // namespace computron::net
