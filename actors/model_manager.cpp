@@ -47,7 +47,9 @@ struct managed_model {
   int64_t max_positions = 0;
   uint64_t bytes = 0;
   std::deque<queued_request> queue;
-  bool in_flight = false;
+  /// Batches dispatched and not finished: at most pp, so that a pipeline's stages all
+  /// work (batch n+1 in stage 0 while batch n is in stage 1).
+  int32_t in_flight = 0;
   /// The manager's belief, for the dispatch policy: a load elsewhere on its devices
   /// may have evicted it.
   bool resident = false;
@@ -63,7 +65,13 @@ struct model_manager_state {
   std::shared_ptr<dispatch_policy> policy;
   std::map<std::string, managed_model> models;
   std::set<std::string> registering;
-  std::vector<bool> device_busy;
+  /// Per device: the placement whose batches run there (empty: idle) and how many. Only
+  /// batches of one placement share a device at a time; see try_run.
+  struct device_use {
+    std::string placement;
+    int32_t batches = 0;
+  };
+  std::vector<device_use> device_busy;
   std::deque<batch_ptr> runnable;
   uint64_t next_batch = 1;
   double tick_at_s = -1;
@@ -101,7 +109,7 @@ model_info info_of(const managed_model& m, const residency_report* r) {
   i.state = r ? r->state : "unknown";
   i.bytes = m.bytes;
   i.queued = static_cast<uint32_t>(m.queue.size());
-  i.busy = m.in_flight;
+  i.busy = m.in_flight > 0;
   i.served = m.served;
   i.loads = r ? r->loads : 0;
   i.evictions = r ? r->evictions : 0;
@@ -134,9 +142,12 @@ void reply_error(manager_pointer self, queued_request& q, const caf::error& err)
 void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* err) {
   auto& st = self->state;
   auto& m = st.models.at(b->model);
-  for (auto d : m.cfg.devices) st.device_busy[static_cast<size_t>(d)] = false;
+  for (auto d : m.cfg.devices) {
+    auto& u = st.device_busy[static_cast<size_t>(d)];
+    if (--u.batches <= 0) u = {};
+  }
   self->send(st.scheduler, release_atom_v, b->model);
-  m.in_flight = false;
+  --m.in_flight;
   auto now = now_s();
   if (err) {
     for (auto& w : m.cfg.devices)
@@ -219,9 +230,20 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step) {
   }
 }
 
-/// Starts leased batches whose devices are idle, oldest first; a waiting batch reserves
-/// its devices so a later one cannot overtake it forever. One batch per device at a
-/// time: tensor-parallel ranks of two batches never interleave their collectives.
+/// Models with the same tp, pp and devices in the same order share a placement.
+std::string placement_of(const model_config& c) {
+  std::string key = std::to_string(c.tp) + "x" + std::to_string(c.pp) + ":";
+  for (auto d : c.devices) key += std::to_string(d) + ",";
+  return key;
+}
+
+/// Starts leased batches whose devices are free for them, oldest first; a waiting batch
+/// reserves its devices so a later one cannot overtake it forever. A device runs batches
+/// of one placement at a time, at most pp of them, so a pipeline's stages all work.
+/// Safe because such batches reach every worker lane in the same order (stage 0 ranks
+/// from this actor, stage k rank i from stage k-1 rank i, each in order), so their
+/// tensor-parallel collectives pair up; two placements could pair them crosswise and
+/// deadlock.
 void try_run(manager_pointer self) {
   auto& st = self->state;
   std::vector<bool> reserved(st.device_busy.size(), false);
@@ -231,9 +253,13 @@ void try_run(manager_pointer self) {
     auto b = std::move(st.runnable.front());
     st.runnable.pop_front();
     auto& m = st.models.at(b->model);
+    const auto placement = placement_of(m.cfg);
     bool free = true;
-    for (auto d : m.cfg.devices)
-      free = free && !st.device_busy[static_cast<size_t>(d)] && !reserved[static_cast<size_t>(d)];
+    for (auto d : m.cfg.devices) {
+      auto& u = st.device_busy[static_cast<size_t>(d)];
+      free = free && !reserved[static_cast<size_t>(d)] &&
+             (u.batches == 0 || (u.placement == placement && u.batches < m.cfg.pp));
+    }
     if (!free) {
       for (auto d : m.cfg.devices) reserved[static_cast<size_t>(d)] = true;
       still.push_back(std::move(b));
@@ -254,11 +280,15 @@ void try_run(manager_pointer self) {
     b->rows = std::move(live);
     if (b->rows.empty()) {
       self->send(st.scheduler, release_atom_v, b->model);
-      m.in_flight = false;
+      --m.in_flight;
       freed_model = true;
       continue;
     }
-    for (auto d : m.cfg.devices) st.device_busy[static_cast<size_t>(d)] = true;
+    for (auto d : m.cfg.devices) {
+      auto& u = st.device_busy[static_cast<size_t>(d)];
+      u.placement = placement;
+      ++u.batches;
+    }
     b->outputs.assign(b->rows.size(), {});
     b->steps = 1;
     for (auto& q : b->rows) b->steps = std::max(b->steps, q.req.max_tokens);
@@ -291,7 +321,7 @@ void start_batch(manager_pointer self, const batch_ptr& b) {
           },
           [=](caf::error& err) {
             auto& m = self->state.models.at(b->model);
-            m.in_flight = false;
+            --m.in_flight;
             m.resident = false;
             for (auto& q : b->rows) reply_error(self, q, err);
             dispatch(self);
@@ -323,7 +353,7 @@ void dispatch(manager_pointer self) {
       }
     }
     st.opts.obs->queue_depth(name, m.queue.size());
-    if (m.queue.empty() || m.in_flight) continue;
+    if (m.queue.empty() || m.in_flight >= m.cfg.pp) continue;
     views.push_back({name, now - m.queue.front().arrival_s, m.queue.size(), m.resident});
     ms.push_back(&m);
   }
@@ -342,7 +372,7 @@ void dispatch(manager_pointer self) {
       b->rows.push_back(std::move(m.queue.front()));
       m.queue.pop_front();
     }
-    m.in_flight = true;
+    ++m.in_flight;
     st.opts.obs->queue_depth(m.cfg.name, m.queue.size());
     start_batch(self, b);
   }
@@ -360,7 +390,7 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
   st.workers = std::move(workers);
   st.scheduler = std::move(scheduler);
   st.policy = std::move(policy);
-  st.device_busy.assign(st.workers.size(), false);
+  st.device_busy.assign(st.workers.size(), {});
   auto unknown = [](const std::string& name) {
     return make_error(ec::unknown_model, "no model named '" + name + "'");
   };

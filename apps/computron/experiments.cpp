@@ -131,7 +131,7 @@ caf::expected<server> start_server(const json& config, const fs::path& dir,
 }
 
 json server_config(size_t devices, double capacity_bytes, double link_gbps, int batch,
-                   const std::string& policy, json models) {
+                   int window_ms, const std::string& policy, json models) {
   return {{"comment", "written by computron bench exp1/exp2"},
           {"devices",
            {{"kind", "emulated"},
@@ -142,7 +142,7 @@ json server_config(size_t devices, double capacity_bytes, double link_gbps, int 
           {"scheduler", {{"policy", policy}, {"max_transfers_per_link", 1}}},
           {"batching",
            {{"max_batch_size", batch},
-            {"batch_window_ms", 5},
+            {"batch_window_ms", window_ms},
             {"max_queue", 4096},
             {"deadline_ms", 600000}}},
           {"frontend", {{"max_outstanding_per_model", 4096}, {"max_outstanding", 16384}}},
@@ -221,7 +221,7 @@ int run_experiment1(const experiment_options& o) {
                      toy_model("opt-13b-b", ref.tp, ref.pp, o.seed + 1, bytes, ref.exec * 1e3)});
     // Room for one model's shard per device, not two.
     auto cfg = server_config(static_cast<size_t>(shards), static_cast<double>(bytes) * 1.5, link,
-                             batch, "lru", models);
+                             batch, 5, "lru", models);
     auto name = fmt::format("exp1-tp{}-pp{}", ref.tp, ref.pp);
     auto srv = start_server(cfg, *dir, name);
     if (!srv) {
@@ -335,11 +335,14 @@ int run_experiment2(const experiment_options& o) {
   if (!o.json)
     std::cout << fmt::format(
                      "Experiment 2: OPT-13B TP2 x PP2, Gamma arrivals, {:.0f} s per cell, policy "
-                     "{}, seed {}; one unmeasured warm-up request per model first (as the "
-                     "original's clients)\n{}\n\n{:<18} {:>5} {:>8} {:>8} {:>7} {:>8} {:>8} {:>9} "
+                     "{}, batch window {} ms, seed {}; one unmeasured warm-up request per model "
+                     "first, in "
+                     "order (the original's clients sent theirs at once)\n{}\n\n{:<18} {:>5} {:>8} "
+                     "{:>8} {:>7} {:>8} {:>8} {:>9} "
                      "{:>7}\n",
-                     o.duration_s, o.policy, o.seed, scale_line(o.factor), "rates", "cv", "mean s",
-                     "orig s", "ratio", "p99 s", "max s", "ok/sent", "swaps")
+                     o.duration_s, o.policy, o.batch_window_ms, o.seed, scale_line(o.factor),
+                     "rates", "cv", "mean s", "orig s", "ratio", "p99 s", "max s", "ok/sent",
+                     "swaps")
               << std::flush;
   json cells = json::array();
   size_t cell = 0;
@@ -356,24 +359,26 @@ int run_experiment2(const experiment_options& o) {
         }
         auto cfg =
             server_config(4, static_cast<double>(bytes) * (static_cast<double>(g.capacity) + 0.5),
-                          link, g.batch, o.policy, models);
+                          link, g.batch, o.batch_window_ms, o.policy, models);
         auto name = fmt::format("exp2-cell{:02}", cell);
         auto srv = start_server(cfg, *dir, name);
         if (!srv) {
           std::cerr << "computron bench exp2: " << render(srv.error()) << '\n';
           return 1;
         }
-        // Warm-up as the original's clients did: one request per model, all at once,
-        // answered before the measured arrivals start; not counted.
-        workload::schedule warm{names, {}, 1.0};
-        for (uint32_t m = 0; m < names.size(); ++m) warm.arrivals.push_back({0.0, m, 0, 0});
-        net::loadgen_options wo;
-        wo.server = srv->at;
-        auto warmed = net::run_loadgen(warm, srv->models, wo);
-        if (!warmed || std::any_of(warmed->records.begin(), warmed->records.end(),
-                                   [](auto& r) { return !r.ok(); })) {
-          std::cerr << "computron bench exp2: the warm-up requests failed\n";
-          return 1;
+        // Warm-up as the original's clients did: one unmeasured request per model before
+        // the arrivals start. One after the other (the original sent them at once), so
+        // that which models are resident at the start is the same in every run: the
+        // last `capacity` ones.
+        for (uint32_t m = 0; m < names.size(); ++m) {
+          workload::schedule warm{names, {{0.0, m, 0, 0}}, 1.0};
+          net::loadgen_options wo;
+          wo.server = srv->at;
+          auto warmed = net::run_loadgen(warm, srv->models, wo);
+          if (!warmed || !warmed->records.front().ok()) {
+            std::cerr << "computron bench exp2: the warm-up request to " << names[m] << " failed\n";
+            return 1;
+          }
         }
         auto sched = workload::generate(
             {names, g.rate_lists[ri], exp2_cvs[ci], o.duration_s, o.seed * 1000 + cell});
@@ -434,6 +439,7 @@ int run_experiment2(const experiment_options& o) {
                       {"policy", o.policy},
                       {"seed", o.seed},
                       {"duration_s", o.duration_s},
+                      {"batch_window_ms", o.batch_window_ms},
                       {"cells", cells}}
                      .dump()
               << '\n';

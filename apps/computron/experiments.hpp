@@ -18,6 +18,9 @@ struct experiment_options {
   double duration_s = 30;
   /// Experiment 2: the eviction policy of the server (lru is the original's).
   std::string policy = "lru";
+  /// Experiment 2: how long the server waits to fill a batch (the original ticked every
+  /// 10 ms).
+  int batch_window_ms = 5;
   /// Experiment 2: only the cells whose label contains this (e.g. "(10,1,1)").
   std::string only;
   /// Keep each run's server config and loadgen report here (empty: a temporary folder).

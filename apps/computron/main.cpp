@@ -170,6 +170,9 @@ int main(int argc, char** argv) {
   exp2_cmd->add_option("--policy", exp.policy, "eviction policy of the server (lru, cost)")
       ->capture_default_str();
   exp2_cmd->add_option("--only", exp.only, "run only cells whose label contains this");
+  exp2_cmd->add_option("--batch-window-ms", exp.batch_window_ms, "server's batch window")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000));
 
   // devices
   auto devices_cmd = app.add_subcommand("devices", "list the devices this process would use");
