@@ -22,6 +22,10 @@ using gpu::residency;
 /// Called once when a load the caller waits for ends: null on success.
 using load_waiter = std::function<void(const caf::error*)>;
 
+/// A lease held back while its model drains: called with null and whether the model
+/// had to be loaded again, or with an error.
+using held_lease = std::function<void(const caf::error*, bool loaded)>;
+
 struct scheduled_model {
   model_placement placement;
   residency state = residency::offloaded;
@@ -35,6 +39,11 @@ struct scheduled_model {
   std::vector<load_waiter> waiters;
   std::vector<load_waiter> evict_waiters;
   bool queued = false;
+  /// Chosen as a victim for a waiting load but still leased: no new leases until it is
+  /// evicted, or the drain is called off. Without this, a model whose batches overlap
+  /// (pipelining, steady traffic) would hold its lease forever and starve the load.
+  bool draining = false;
+  std::vector<held_lease> held;
 };
 
 struct device_account {
@@ -97,6 +106,7 @@ void finish_waiters(std::vector<load_waiter>& ws, const caf::error* err) {
 }
 
 void pump(sched_pointer self);
+void want_loaded(sched_pointer self, const std::string& name, load_waiter w);
 
 void start_evict(sched_pointer self, const std::string& name) {
   auto& m = self->state.models.at(name);
@@ -237,9 +247,14 @@ plan make_room(sched_pointer self, scheduled_model& m) {
   std::vector<victim_candidate> cands;
   std::vector<std::string> names;
   auto now = now_s();
+  // Lease-free models first (they can go now), then leased ones (they would drain).
+  std::vector<std::string> leased;
   for (auto& [name, other] : st.models) {
-    if (&other == &m || other.state != residency::resident || other.leases > 0 || other.pinned)
+    if (&other == &m || other.state != residency::resident || other.pinned) continue;
+    if (other.leases > 0) {
+      leased.push_back(name);
       continue;
+    }
     uint64_t freed = 0;
     double slowest = 0;
     for (size_t k = 0; k < other.placement.devices.size(); ++k) {
@@ -268,15 +283,55 @@ plan make_room(sched_pointer self, scheduled_model& m) {
     for (auto& [d, b] : short_bytes) covered = covered && b <= 0;
     if (covered) break;
   }
-  if (!covered) return plan::wait;
-  for (auto& v : victims) start_evict(self, v);
-  return plan::evicting;
+  if (covered) {
+    for (auto& v : victims) start_evict(self, v);
+    return plan::evicting;
+  }
+  // Not enough room without models in use: pick more victims among them, by the same
+  // policy, and let all the victims drain (no new leases) so that the load gets its turn.
+  cands.clear();
+  names.clear();
+  for (auto& name : leased) {
+    auto& other = st.models.at(name);
+    uint64_t freed = 0;
+    double slowest = 0;
+    for (size_t k = 0; k < other.placement.devices.size(); ++k) {
+      auto d = static_cast<size_t>(other.placement.devices[k]);
+      if (short_bytes.count(d) > 0) freed += other.placement.bytes[k];
+      auto gbps = st.devices[d].dev.link_gbps > 0 ? st.devices[d].dev.link_gbps : 10.0;
+      slowest = std::max(slowest, static_cast<double>(other.placement.bytes[k]) / (gbps * 1e9));
+    }
+    if (freed == 0) continue;
+    cands.push_back({name, freed, now - other.last_used_s, slowest, other.demand.rate(now)});
+    names.push_back(name);
+  }
+  for (auto i : st.policy->order(cands)) {
+    if (covered) break;
+    auto& v = st.models.at(names[i]);
+    bool helps = false;
+    for (size_t k = 0; k < v.placement.devices.size(); ++k) {
+      auto it = short_bytes.find(static_cast<size_t>(v.placement.devices[k]));
+      if (it != short_bytes.end() && it->second > 0) {
+        helps = true;
+        it->second -= static_cast<int64_t>(v.placement.bytes[k]);
+      }
+    }
+    if (helps) victims.push_back(names[i]);
+    covered = true;
+    for (auto& [d, b] : short_bytes) covered = covered && b <= 0;
+  }
+  if (covered)
+    for (auto& v : victims) st.models.at(v).draining = true;
+  return plan::wait;
 }
 
 /// Starts what can start among the models waiting to load, oldest first. A model that
 /// has to wait reserves its devices, so later models cannot take the room it waits for.
 void pump(sched_pointer self) {
   auto& st = self->state;
+  // Drains are decided afresh by this pass; leases held back for models no longer
+  // draining are handed out at its end.
+  for (auto& [name, m] : st.models) m.draining = false;
   std::set<int32_t> reserved;
   std::deque<std::string> still;
   while (!st.pending.empty()) {
@@ -310,6 +365,19 @@ void pump(sched_pointer self) {
     still.push_back(std::move(name));
   }
   st.pending = std::move(still);
+  std::vector<std::pair<std::string, std::vector<held_lease>>> released;
+  for (auto& [name, m] : st.models)
+    if (!m.draining && !m.held.empty()) released.emplace_back(name, std::move(m.held));
+  for (auto& [name, held] : released) {
+    auto& m = st.models.at(name);
+    m.held.clear();
+    if (m.state == residency::resident) {
+      for (auto& h : held) h(nullptr, false);
+    } else {
+      // Evicted meanwhile: these requests wait for it to come back, like any other.
+      for (auto& h : held) want_loaded(self, name, [h](const caf::error* err) { h(err, true); });
+    }
+  }
 }
 
 void want_loaded(sched_pointer self, const std::string& name, load_waiter w) {
@@ -361,13 +429,26 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
       [=](acquire_atom, std::string& name) -> caf::result<lease> {
         auto m = find(name);
         if (!m) return unknown(name);
-        if (m->state == residency::resident) {
+        if (m->state == residency::resident && !m->draining) {
           ++m->leases;
           m->last_used_s = now_s();
           return lease{name, false, 0};
         }
         auto rp = self->make_response_promise<lease>();
         auto t0 = now_s();
+        if (m->state == residency::resident) {  // draining: wait for the verdict
+          m->held.push_back([=](const caf::error* err, bool loaded) mutable {
+            if (err) {
+              rp.deliver(*err);
+              return;
+            }
+            auto& m = self->state.models.at(name);
+            ++m.leases;
+            m.last_used_s = now_s();
+            rp.deliver(lease{name, loaded, (now_s() - t0) * 1e3});
+          });
+          return rp;
+        }
         want_loaded(self, name, [=](const caf::error* err) mutable {
           if (err) {
             rp.deliver(*err);
