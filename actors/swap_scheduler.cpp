@@ -244,82 +244,50 @@ plan make_room(sched_pointer self, scheduled_model& m) {
   bool covered = true;
   for (auto& [d, b] : short_bytes) covered = covered && b <= 0;
   if (covered) return plan::evicting;
-  std::vector<victim_candidate> cands;
-  std::vector<std::string> names;
+  // Victims by the policy among the lease-free models first (they can go now); when
+  // they do not cover, more among the leased ones, and then all of them drain (no new
+  // leases) so that this load gets its turn.
   auto now = now_s();
-  // Lease-free models first (they can go now), then leased ones (they would drain).
-  std::vector<std::string> leased;
-  for (auto& [name, other] : st.models) {
-    if (&other == &m || other.state != residency::resident || other.pinned) continue;
-    if (other.leases > 0) {
-      leased.push_back(name);
-      continue;
-    }
-    uint64_t freed = 0;
-    double slowest = 0;
-    for (size_t k = 0; k < other.placement.devices.size(); ++k) {
-      auto d = static_cast<size_t>(other.placement.devices[k]);
-      if (short_bytes.count(d) > 0) freed += other.placement.bytes[k];
-      auto gbps = st.devices[d].dev.link_gbps > 0 ? st.devices[d].dev.link_gbps : 10.0;
-      slowest = std::max(slowest, static_cast<double>(other.placement.bytes[k]) / (gbps * 1e9));
-    }
-    if (freed == 0) continue;
-    cands.push_back({name, freed, now - other.last_used_s, slowest, other.demand.rate(now)});
-    names.push_back(name);
-  }
   std::vector<std::string> victims;
-  for (auto i : st.policy->order(cands)) {
-    bool helps = false;
-    auto& v = st.models.at(names[i]);
-    for (size_t k = 0; k < v.placement.devices.size(); ++k) {
-      auto it = short_bytes.find(static_cast<size_t>(v.placement.devices[k]));
-      if (it != short_bytes.end() && it->second > 0) {
-        helps = true;
-        it->second -= static_cast<int64_t>(v.placement.bytes[k]);
+  auto choose = [&](bool leased) {
+    std::vector<victim_candidate> cands;
+    for (auto& [name, other] : st.models) {
+      if (&other == &m || other.state != residency::resident || other.pinned ||
+          (other.leases > 0) != leased)
+        continue;
+      uint64_t freed = 0;
+      double slowest = 0;
+      for (size_t k = 0; k < other.placement.devices.size(); ++k) {
+        auto d = static_cast<size_t>(other.placement.devices[k]);
+        if (short_bytes.count(d) > 0) freed += other.placement.bytes[k];
+        auto gbps = st.devices[d].dev.link_gbps > 0 ? st.devices[d].dev.link_gbps : 10.0;
+        slowest = std::max(slowest, static_cast<double>(other.placement.bytes[k]) / (gbps * 1e9));
       }
+      if (freed > 0)
+        cands.push_back({name, freed, now - other.last_used_s, slowest, other.demand.rate(now)});
     }
-    if (helps) victims.push_back(names[i]);
-    covered = true;
-    for (auto& [d, b] : short_bytes) covered = covered && b <= 0;
-    if (covered) break;
-  }
+    for (auto i : st.policy->order(cands)) {
+      auto& v = st.models.at(cands[i].model);
+      bool helps = false;
+      for (size_t k = 0; k < v.placement.devices.size(); ++k) {
+        auto it = short_bytes.find(static_cast<size_t>(v.placement.devices[k]));
+        if (it != short_bytes.end() && it->second > 0) {
+          helps = true;
+          it->second -= static_cast<int64_t>(v.placement.bytes[k]);
+        }
+      }
+      if (helps) victims.push_back(cands[i].model);
+      covered = true;
+      for (auto& [d, b] : short_bytes) covered = covered && b <= 0;
+      if (covered) return;
+    }
+  };
+  choose(false);
   if (covered) {
     for (auto& v : victims) start_evict(self, v);
     return plan::evicting;
   }
-  // Not enough room without models in use: pick more victims among them, by the same
-  // policy, and let all the victims drain (no new leases) so that the load gets its turn.
-  cands.clear();
-  names.clear();
-  for (auto& name : leased) {
-    auto& other = st.models.at(name);
-    uint64_t freed = 0;
-    double slowest = 0;
-    for (size_t k = 0; k < other.placement.devices.size(); ++k) {
-      auto d = static_cast<size_t>(other.placement.devices[k]);
-      if (short_bytes.count(d) > 0) freed += other.placement.bytes[k];
-      auto gbps = st.devices[d].dev.link_gbps > 0 ? st.devices[d].dev.link_gbps : 10.0;
-      slowest = std::max(slowest, static_cast<double>(other.placement.bytes[k]) / (gbps * 1e9));
-    }
-    if (freed == 0) continue;
-    cands.push_back({name, freed, now - other.last_used_s, slowest, other.demand.rate(now)});
-    names.push_back(name);
-  }
-  for (auto i : st.policy->order(cands)) {
-    if (covered) break;
-    auto& v = st.models.at(names[i]);
-    bool helps = false;
-    for (size_t k = 0; k < v.placement.devices.size(); ++k) {
-      auto it = short_bytes.find(static_cast<size_t>(v.placement.devices[k]));
-      if (it != short_bytes.end() && it->second > 0) {
-        helps = true;
-        it->second -= static_cast<int64_t>(v.placement.bytes[k]);
-      }
-    }
-    if (helps) victims.push_back(names[i]);
-    covered = true;
-    for (auto& [d, b] : short_bytes) covered = covered && b <= 0;
-  }
+  choose(true);
   if (covered)
     for (auto& v : victims) st.models.at(v).draining = true;
   return plan::wait;
@@ -436,20 +404,7 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
         }
         auto rp = self->make_response_promise<lease>();
         auto t0 = now_s();
-        if (m->state == residency::resident) {  // draining: wait for the verdict
-          m->held.push_back([=](const caf::error* err, bool loaded) mutable {
-            if (err) {
-              rp.deliver(*err);
-              return;
-            }
-            auto& m = self->state.models.at(name);
-            ++m.leases;
-            m.last_used_s = now_s();
-            rp.deliver(lease{name, loaded, (now_s() - t0) * 1e3});
-          });
-          return rp;
-        }
-        want_loaded(self, name, [=](const caf::error* err) mutable {
+        held_lease grant = [=](const caf::error* err, bool loaded) mutable {
           if (err) {
             rp.deliver(*err);
             return;
@@ -457,8 +412,12 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
           auto& m = self->state.models.at(name);
           ++m.leases;
           m.last_used_s = now_s();
-          rp.deliver(lease{name, true, (now_s() - t0) * 1e3});
-        });
+          rp.deliver(lease{name, loaded, (now_s() - t0) * 1e3});
+        };
+        if (m->state == residency::resident)  // draining: wait for the verdict
+          m->held.push_back(std::move(grant));
+        else
+          want_loaded(self, name, [grant](const caf::error* err) mutable { grant(err, true); });
         return rp;
       },
       [=](release_atom, std::string& name) {
