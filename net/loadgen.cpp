@@ -21,7 +21,8 @@ std::string scrape_metrics(http_client& c) {
   return r && r->status == 200 ? r->body : std::string{};
 }
 
-/// Swap events since `since_s` (client clock) from the server's trace timeline.
+/// Swap events from the server's trace timeline that end after `start`, on the client's
+/// clock (seconds since `start`).
 std::vector<workload::swap_event> fetch_swaps(http_client& c,
                                               std::chrono::steady_clock::time_point start) {
   std::vector<workload::swap_event> out;

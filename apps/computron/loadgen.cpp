@@ -112,6 +112,9 @@ int run_loadgen_cli(const loadgen_cli& cli) {
     if (!m) return usage(render(m.error()));
     names = *m;
   }
+  if (!names.empty() && !rates.empty() && rates.size() != names.size())
+    return usage(
+        fmt::format("{} rates for {} models: give one rate per model", rates.size(), names.size()));
 
   auto served =
       net::discover(*at, std::chrono::milliseconds(static_cast<int64_t>(cli.wait_ready_s * 1000)));

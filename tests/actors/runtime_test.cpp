@@ -248,6 +248,11 @@ TEST_CASE("bad requests get clear errors and the runtime keeps serving", "[actor
   auto bad = f.add(dup);
   REQUIRE_FALSE(bad);
   CHECK(is(bad.error(), ec::invalid_configuration));
+  auto slow = runtime_fixture::toy("slow", 1);
+  slow.toy_compute_ms = -5;
+  auto slow_refused = f.add(slow);
+  REQUIRE_FALSE(slow_refused);
+  CHECK_THAT(render(slow_refused.error()), Catch::Contains("toy_compute_ms must be 0..60000"));
   auto too_big = runtime_fixture::toy("big", 1);
   too_big.toy_shard_bytes = 3 << 20;  // more than a 2.5 MiB device
   REQUIRE(f.add(too_big));

@@ -229,7 +229,8 @@ TEST_CASE("loadgen refuses bad input with a clear message and a non-zero exit", 
   CHECK_THAT(cv.out, Catch::Contains("--cv must be 0 or more"));
   auto mismatch =
       run("loadgen --url http://127.0.0.1:9 --wait-ready 0.2 --models a,b --rates 1", true);
-  CHECK(mismatch.exit_code != 0);
+  CHECK(mismatch.exit_code == 2);  // refused before the (absent) server is asked
+  CHECK_THAT(mismatch.all, Catch::Contains("1 rates for 2 models"));
   auto url = run("loadgen --url ftp://x", true);
   CHECK(url.exit_code == 2);
   CHECK_THAT(url.out, Catch::Contains("expected http://HOST:PORT"));
