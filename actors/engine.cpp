@@ -245,7 +245,7 @@ caf::expected<std::vector<std::vector<int64_t>>> direct_generate(
   auto group_prefix = "direct/" + cfg.name + "/" + std::to_string(run_id++) + "/";
   for (int i = 0; i < tp * pp; ++i) {
     auto& s = shards[static_cast<size_t>(i)];
-    s.spec = shard_spec{cfg, i % tp, i / tp};
+    s.spec = shard_spec{cfg, i % tp, i / tp, {}};
     auto table = eng.layout(s.spec);
     if (!table) return table.error();
     auto dev = devices.at(static_cast<size_t>(cfg.devices.at(static_cast<size_t>(i))));

@@ -71,6 +71,22 @@ frontend_actor::behavior_type frontend(frontend_pointer self, serving_actor back
         return self->delegate(self->state.backend, a, std::move(m));
       },
       [=](devices_atom a) { return self->delegate(self->state.backend, a); },
+      [=](report_atom) -> caf::result<caf::settings> {
+        auto rp = self->make_response_promise<caf::settings>();
+        self->request(self->state.backend, std::chrono::seconds(10), report_atom_v)
+            .then(
+                [=](caf::settings& s) mutable {
+                  auto& st = self->state;
+                  caf::settings mine;
+                  mine["outstanding"] = caf::config_value{static_cast<int64_t>(st.total)};
+                  mine["max-outstanding"] =
+                      caf::config_value{static_cast<int64_t>(st.opts.max_outstanding)};
+                  s["frontend"] = caf::config_value{std::move(mine)};
+                  rp.deliver(std::move(s));
+                },
+                [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      },
   };
 }
 

@@ -6,6 +6,7 @@
 
 #include <caf/allowed_unsafe_message_type.hpp>
 #include <caf/replies_to.hpp>
+#include <caf/settings.hpp>
 #include <caf/typed_actor.hpp>
 
 #include "actors/atoms.hpp"
@@ -44,7 +45,20 @@ using shard_worker_actor = caf::typed_actor<
     /// Drops the caches of a batch that ended early (model, batch id).
     caf::reacts_to<cancel_atom, std::string, uint64_t>,
     /// The device's capacity, use and link, and the shards held.
-    caf::replies_to<devices_atom>::with<device_report>>;
+    caf::replies_to<devices_atom>::with<device_report>,
+    /// Hosts the rendezvous of a tensor-parallel group whose ranks live on several
+    /// nodes (group name, ranks); replies with the address the ranks meet at.
+    caf::replies_to<group_atom, std::string, int32_t>::with<std::string>,
+    /// Status for operators (every actor answers one; the controller merges them).
+    caf::replies_to<report_atom>::with<caf::settings>>;
+
+/// A remote worker as the controller holds it: it relays every message to the worker
+/// on its node and answers for it when that node is gone (promptly, where CAF would let
+/// requests run into their timeouts).
+using worker_guard_actor = shard_worker_actor::extend<
+    /// The node came back: relay to this worker from now on, once the shards held before
+    /// are prepared on it again. Replies true when it is serving again.
+    caf::replies_to<rebind_atom, caf::actor>::with<bool>>;
 
 /// Owns device-memory decisions: residency per model, bytes per device, victims.
 using swap_scheduler_actor = caf::typed_actor<
@@ -66,7 +80,14 @@ using swap_scheduler_actor = caf::typed_actor<
     /// Residency of every model.
     caf::replies_to<status_atom>::with<std::vector<residency_report>>,
     /// Bytes per device as the scheduler accounts them.
-    caf::replies_to<devices_atom>::with<std::vector<device_usage>>>;
+    caf::replies_to<devices_atom>::with<std::vector<device_usage>>,
+    /// These devices' node is gone: their models are unavailable, and whatever they had
+    /// resident elsewhere is given back.
+    caf::reacts_to<lost_atom, std::vector<int32_t>>,
+    /// These devices are back (empty: their models load again on demand).
+    caf::reacts_to<found_atom, std::vector<int32_t>>,
+    /// Status for operators.
+    caf::replies_to<report_atom>::with<caf::settings>>;
 
 /// What serves requests: a model manager, or anything composed in front of managers
 /// (a router). The frontend talks to one of these.
@@ -82,7 +103,9 @@ using serving_actor = caf::typed_actor<
     /// Evicts a model now.
     caf::replies_to<unload_atom, std::string>::with<model_info>,
     /// Every device's report.
-    caf::replies_to<devices_atom>::with<std::vector<device_report>>>;
+    caf::replies_to<devices_atom>::with<std::vector<device_report>>,
+    /// Status for operators: this actor's and everything behind it, merged.
+    caf::replies_to<report_atom>::with<caf::settings>>;
 
 /// The model registry, per-model queues, batching and dispatch.
 using model_manager_actor = serving_actor::extend<
@@ -100,7 +123,17 @@ using node_actor = caf::typed_actor<
     /// Every device of this node.
     caf::replies_to<devices_atom>::with<std::vector<device_report>>,
     /// The shard workers, in device order (as caf::actor; cast to shard_worker_actor).
-    caf::replies_to<workers_atom>::with<std::vector<caf::actor>>>;
+    caf::replies_to<workers_atom>::with<std::vector<caf::actor>>,
+    /// Status for operators: the node's and its workers'.
+    caf::replies_to<report_atom>::with<caf::settings>>;
+
+/// The controller's connection to one node (net/cluster): it notices the node's death,
+/// tells the scheduler, reconnects, and rebinds the node's worker guards.
+using node_link_actor = caf::typed_actor<
+    /// Time to try reconnecting (the link sends it to itself).
+    caf::reacts_to<tick_atom>,
+    /// The node's address, whether it is reached, how often it came back.
+    caf::replies_to<report_atom>::with<caf::settings>>;
 
 }  // namespace computron::actors
 

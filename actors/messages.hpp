@@ -53,11 +53,16 @@ struct shard_spec {
   model_config model;
   int32_t tp_rank = 0;
   int32_t pp_rank = 0;
+  /// Where the tensor-parallel group meets when its ranks live on different nodes
+  /// ("host:port" of the rendezvous store rank 0's worker hosts); empty when every rank
+  /// is in one process (they meet in memory).
+  std::string group_address;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_spec& x) {
-  return f(caf::meta::type_name("shard_spec"), x.model, x.tp_rank, x.pp_rank);
+  return f(caf::meta::type_name("shard_spec"), x.model, x.tp_rank, x.pp_rank,
+           x.group_address);
 }
 
 /// What a worker reports after preparing a shard's host copy.
@@ -165,13 +170,17 @@ struct device_report {
   uint64_t loads = 0;
   uint64_t bytes_loaded = 0;
   double load_seconds = 0;
+  /// The node that holds the device ("local" in-process, else its host:port), and
+  /// whether the controller reaches it now.
+  std::string node = "local";
+  bool online = true;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, device_report& x) {
   return f(caf::meta::type_name("device_report"), x.device, x.name, x.kind, x.capacity_bytes,
            x.used_bytes, x.link_gbps, x.shards, x.resident, x.loads, x.bytes_loaded,
-           x.load_seconds);
+           x.load_seconds, x.node, x.online);
 }
 
 /// Where a model's shards live and how big they are (index pp_rank * tp + tp_rank).
@@ -316,4 +325,5 @@ CAF_ADD_TYPE_ID(computron_messages, (computron::actors::infer_request))
 CAF_ADD_TYPE_ID(computron_messages, (computron::actors::infer_reply))
 CAF_ADD_TYPE_ID(computron_messages, (computron::actors::model_info))
 CAF_ADD_TYPE_ID(computron_messages, (std::vector<computron::actors::model_info>))
+CAF_ADD_TYPE_ID(computron_messages, (std::vector<int32_t>))
 CAF_END_TYPE_ID_BLOCK(computron_messages)

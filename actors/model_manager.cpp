@@ -476,12 +476,50 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
                                                                    std::to_string(cfg.devices[i]) +
                                                                    " failed: " + render(err)));
             });
-        for (size_t i = 0; i < ws.size(); ++i)
-          self->request(ws[i], st.opts.prepare_timeout, prepare_atom_v,
-                        shard_spec{cfg, static_cast<int32_t>(i % static_cast<size_t>(cfg.tp)),
-                                   static_cast<int32_t>(i / static_cast<size_t>(cfg.tp))})
-              .then([=](shard_report& r) { j->ok(i, std::move(r)); },
-                    [=](caf::error& e) { j->failed(std::move(e), i); });
+        const auto tp = static_cast<size_t>(cfg.tp);
+        auto timeout = st.opts.prepare_timeout;
+        auto send_prepares = [=](std::vector<std::string> addresses) {
+          for (size_t i = 0; i < ws.size(); ++i)
+            self->request(ws[i], timeout, prepare_atom_v,
+                          shard_spec{cfg, static_cast<int32_t>(i % tp),
+                                     static_cast<int32_t>(i / tp), addresses[i / tp]})
+                .then([=](shard_report& r) { j->ok(i, std::move(r)); },
+                      [=](caf::error& e) { j->failed(std::move(e), i); });
+        };
+        // Stages whose ranks sit on several nodes meet at a rendezvous their rank 0's
+        // worker hosts; its address reaches the others inside the shard specs.
+        std::vector<size_t> split;
+        const auto& nodes = st.opts.device_nodes;
+        for (size_t stage = 0; stage < static_cast<size_t>(cfg.pp) && !nodes.empty(); ++stage) {
+          std::set<std::string> on;
+          for (size_t r = 0; r < tp; ++r)
+            on.insert(nodes.at(static_cast<size_t>(cfg.devices[stage * tp + r])));
+          if (on.size() > 1) split.push_back(stage);
+        }
+        std::vector<std::string> none(static_cast<size_t>(cfg.pp));
+        if (split.empty()) {
+          send_prepares(none);
+          return rp;
+        }
+        auto hosts = make_join<std::string>(
+            split.size(),
+            [=](std::vector<std::string> got) mutable {
+              auto addresses = none;
+              for (size_t k = 0; k < split.size(); ++k) addresses[split[k]] = got[k];
+              send_prepares(std::move(addresses));
+            },
+            [=](caf::error err, size_t k) mutable {
+              self->state.registering.erase(cfg.name);
+              rp.deliver(make_error(ec::invalid_configuration,
+                                    "stage " + std::to_string(split[k]) + " of " + cfg.name +
+                                        " spans nodes, and its rendezvous failed: " +
+                                        render(err)));
+            });
+        for (size_t k = 0; k < split.size(); ++k)
+          self->request(ws[split[k] * tp], 30s, group_atom_v,
+                        cfg.name + "/stage" + std::to_string(split[k]), cfg.tp)
+              .then([=](std::string& a) { hosts->ok(k, std::move(a)); },
+                    [=](caf::error& e) { hosts->failed(std::move(e), k); });
         return rp;
       },
       [=](list_atom) -> caf::result<std::vector<model_info>> {
@@ -545,6 +583,58 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
             self, self->state.workers, caf::timespan{10s},
             [=](std::vector<device_report> rs) mutable { rp.deliver(std::move(rs)); },
             [=](caf::error e, size_t) mutable { rp.deliver(std::move(e)); }, devices_atom_v);
+        return rp;
+      },
+      [=](report_atom) -> caf::result<caf::settings> {
+        // Own figures, then the scheduler's and every worker's: the controller's merged view.
+        auto& st = self->state;
+        caf::settings mine;
+        caf::config_value::list models;
+        for (auto& [name, m] : st.models) {
+          caf::settings x;
+          x["model"] = caf::config_value{name};
+          x["tp"] = caf::config_value{static_cast<int64_t>(m.cfg.tp)};
+          x["pp"] = caf::config_value{static_cast<int64_t>(m.cfg.pp)};
+          x["queued"] = caf::config_value{static_cast<int64_t>(m.queue.size())};
+          x["in-flight"] = caf::config_value{static_cast<int64_t>(m.in_flight)};
+          x["served"] = caf::config_value{static_cast<int64_t>(m.served)};
+          models.emplace_back(std::move(x));
+        }
+        mine["models"] = caf::config_value{std::move(models)};
+        mine["dispatch"] = caf::config_value{st.opts.dispatch};
+        mine["runnable-batches"] = caf::config_value{static_cast<int64_t>(st.runnable.size())};
+        auto rp = self->make_response_promise<caf::settings>();
+        self->request(st.scheduler, 5s, report_atom_v)
+            .then(
+                [=](caf::settings& sched) mutable {
+                  // A worker that does not answer in time is shown as such, not as an error
+                  // of the whole report.
+                  auto n = self->state.workers.size();
+                  auto acc = std::make_shared<std::vector<caf::config_value>>(n);
+                  auto left = std::make_shared<size_t>(n);
+                  auto out = std::make_shared<caf::settings>();
+                  (*out)["manager"] = caf::config_value{mine};
+                  (*out)["scheduler"] = caf::config_value{std::move(sched)};
+                  auto finish = [=]() mutable {
+                    (*out)["devices"] = caf::config_value{caf::config_value::list(*acc)};
+                    rp.deliver(std::move(*out));
+                  };
+                  for (size_t i = 0; i < n; ++i)
+                    self->request(self->state.workers[i], 2s, report_atom_v)
+                        .then(
+                            [=](caf::settings& w) mutable {
+                              (*acc)[i] = caf::config_value{std::move(w)};
+                              if (--*left == 0) finish();
+                            },
+                            [=](caf::error& e) mutable {
+                              caf::settings w;
+                              w["device"] = caf::config_value{static_cast<int64_t>(i)};
+                              w["error"] = caf::config_value{render(e)};
+                              (*acc)[i] = caf::config_value{std::move(w)};
+                              if (--*left == 0) finish();
+                            });
+                },
+                [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
         return rp;
       },
       [=](tick_atom) {

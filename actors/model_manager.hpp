@@ -36,6 +36,9 @@ struct model_manager_options {
   std::chrono::milliseconds acquire_timeout{std::chrono::minutes(30)};
   /// Preparing a model's host copies at most.
   std::chrono::milliseconds prepare_timeout{std::chrono::hours(1)};
+  /// The node of each device (index = global device index); empty: all in this process.
+  /// A stage whose tensor-parallel ranks sit on several nodes gets a cross-node group.
+  std::vector<std::string> device_nodes;
   std::shared_ptr<observer> obs = null_observer();
 };
 

@@ -30,6 +30,21 @@ node_actor::behavior_type node(node_actor::stateful_pointer<node_state> self,
             [=](caf::error e, size_t) mutable { rp.deliver(std::move(e)); }, devices_atom_v);
         return rp;
       },
+      [=](report_atom) -> caf::result<caf::settings> {
+        auto rp = self->make_response_promise<caf::settings>();
+        fan_out_all<caf::settings>(
+            self, self->state.workers, caf::timespan{5s},
+            [=](std::vector<caf::settings> rs) mutable {
+              caf::settings out;
+              caf::config_value::list ds;
+              for (auto& r : rs) ds.emplace_back(std::move(r));
+              out["devices"] = caf::config_value{std::move(ds)};
+              out["mailbox"] = caf::config_value{static_cast<int64_t>(self->mailbox().size())};
+              rp.deliver(std::move(out));
+            },
+            [=](caf::error e, size_t) mutable { rp.deliver(std::move(e)); }, report_atom_v);
+        return rp;
+      },
       [=](workers_atom) {
         std::vector<caf::actor> out;
         for (auto& w : self->state.workers) out.push_back(caf::actor_cast<caf::actor>(w));
@@ -80,19 +95,11 @@ void runtime::shutdown() {
   for (auto& w : node.workers) bye(w);
 }
 
-caf::expected<runtime> start_runtime(caf::actor_system& sys, runtime_options opts,
-                                     engine_registry engines) {
-  runtime rt;
-  auto devs = gpu::open_devices(opts.devices);
-  if (!devs) return devs.error();
-  rt.devices = std::move(*devs);
-  auto n = spawn_node(sys, rt.devices, engines, opts.worker);
-  if (!n) return n.error();
-  rt.node = std::move(*n);
-  std::vector<scheduler_device> sds;
-  for (size_t i = 0; i < rt.devices.size(); ++i)
-    sds.push_back(
-        {rt.node.workers[i], rt.devices[i]->capacity_bytes(), rt.devices[i]->info().link_gbps});
+namespace {
+
+/// Scheduler, manager and frontend over `rt.node.workers`, accounted by `sds`.
+caf::expected<runtime> spawn_stack(caf::actor_system& sys, runtime rt, runtime_options opts,
+                                   engine_registry engines, std::vector<scheduler_device> sds) {
   opts.scheduler.obs = opts.obs;
   opts.manager.obs = opts.obs;
   opts.frontend.obs = opts.obs;
@@ -111,6 +118,33 @@ caf::expected<runtime> start_runtime(caf::actor_system& sys, runtime_options opt
   if (!f) return fail(f.error());
   rt.frontend = *f;
   return rt;
+}
+
+}  // namespace
+
+caf::expected<runtime> start_runtime(caf::actor_system& sys, runtime_options opts,
+                                     engine_registry engines) {
+  runtime rt;
+  auto devs = gpu::open_devices(opts.devices);
+  if (!devs) return devs.error();
+  rt.devices = std::move(*devs);
+  auto n = spawn_node(sys, rt.devices, engines, opts.worker);
+  if (!n) return n.error();
+  rt.node = std::move(*n);
+  std::vector<scheduler_device> sds;
+  for (size_t i = 0; i < rt.devices.size(); ++i)
+    sds.push_back(
+        {rt.node.workers[i], rt.devices[i]->capacity_bytes(), rt.devices[i]->info().link_gbps});
+  return spawn_stack(sys, std::move(rt), std::move(opts), std::move(engines), std::move(sds));
+}
+
+caf::expected<runtime> start_runtime_over(caf::actor_system& sys, runtime_options opts,
+                                          engine_registry engines,
+                                          std::vector<scheduler_device> devices) {
+  if (devices.empty()) return make_error(ec::invalid_configuration, "a runtime without devices");
+  runtime rt;
+  for (auto& d : devices) rt.node.workers.push_back(d.worker);
+  return spawn_stack(sys, std::move(rt), std::move(opts), std::move(engines), std::move(devices));
 }
 
 }  // namespace computron::actors

@@ -61,4 +61,12 @@ struct runtime {
 caf::expected<runtime> start_runtime(caf::actor_system& sys, runtime_options opts,
                                      engine_registry engines);
 
+/// The controller's stack over workers that exist already (other nodes' workers behind
+/// their guards): scheduler, manager and frontend; `devices[i]` accounts worker i. The
+/// runtime's node has no actor and its device list is empty. Errors: no devices,
+/// invalid options.
+caf::expected<runtime> start_runtime_over(caf::actor_system& sys, runtime_options opts,
+                                          engine_registry engines,
+                                          std::vector<scheduler_device> devices);
+
 }  // namespace computron::actors

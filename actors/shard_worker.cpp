@@ -117,7 +117,18 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
         entry->spec = s;
         auto eng = e->second;
         auto device = st.dev;
-        auto group = group_name(st.opts.group_scope, s);
+        // Ranks on several nodes meet at the address in the spec; the name must then be
+        // the same in every process, so it is not scoped by node.
+        const bool remote_group = !s.group_address.empty();
+        if (remote_group && !st.opts.groups) {
+          st.preparing.erase(name);
+          return make_error(ec::invalid_configuration,
+                            "model " + name + " has tensor-parallel ranks on several nodes, and " +
+                                "this process cannot join such groups (no Gloo)");
+        }
+        auto group = group_name(remote_group ? std::string{"cluster"} : st.opts.group_scope, s);
+        auto groups = st.opts.groups;
+        auto bind_host = st.opts.host;
         auto peer_timeout = st.opts.step_timeout;
         lane_job job{[=]() -> caf::error {
           auto table = eng->layout(s);
@@ -126,7 +137,9 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
           if (!w) return w.error();
           entry->weights = std::shared_ptr<gpu::weight_shard>(std::move(*w));
           if (auto err = eng->fill(s, *entry->weights)) return err;
-          auto g = gpu::join_local_group(group, s.tp_rank, s.model.tp, peer_timeout);
+          auto g = remote_group ? groups->join(s.group_address, group, s.tp_rank, s.model.tp,
+                                               bind_host, peer_timeout)
+                                : gpu::join_local_group(group, s.tp_rank, s.model.tp, peer_timeout);
           if (!g) return g.error();
           entry->group = std::shared_ptr<gpu::collective>(std::move(*g));
           auto p = eng->make_program(s, *entry->weights, *entry->group);
@@ -323,7 +336,46 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
         r.loads = st.loads;
         r.bytes_loaded = st.bytes_loaded;
         r.load_seconds = st.load_seconds;
+        r.node = st.opts.node;
         return r;
+      },
+      [=](group_atom, std::string& group, int32_t size) -> caf::result<std::string> {
+        auto& st = self->state;
+        if (!st.opts.groups)
+          return make_error(ec::invalid_configuration,
+                            "device " + std::to_string(index) +
+                                " cannot host a cross-node group (no Gloo in this process)");
+        if (size < 2 || size > 1024)
+          return make_error(ec::invalid_request, "group " + group + " of " + std::to_string(size) +
+                                                     " ranks");
+        // Binding a listening socket is quick: no lane needed.
+        auto addr = st.opts.groups->host(st.opts.host, size, st.opts.step_timeout);
+        if (!addr) return addr.error();
+        log::info("device {}: hosting the rendezvous of {} at {}", index, group, *addr);
+        return *addr;
+      },
+      [=](report_atom) -> caf::settings {
+        auto& st = self->state;
+        caf::settings out;
+        auto& info = st.dev->info();
+        out["device"] = caf::config_value{static_cast<int64_t>(index)};
+        out["name"] = caf::config_value{info.name};
+        out["node"] = caf::config_value{st.opts.node};
+        out["capacity-bytes"] = caf::config_value{static_cast<int64_t>(info.capacity_bytes)};
+        out["used-bytes"] = caf::config_value{static_cast<int64_t>(st.dev->used_bytes())};
+        out["link-gbps"] = caf::config_value{info.link_gbps};
+        caf::config_value::list held, resident;
+        for (auto& [name, e] : st.shards) {
+          held.emplace_back(name);
+          if (e.weights->state() == gpu::residency::resident) resident.emplace_back(name);
+        }
+        out["shards"] = caf::config_value{std::move(held)};
+        out["resident"] = caf::config_value{std::move(resident)};
+        out["loads"] = caf::config_value{static_cast<int64_t>(st.loads)};
+        out["load-gbps"] =
+            caf::config_value{st.load_seconds > 0 ? st.bytes_loaded / st.load_seconds / 1e9 : 0.0};
+        out["mailbox"] = caf::config_value{static_cast<int64_t>(self->mailbox().size())};
+        return out;
       },
   };
 }

@@ -9,6 +9,7 @@
 
 #include "actors/engine.hpp"
 #include "actors/interfaces.hpp"
+#include "gpu/collective.hpp"
 #include "gpu/device.hpp"
 
 namespace computron::actors {
@@ -19,6 +20,12 @@ struct shard_worker_options {
   /// Prefix of the in-process collective groups this worker joins: unique per node, so
   /// two nodes in one process (tests, examples) never share a group.
   std::string group_scope = "node";
+  /// Groups whose ranks live on other nodes (null: this process cannot join them).
+  std::shared_ptr<gpu::group_provider> groups;
+  /// The address this node is reached at: rendezvous points it hosts listen there.
+  std::string host = "127.0.0.1";
+  /// The node's name in reports ("local" in-process, else host:port).
+  std::string node = "local";
   /// Bytes per copy of a load.
   uint64_t chunk_bytes = 32ull << 20;
   /// Longest a load may take on this worker before it fails.

@@ -60,14 +60,28 @@ struct swap_scheduler_state {
   std::deque<std::string> pending;
   std::shared_ptr<eviction_policy> policy;
   swap_scheduler_options opts;
+  /// Devices whose node is gone: their models are unavailable until the node is back.
+  std::set<int32_t> lost;
 };
 
 using sched_pointer = swap_scheduler_actor::stateful_pointer<swap_scheduler_state>;
 
-residency_report report_of(const scheduled_model& m) {
+/// The lost device that keeps `m` from serving, or -1.
+int32_t lost_device(const swap_scheduler_state& st, const scheduled_model& m) {
+  for (auto d : m.placement.devices)
+    if (st.lost.count(d) > 0) return d;
+  return -1;
+}
+
+caf::error unavailable_error(const scheduled_model& m, int32_t device) {
+  return make_error(ec::unavailable, "model " + m.placement.model + " is unavailable: device " +
+                                         std::to_string(device) + " is unreachable");
+}
+
+residency_report report_of(const swap_scheduler_state& st, const scheduled_model& m) {
   residency_report r;
   r.model = m.placement.model;
-  r.state = gpu::to_string(m.state);
+  r.state = lost_device(st, m) >= 0 ? std::string{"unavailable"} : gpu::to_string(m.state);
   r.bytes = m.total_bytes;
   r.leases = m.leases;
   r.pinned = m.pinned;
@@ -108,6 +122,21 @@ void finish_waiters(std::vector<load_waiter>& ws, const caf::error* err) {
 void pump(sched_pointer self);
 void want_loaded(sched_pointer self, const std::string& name, load_waiter w);
 
+/// Gives up on a resident model one of whose devices is gone: what it holds on the
+/// others is freed, and it counts as offloaded (it loads again once all are back).
+void forget(sched_pointer self, const std::string& name) {
+  auto& st = self->state;
+  auto& m = st.models.at(name);
+  for (auto& w : workers_of(self, m))
+    self->request(w, st.opts.load_timeout, evict_atom_v, name)
+        .then([](transfer_report&) {}, [](caf::error&) {});
+  for (size_t k = 0; k < m.placement.devices.size(); ++k)
+    st.devices[static_cast<size_t>(m.placement.devices[k])].used_bytes -= m.placement.bytes[k];
+  m.state = residency::offloaded;
+  log::warn("model {} lost its residency: a device's node is gone", name);
+  publish_usage(self);
+}
+
 void start_evict(sched_pointer self, const std::string& name) {
   auto& m = self->state.models.at(name);
   m.state = residency::evicting;
@@ -131,9 +160,16 @@ void start_evict(sched_pointer self, const std::string& name) {
       },
       [=](caf::error err, size_t i) {
         auto& m = self->state.models.at(name);
-        // The device copy is in an unknown state: keep accounting it as resident.
         log::error("evicting {} failed on device {}: {}", name, m.placement.devices[i],
                    render(err));
+        if (lost_device(self->state, m) >= 0) {
+          // Its node is gone, and its copy with it.
+          forget(self, name);
+          finish_waiters(m.evict_waiters, nullptr);
+          pump(self);
+          return;
+        }
+        // The device copy is in an unknown state: keep accounting it as resident.
         m.state = residency::resident;
         auto e = make_error(ec::device_error, "evicting " + name + " failed: " + render(err));
         finish_waiters(m.evict_waiters, &e);
@@ -189,8 +225,10 @@ void start_load(sched_pointer self, const std::string& name) {
               m.placement.bytes[k];
         m.state = residency::offloaded;
         publish_usage(self);
-        auto e = make_error(
-            is(err, ec::out_of_device_memory) ? ec::out_of_device_memory : ec::device_error,
+        auto code = is(err, ec::out_of_device_memory) ? ec::out_of_device_memory
+                    : is(err, ec::unavailable)        ? ec::unavailable
+                                                      : ec::device_error;
+        auto e = make_error(code,
             "loading " + name + " failed on device " + std::to_string(device) + ": " + render(err));
         finish_waiters(m.waiters, &e);
         pump(self);
@@ -314,6 +352,12 @@ void pump(sched_pointer self) {
       m.queued = false;  // every waiter gave up
       continue;
     }
+    if (auto d = lost_device(st, m); d >= 0) {
+      m.queued = false;
+      auto e = unavailable_error(m, d);
+      finish_waiters(m.waiters, &e);
+      continue;
+    }
     if (auto why = never_fits(self, m); !why.empty()) {
       m.queued = false;
       auto e = make_error(ec::out_of_device_memory, why);
@@ -397,6 +441,7 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
       [=](acquire_atom, std::string& name) -> caf::result<lease> {
         auto m = find(name);
         if (!m) return unknown(name);
+        if (auto d = lost_device(self->state, *m); d >= 0) return unavailable_error(*m, d);
         if (m->state == residency::resident && !m->draining) {
           ++m->leases;
           m->last_used_s = now_s();
@@ -433,20 +478,21 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
       [=](load_atom, std::string& name) -> caf::result<residency_report> {
         auto m = find(name);
         if (!m) return unknown(name);
-        if (m->state == residency::resident) return report_of(*m);
+        if (auto d = lost_device(self->state, *m); d >= 0) return unavailable_error(*m, d);
+        if (m->state == residency::resident) return report_of(self->state, *m);
         auto rp = self->make_response_promise<residency_report>();
         want_loaded(self, name, [=](const caf::error* err) mutable {
           if (err)
             rp.deliver(*err);
           else
-            rp.deliver(report_of(self->state.models.at(name)));
+            rp.deliver(report_of(self->state, self->state.models.at(name)));
         });
         return rp;
       },
       [=](unload_atom, std::string& name) -> caf::result<residency_report> {
         auto m = find(name);
         if (!m) return unknown(name);
-        if (m->state == residency::offloaded) return report_of(*m);
+        if (m->state == residency::offloaded) return report_of(self->state, *m);
         if (m->leases > 0)
           return make_error(ec::invalid_state, "model " + name + " has " +
                                                    std::to_string(m->leases) +
@@ -459,7 +505,7 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
           if (err)
             rp.deliver(*err);
           else
-            rp.deliver(report_of(self->state.models.at(name)));
+            rp.deliver(report_of(self->state, self->state.models.at(name)));
         });
         if (m->state == residency::resident) start_evict(self, name);
         return rp;
@@ -469,14 +515,61 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
         if (!m) return unknown(name);
         m->pinned = pinned;
         if (!pinned) pump(self);
-        return report_of(*m);
+        return report_of(self->state, *m);
       },
       [=](demand_atom, std::string& name, uint32_t n) {
         if (auto m = find(name)) m->demand.note(n, now_s());
       },
       [=](status_atom) {
         std::vector<residency_report> out;
-        for (auto& [name, m] : self->state.models) out.push_back(report_of(m));
+        for (auto& [name, m] : self->state.models) out.push_back(report_of(self->state, m));
+        return out;
+      },
+      [=](lost_atom, std::vector<int32_t>& devs) {
+        auto& st = self->state;
+        for (auto d : devs) st.lost.insert(d);
+        std::vector<std::string> gone;
+        for (auto& [name, m] : st.models)
+          if (m.state == residency::resident && lost_device(st, m) >= 0) gone.push_back(name);
+        for (auto& name : gone) forget(self, name);
+        // Loads and evictions in flight fail by themselves (the guards answer at once).
+        pump(self);
+      },
+      [=](found_atom, std::vector<int32_t>& devs) {
+        auto& st = self->state;
+        for (auto d : devs) st.lost.erase(d);
+        pump(self);
+      },
+      [=](report_atom) {
+        auto& st = self->state;
+        caf::settings out;
+        out["policy"] = caf::config_value{st.opts.policy};
+        caf::config_value::list models;
+        for (auto& [name, m] : st.models) {
+          auto r = report_of(st, m);
+          caf::settings x;
+          x["model"] = caf::config_value{name};
+          x["state"] = caf::config_value{r.state};
+          x["bytes"] = caf::config_value{static_cast<int64_t>(r.bytes)};
+          x["leases"] = caf::config_value{static_cast<int64_t>(r.leases)};
+          x["pinned"] = caf::config_value{r.pinned};
+          x["loads"] = caf::config_value{static_cast<int64_t>(r.loads)};
+          x["evictions"] = caf::config_value{static_cast<int64_t>(r.evictions)};
+          models.emplace_back(std::move(x));
+        }
+        out["models"] = caf::config_value{std::move(models)};
+        caf::config_value::list devices;
+        for (size_t d = 0; d < st.devices.size(); ++d) {
+          caf::settings x;
+          x["device"] = caf::config_value{static_cast<int64_t>(d)};
+          x["usable-bytes"] = caf::config_value{static_cast<int64_t>(st.devices[d].usable_bytes)};
+          x["used-bytes"] = caf::config_value{static_cast<int64_t>(st.devices[d].used_bytes)};
+          x["transfers"] = caf::config_value{static_cast<int64_t>(st.devices[d].transfers)};
+          x["lost"] = caf::config_value{st.lost.count(static_cast<int32_t>(d)) > 0};
+          devices.emplace_back(std::move(x));
+        }
+        out["devices"] = caf::config_value{std::move(devices)};
+        out["pending-loads"] = caf::config_value{static_cast<int64_t>(st.pending.size())};
         return out;
       },
       [=](devices_atom) {

@@ -76,6 +76,13 @@ class child_process {
     return true;
   }
   int exit_status() const { return status_; }
+  /// Sends `sig` (SIGKILL, SIGSTOP, SIGCONT: the failure tests) while it runs; to its
+  /// whole process group when it leads one, as `timeout` does, so that the wrapped
+  /// program gets it too.
+  void signal(int sig) {
+    if (pid_ <= 0 || exited_) return;
+    kill(getpgid(pid_) == pid_ ? -pid_ : pid_, sig);
+  }
 
   /// SIGTERM, then waits; SIGKILL after `grace`. Returns the exit status (or -1).
   int stop(std::chrono::milliseconds grace) {

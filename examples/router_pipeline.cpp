@@ -89,6 +89,21 @@ serving_actor::behavior_type router(serving_actor::stateful_pointer<router_state
             [=](caf::error e, size_t) mutable { rp.deliver(std::move(e)); }, devices_atom_v);
         return rp;
       },
+      [=](report_atom) -> caf::result<caf::settings> {
+        // Each pool's merged status, side by side.
+        auto rp = self->make_response_promise<caf::settings>();
+        fan_out_all<caf::settings>(
+            self, self->state.managers, caf::timespan{10s},
+            [=](std::vector<caf::settings> parts) mutable {
+              caf::settings out;
+              caf::config_value::list pools;
+              for (auto& p : parts) pools.emplace_back(std::move(p));
+              out["pools"] = caf::config_value{std::move(pools)};
+              rp.deliver(std::move(out));
+            },
+            [=](caf::error e, size_t) mutable { rp.deliver(std::move(e)); }, report_atom_v);
+        return rp;
+      },
   };
 }
 

@@ -35,6 +35,24 @@ caf::expected<std::unique_ptr<collective>> join_local_group(const std::string& n
                                                             int size,
                                                             std::chrono::milliseconds timeout);
 
+/// Groups whose ranks live in different processes: one rank's worker hosts a
+/// rendezvous point, its address travels to the others in CAF messages, and each joins.
+/// Implemented with Gloo (models/gloo_collective); processes built without it have none.
+class group_provider {
+ public:
+  virtual ~group_provider() = default;
+  /// Hosts the rendezvous of a group of `size` ranks on `host` (any free port); the
+  /// provider keeps it alive. Returns the address the ranks meet at, "host:port".
+  virtual caf::expected<std::string> host(const std::string& host, int size,
+                                          std::chrono::milliseconds timeout) = 0;
+  /// Joins group `name` at `address` as `rank` of `size`, the transport bound to
+  /// `bind_host`. Blocks until every rank joined or `timeout` passed.
+  virtual caf::expected<std::unique_ptr<collective>> join(const std::string& address,
+                                                          const std::string& name, int rank,
+                                                          int size, const std::string& bind_host,
+                                                          std::chrono::milliseconds timeout) = 0;
+};
+
 /// NCCL group over GPUs. `unique_id` comes from rank 0's nccl_unique_id() and is handed
 /// to every rank by the caller (later: in CAF messages). Errors: no CUDA in this build,
 /// NCCL failures with NCCL's message.

@@ -1,5 +1,8 @@
 #include "models/gloo_collective.hpp"
 
+#include <map>
+#include <mutex>
+
 #include <fmt/format.h>
 
 #include <torch/torch.h>
@@ -116,6 +119,53 @@ caf::expected<std::unique_ptr<gpu::collective>> make_gloo_collective(
     return make_error(ec::unavailable, fmt::format("joining gloo group '{}' as rank {} of {}: {}",
                                                    prefix, rank, size, e.what()));
   }
+}
+
+namespace {
+
+class gloo_provider final : public gpu::group_provider {
+ public:
+  caf::expected<std::string> host(const std::string& host, int size,
+                                  std::chrono::milliseconds timeout) override {
+    auto store = host_gloo_store(host, 0, size, timeout);
+    if (!store) return store.error();
+    auto address = host + ":" + std::to_string((*store)->port());
+    std::lock_guard<std::mutex> guard{mtx_};
+    hosted_[address] = *store;
+    return address;
+  }
+
+  caf::expected<std::unique_ptr<gpu::collective>> join(
+      const std::string& address, const std::string& name, int rank, int size,
+      const std::string& bind_host, std::chrono::milliseconds timeout) override {
+    auto colon = address.rfind(':');
+    if (colon == std::string::npos || colon + 1 == address.size())
+      return make_error(ec::invalid_request, "group address '" + address + "' is not host:port");
+    int port = 0;
+    try {
+      port = std::stoi(address.substr(colon + 1));
+    } catch (const std::exception&) {
+      port = -1;
+    }
+    if (port <= 0 || port > 65535)
+      return make_error(ec::invalid_request, "group address '" + address + "' has a bad port");
+    auto store = connect_gloo_store(address.substr(0, colon), static_cast<uint16_t>(port), size,
+                                    timeout);
+    if (!store) return store.error();
+    return make_gloo_collective(*store, name, rank, size, bind_host);
+  }
+
+ private:
+  std::mutex mtx_;
+  /// Stores stay up for the process's lifetime: a group may be joined again (a restarted
+  /// peer), and they are a few sockets each.
+  std::map<std::string, std::shared_ptr<gloo_store>> hosted_;
+};
+
+}  // namespace
+
+std::shared_ptr<gpu::group_provider> make_gloo_group_provider() {
+  return std::make_shared<gloo_provider>();
 }
 
 }  // namespace computron::models

@@ -40,4 +40,7 @@ caf::expected<std::unique_ptr<gpu::collective>> make_gloo_collective(
     std::shared_ptr<gloo_store> store, const std::string& prefix, int rank, int size,
     const std::string& bind_address = "127.0.0.1");
 
+/// The cross-process group provider of shard workers (gpu::group_provider) over Gloo.
+std::shared_ptr<gpu::group_provider> make_gloo_group_provider();
+
 }  // namespace computron::models

@@ -198,6 +198,54 @@ caf::expected<parsed_infer> parse_infer(const std::string& body, uint32_t max_ro
 
 }  // namespace
 
+namespace {
+
+json settings_json(const caf::config_value& v) {
+  auto& d = v.get_data();
+  if (auto x = caf::get_if<caf::config_value::integer>(&d)) return *x;
+  if (auto x = caf::get_if<caf::config_value::boolean>(&d)) return *x;
+  if (auto x = caf::get_if<caf::config_value::real>(&d)) return *x;
+  if (auto x = caf::get_if<std::string>(&d)) return *x;
+  if (auto x = caf::get_if<caf::config_value::list>(&d)) {
+    json out = json::array();
+    for (auto& e : *x) out.push_back(settings_json(e));
+    return out;
+  }
+  if (auto x = caf::get_if<caf::config_value::dictionary>(&d)) {
+    json out = json::object();
+    for (auto& [k, e] : *x) out[k] = settings_json(e);
+    return out;
+  }
+  return caf::to_string(v);
+}
+
+/// The merged status (every actor's report) plus a per-node summary an operator reads
+/// first: which nodes answer, their devices' memory and link, what is resident.
+json status_json(const caf::settings& s) {
+  json all = json::object();
+  for (auto& [k, v] : s) all[k] = settings_json(v);
+  json nodes = json::object();
+  if (all.contains("devices") && all["devices"].is_array()) {
+    for (auto& d : all["devices"]) {
+      auto name = d.value("node", std::string{"local"});
+      auto& n = nodes[name];
+      if (!n.contains("online")) n["online"] = true;
+      if (!d.value("online", true) || d.contains("error")) n["online"] = false;
+      n["devices"].push_back(d.value("device", int64_t{-1}));
+    }
+  }
+  json list = json::array();
+  for (auto& [name, n] : nodes.items()) {
+    json e = n;
+    e["node"] = name;
+    list.push_back(std::move(e));
+  }
+  all["nodes"] = std::move(list);
+  return all;
+}
+
+}  // namespace
+
 struct http_server::impl {
   caf::actor_system& sys;
   actors::frontend_actor frontend;
@@ -323,6 +371,12 @@ struct http_server::impl {
           http::status::ok,
           json{{"name", "computron"}, {"version", "0.1.0"}, {"extensions", {"model_repository"}}}));
     }
+    if (target == "/v2/status") {
+      if (!is_get) return wrong_method();
+      return ask<caf::settings>(
+          reply, [](caf::settings& s) { return make_json(http::status::ok, status_json(s)); },
+          actors::report_atom_v);
+    }
     if (target == "/metrics") {
       if (!is_get) return wrong_method();
       response res{http::status::ok, 11};
@@ -395,12 +449,15 @@ struct http_server::impl {
       }
       if (verb == "ready") {
         if (!is_get) return wrong_method();
-        // Every registered model can serve: an offloaded one is swapped in on demand.
+        // Every registered model can serve (an offloaded one is swapped in on demand)
+        // unless a device of it is on a node that is gone.
         return ask<actors::model_info>(
             reply,
             [](actors::model_info& i) {
               return make_json(http::status::ok,
-                               json{{"name", i.config.name}, {"ready", true}, {"state", i.state}});
+                               json{{"name", i.config.name},
+                                    {"ready", i.state != "unavailable"},
+                                    {"state", i.state}});
             },
             actors::info_atom_v, model);
       }

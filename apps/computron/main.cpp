@@ -204,6 +204,41 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--trace", serve_trace,
                         "write a Chrome trace of loads and batches here at exit");
 
+  std::string serve_nodes;
+  net::tls_options serve_tls;
+  serve_cmd->add_option("--nodes", serve_nodes,
+                        "serve with these nodes, host:port,... (`computron node` on each)");
+  auto add_tls = [](CLI::App* cmd, net::tls_options& tls) {
+    cmd->add_option("--tls-certificate", tls.certificate, "PEM certificate (TLS to peers)");
+    cmd->add_option("--tls-key", tls.key, "PEM private key of the certificate");
+    cmd->add_option("--tls-cafile", tls.cafile, "PEM CA that signed the peers' certificates");
+  };
+  add_tls(serve_cmd, serve_tls);
+
+  // node
+  auto node_cmd = app.add_subcommand(
+      "node", "run this machine's devices and shard workers for a controller (serve --nodes)");
+  app::node_options node;
+  node.devices.kind = "auto";
+  node.devices.count = 2;
+  double node_capacity_mb = 256, node_link = 2.0;
+  node_cmd->add_option("--host", node.host, "address to listen on")->capture_default_str();
+  node_cmd->add_option("--port", node.port, "port to listen on (0 picks a free one)")
+      ->capture_default_str();
+  node_cmd->add_option("--kind", node.devices.kind, "auto, emulated or cuda")
+      ->capture_default_str();
+  node_cmd->add_option("--devices", node.devices.count, "number of devices")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  node_cmd->add_option("--capacity-mb", node_capacity_mb, "emulated: memory per device")
+      ->capture_default_str();
+  node_cmd->add_option("--link-gbps", node_link, "emulated: link rate per device")
+      ->capture_default_str();
+  node_cmd->add_flag("--insecure-public", node.insecure_public,
+                     "allow a non-loopback address without TLS (anyone reaching the port "
+                     "controls the node)");
+  add_tls(node_cmd, node.tls);
+
   // demo
   auto demo_cmd = app.add_subcommand(
       "demo", "send a short mixed workload to a running server; print a summary");
@@ -349,7 +384,25 @@ int main(int argc, char** argv) {
     if (serve_port >= 0) cfg->http.port = static_cast<uint16_t>(serve_port);
     if (serve_devices > 0) cfg->runtime.devices.count = serve_devices;
     if (!serve_trace.empty()) cfg->trace_file = serve_trace;
+    if (!serve_nodes.empty()) {
+      auto nodes = net::parse_node_list(serve_nodes);
+      if (!nodes) {
+        std::cerr << "computron serve: " << render(nodes.error()) << '\n';
+        return exit_usage;
+      }
+      cfg->cluster.nodes = std::move(*nodes);
+    }
+    if (serve_tls.enabled()) cfg->tls = serve_tls;
     return app::run_serve(std::move(*cfg));
+  }
+  if (*node_cmd) {
+    if (!(node_capacity_mb > 0) || !(node_link > 0)) {
+      std::cerr << "computron node: --capacity-mb and --link-gbps must be positive\n";
+      return exit_usage;
+    }
+    node.devices.emulated_capacity_bytes = mib_to_bytes(node_capacity_mb);
+    node.devices.emulated_link_gbps = node_link;
+    return app::run_node(node);
   }
   if (*demo_cmd) return app::run_demo(demo);
   if (*lg_cmd) {

@@ -16,6 +16,7 @@
 #include "actors/opt_engine.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "models/gloo_collective.hpp"
 #include "models/opt_model.hpp"
 #include "net/metrics.hpp"
 #include "net/trace.hpp"
@@ -159,7 +160,8 @@ caf::expected<serve_config> load_serve_config(const std::string& path) {
   const std::string w = path;
   if (auto e = check_keys(*j, w,
                           {"devices", "http", "scheduler", "batching", "frontend", "repository",
-                           "models", "trace_file", "compute_threads", "chunk_mb", "comment"}))
+                           "models", "trace_file", "compute_threads", "chunk_mb", "nodes", "tls",
+                           "comment"}))
     return e;
   caf::error e;
   if (auto d = j->find("devices"); d != j->end()) {
@@ -233,6 +235,28 @@ caf::expected<serve_config> load_serve_config(const std::string& path) {
         (e = read(*f, "max_outstanding", fw, c.runtime.frontend.max_outstanding)))
       return e;
   }
+  if (auto n = j->find("nodes"); n != j->end()) {
+    std::vector<std::string> list;
+    if ((e = read(*j, "nodes", w, list))) return e;
+    std::string joined;
+    for (auto& a : list) joined += (joined.empty() ? "" : ",") + a;
+    auto nodes = net::parse_node_list(joined);
+    if (!nodes) return bad(w, render(nodes.error()));
+    c.cluster.nodes = std::move(*nodes);
+  }
+  if (auto t = j->find("tls"); t != j->end()) {
+    auto tw = w + " tls";
+    if ((e = check_keys(*t, tw, {"certificate", "key", "cafile"}))) return e;
+    auto rel = [&](std::string& f) {
+      if (!f.empty() && fs::path{f}.is_relative()) f = (base / f).string();
+    };
+    if ((e = read(*t, "certificate", tw, c.tls.certificate)) ||
+        (e = read(*t, "key", tw, c.tls.key)) || (e = read(*t, "cafile", tw, c.tls.cafile)))
+      return e;
+    rel(c.tls.certificate);
+    rel(c.tls.key);
+    rel(c.tls.cafile);
+  }
   double chunk_mb = static_cast<double>(c.runtime.worker.chunk_bytes) / mib;
   if ((e = read(*j, "trace_file", w, c.trace_file)) ||
       (e = read(*j, "compute_threads", w, c.compute_threads)) ||
@@ -260,24 +284,59 @@ caf::expected<serve_config> load_serve_config(const std::string& path) {
   return c;
 }
 
-int run_serve(serve_config cfg) {
-  // Block the stop signals in every thread (CAF's and Asio's inherit the mask) and wait
-  // for them here.
+namespace {
+
+/// Blocks SIGINT and SIGTERM in every thread (CAF's and Asio's inherit the mask) so the
+/// main thread can wait for them with sigwait.
+sigset_t block_stop_signals() {
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  return stop_signals;
+}
+
+}  // namespace
+
+int run_serve(serve_config cfg) {
+  auto stop_signals = block_stop_signals();
   if (cfg.compute_threads > 0) models::set_compute_threads(cfg.compute_threads);
 
   auto metrics = std::make_shared<net::metrics>();
   auto trace = std::make_shared<net::trace_recorder>();
   cfg.runtime.obs = actors::combine({metrics, trace});
-  actors::system_config sys_cfg;
+  if (auto err = net::validate(cfg.tls)) {
+    std::cerr << "computron serve: " << render(err) << '\n';
+    return 1;
+  }
+  net::cluster_config sys_cfg{cfg.tls};
   caf::actor_system sys{sys_cfg};
-  auto rt = actors::start_runtime(sys, cfg.runtime, actors::all_engines());
+  caf::expected<actors::runtime> rt = caf::error{};
+  net::cluster nodes;
+  std::string where;
+  if (cfg.cluster.nodes.empty()) {
+    rt = actors::start_runtime(sys, cfg.runtime, actors::all_engines());
+    if (rt)
+      where = std::to_string(rt->devices.size()) + " " +
+              gpu::to_string(rt->devices.front()->info().kind) + " devices";
+  } else {
+    cfg.cluster.tls = cfg.tls.enabled();
+    auto c = net::connect_cluster(sys, cfg.cluster);
+    if (!c) {
+      std::cerr << "computron serve: " << render(c.error()) << '\n';
+      return 1;
+    }
+    nodes = std::move(*c);
+    cfg.runtime.manager.device_nodes = nodes.device_nodes;
+    rt = actors::start_runtime_over(sys, cfg.runtime, actors::all_engines(), nodes.devices);
+    if (rt) net::watch_cluster(sys, nodes, cfg.cluster, rt->scheduler);
+    where = std::to_string(nodes.devices.size()) + " devices on " +
+            std::to_string(nodes.nodes.size()) + " nodes";
+  }
   if (!rt) {
     std::cerr << "computron serve: " << render(rt.error()) << '\n';
+    nodes.shutdown();
     return 1;
   }
   size_t registered = 0;
@@ -294,24 +353,75 @@ int run_serve(serve_config cfg) {
     std::cerr << "computron serve: none of the " << cfg.models.size()
               << " models could be registered\n";
     rt->shutdown();
+    nodes.shutdown();
     return 1;
   }
   auto srv = net::http_server::start(sys, rt->frontend, metrics, trace, cfg.http);
   if (!srv) {
     std::cerr << "computron serve: " << render(srv.error()) << '\n';
     rt->shutdown();
+    nodes.shutdown();
     return 1;
   }
   std::cout << "computron serve: listening on http://" << cfg.http.host << ':' << (*srv)->port()
-            << " (" << registered << " models, " << rt->devices.size() << ' '
-            << gpu::to_string(rt->devices.front()->info().kind) << " devices)" << std::endl;
+            << " (" << registered << " models, " << where << ")" << std::endl;
   int sig = 0;
   sigwait(&stop_signals, &sig);
   log::info("signal {}: stopping", sig);
   (*srv)->stop();
   if (!cfg.trace_file.empty() && !trace->write(cfg.trace_file))
     log::error("cannot write the trace to {}", cfg.trace_file);
+  nodes.shutdown();
   rt->shutdown();
+  return 0;
+}
+
+int run_node(node_options opts) {
+  auto stop_signals = block_stop_signals();
+  if (opts.compute_threads > 0) models::set_compute_threads(opts.compute_threads);
+  if (auto err = net::validate(opts.tls)) {
+    std::cerr << "computron node: " << render(err) << '\n';
+    return 2;
+  }
+  if (!opts.tls.enabled() && !net::is_loopback(opts.host) && !opts.insecure_public) {
+    std::cerr << "computron node: refusing to listen on " << opts.host
+              << " without TLS (CAF's plain transport has no authentication); give "
+                 "--tls-certificate, --tls-key and --tls-cafile, or --insecure-public\n";
+    return 2;
+  }
+  auto devs = gpu::open_devices(opts.devices);
+  if (!devs) {
+    std::cerr << "computron node: " << render(devs.error()) << '\n';
+    return 1;
+  }
+  net::cluster_config sys_cfg{opts.tls};
+  caf::actor_system sys{sys_cfg};
+  actors::shard_worker_options wo;
+  wo.groups = models::make_gloo_group_provider();
+  wo.host = opts.host;
+  wo.node = opts.host + ":" + std::to_string(opts.port);
+  auto node = actors::spawn_node(sys, *devs, actors::all_engines(), wo);
+  if (!node) {
+    std::cerr << "computron node: " << render(node.error()) << '\n';
+    return 1;
+  }
+  auto stop = [&] {
+    caf::anon_send_exit(node->node, caf::exit_reason::user_shutdown);
+    for (auto& w : node->workers) caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
+  };
+  auto port = net::publish_node(node->node, opts.host, opts.port, opts.tls, opts.insecure_public);
+  if (!port) {
+    std::cerr << "computron node: " << render(port.error()) << '\n';
+    stop();
+    return 1;
+  }
+  std::cout << "computron node: listening on " << opts.host << ':' << *port << " ("
+            << devs->size() << ' ' << gpu::to_string(devs->front()->info().kind) << " devices"
+            << (opts.tls.enabled() ? ", TLS" : "") << ")" << std::endl;
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  log::info("signal {}: stopping", sig);
+  stop();
   return 0;
 }
 

@@ -6,6 +6,7 @@
 #include <caf/expected.hpp>
 
 #include "actors/node.hpp"
+#include "net/cluster.hpp"
 #include "net/http_server.hpp"
 
 /// `computron serve`, `computron demo` and `computron generate`.
@@ -21,7 +22,27 @@ struct serve_config {
   std::string trace_file;
   /// Intra-op threads of the CPU compute (0: leave libtorch's default).
   int compute_threads = 1;
+  /// Nodes to serve with (`computron node` on each machine); empty: devices in this
+  /// process (the embedded default).
+  net::cluster_options cluster;
+  /// Certificates for the connections to the nodes (and later the console port).
+  net::tls_options tls;
 };
+
+/// `computron node`: devices and shard workers, published for a controller.
+struct node_options {
+  std::string host = "127.0.0.1";
+  uint16_t port = 7000;
+  gpu::device_options devices;
+  net::tls_options tls;
+  /// Publish on a non-loopback address without TLS (an operator's explicit choice).
+  bool insecure_public = false;
+  int compute_threads = 1;
+};
+
+/// Runs a node until SIGINT or SIGTERM; prints "listening on HOST:PORT" on stdout once
+/// published. Returns the process exit code.
+int run_node(node_options opts);
 
 /// Reads a JSON serve config (see configs/README.md); relative paths are resolved from
 /// the file's folder. Unknown keys and bad values are errors that name them.

@@ -102,6 +102,10 @@ inline actors::shard_worker_actor::behavior_type fake_worker(
       },
       [=](cancel_atom, std::string&, uint64_t) {},
       [=](devices_atom) { return device_report{}; },
+      [=](group_atom, std::string&, int32_t) -> caf::result<std::string> {
+        return make_error(ec::invalid_configuration, "fake workers host no groups");
+      },
+      [=](report_atom) { return caf::settings{}; },
   };
 }
 
