@@ -112,7 +112,9 @@ using model_manager_actor = serving_actor::extend<
     /// Registers a model: its shards are prepared on their workers.
     caf::replies_to<register_atom, model_config>::with<model_info>,
     /// The batch-window timer (the manager sends it to itself).
-    caf::reacts_to<tick_atom>>;
+    caf::reacts_to<tick_atom>,
+    /// These devices' node rejoined: groups of ranks spanning nodes meet again.
+    caf::reacts_to<found_atom, std::vector<int32_t>>>;
 
 /// Admission in front of a serving actor: request ids, per-model queue bounds
 /// (overloaded, never unbounded memory), replies.

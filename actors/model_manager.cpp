@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -230,6 +231,83 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step) {
   }
 }
 
+/// The stages of `cfg` whose tensor-parallel ranks sit on several nodes.
+std::vector<size_t> split_stages(const model_manager_state& st, const model_config& cfg) {
+  std::vector<size_t> split;
+  const auto& nodes = st.opts.device_nodes;
+  const auto tp = static_cast<size_t>(cfg.tp);
+  for (size_t stage = 0; stage < static_cast<size_t>(cfg.pp) && !nodes.empty(); ++stage) {
+    std::set<std::string> on;
+    for (size_t r = 0; r < tp; ++r) on.insert(nodes.at(static_cast<size_t>(cfg.devices[stage * tp + r])));
+    if (on.size() > 1) split.push_back(stage);
+  }
+  return split;
+}
+
+/// Prepares every rank of `stages` of `cfg` on its worker; `done` gets the reports in
+/// device order, `fail` the first error (naming the device). A stage whose ranks sit on
+/// several nodes first gets a rendezvous that its rank 0's worker hosts; the address
+/// reaches the other ranks inside their shard specs.
+void prepare_shards(manager_pointer self, const model_config& cfg, std::vector<size_t> stages,
+                    std::function<void(std::vector<shard_report>)> done,
+                    std::function<void(caf::error)> fail) {
+  auto& st = self->state;
+  const auto tp = static_cast<size_t>(cfg.tp);
+  std::vector<size_t> positions;
+  for (auto k : stages)
+    for (size_t r = 0; r < tp; ++r) positions.push_back(k * tp + r);
+  if (positions.empty()) {
+    done({});
+    return;
+  }
+  auto j = make_join<shard_report>(
+      positions.size(), [=](std::vector<shard_report> reports) { done(std::move(reports)); },
+      [=](caf::error err, size_t i) {
+        fail(make_error(ec::invalid_configuration,
+                        "preparing " + cfg.name + " on device " +
+                            std::to_string(cfg.devices[positions[i]]) + " failed: " + render(err)));
+      });
+  auto timeout = st.opts.prepare_timeout;
+  auto send_prepares = [=](std::vector<std::string> addresses) {
+    auto& st = self->state;
+    for (size_t i = 0; i < positions.size(); ++i) {
+      auto pos = positions[i];
+      self->request(st.workers[static_cast<size_t>(cfg.devices[pos])], timeout, prepare_atom_v,
+                    shard_spec{cfg, static_cast<int32_t>(pos % tp), static_cast<int32_t>(pos / tp),
+                               addresses[pos / tp]})
+          .then([=](shard_report& r) { j->ok(i, std::move(r)); },
+                [=](caf::error& e) { j->failed(std::move(e), i); });
+    }
+  };
+  std::vector<size_t> split;
+  std::set<size_t> wanted(stages.begin(), stages.end());
+  for (auto k : split_stages(st, cfg))
+    if (wanted.count(k) > 0) split.push_back(k);
+  std::vector<std::string> none(static_cast<size_t>(cfg.pp));
+  if (split.empty()) {
+    send_prepares(none);
+    return;
+  }
+  auto hosts = make_join<std::string>(
+      split.size(),
+      [=](std::vector<std::string> got) {
+        auto addresses = none;
+        for (size_t k = 0; k < split.size(); ++k) addresses[split[k]] = got[k];
+        send_prepares(std::move(addresses));
+      },
+      [=](caf::error err, size_t k) {
+        fail(make_error(ec::invalid_configuration, "stage " + std::to_string(split[k]) + " of " +
+                                                       cfg.name +
+                                                       " spans nodes, and its rendezvous failed: " +
+                                                       render(err)));
+      });
+  for (size_t k = 0; k < split.size(); ++k)
+    self->request(st.workers[static_cast<size_t>(cfg.devices[split[k] * tp])], 30s, group_atom_v,
+                  cfg.name + "/stage" + std::to_string(split[k]), cfg.tp)
+        .then([=](std::string& a) { hosts->ok(k, std::move(a)); },
+              [=](caf::error& e) { hosts->failed(std::move(e), k); });
+}
+
 /// Models with the same tp, pp and devices in the same order share a placement.
 std::string placement_of(const model_config& c) {
   std::string key = std::to_string(c.tp) + "x" + std::to_string(c.pp) + ":";
@@ -440,11 +518,11 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
         if (st.registering.count(cfg.name) > 0)
           return make_error(ec::invalid_state, "model " + cfg.name + " is being registered");
         st.registering.insert(cfg.name);
-        std::vector<shard_worker_actor> ws;
-        for (auto d : cfg.devices) ws.push_back(st.workers[static_cast<size_t>(d)]);
         auto rp = self->make_response_promise<model_info>();
-        auto j = make_join<shard_report>(
-            ws.size(),
+        std::vector<size_t> all_stages;
+        for (size_t k = 0; k < static_cast<size_t>(cfg.pp); ++k) all_stages.push_back(k);
+        prepare_shards(
+            self, cfg, all_stages,
             [=](std::vector<shard_report> reports) mutable {
               model_placement p{cfg.name, cfg.devices, {}, cfg.pinned};
               for (auto& r : reports) p.bytes.push_back(r.bytes);
@@ -469,58 +547,39 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
                         rp.deliver(std::move(e));
                       });
             },
-            [=](caf::error err, size_t i) mutable {
+            [=](caf::error err) mutable {
               self->state.registering.erase(cfg.name);
-              rp.deliver(make_error(ec::invalid_configuration, "preparing " + cfg.name +
-                                                                   " on device " +
-                                                                   std::to_string(cfg.devices[i]) +
-                                                                   " failed: " + render(err)));
+              rp.deliver(std::move(err));
             });
-        const auto tp = static_cast<size_t>(cfg.tp);
-        auto timeout = st.opts.prepare_timeout;
-        auto send_prepares = [=](std::vector<std::string> addresses) {
-          for (size_t i = 0; i < ws.size(); ++i)
-            self->request(ws[i], timeout, prepare_atom_v,
-                          shard_spec{cfg, static_cast<int32_t>(i % tp),
-                                     static_cast<int32_t>(i / tp), addresses[i / tp]})
-                .then([=](shard_report& r) { j->ok(i, std::move(r)); },
-                      [=](caf::error& e) { j->failed(std::move(e), i); });
-        };
-        // Stages whose ranks sit on several nodes meet at a rendezvous their rank 0's
-        // worker hosts; its address reaches the others inside the shard specs.
-        std::vector<size_t> split;
-        const auto& nodes = st.opts.device_nodes;
-        for (size_t stage = 0; stage < static_cast<size_t>(cfg.pp) && !nodes.empty(); ++stage) {
-          std::set<std::string> on;
-          for (size_t r = 0; r < tp; ++r)
-            on.insert(nodes.at(static_cast<size_t>(cfg.devices[stage * tp + r])));
-          if (on.size() > 1) split.push_back(stage);
-        }
-        std::vector<std::string> none(static_cast<size_t>(cfg.pp));
-        if (split.empty()) {
-          send_prepares(none);
-          return rp;
-        }
-        auto hosts = make_join<std::string>(
-            split.size(),
-            [=](std::vector<std::string> got) mutable {
-              auto addresses = none;
-              for (size_t k = 0; k < split.size(); ++k) addresses[split[k]] = got[k];
-              send_prepares(std::move(addresses));
-            },
-            [=](caf::error err, size_t k) mutable {
-              self->state.registering.erase(cfg.name);
-              rp.deliver(make_error(ec::invalid_configuration,
-                                    "stage " + std::to_string(split[k]) + " of " + cfg.name +
-                                        " spans nodes, and its rendezvous failed: " +
-                                        render(err)));
-            });
-        for (size_t k = 0; k < split.size(); ++k)
-          self->request(ws[split[k] * tp], 30s, group_atom_v,
-                        cfg.name + "/stage" + std::to_string(split[k]), cfg.tp)
-              .then([=](std::string& a) { hosts->ok(k, std::move(a)); },
-                    [=](caf::error& e) { hosts->failed(std::move(e), k); });
         return rp;
+      },
+      [=](found_atom, std::vector<int32_t>& devs) {
+        // A node is back. Its workers have their shards again (the guards replayed
+        // them), except those in groups that span nodes: every rank of such a stage
+        // meets again at a new rendezvous.
+        auto& st = self->state;
+        std::set<int32_t> back(devs.begin(), devs.end());
+        for (auto& [name, m] : st.models) {
+          const auto tp = static_cast<size_t>(m.cfg.tp);
+          std::vector<size_t> stages;
+          for (auto k : split_stages(st, m.cfg)) {
+            bool touched = false;
+            for (size_t r = 0; r < tp; ++r)
+              touched = touched || back.count(m.cfg.devices[k * tp + r]) > 0;
+            if (touched) stages.push_back(k);
+          }
+          if (stages.empty()) continue;
+          log::info("{}: {} of its stages span nodes and meet again", name, stages.size());
+          auto model = name;
+          prepare_shards(
+              self, m.cfg, stages,
+              [=](std::vector<shard_report>) {
+                log::info("{}: its cross-node groups met again", model);
+              },
+              [=](caf::error e) {
+                log::error("{} stays unavailable: {}", model, render(e));
+              });
+        }
       },
       [=](list_atom) -> caf::result<std::vector<model_info>> {
         auto rp = self->make_response_promise<std::vector<model_info>>();

@@ -79,6 +79,54 @@ lane_actor::behavior_type lane(lane_actor::pointer self) {
   };
 }
 
+/// The shard is here but its cross-node group is new (a peer's node restarted and the
+/// group met again elsewhere): joins the new group and rebuilds the program over the
+/// weights already held.
+caf::result<shard_report> rejoin(worker_pointer self, const std::string& name, shard_spec s) {
+  auto& st = self->state;
+  if (!st.opts.groups)
+    return make_error(ec::invalid_configuration, "no cross-node groups in this process");
+  if (st.preparing.count(name) > 0)
+    return make_error(ec::invalid_state, "model " + name + " is being prepared");
+  st.preparing.insert(name);
+  auto& e = st.shards.at(name);
+  auto weights = e.weights;
+  auto eng = st.engines.at(s.model.kind);
+  auto groups = st.opts.groups;
+  auto group = group_name("cluster", s);
+  auto bind_host = st.opts.host;
+  auto timeout = st.opts.step_timeout;
+  auto fresh = std::make_shared<shard_entry>();
+  fresh->spec = s;
+  fresh->weights = weights;
+  const int32_t index = st.opts.device_index;
+  lane_job job{[=]() -> caf::error {
+    auto g = groups->join(s.group_address, group, s.tp_rank, s.model.tp, bind_host, timeout);
+    if (!g) return g.error();
+    fresh->group = std::shared_ptr<gpu::collective>(std::move(*g));
+    auto p = eng->make_program(s, *weights, *fresh->group);
+    if (!p) return p.error();
+    fresh->program = std::shared_ptr<shard_program>(std::move(*p));
+    return {};
+  }};
+  auto rp = self->make_response_promise<shard_report>();
+  self->request(st.copy_lane, caf::timespan{std::chrono::hours(1)}, run_atom_v, std::move(job))
+      .then(
+          [=](bool) mutable {
+            self->state.preparing.erase(name);
+            self->state.shards[name] = std::move(*fresh);
+            log::info("device {}: {} joined its group again at {}", index, name, s.group_address);
+            rp.deliver(shard_report{name, index,
+                                    gpu::align_up(weights->size_bytes(), gpu::device::granularity),
+                                    weights->host_pinned()});
+          },
+          [=](caf::error& err) mutable {
+            self->state.preparing.erase(name);
+            rp.deliver(std::move(err));
+          });
+  return rp;
+}
+
 shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_ptr dev,
                                                engine_registry engines, shard_worker_options opts) {
   auto& st = self->state;
@@ -102,6 +150,8 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
             return make_error(ec::invalid_state, "device " + std::to_string(index) +
                                                      " already holds a different shard of model " +
                                                      name);
+          if (s.group_address != i->second.spec.group_address && !s.group_address.empty())
+            return rejoin(self, name, s);
           return shard_report{
               name, index, gpu::align_up(i->second.weights->size_bytes(), gpu::device::granularity),
               i->second.weights->host_pinned()};
@@ -242,12 +292,15 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
           ctx = slot;
         }
         auto program = e.program;
+        // The program uses the group: a rejoin may replace both while this step runs.
+        auto group = e.group;
         auto w = e.weights;
         auto in = std::make_shared<step_request>(std::move(req));
         auto out = std::make_shared<step_result>();
         auto hidden_out = std::make_shared<tensor_payload>();
         lane_job job{[=]() -> caf::error {
           auto t0 = std::chrono::steady_clock::now();
+          (void) group;
           auto state = w->state();
           if (state != gpu::residency::resident && state != gpu::residency::loading)
             return make_error(ec::not_resident, "model " + in->model + " is " +

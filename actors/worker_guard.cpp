@@ -26,8 +26,8 @@ struct worker_guard_state {
   uint64_t next_id = 1;
   /// Shards prepared through this guard, replayed on a restarted node.
   std::map<std::string, shard_spec> prepared;
-  /// Models whose cross-node group died with a node: they cannot serve until they are
-  /// registered again.
+  /// Models whose cross-node group died with a node: they cannot serve until the
+  /// manager prepared them again with a new rendezvous.
   std::set<std::string> stale;
   uint64_t relayed = 0;
   uint64_t failed_fast = 0;
@@ -118,7 +118,7 @@ worker_guard_actor::behavior_type worker_guard(guard_pointer self, shard_worker_
         if (self->state.stale.count(m) > 0)
           return make_error(ec::unavailable,
                             "model " + m + " has tensor-parallel ranks on several nodes, and " +
-                                "one of them restarted: its group cannot be re-formed in place");
+                                "one of them restarted: its group is being formed again");
         return relay<transfer_report>(self, renumber, load_atom_v, std::move(m));
       },
       [=](evict_atom, std::string& m) -> caf::result<transfer_report> {
@@ -179,12 +179,13 @@ worker_guard_actor::behavior_type worker_guard(guard_pointer self, shard_worker_
         self->monitor(st.target);
         st.why = "its node is rejoining";
         // Shards whose tensor-parallel group spans nodes cannot be re-formed here: the
-        // surviving ranks hold a group with a dead member. They stay unavailable.
+        // surviving ranks hold a group with a dead member. The manager re-forms it (a new
+        // rendezvous for every rank, found_atom); until then loads of it fail.
         std::vector<shard_spec> specs;
         for (auto i = st.prepared.begin(); i != st.prepared.end();) {
           if (!i->second.group_address.empty()) {
-            log::warn("device {}: model {} spans nodes with tensor parallelism; register it "
-                      "again to serve it",
+            log::info("device {}: model {} has tensor-parallel ranks on several nodes; it "
+                      "serves again once the manager re-forms its group",
                       index, i->first);
             st.stale.insert(i->first);
             i = st.prepared.erase(i);

@@ -126,6 +126,7 @@ struct link_state {
   std::vector<actors::worker_guard_actor> guards;
   std::vector<int32_t> devices;
   actors::swap_scheduler_actor scheduler;
+  actors::model_manager_actor manager;
   bool online = true;
   bool rebinding = false;
   uint64_t losses = 0;
@@ -188,6 +189,7 @@ actors::node_link_actor::behavior_type node_link(link_pointer self, link_state i
                         log::info("node {} rejoined: {} devices serving again", st.addr.str(),
                                   st.devices.size());
                         self->send(st.scheduler, actors::found_atom_v, st.devices);
+                        self->send(st.manager, actors::found_atom_v, st.devices);
                       },
                       [=](caf::error e, size_t) mutable { retry(render(e)); });
                   for (size_t i = 0; i < ws.size(); ++i)
@@ -271,7 +273,7 @@ caf::expected<cluster> connect_cluster(caf::actor_system& sys, const cluster_opt
 }
 
 void watch_cluster(caf::actor_system& sys, cluster& c, const cluster_options& opts,
-                   actors::swap_scheduler_actor scheduler) {
+                   actors::swap_scheduler_actor scheduler, actors::model_manager_actor manager) {
   size_t first = 0;
   for (size_t k = 0; k < c.nodes.size(); ++k) {
     link_state init;
@@ -280,6 +282,7 @@ void watch_cluster(caf::actor_system& sys, cluster& c, const cluster_options& op
     init.interval = opts.reconnect_interval;
     init.node = c.nodes[k];
     init.scheduler = scheduler;
+    init.manager = manager;
     for (size_t i = first; i < c.device_nodes.size() && c.device_nodes[i] == init.addr.str(); ++i) {
       init.guards.push_back(c.guards[i]);
       init.devices.push_back(static_cast<int32_t>(i));

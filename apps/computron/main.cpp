@@ -13,6 +13,7 @@
 #include "apps/computron/experiments.hpp"
 #include "apps/computron/loadgen.hpp"
 #include "apps/computron/serve.hpp"
+#include "bench/cluster_bench.hpp"
 #include "bench/forward_bench.hpp"
 #include "bench/runtime_bench.hpp"
 #include "bench/swap_bench.hpp"
@@ -150,6 +151,22 @@ int main(int argc, char** argv) {
   rt_cmd->add_option("--repeats", rtb.swap_repeats, "timed swap rounds (median)")
       ->capture_default_str();
   rt_cmd->add_flag("--json", rt_json, "print one JSON object");
+
+  // bench cluster
+  auto cl_cmd = bench_cmd->add_subcommand(
+      "cluster", "remote hop latency and a 4-shard swap over node processes vs in process");
+  bench::cluster_bench_options clb;
+  double cl_swap_mb = static_cast<double>(clb.swap_bytes) / 1048576.0;
+  bool cl_json = false;
+  cl_cmd->add_option("--hops", clb.hops, "sequential requests timed per hop kind")
+      ->capture_default_str();
+  cl_cmd->add_option("--steps", clb.steps, "sequential 2-stage steps timed")->capture_default_str();
+  cl_cmd->add_option("--swap-mb", cl_swap_mb, "model size of the swap part, MiB")
+      ->capture_default_str();
+  cl_cmd->add_option("--link-gbps", clb.link_gbps, "emulated link rate, GB/s")
+      ->capture_default_str();
+  cl_cmd->add_option("--repeats", clb.swap_repeats, "timed loads (median)")->capture_default_str();
+  cl_cmd->add_flag("--json", cl_json, "print one JSON object");
 
   // bench exp1 / exp2
   app::experiment_options exp;
@@ -359,6 +376,20 @@ int main(int argc, char** argv) {
       return exit_failure;
     }
     std::cout << (rt_json ? bench::to_json(*r) + "\n" : bench::to_table(*r));
+    return 0;
+  }
+  if (*cl_cmd) {
+    if (!(cl_swap_mb >= 4) || !std::isfinite(cl_swap_mb)) {
+      std::cerr << "computron bench cluster: --swap-mb must be at least 4\n";
+      return exit_usage;
+    }
+    clb.swap_bytes = mib_to_bytes(cl_swap_mb);
+    auto r = bench::run_cluster_bench(clb);
+    if (!r) {
+      std::cerr << "computron bench cluster: " << render(r.error()) << '\n';
+      return exit_failure;
+    }
+    std::cout << (cl_json ? bench::to_json(*r) + "\n" : bench::to_table(*r));
     return 0;
   }
   if (*exp1_cmd) return app::run_experiment1(exp);

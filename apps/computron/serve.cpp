@@ -330,7 +330,7 @@ int run_serve(serve_config cfg) {
     nodes = std::move(*c);
     cfg.runtime.manager.device_nodes = nodes.device_nodes;
     rt = actors::start_runtime_over(sys, cfg.runtime, actors::all_engines(), nodes.devices);
-    if (rt) net::watch_cluster(sys, nodes, cfg.cluster, rt->scheduler);
+    if (rt) net::watch_cluster(sys, nodes, cfg.cluster, rt->scheduler, rt->manager);
     where = std::to_string(nodes.devices.size()) + " devices on " +
             std::to_string(nodes.nodes.size()) + " nodes";
   }

@@ -283,3 +283,35 @@ TEST_CASE("unload is refused under a lease and evicts otherwise", "[actors][sche
   CHECK(ok->state == "offloaded");
   CHECK(f.script.evictions["a"] == 2);
 }
+
+TEST_CASE("a lost device makes its models unavailable and frees their other shards",
+          "[actors][scheduler]") {
+  scheduler_fixture f;
+  f.add("a");
+  f.use("a");
+  REQUIRE(f.state_of("a") == "resident");
+  auto used = [&](int32_t d) {
+    auto u = f.ask<std::vector<device_usage>>(f.sched_actor, devices_atom_v);
+    REQUIRE(u);
+    return u->at(static_cast<size_t>(d)).used_bytes;
+  };
+  REQUIRE(used(0) == 40 * mb);
+  f.self->send(f.sched_actor, lost_atom_v, std::vector<int32_t>{1});
+  f.sched.run();
+  CHECK(f.state_of("a") == "unavailable");
+  CHECK(used(0) == 0);  // its shard on the surviving device was given back
+  CHECK(f.script.evictions["a"] == 2);
+  auto refused = f.acquire("a");
+  REQUIRE_FALSE(refused);
+  CHECK(is(refused.error(), ec::unavailable));
+  auto load = f.ask<residency_report>(f.sched_actor, load_atom_v, std::string{"a"});
+  REQUIRE_FALSE(load);
+  CHECK(is(load.error(), ec::unavailable));
+  // Back: it loads again on demand.
+  f.self->send(f.sched_actor, found_atom_v, std::vector<int32_t>{1});
+  f.sched.run();
+  CHECK(f.state_of("a") == "offloaded");
+  f.use("a");
+  CHECK(f.state_of("a") == "resident");
+  CHECK(f.script.loads["a"] == 4);
+}

@@ -261,10 +261,12 @@ TEST_CASE("a killed node fails its requests within 2 s and rejoins when restarte
   const auto b_port = b->port;
   const auto b_addr = b->address();
   json models = json::array({toy("on_a", 2, 1, {0, 1}, 1), toy("on_b", 2, 1, {2, 3}, 2, 4000),
-                             toy("across", 1, 2, {1, 2}, 3)});
+                             toy("across", 1, 2, {1, 2}, 3), toy("ranks", 2, 1, {1, 2}, 4)});
   controller c{s.dir, {a.address(), b_addr}, models};
   auto before = infer(c, "across");
   REQUIRE(before.status == 200);
+  auto ranks_before = infer(c, "ranks");
+  REQUIRE(ranks_before.status == 200);
   REQUIRE(infer(c, "on_a").status == 200);
   // Two requests on node b compute for 4 s each: they are in flight when it dies.
   std::vector<std::future<answer>> in_flight;
@@ -299,6 +301,11 @@ TEST_CASE("a killed node fails its requests within 2 s and rejoins when restarte
   CHECK(tokens(again) == tokens(before));
   CHECK(node_online(status_of(c), b_addr));
   CHECK(until_served(c, "on_b", 20s).status == 200);
+  // Its tensor-parallel group spanned both nodes: it met again at a new rendezvous.
+  auto ranks_again = until_served(c, "ranks", 20s);
+  INFO(ranks_again.body.dump());
+  REQUIRE(ranks_again.status == 200);
+  CHECK(tokens(ranks_again) == tokens(ranks_before));
 }
 
 TEST_CASE("a frozen node is detected by the heartbeat and rejoins when it thaws",
