@@ -160,8 +160,8 @@ caf::expected<serve_config> load_serve_config(const std::string& path) {
   const std::string w = path;
   if (auto e = check_keys(*j, w,
                           {"devices", "http", "scheduler", "batching", "frontend", "repository",
-                           "models", "trace_file", "compute_threads", "chunk_mb", "nodes", "tls",
-                           "comment"}))
+                           "models", "trace_file", "compute_threads", "chunk_mb", "nodes", "node_wait_s",
+                           "tls", "comment"}))
     return e;
   caf::error e;
   if (auto d = j->find("devices"); d != j->end()) {
@@ -244,6 +244,10 @@ caf::expected<serve_config> load_serve_config(const std::string& path) {
     if (!nodes) return bad(w, render(nodes.error()));
     c.cluster.nodes = std::move(*nodes);
   }
+  double node_wait_s = 20;
+  if ((e = read(*j, "node_wait_s", w, node_wait_s))) return e;
+  if (!(node_wait_s >= 0)) return bad(w, "node_wait_s must not be negative");
+  c.cluster.connect_wait = std::chrono::milliseconds(static_cast<int64_t>(node_wait_s * 1000));
   if (auto t = j->find("tls"); t != j->end()) {
     auto tw = w + " tls";
     if ((e = check_keys(*t, tw, {"certificate", "key", "cafile"}))) return e;

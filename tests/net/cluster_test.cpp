@@ -399,6 +399,18 @@ TEST_CASE("a node refuses a public address without TLS and bad node lists are er
   CHECK(net::is_loopback("127.0.0.1"));
   CHECK(net::is_loopback("::1"));
   CHECK_FALSE(net::is_loopback("10.0.0.1"));
+  // A node that never answers: serve gives up after node_wait_s and names it.
+  scratch s{"cluster-unreachable"};
+  {
+    std::ofstream{s.dir + "/c.json"} << json{{"nodes", {"127.0.0.1:1"}}, {"node_wait_s", 0.5},
+                                             {"models", json::array()}}
+                                            .dump();
+  }
+  auto t0 = clock_type::now();
+  auto gone = test::run("serve --config " + s.dir + "/c.json", true);
+  CHECK(gone.exit_code == 1);
+  CHECK(gone.all.find("cannot reach node 127.0.0.1:1") != std::string::npos);
+  CHECK(seconds_since(t0) < 15);
   auto list = net::parse_node_list("127.0.0.1:7001,[::1]:7002");
   REQUIRE(list);
   CHECK(list->at(1).host == "::1");
