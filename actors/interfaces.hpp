@@ -86,6 +86,9 @@ using swap_scheduler_actor = caf::typed_actor<
     caf::reacts_to<lost_atom, std::vector<int32_t>>,
     /// These devices are back (empty: their models load again on demand).
     caf::reacts_to<found_atom, std::vector<int32_t>>,
+    /// Switches the victim policy ("lru", "cost"); an empty name only asks. Replies with
+    /// the policy in force.
+    caf::replies_to<policy_atom, std::string>::with<std::string>,
     /// Status for operators.
     caf::replies_to<report_atom>::with<caf::settings>>;
 
@@ -128,6 +131,25 @@ using node_actor = caf::typed_actor<
     caf::replies_to<workers_atom>::with<std::vector<caf::actor>>,
     /// Status for operators: the node's and its workers'.
     caf::replies_to<report_atom>::with<caf::settings>>;
+
+/// What an operator's console attaches to: the controller's serving stack and its
+/// scheduler behind one handle, published on the console port (actors/controller).
+using controller_actor = caf::typed_actor<
+    /// Every registered model.
+    caf::replies_to<list_atom>::with<std::vector<model_info>>,
+    /// Every device's report.
+    caf::replies_to<devices_atom>::with<std::vector<device_report>>,
+    /// Makes a model resident now, or evicts it.
+    caf::replies_to<load_atom, std::string>::with<model_info>,
+    caf::replies_to<unload_atom, std::string>::with<model_info>,
+    /// Pins (never a victim) or unpins a model.
+    caf::replies_to<pin_atom, std::string, bool>::with<residency_report>,
+    /// Completes one sequence, as the HTTP API does.
+    caf::replies_to<infer_atom, infer_request>::with<infer_reply>,
+    /// The merged status of every actor.
+    caf::replies_to<report_atom>::with<caf::settings>,
+    /// Shows ("") or switches the eviction policy.
+    caf::replies_to<policy_atom, std::string>::with<std::string>>;
 
 /// The controller's connection to one node (net/cluster): it notices the node's death,
 /// tells the scheduler, reconnects, and rebinds the node's worker guards.

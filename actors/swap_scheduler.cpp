@@ -535,6 +535,16 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
         // Loads and evictions in flight fail by themselves (the guards answer at once).
         pump(self);
       },
+      [=](policy_atom, std::string& name) -> caf::result<std::string> {
+        auto& st = self->state;
+        if (name.empty() || name == st.opts.policy) return st.opts.policy;
+        auto p = make_eviction_policy(name);
+        if (!p) return p.error();
+        st.policy = std::shared_ptr<eviction_policy>(std::move(*p));
+        st.opts.policy = name;
+        log::info("eviction policy is now {}", name);
+        return name;
+      },
       [=](found_atom, std::vector<int32_t>& devs) {
         auto& st = self->state;
         for (auto d : devs) st.lost.erase(d);

@@ -88,22 +88,21 @@ bool is_loopback(const std::string& host) {
   return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
 
-caf::expected<uint16_t> publish_node(const node_actor& node, const std::string& host,
-                                     uint16_t port, const tls_options& tls, bool allow_insecure) {
+caf::error check_publish(const std::string& host, const tls_options& tls, bool allow_insecure) {
   if (auto err = validate(tls)) return err;
   if (!tls.enabled() && !is_loopback(host) && !allow_insecure)
     return make_error(ec::invalid_configuration,
-                      "refusing to publish the node on " + host +
+                      "refusing to publish on " + host +
                           " without TLS: CAF's plain transport has no authentication and a "
                           "crafted header makes it allocate 4 GiB. Give --tls-certificate, "
-                          "--tls-key and --tls-cafile, or --insecure-public on a network you "
-                          "trust");
-  auto r = tls.enabled() ? caf::openssl::publish(node, port, host.c_str(), true)
-                         : caf::io::publish(node, port, host.c_str(), true);
-  if (!r)
-    return make_error(ec::io_error, "cannot publish the node on " + host + ":" +
-                                        std::to_string(port) + ": " + render(r.error()));
-  return *r;
+                          "--tls-key and --tls-cafile, or (nodes) --insecure-public on a "
+                          "network you trust");
+  return {};
+}
+
+caf::error publish_error(const std::string& host, uint16_t port, const caf::error& why) {
+  return make_error(ec::io_error,
+                    "cannot publish on " + host + ":" + std::to_string(port) + ": " + render(why));
 }
 
 namespace {

@@ -7,6 +7,8 @@
 
 #include <caf/actor_system.hpp>
 #include <caf/expected.hpp>
+#include <caf/io/publish.hpp>
+#include <caf/openssl/publish.hpp>
 
 #include "actors/interfaces.hpp"
 #include "actors/node.hpp"
@@ -58,11 +60,26 @@ caf::expected<std::vector<node_address>> parse_node_list(const std::string& text
 /// True for 127.0.0.0/8, ::1 and "localhost".
 bool is_loopback(const std::string& host);
 
-/// Publishes the node on `host`:`port` (0: any free port) and returns the port. Plain
-/// BASP has no authentication and a crafted header makes it allocate 4 GiB, so any
-/// host but loopback needs TLS, unless `allow_insecure` says the operator knows better.
-caf::expected<uint16_t> publish_node(const actors::node_actor& node, const std::string& host,
-                                     uint16_t port, const tls_options& tls, bool allow_insecure);
+/// Whether `host` may be published on: plain BASP has no authentication and a crafted
+/// header makes it allocate 4 GiB, so any host but loopback needs TLS, unless
+/// `allow_insecure` says the operator knows better. Also checks the TLS files.
+caf::error check_publish(const std::string& host, const tls_options& tls, bool allow_insecure);
+
+/// The error of a failed publish, naming the address.
+caf::error publish_error(const std::string& host, uint16_t port, const caf::error& why);
+
+/// Publishes `whom` (a node, the controller's console actor) on `host`:`port` (0: any
+/// free port), with TLS when `tls` is enabled; returns the port.
+template <class Handle>
+caf::expected<uint16_t> publish_actor(const Handle& whom, const std::string& host, uint16_t port,
+                                      const tls_options& tls, bool allow_insecure) {
+  if (auto err = check_publish(host, tls, allow_insecure)) return err;
+  // SO_REUSEADDR: a restarted process gets its port back at once.
+  auto r = tls.enabled() ? caf::openssl::publish(whom, port, host.c_str(), true)
+                         : caf::io::publish(whom, port, host.c_str(), true);
+  if (!r) return publish_error(host, port, r.error());
+  return *r;
+}
 
 struct cluster_options {
   std::vector<node_address> nodes;

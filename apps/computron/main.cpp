@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "apps/computron/console.hpp"
 #include "apps/computron/experiments.hpp"
 #include "apps/computron/loadgen.hpp"
 #include "apps/computron/serve.hpp"
@@ -223,6 +224,7 @@ int main(int argc, char** argv) {
 
   std::string serve_nodes;
   net::tls_options serve_tls;
+  int serve_console_port = -2;
   serve_cmd->add_option("--nodes", serve_nodes,
                         "serve with these nodes, host:port,... (`computron node` on each)");
   auto add_tls = [](CLI::App* cmd, net::tls_options& tls) {
@@ -255,6 +257,20 @@ int main(int argc, char** argv) {
                      "allow a non-loopback address without TLS (anyone reaching the port "
                      "controls the node)");
   add_tls(node_cmd, node.tls);
+
+  serve_cmd->add_option("--console-port", serve_console_port,
+                        "console port on 127.0.0.1 (default 4242; 0 picks one; -1 turns it off)")
+      ->check(CLI::Range(-1, 65535));
+
+  // console
+  auto console_cmd = app.add_subcommand(
+      "console", "attach to a running controller (serve) and run commands; `help` lists them");
+  app::console_options console;
+  console_cmd->add_option("--connect", console.connect, "the controller's console port")
+      ->capture_default_str();
+  console_cmd->add_option("-c,--commands", console.commands,
+                          "run these commands (separated by ';') and exit");
+  add_tls(console_cmd, console.tls);
 
   // demo
   auto demo_cmd = app.add_subcommand(
@@ -424,6 +440,7 @@ int main(int argc, char** argv) {
       cfg->cluster.nodes = std::move(*nodes);
     }
     if (serve_tls.enabled()) cfg->tls = serve_tls;
+    if (serve_console_port >= -1) cfg->console_port = serve_console_port;
     return app::run_serve(std::move(*cfg));
   }
   if (*node_cmd) {
@@ -435,6 +452,7 @@ int main(int argc, char** argv) {
     node.devices.emulated_link_gbps = node_link;
     return app::run_node(node);
   }
+  if (*console_cmd) return app::run_console(console);
   if (*demo_cmd) return app::run_demo(demo);
   if (*lg_cmd) {
     if (lg_alpha_opt->count() > 0) lg.power_law_alpha = lg_alpha;

@@ -13,6 +13,7 @@
 #include <caf/all.hpp>
 #include <nlohmann/json.hpp>
 
+#include "actors/controller.hpp"
 #include "actors/opt_engine.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -161,7 +162,7 @@ caf::expected<serve_config> load_serve_config(const std::string& path) {
   if (auto e = check_keys(*j, w,
                           {"devices", "http", "scheduler", "batching", "frontend", "repository",
                            "models", "trace_file", "compute_threads", "chunk_mb", "nodes", "node_wait_s",
-                           "tls", "comment"}))
+                           "tls", "console_host", "console_port", "comment"}))
     return e;
   caf::error e;
   if (auto d = j->find("devices"); d != j->end()) {
@@ -244,6 +245,10 @@ caf::expected<serve_config> load_serve_config(const std::string& path) {
     if (!nodes) return bad(w, render(nodes.error()));
     c.cluster.nodes = std::move(*nodes);
   }
+  if ((e = read(*j, "console_host", w, c.console_host)) ||
+      (e = read(*j, "console_port", w, c.console_port)))
+    return e;
+  if (c.console_port > 65535) return bad(w, "console_port must be at most 65535");
   double node_wait_s = 20;
   if ((e = read(*j, "node_wait_s", w, node_wait_s))) return e;
   if (!(node_wait_s >= 0)) return bad(w, "node_wait_s must not be negative");
@@ -369,12 +374,30 @@ int run_serve(serve_config cfg) {
   }
   std::cout << "computron serve: listening on http://" << cfg.http.host << ':' << (*srv)->port()
             << " (" << registered << " models, " << where << ")" << std::endl;
+  actors::controller_actor ctrl;
+  if (cfg.console_port >= 0) {
+    auto c = actors::spawn_controller(sys, rt->frontend, rt->scheduler);
+    if (c) {
+      ctrl = *c;
+      // The same rules as a node's port: no plain CAF beyond loopback.
+      auto port = net::publish_actor(ctrl, cfg.console_host,
+                                     static_cast<uint16_t>(cfg.console_port), cfg.tls, false);
+      if (port)
+        std::cout << "computron serve: console on " << cfg.console_host << ':' << *port
+                  << std::endl;
+      else
+        log::warn("no console port: {}", render(port.error()));
+    } else {
+      log::warn("no console: {}", render(c.error()));
+    }
+  }
   int sig = 0;
   sigwait(&stop_signals, &sig);
   log::info("signal {}: stopping", sig);
   (*srv)->stop();
   if (!cfg.trace_file.empty() && !trace->write(cfg.trace_file))
     log::error("cannot write the trace to {}", cfg.trace_file);
+  if (ctrl) caf::anon_send_exit(ctrl, caf::exit_reason::user_shutdown);
   nodes.shutdown();
   rt->shutdown();
   return 0;
@@ -413,7 +436,7 @@ int run_node(node_options opts) {
     caf::anon_send_exit(node->node, caf::exit_reason::user_shutdown);
     for (auto& w : node->workers) caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
   };
-  auto port = net::publish_node(node->node, opts.host, opts.port, opts.tls, opts.insecure_public);
+  auto port = net::publish_actor(node->node, opts.host, opts.port, opts.tls, opts.insecure_public);
   if (!port) {
     std::cerr << "computron node: " << render(port.error()) << '\n';
     stop();

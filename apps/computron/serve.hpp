@@ -25,8 +25,12 @@ struct serve_config {
   /// Nodes to serve with (`computron node` on each machine); empty: devices in this
   /// process (the embedded default).
   net::cluster_options cluster;
-  /// Certificates for the connections to the nodes (and later the console port).
+  /// Certificates for the connections to the nodes and for the console port.
   net::tls_options tls;
+  /// Where `computron console` attaches (the controller actor, over CAF); a port below 0
+  /// turns it off, 0 picks a free one. Not binding it is a warning, not a failure.
+  std::string console_host = "127.0.0.1";
+  int console_port = 4242;
 };
 
 /// `computron node`: devices and shard workers, published for a controller.

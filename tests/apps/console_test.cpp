@@ -1,0 +1,171 @@
+// `computron console` as an operator scripts it: the real binary attached over CAF to a
+// real `computron serve` on 127.0.0.1, its output and exit status.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "common/child_process.hpp"
+#include "net/http_client.hpp"
+#include "tests/support/run_binary.hpp"
+#include "tests/support/temp_files.hpp"
+
+using namespace computron;
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// A serve process with two toy models that do not fit together, its console on a free
+/// port.
+struct controller {
+  std::string dir = test::temp_path("console-" + std::to_string(reinterpret_cast<uintptr_t>(this)));
+  std::unique_ptr<child_process> proc;
+  uint16_t http_port = 0;
+  uint16_t console_port = 0;
+
+  controller() {
+    fs::create_directories(dir);
+    auto toy = [](const std::string& name, int seed) {
+      return json{{"name", name},        {"kind", "toy"},
+                  {"tp", 2},             {"devices", {0, 1}},
+                  {"seed", seed},        {"toy_shard_bytes", 3 << 20}};
+    };
+    json cfg{{"devices", {{"kind", "emulated"}, {"count", 2}, {"capacity_mb", 4}}},
+             {"http", {{"host", "127.0.0.1"}, {"port", 0}}},
+             {"console_port", 0},
+             {"batching", {{"batch_window_ms", 1}}},
+             {"models", {toy("alpha", 1), toy("beta", 2)}}};
+    std::ofstream{dir + "/config.json"} << cfg.dump();
+    proc = std::make_unique<child_process>(std::vector<std::string>{
+        "/usr/bin/timeout", "300", COMPUTRON_BINARY, "serve", "--config", dir + "/config.json"});
+    http_port = test::wait_for_port(*proc);
+    console_port = test::wait_for_port(*proc);
+  }
+
+  ~controller() {
+    proc.reset();
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+
+  std::string console(const std::string& args) const {
+    return "console --connect 127.0.0.1:" + std::to_string(console_port) + " " + args;
+  }
+};
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("a scripted console session runs every command against the controller",
+          "[apps][console]") {
+  controller c;
+  auto r = test::run(c.console("-c 'models; devices; nodes; load alpha; pin alpha; models; "
+                               "infer alpha 1 2 3 max_tokens=3; unpin alpha; load beta; stats; "
+                               "policy; policy cost; policy; unload beta; help'"),
+                     true);
+  INFO(r.all);
+  CHECK(r.exit_code == 0);
+  CHECK(count(r.all, "alpha") >= 4);
+  CHECK(r.all.find("2x1") != std::string::npos);                 // models: tp x pp
+  CHECK(r.all.find("emulated:0") != std::string::npos);          // devices
+  CHECK(r.all.find("local") != std::string::npos);               // nodes
+  CHECK(r.all.find("online") != std::string::npos);
+  CHECK(r.all.find("alpha: resident") != std::string::npos);     // load
+  CHECK(r.all.find("alpha: pinned") != std::string::npos);       // pin
+  CHECK(r.all.find("alpha: unpinned") != std::string::npos);     // unpin
+  CHECK(r.all.find("beta: resident") != std::string::npos);      // loaded once alpha unpinned
+  CHECK(r.all.find("beta: offloaded") != std::string::npos);     // unload
+  CHECK(r.all.find("eviction policy: lru") != std::string::npos);
+  CHECK(count(r.all, "eviction policy: cost") == 2);
+  CHECK(r.all.find("load GB/s") != std::string::npos);           // stats
+  CHECK(r.all.find("commands:") != std::string::npos);           // help
+  // infer prints the tokens the HTTP API gives for the same request, then the split.
+  auto http = std::move(net::http_client::connect("127.0.0.1", c.http_port, 5s).value());
+  auto body = json{{"inputs",
+                    {{{"name", "input_ids"}, {"datatype", "INT64"}, {"shape", {1, 3}},
+                      {"data", {1, 2, 3}}}}},
+                   {"parameters", {{"max_tokens", 3}}}};
+  auto h = http->request("POST", "/v2/models/alpha/infer", body.dump()).value();
+  REQUIRE(h.status == 200);
+  auto data = json::parse(h.body)["outputs"][0]["data"];
+  auto tokens = std::to_string(data[0].get<int64_t>()) + " " +
+                std::to_string(data[1].get<int64_t>()) + " " + std::to_string(data[2].get<int64_t>());
+  CHECK(r.all.find(tokens + "\nqueue ") != std::string::npos);
+  CHECK(r.all.find("compute") != std::string::npos);
+}
+
+TEST_CASE("console failures are clear and make the exit status non-zero", "[apps][console]") {
+  controller c;
+  auto bad = test::run(c.console("-c 'models; bogus; load; load nope; infer alpha x; "
+                                 "infer alpha 1 max_tokens=zero; policy fifo; models'"),
+                       true);
+  INFO(bad.all);
+  CHECK(bad.exit_code == 1);
+  CHECK(bad.all.find("error: unknown command 'bogus'") != std::string::npos);
+  CHECK(bad.all.find("error: usage: load MODEL") != std::string::npos);
+  CHECK(bad.all.find("nope") != std::string::npos);
+  CHECK(bad.all.find("'x' is not a token id") != std::string::npos);
+  CHECK(bad.all.find("bad argument 'max_tokens=zero'") != std::string::npos);
+  CHECK(bad.all.find("fifo") != std::string::npos);
+  CHECK(count(bad.all, "beta") == 2);  // the session went on after each failure
+  auto unreachable = test::run("console --connect 127.0.0.1:1 -c models", true);
+  CHECK(unreachable.exit_code == 3);
+  CHECK(unreachable.all.find("cannot reach the controller at 127.0.0.1:1") != std::string::npos);
+  auto garbled = test::run("console --connect nowhere -c models", true);
+  CHECK(garbled.exit_code == 2);
+}
+
+TEST_CASE("console commands from a pipe stop at quit", "[apps][console]") {
+  controller c;
+  auto out = c.dir + "/out.txt";
+  auto cmd = std::string{"printf 'models\\nquit\\nmodels\\n' | timeout 60 "} + COMPUTRON_BINARY +
+             " " + c.console("") + " > " + out + " 2>&1";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  std::ifstream in{out};
+  std::stringstream text;
+  text << in.rdbuf();
+  INFO(text.str());
+  CHECK(count(text.str(), "alpha") == 1);
+}
+
+TEST_CASE("the console reports a controller that died and stays usable", "[apps][console]") {
+  auto c = std::make_unique<controller>();
+  auto out = c->dir + "-died.txt";
+  auto cmd = std::string{"timeout 60 "} + COMPUTRON_BINARY + " " + c->console("") + " > " + out +
+             " 2>&1";
+  FILE* console = ::popen(cmd.c_str(), "w");
+  REQUIRE(console != nullptr);
+  std::fputs("models\n", console);
+  std::fflush(console);
+  std::this_thread::sleep_for(1500ms);
+  c->proc->signal(SIGKILL);
+  std::this_thread::sleep_for(500ms);
+  std::fputs("models\nhelp\n", console);
+  std::fflush(console);
+  int status = ::pclose(console);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 1);
+  std::ifstream in{out};
+  std::stringstream text;
+  text << in.rdbuf();
+  INFO(text.str());
+  CHECK(count(text.str(), "alpha") == 1);
+  CHECK(text.str().find("connection to the controller was lost") != std::string::npos);
+  CHECK(text.str().find("commands:") != std::string::npos);
+  std::error_code ec;
+  fs::remove(out, ec);
+}
