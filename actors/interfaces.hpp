@@ -149,7 +149,10 @@ using controller_actor = caf::typed_actor<
     /// The merged status of every actor.
     caf::replies_to<report_atom>::with<caf::settings>,
     /// Shows ("") or switches the eviction policy.
-    caf::replies_to<policy_atom, std::string>::with<std::string>>;
+    caf::replies_to<policy_atom, std::string>::with<std::string>,
+    /// Starts a fresh timeline (true), or writes it to a file on the controller's machine
+    /// (false, path). Replies with what was done.
+    caf::replies_to<trace_atom, bool, std::string>::with<std::string>>;
 
 /// The controller's connection to one node (net/cluster): it notices the node's death,
 /// tells the scheduler, reconnects, and rebinds the node's worker guards.

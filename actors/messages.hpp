@@ -221,12 +221,14 @@ struct residency_report {
   uint64_t evictions = 0;
   /// Recent arrivals per second (what the cost-aware policy weighs).
   double demand_per_s = 0;
+  /// Seconds since a batch last used it (-1: never).
+  double idle_s = -1;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, residency_report& x) {
   return f(caf::meta::type_name("residency_report"), x.model, x.state, x.bytes, x.leases, x.pinned,
-           x.loads, x.evictions, x.demand_per_s);
+           x.loads, x.evictions, x.demand_per_s, x.idle_s);
 }
 
 /// The scheduler's accounting of one device.
@@ -294,12 +296,14 @@ struct model_info {
   uint64_t evictions = 0;
   int64_t vocab = 0;
   int64_t max_positions = 0;
+  /// Seconds since a batch last used it (-1: never).
+  double idle_s = -1;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, model_info& x) {
   return f(caf::meta::type_name("model_info"), x.config, x.state, x.bytes, x.queued, x.busy,
-           x.served, x.loads, x.evictions, x.vocab, x.max_positions);
+           x.served, x.loads, x.evictions, x.vocab, x.max_positions, x.idle_s);
 }
 
 }  // namespace computron::actors

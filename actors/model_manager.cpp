@@ -117,6 +117,7 @@ model_info info_of(const managed_model& m, const residency_report* r) {
   i.vocab = m.vocab;
   i.max_positions = m.max_positions;
   if (r) i.config.pinned = r->pinned;
+  if (r) i.idle_s = r->idle_s;
   return i;
 }
 

@@ -88,6 +88,7 @@ residency_report report_of(const swap_scheduler_state& st, const scheduled_model
   r.loads = m.loads;
   r.evictions = m.evictions;
   r.demand_per_s = m.demand.rate(now_s());
+  r.idle_s = m.leases > 0 ? 0 : m.last_used_s > 0 ? now_s() - m.last_used_s : -1;
   return r;
 }
 

@@ -7,6 +7,11 @@
 
 namespace computron::net {
 
+void trace_recorder::clear() {
+  std::lock_guard<std::mutex> guard{mtx_};
+  events_.clear();
+}
+
 void trace_recorder::add(event e) {
   std::lock_guard<std::mutex> guard{mtx_};
   events_.push_back(std::move(e));

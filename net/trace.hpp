@@ -22,6 +22,9 @@ class trace_recorder final : public actors::observer {
   /// Writes to_json() to `path`; false when the file cannot be written.
   bool write(const std::string& path) const;
 
+  /// Drops every event so far: the timeline starts now (the console's `trace start`).
+  void clear();
+
   void batch_done(const std::string& model, const std::vector<int32_t>& devices, size_t rows,
                   double start_s, double seconds) override;
   void transfer_done(const std::string& model, int32_t device, bool load, uint64_t bytes,

@@ -1,14 +1,22 @@
 #include "apps/computron/console.hpp"
 
+#include <poll.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <map>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 #include <caf/openssl/all.hpp>
+#include <editline/readline.h>
 
 #include "actors/interfaces.hpp"
 #include "common/error.hpp"
@@ -26,13 +34,17 @@ const char* help_text =
     "  help                         this list\n"
     "  nodes                        nodes and whether they answer\n"
     "  devices                      memory used/total, link GB/s, resident shards\n"
-    "  models                       state, tp x pp, bytes, queue, served, pinned\n"
+    "  models                       state, tp x pp, bytes, queue, served, idle, pinned\n"
     "  load M | unload M            make model M resident now, or evict it\n"
     "  pin M | unpin M              never evict M, or allow it again\n"
     "  infer M ID... [max_tokens=N] [temperature=T] [top_k=K] [top_p=P] [seed=S]\n"
     "                               generate; prints the tokens and the time split\n"
-    "  stats                        served, loads and load GB/s per model and device\n"
+    "  stats                        req/s and latency (last minute); served, swaps, GB/s\n"
     "  policy [lru|cost]            show or switch the eviction policy\n"
+    "  watch stats|models [S] [N]   refresh every S seconds (2) until a key is pressed,\n"
+    "                               or N times (from a pipe: once unless N is given)\n"
+    "  trace start | trace stop F   start a fresh timeline; write it to F (a Chrome\n"
+    "                               trace, on the controller's machine)\n"
     "  quit                         leave\n";
 
 std::vector<std::string> words(const std::string& line) {
@@ -134,6 +146,12 @@ class session {
     if (cmd == "infer") return infer(w);
     if (cmd == "stats" && w.size() == 1) return stats();
     if (cmd == "policy" && w.size() <= 2) return policy(w.size() == 2 ? w[1] : std::string{});
+    if (cmd == "trace") {
+      if (w.size() == 2 && w[1] == "start") return trace(true, {});
+      if (w.size() == 3 && w[1] == "stop") return trace(false, w[2]);
+      return fail("usage: trace start | trace stop FILE");
+    }
+    if (cmd == "watch") return watch(w);
     for (auto known : {"models", "devices", "nodes", "stats", "policy"})
       if (cmd == known) return fail("'" + cmd + "' takes no such arguments; see help");
     return fail("unknown command '" + cmd + "'; type help");
@@ -167,12 +185,14 @@ class session {
   outcome models() {
     auto ms = ask<std::vector<model_info>>(opts_.timeout, list_atom_v);
     if (!ms) return fail(render(ms.error()));
-    std::string out = fmt::format("{:<20} {:<12} {:>5} {:>10} {:>6} {:>8} {:>6}\n", "model",
-                                  "state", "tp*pp", "MiB", "queued", "served", "pinned");
+    std::string out = fmt::format("{:<20} {:<12} {:>5} {:>10} {:>6} {:>8} {:>9} {:>6}\n",
+                                  "model", "state", "tp*pp", "MiB", "queued", "served",
+                                  "idle s", "pinned");
     for (auto& m : *ms)
-      out += fmt::format("{:<20} {:<12} {:>5} {:>10.1f} {:>6} {:>8} {:>6}\n", m.config.name,
-                         m.state, fmt::format("{}x{}", m.config.tp, m.config.pp),
+      out += fmt::format("{:<20} {:<12} {:>5} {:>10.1f} {:>6} {:>8} {:>9} {:>6}\n",
+                         m.config.name, m.state, fmt::format("{}x{}", m.config.tp, m.config.pp),
                          static_cast<double>(m.bytes) / mib, m.queued, m.served,
+                         m.idle_s < 0 ? std::string{"never"} : fmt::format("{:.1f}", m.idle_s),
                          m.config.pinned ? "yes" : "no");
     return {out};
   }
@@ -263,8 +283,25 @@ class session {
     if (!ms) return fail(render(ms.error()));
     auto ds = ask<std::vector<device_report>>(opts_.timeout, devices_atom_v);
     if (!ds) return fail(render(ds.error()));
-    std::string out = fmt::format("{:<20} {:>8} {:>6} {:>9}\n", "model", "served", "loads",
-                                  "evictions");
+    auto rep = ask<caf::settings>(opts_.timeout, report_atom_v);
+    if (!rep) return fail(render(rep.error()));
+    std::string out;
+    if (auto recent = caf::get_if<caf::settings>(&*rep, "recent")) {
+      auto num = [&](const char* key) {
+        auto i = recent->find(key);
+        if (i == recent->end()) return 0.0;
+        auto& d = i->second.get_data();
+        if (auto x = caf::get_if<double>(&d)) return *x;
+        if (auto x = caf::get_if<int64_t>(&d)) return static_cast<double>(*x);
+        return 0.0;
+      };
+      out += fmt::format(
+          "last {:.0f} s: {:.0f} requests ({:.0f} ok, {:.0f} failed), {:.2f} req/s, latency p50 "
+          "{:.1f} ms, p90 {:.1f} ms, p99 {:.1f} ms\n",
+          num("window-s"), num("requests"), num("ok"), num("failed"), num("throughput-rps"),
+          num("p50-ms"), num("p90-ms"), num("p99-ms"));
+    }
+    out += fmt::format("{:<20} {:>8} {:>6} {:>9}\n", "model", "served", "loads", "evictions");
     for (auto& m : *ms)
       out += fmt::format("{:<20} {:>8} {:>6} {:>9}\n", m.config.name, m.served, m.loads,
                          m.evictions);
@@ -283,12 +320,126 @@ class session {
     return {"eviction policy: " + *p + "\n"};
   }
 
+  outcome trace(bool start, const std::string& path) {
+    auto r = ask<std::string>(opts_.timeout, trace_atom_v, start, path);
+    if (!r) return fail(render(r.error()));
+    return {*r + "\n"};
+  }
+
+  outcome watch(const std::vector<std::string>& w) {
+    if (w.size() < 2 || w.size() > 4 || (w[1] != "stats" && w[1] != "models"))
+      return fail("usage: watch stats|models [SECONDS] [TIMES]");
+    double seconds = 2;
+    int64_t times = interactive ? 0 : 1;
+    if (w.size() >= 3 && (!parse_double(w[2], seconds) || !(seconds >= 0.1) || seconds > 3600))
+      return fail("watch: SECONDS must be 0.1..3600");
+    if (w.size() == 4 && (!parse_int(w[3], times) || times < 1))
+      return fail("watch: TIMES must be a positive count");
+    for (int64_t i = 0; times == 0 || i < times; ++i) {
+      auto o = w[1] == "stats" ? stats() : models();
+      if (o.failed) return o;
+      if (interactive) std::cout << "\x1b[H\x1b[2J";  // clear the screen
+      std::cout << o.text;
+      if (interactive) std::cout << "(every " << seconds << " s; press a key to stop)\n";
+      std::cout << std::flush;
+      if (i + 1 == times) break;
+      if (key_pressed_within(seconds)) break;
+    }
+    return {};
+  }
+
+  /// Waits up to `seconds`; true when a key came (it is consumed). On a terminal the key
+  /// needs no Enter; from a pipe this is only a wait.
+  bool key_pressed_within(double seconds) const {
+    auto ms = static_cast<int>(seconds * 1000);
+    if (!interactive) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+      return false;
+    }
+    termios saved{};
+    tcgetattr(STDIN_FILENO, &saved);
+    auto raw = saved;
+    raw.c_lflag &= static_cast<tcflag_t>(~(ICANON | ECHO));
+    tcsetattr(STDIN_FILENO, TCSANOW, &raw);
+    pollfd p{STDIN_FILENO, POLLIN, 0};
+    bool key = ::poll(&p, 1, ms) > 0;
+    if (key) {
+      char buf[16];
+      (void) !::read(STDIN_FILENO, buf, sizeof(buf));
+    }
+    tcsetattr(STDIN_FILENO, TCSANOW, &saved);
+    return key;
+  }
+
+ public:
+  bool interactive = false;
+
+  /// Model names for completion (refreshed at start and by `models`).
+  std::vector<std::string> model_names() {
+    auto ms = ask<std::vector<model_info>>(opts_.timeout, list_atom_v);
+    std::vector<std::string> out;
+    if (ms)
+      for (auto& m : *ms) out.push_back(m.config.name);
+    return out;
+  }
+
+ private:
   caf::actor_system& sys_;
   const console_options& opts_;
   caf::scoped_actor self_;
   controller_actor ctrl_;
   bool lost_ = false;
 };
+
+// libedit calls back into plain functions: completion reads these.
+std::vector<std::string> completion_words;
+size_t completion_index = 0;
+
+const std::vector<std::string> command_words{
+    "help", "nodes", "devices", "models", "load", "unload", "pin", "unpin", "infer",
+    "stats", "policy", "watch", "trace", "quit"};
+
+std::vector<std::string> model_words;
+
+char* next_completion(const char* text, int state) {
+  if (state == 0) completion_index = 0;
+  auto len = std::strlen(text);
+  while (completion_index < completion_words.size()) {
+    auto& w = completion_words[completion_index++];
+    if (w.compare(0, len, text) == 0) return strdup(w.c_str());
+  }
+  return nullptr;
+}
+
+/// The first word completes to a command; the second to a model name after the
+/// commands that take one, or to the sub-commands of watch, trace and policy.
+char** complete(const char* text, int start, int) {
+  rl_attempted_completion_over = 1;  // never fall back to file names
+  auto before = words(std::string{rl_line_buffer, static_cast<size_t>(start)});
+  if (before.empty()) {
+    completion_words = command_words;
+  } else if (before.size() == 1) {
+    auto& c = before[0];
+    if (c == "watch")
+      completion_words = {"stats", "models"};
+    else if (c == "trace")
+      completion_words = {"start", "stop"};
+    else if (c == "policy")
+      completion_words = {"lru", "cost"};
+    else if (c == "load" || c == "unload" || c == "pin" || c == "unpin" || c == "infer")
+      completion_words = model_words;
+    else
+      completion_words.clear();
+  } else {
+    completion_words.clear();
+  }
+  return rl_completion_matches(text, next_completion);
+}
+
+std::string history_file() {
+  const char* home = std::getenv("HOME");
+  return std::string{home ? home : "."} + "/.computron_history";
+}
 
 }  // namespace
 
@@ -322,6 +473,29 @@ int run_console(const console_options& opts) {
   if (!opts.commands.empty()) {
     for (auto& c : split_commands(opts.commands))
       if (!run(c)) break;
+  } else if (::isatty(STDIN_FILENO) && ::isatty(STDOUT_FILENO)) {
+    // A person at a terminal: line editing, history kept across sessions, completion.
+    s.interactive = true;
+    model_words = s.model_names();
+    rl_readline_name = "computron";
+    rl_attempted_completion_function = complete;
+    using_history();
+    auto hist = history_file();
+    read_history(hist.c_str());
+    std::cout << "computron console: attached to " << opts.connect << " (help lists the commands)"
+              << std::endl;
+    for (;;) {
+      char* raw = readline("computron> ");
+      if (raw == nullptr) break;  // end of input (Ctrl-D)
+      std::string line{raw};
+      std::free(raw);
+      if (!words(line).empty()) add_history(line.c_str());
+      bool go = true;
+      for (auto& c : split_commands(line)) go = go && run(c);
+      if (words(line).size() == 1 && words(line)[0] == "models") model_words = s.model_names();
+      if (!go) break;
+    }
+    write_history(hist.c_str());
   } else {
     for (std::string line; std::getline(std::cin, line);) {
       bool go = true;

@@ -20,6 +20,7 @@
 #include "models/gloo_collective.hpp"
 #include "models/opt_model.hpp"
 #include "net/metrics.hpp"
+#include "net/recent_stats.hpp"
 #include "net/trace.hpp"
 
 namespace computron::app {
@@ -314,7 +315,8 @@ int run_serve(serve_config cfg) {
 
   auto metrics = std::make_shared<net::metrics>();
   auto trace = std::make_shared<net::trace_recorder>();
-  cfg.runtime.obs = actors::combine({metrics, trace});
+  auto recent = std::make_shared<net::recent_stats>();
+  cfg.runtime.obs = actors::combine({metrics, trace, recent});
   if (auto err = net::validate(cfg.tls)) {
     std::cerr << "computron serve: " << render(err) << '\n';
     return 1;
@@ -376,7 +378,17 @@ int run_serve(serve_config cfg) {
             << " (" << registered << " models, " << where << ")" << std::endl;
   actors::controller_actor ctrl;
   if (cfg.console_port >= 0) {
-    auto c = actors::spawn_controller(sys, rt->frontend, rt->scheduler);
+    auto c = actors::spawn_controller(
+        sys, rt->frontend, rt->scheduler,
+        [trace](bool start, const std::string& path) -> caf::expected<std::string> {
+          if (start) {
+            trace->clear();
+            return std::string{"tracing from now on"};
+          }
+          if (!trace->write(path)) return make_error(ec::io_error, "cannot write " + path);
+          return "trace written to " + path + " on the controller's machine";
+        },
+        [recent] { return recent->summary(); });
     if (c) {
       ctrl = *c;
       // The same rules as a node's port: no plain CAF beyond loopback.

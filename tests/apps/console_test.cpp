@@ -2,7 +2,11 @@
 // real `computron serve` on 127.0.0.1, its output and exit status.
 #include <catch2/catch.hpp>
 
+#include <poll.h>
+#include <pty.h>
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -92,7 +96,31 @@ TEST_CASE("a scripted console session runs every command against the controller"
   CHECK(r.all.find("eviction policy: lru") != std::string::npos);
   CHECK(count(r.all, "eviction policy: cost") == 2);
   CHECK(r.all.find("load GB/s") != std::string::npos);           // stats
+  CHECK(r.all.find("req/s, latency p50") != std::string::npos);
+  CHECK(r.all.find("(1 ok, 0 failed)") != std::string::npos);    // the one infer so far
+  CHECK(r.all.find("idle s") != std::string::npos);
+  CHECK(r.all.find("never") != std::string::npos);               // beta, before its load
   CHECK(r.all.find("commands:") != std::string::npos);           // help
+  // trace and watch: a fresh timeline holding the next load, a table refreshed twice.
+  auto trace_file = c.dir + "/trace.json";
+  auto t = test::run(c.console("-c 'trace start; load alpha; trace stop " + trace_file +
+                               "; watch models 0.1 2; trace; watch'"),
+                     true);
+  INFO(t.all);
+  CHECK(t.exit_code == 1);  // the last two lack their arguments
+  CHECK(t.all.find("tracing from now on") != std::string::npos);
+  CHECK(t.all.find("trace written to " + trace_file) != std::string::npos);
+  CHECK(count(t.all, "tp*pp") == 2);
+  CHECK(t.all.find("usage: trace start | trace stop FILE") != std::string::npos);
+  CHECK(t.all.find("usage: watch stats|models") != std::string::npos);
+  std::ifstream tf{trace_file};
+  auto tj = json::parse(tf, nullptr, false);
+  REQUIRE(tj.is_object());
+  bool alpha_load = false;
+  for (auto& e : tj["traceEvents"])
+    alpha_load = alpha_load || (e.value("cat", "") == "load" &&
+                                e.dump().find("alpha") != std::string::npos);
+  CHECK(alpha_load);
   // infer prints the tokens the HTTP API gives for the same request, then the split.
   auto http = std::move(net::http_client::connect("127.0.0.1", c.http_port, 5s).value());
   auto body = json{{"inputs",
@@ -168,4 +196,77 @@ TEST_CASE("the console reports a controller that died and stays usable", "[apps]
   CHECK(text.str().find("commands:") != std::string::npos);
   std::error_code ec;
   fs::remove(out, ec);
+}
+
+TEST_CASE("the interactive console completes commands and model names and keeps history",
+          "[apps][console]") {
+  controller c;
+  auto home = c.dir + "/home";
+  fs::create_directories(home);
+  int master = -1;
+  pid_t pid = ::forkpty(&master, nullptr, nullptr, nullptr);
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::setenv("TERM", "xterm", 1);
+    ::setenv("HOME", home.c_str(), 1);
+    ::setenv("COMPUTRON_LOG_LEVEL", "warn", 1);
+    auto connect = "127.0.0.1:" + std::to_string(c.console_port);
+    ::execl(COMPUTRON_BINARY, COMPUTRON_BINARY, "console", "--connect", connect.c_str(),
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  std::string seen;
+  // Reads what the console printed until `what` appears or 20 s passed.
+  auto wait_for = [&](const std::string& what) {
+    auto until = std::chrono::steady_clock::now() + 20s;
+    while (seen.find(what) == std::string::npos && std::chrono::steady_clock::now() < until) {
+      pollfd p{master, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      char buf[4096];
+      auto n = ::read(master, buf, sizeof(buf));
+      if (n <= 0) break;
+      seen.append(buf, static_cast<size_t>(n));
+    }
+    return seen.find(what) != std::string::npos;
+  };
+  auto type = [&](const std::string& keys) {
+    REQUIRE(::write(master, keys.data(), keys.size()) == static_cast<ssize_t>(keys.size()));
+  };
+  REQUIRE(wait_for("computron> "));
+  // "mod<TAB>" completes to models.
+  type("mod\t\r");
+  REQUIRE(wait_for("tp*pp"));
+  CHECK(wait_for("beta"));
+  // "load al<TAB>" completes the model name.
+  seen.clear();
+  type("load al\t\r");
+  CHECK(wait_for("alpha: resident"));
+  // Up arrow twice brings back "models" from the history.
+  seen.clear();
+  type("\x1b[A\x1b[A\r");
+  CHECK(wait_for("tp*pp"));
+  type("quit\r");
+  int status = 0;
+  auto until = std::chrono::steady_clock::now() + 20s;
+  while (::waitpid(pid, &status, WNOHANG) == 0 && std::chrono::steady_clock::now() < until) {
+    // Drain the pty so the console never blocks writing to it.
+    pollfd p{master, POLLIN, 0};
+    char buf[4096];
+    if (::poll(&p, 1, 100) > 0 && ::read(master, buf, sizeof(buf)) <= 0)
+      std::this_thread::sleep_for(50ms);
+  }
+  if (::waitpid(pid, &status, WNOHANG) == 0) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+  }
+  ::close(master);
+  CHECK(WIFEXITED(status));
+  // History is kept in the home folder for the next session.
+  std::ifstream hist{home + "/.computron_history"};
+  std::stringstream h;
+  h << hist.rdbuf();
+  // (libedit's format writes a space as \040.)
+  CHECK(h.str().find("load") != std::string::npos);
+  CHECK(h.str().find("alpha") != std::string::npos);
+  CHECK(h.str().find("models") != std::string::npos);
 }
