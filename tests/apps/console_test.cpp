@@ -179,7 +179,18 @@ TEST_CASE("the console reports a controller that died and stays usable", "[apps]
   REQUIRE(console != nullptr);
   std::fputs("models\n", console);
   std::fflush(console);
-  std::this_thread::sleep_for(1500ms);
+  // Kill the controller once the console has answered the first command (it attaches
+  // first; under the sanitizers that takes a while).
+  auto read_out = [&] {
+    std::ifstream in{out};
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  auto until = std::chrono::steady_clock::now() + 60s;
+  while (read_out().find("alpha") == std::string::npos && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(100ms);
+  REQUIRE(read_out().find("alpha") != std::string::npos);
   c->proc->signal(SIGKILL);
   std::this_thread::sleep_for(500ms);
   std::fputs("models\nhelp\n", console);
