@@ -16,10 +16,9 @@ struct controller_state {
   stats_source stats;
 };
 
-controller_actor::behavior_type controller(controller_actor::stateful_pointer<controller_state> self,
-                                           frontend_actor frontend,
-                                           swap_scheduler_actor scheduler, trace_control trace,
-                                           stats_source stats) {
+controller_actor::behavior_type controller(
+    controller_actor::stateful_pointer<controller_state> self, frontend_actor frontend,
+    swap_scheduler_actor scheduler, trace_control trace, stats_source stats) {
   self->state.frontend = std::move(frontend);
   self->state.scheduler = std::move(scheduler);
   self->state.trace = std::move(trace);

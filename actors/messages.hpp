@@ -61,8 +61,7 @@ struct shard_spec {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_spec& x) {
-  return f(caf::meta::type_name("shard_spec"), x.model, x.tp_rank, x.pp_rank,
-           x.group_address);
+  return f(caf::meta::type_name("shard_spec"), x.model, x.tp_rank, x.pp_rank, x.group_address);
 }
 
 /// What a worker reports after preparing a shard's host copy.
@@ -179,8 +178,8 @@ struct device_report {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, device_report& x) {
   return f(caf::meta::type_name("device_report"), x.device, x.name, x.kind, x.capacity_bytes,
-           x.used_bytes, x.link_gbps, x.shards, x.resident, x.loads, x.bytes_loaded,
-           x.load_seconds, x.node, x.online);
+           x.used_bytes, x.link_gbps, x.shards, x.resident, x.loads, x.bytes_loaded, x.load_seconds,
+           x.node, x.online);
 }
 
 /// Where a model's shards live and how big they are (index pp_rank * tp + tp_rank).

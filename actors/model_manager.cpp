@@ -239,7 +239,8 @@ std::vector<size_t> split_stages(const model_manager_state& st, const model_conf
   const auto tp = static_cast<size_t>(cfg.tp);
   for (size_t stage = 0; stage < static_cast<size_t>(cfg.pp) && !nodes.empty(); ++stage) {
     std::set<std::string> on;
-    for (size_t r = 0; r < tp; ++r) on.insert(nodes.at(static_cast<size_t>(cfg.devices[stage * tp + r])));
+    for (size_t r = 0; r < tp; ++r)
+      on.insert(nodes.at(static_cast<size_t>(cfg.devices[stage * tp + r])));
     if (on.size() > 1) split.push_back(stage);
   }
   return split;
@@ -264,9 +265,9 @@ void prepare_shards(manager_pointer self, const model_config& cfg, std::vector<s
   auto j = make_join<shard_report>(
       positions.size(), [=](std::vector<shard_report> reports) { done(std::move(reports)); },
       [=](caf::error err, size_t i) {
-        fail(make_error(ec::invalid_configuration,
-                        "preparing " + cfg.name + " on device " +
-                            std::to_string(cfg.devices[positions[i]]) + " failed: " + render(err)));
+        fail(make_error(ec::invalid_configuration, "preparing " + cfg.name + " on device " +
+                                                       std::to_string(cfg.devices[positions[i]]) +
+                                                       " failed: " + render(err)));
       });
   auto timeout = st.opts.prepare_timeout;
   auto send_prepares = [=](std::vector<std::string> addresses) {
@@ -297,10 +298,9 @@ void prepare_shards(manager_pointer self, const model_config& cfg, std::vector<s
         send_prepares(std::move(addresses));
       },
       [=](caf::error err, size_t k) {
-        fail(make_error(ec::invalid_configuration, "stage " + std::to_string(split[k]) + " of " +
-                                                       cfg.name +
-                                                       " spans nodes, and its rendezvous failed: " +
-                                                       render(err)));
+        fail(make_error(ec::invalid_configuration,
+                        "stage " + std::to_string(split[k]) + " of " + cfg.name +
+                            " spans nodes, and its rendezvous failed: " + render(err)));
       });
   for (size_t k = 0; k < split.size(); ++k)
     self->request(st.workers[static_cast<size_t>(cfg.devices[split[k] * tp])], 30s, group_atom_v,
@@ -577,9 +577,7 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
               [=](std::vector<shard_report>) {
                 log::info("{}: its cross-node groups met again", model);
               },
-              [=](caf::error e) {
-                log::error("{} stays unavailable: {}", model, render(e));
-              });
+              [=](caf::error e) { log::error("{} stays unavailable: {}", model, render(e)); });
         }
       },
       [=](list_atom) -> caf::result<std::vector<model_info>> {

@@ -300,7 +300,7 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
         auto hidden_out = std::make_shared<tensor_payload>();
         lane_job job{[=]() -> caf::error {
           auto t0 = std::chrono::steady_clock::now();
-          (void) group;
+          (void)group;
           auto state = w->state();
           if (state != gpu::residency::resident && state != gpu::residency::loading)
             return make_error(ec::not_resident, "model " + in->model + " is " +
@@ -399,8 +399,8 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
                             "device " + std::to_string(index) +
                                 " cannot host a cross-node group (no Gloo in this process)");
         if (size < 2 || size > 1024)
-          return make_error(ec::invalid_request, "group " + group + " of " + std::to_string(size) +
-                                                     " ranks");
+          return make_error(ec::invalid_request,
+                            "group " + group + " of " + std::to_string(size) + " ranks");
         // Binding a listening socket is quick: no lane needed.
         auto addr = st.opts.groups->host(st.opts.host, size, st.opts.step_timeout);
         if (!addr) return addr.error();

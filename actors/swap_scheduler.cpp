@@ -229,8 +229,8 @@ void start_load(sched_pointer self, const std::string& name) {
         auto code = is(err, ec::out_of_device_memory) ? ec::out_of_device_memory
                     : is(err, ec::unavailable)        ? ec::unavailable
                                                       : ec::device_error;
-        auto e = make_error(code,
-            "loading " + name + " failed on device " + std::to_string(device) + ": " + render(err));
+        auto e = make_error(code, "loading " + name + " failed on device " +
+                                      std::to_string(device) + ": " + render(err));
         finish_waiters(m.waiters, &e);
         pump(self);
       },

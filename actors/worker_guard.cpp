@@ -38,8 +38,7 @@ using guard_pointer = worker_guard_actor::stateful_pointer<worker_guard_state>;
 caf::error offline_error(guard_pointer self) {
   auto& st = self->state;
   return make_error(ec::unavailable, "device " + std::to_string(st.opts.device_index) +
-                                         " on node " + st.opts.node + " is unavailable: " +
-                                         st.why);
+                                         " on node " + st.opts.node + " is unavailable: " + st.why);
 }
 
 /// Relays one request to the worker; `fix` adjusts the reply (device numbering) on the
@@ -184,9 +183,10 @@ worker_guard_actor::behavior_type worker_guard(guard_pointer self, shard_worker_
         std::vector<shard_spec> specs;
         for (auto i = st.prepared.begin(); i != st.prepared.end();) {
           if (!i->second.group_address.empty()) {
-            log::info("device {}: model {} has tensor-parallel ranks on several nodes; it "
-                      "serves again once the manager re-forms its group",
-                      index, i->first);
+            log::info(
+                "device {}: model {} has tensor-parallel ranks on several nodes; it "
+                "serves again once the manager re-forms its group",
+                index, i->first);
             st.stale.insert(i->first);
             i = st.prepared.erase(i);
           } else {
@@ -220,10 +220,9 @@ worker_guard_actor::behavior_type worker_guard(guard_pointer self, shard_worker_
         auto j = make_join<shard_report>(
             specs.size(), [=](std::vector<shard_report>) mutable { back(); },
             [=](caf::error e, size_t i) mutable {
-              rp.deliver(make_error(ec::unavailable, "preparing " + specs[i].model.name +
-                                                         " again on device " +
-                                                         std::to_string(index) +
-                                                         " failed: " + render(e)));
+              rp.deliver(make_error(ec::unavailable,
+                                    "preparing " + specs[i].model.name + " again on device " +
+                                        std::to_string(index) + " failed: " + render(e)));
             });
         for (size_t i = 0; i < specs.size(); ++i)
           self->request(target, timeout, prepare_atom_v, specs[i])

@@ -29,7 +29,8 @@ latency_figures figures(std::vector<double> ms) {
   if (ms.empty()) return {};
   std::sort(ms.begin(), ms.end());
   auto at = [&](double p) {
-    return ms[std::min(ms.size() - 1, static_cast<size_t>(p * static_cast<double>(ms.size() - 1) + 0.5))];
+    return ms[std::min(ms.size() - 1,
+                       static_cast<size_t>(p * static_cast<double>(ms.size() - 1) + 0.5))];
   };
   return {at(0.5), at(0.99)};
 }
@@ -45,11 +46,11 @@ caf::expected<node_child> start_node(int devices, uint64_t capacity_bytes, doubl
   auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (ec) return make_error(ec::io_error, "cannot find this binary to start nodes");
   node_child n;
-  n.proc = std::make_unique<child_process>(std::vector<std::string>{
-      exe.string(), "--log-level", "warn", "node", "--port", "0", "--kind", "emulated",
-      "--devices", std::to_string(devices), "--capacity-mb",
-      fmt::format("{}", static_cast<double>(capacity_bytes) / 1048576.0), "--link-gbps",
-      fmt::format("{}", link_gbps)});
+  n.proc = std::make_unique<child_process>(
+      std::vector<std::string>{exe.string(), "--log-level", "warn", "node", "--port", "0", "--kind",
+                               "emulated", "--devices", std::to_string(devices), "--capacity-mb",
+                               fmt::format("{}", static_cast<double>(capacity_bytes) / 1048576.0),
+                               "--link-gbps", fmt::format("{}", link_gbps)});
   auto line = n.proc->read_line(60s);
   auto at = line ? line->find("listening on ") : std::string::npos;
   if (at == std::string::npos) return make_error(ec::io_error, "a node did not start");
@@ -135,9 +136,10 @@ runtime_options bench_runtime(const cluster_bench_options& o) {
 caf::expected<double> swap_gbps(caf::scoped_actor& self, const runtime& rt,
                                 const cluster_bench_options& o) {
   if (auto err = ask<model_info>(self, rt.manager, register_atom_v,
-                     toy("four", 4, 1, {0, 1, 2, 3}, o.swap_bytes / 4)))
+                                 toy("four", 4, 1, {0, 1, 2, 3}, o.swap_bytes / 4)))
     return err;
-  if (auto err = ask<model_info>(self, rt.manager, register_atom_v, toy("span", 1, 2, {1, 2}, 1 << 20)))
+  if (auto err =
+          ask<model_info>(self, rt.manager, register_atom_v, toy("span", 1, 2, {1, 2}, 1 << 20)))
     return err;
   auto t = median_load(self, rt, "four", o.swap_repeats);
   if (!t) return t.error();
@@ -221,15 +223,12 @@ std::string to_json(const cluster_bench_result& r) {
   auto lat = [](const latency_figures& f) {
     return nlohmann::json{{"p50_ms", f.p50_ms}, {"p99_ms", f.p99_ms}};
   };
-  return nlohmann::json{{"local_hop", lat(r.local_hop)},
-                        {"remote_hop", lat(r.remote_hop)},
-                        {"guarded_hop", lat(r.guarded_hop)},
-                        {"local_step", lat(r.local_step)},
-                        {"spanning_step", lat(r.spanning_step)},
-                        {"gbps_in_process", r.gbps_in_process},
-                        {"gbps_one_node", r.gbps_one_node},
-                        {"gbps_two_nodes", r.gbps_two_nodes},
-                        {"two_nodes_ratio", r.two_nodes_ratio}}
+  return nlohmann::json{
+      {"local_hop", lat(r.local_hop)},         {"remote_hop", lat(r.remote_hop)},
+      {"guarded_hop", lat(r.guarded_hop)},     {"local_step", lat(r.local_step)},
+      {"spanning_step", lat(r.spanning_step)}, {"gbps_in_process", r.gbps_in_process},
+      {"gbps_one_node", r.gbps_one_node},      {"gbps_two_nodes", r.gbps_two_nodes},
+      {"two_nodes_ratio", r.two_nodes_ratio}}
       .dump();
 }
 
@@ -242,9 +241,10 @@ std::string to_table(const cluster_bench_result& r) {
          row("hop to a node through its guard", r.guarded_hop) +
          row("2-stage step, stages in process", r.local_step) +
          row("2-stage step, stages on two nodes", r.spanning_step) +
-         fmt::format("4-shard load: in process {:.3f} GB/s, 1 node {:.3f} GB/s, 2 nodes {:.3f} "
-                     "GB/s (2 nodes / in process = {:.3f})\n",
-                     r.gbps_in_process, r.gbps_one_node, r.gbps_two_nodes, r.two_nodes_ratio);
+         fmt::format(
+             "4-shard load: in process {:.3f} GB/s, 1 node {:.3f} GB/s, 2 nodes {:.3f} "
+             "GB/s (2 nodes / in process = {:.3f})\n",
+             r.gbps_in_process, r.gbps_one_node, r.gbps_two_nodes, r.two_nodes_ratio);
 }
 
 }  // namespace computron::bench

@@ -135,9 +135,10 @@ class gloo_provider final : public gpu::group_provider {
     return address;
   }
 
-  caf::expected<std::unique_ptr<gpu::collective>> join(
-      const std::string& address, const std::string& name, int rank, int size,
-      const std::string& bind_host, std::chrono::milliseconds timeout) override {
+  caf::expected<std::unique_ptr<gpu::collective>> join(const std::string& address,
+                                                       const std::string& name, int rank, int size,
+                                                       const std::string& bind_host,
+                                                       std::chrono::milliseconds timeout) override {
     auto colon = address.rfind(':');
     if (colon == std::string::npos || colon + 1 == address.size())
       return make_error(ec::invalid_request, "group address '" + address + "' is not host:port");
@@ -149,8 +150,8 @@ class gloo_provider final : public gpu::group_provider {
     }
     if (port <= 0 || port > 65535)
       return make_error(ec::invalid_request, "group address '" + address + "' has a bad port");
-    auto store = connect_gloo_store(address.substr(0, colon), static_cast<uint16_t>(port), size,
-                                    timeout);
+    auto store =
+        connect_gloo_store(address.substr(0, colon), static_cast<uint16_t>(port), size, timeout);
     if (!store) return store.error();
     return make_gloo_collective(*store, name, rank, size, bind_host);
   }

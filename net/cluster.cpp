@@ -111,8 +111,7 @@ caf::expected<node_actor> connect_node(caf::actor_system& sys, const node_addres
   auto r = tls ? caf::openssl::remote_actor<node_actor>(sys, a.host, a.port)
                : caf::io::remote_actor<node_actor>(sys, a.host, a.port);
   if (!r)
-    return make_error(ec::unavailable,
-                      "cannot reach node " + a.str() + ": " + render(r.error()));
+    return make_error(ec::unavailable, "cannot reach node " + a.str() + ": " + render(r.error()));
   return *r;
 }
 

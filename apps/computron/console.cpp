@@ -12,11 +12,11 @@
 #include <thread>
 #include <vector>
 
+#include <editline/readline.h>
 #include <fmt/format.h>
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 #include <caf/openssl/all.hpp>
-#include <editline/readline.h>
 
 #include "actors/interfaces.hpp"
 #include "common/error.hpp"
@@ -103,7 +103,8 @@ bool parse_double(const std::string& s, double& out) {
 
 class session {
  public:
-  session(caf::actor_system& sys, const console_options& opts) : sys_(sys), opts_(opts), self_(sys) {}
+  session(caf::actor_system& sys, const console_options& opts)
+      : sys_(sys), opts_(opts), self_(sys) {}
 
   /// Connects (or reconnects); the error says why not.
   caf::error connect() {
@@ -113,8 +114,8 @@ class session {
                  ? caf::openssl::remote_actor<controller_actor>(sys_, addr->host, addr->port)
                  : caf::io::remote_actor<controller_actor>(sys_, addr->host, addr->port);
     if (!r)
-      return make_error(ec::unavailable,
-                        "cannot reach the controller at " + opts_.connect + ": " + render(r.error()));
+      return make_error(ec::unavailable, "cannot reach the controller at " + opts_.connect + ": " +
+                                             render(r.error()));
     ctrl_ = *r;
     self_->monitor(ctrl_);
     lost_ = false;
@@ -165,8 +166,8 @@ class session {
                    caf::after(std::chrono::seconds(0)) >> [] {});
     if (!lost_ && ctrl_) return {};
     if (auto err = connect())
-      return make_error(ec::unavailable, "the connection to the controller was lost (" +
-                                             render(err) + ")");
+      return make_error(ec::unavailable,
+                        "the connection to the controller was lost (" + render(err) + ")");
     std::cout << "(reconnected to " << opts_.connect << ")\n";
     return {};
   }
@@ -185,12 +186,11 @@ class session {
   outcome models() {
     auto ms = ask<std::vector<model_info>>(opts_.timeout, list_atom_v);
     if (!ms) return fail(render(ms.error()));
-    std::string out = fmt::format("{:<20} {:<12} {:>5} {:>10} {:>6} {:>8} {:>9} {:>6}\n",
-                                  "model", "state", "tp*pp", "MiB", "queued", "served",
-                                  "idle s", "pinned");
+    std::string out = fmt::format("{:<20} {:<12} {:>5} {:>10} {:>6} {:>8} {:>9} {:>6}\n", "model",
+                                  "state", "tp*pp", "MiB", "queued", "served", "idle s", "pinned");
     for (auto& m : *ms)
-      out += fmt::format("{:<20} {:<12} {:>5} {:>10.1f} {:>6} {:>8} {:>9} {:>6}\n",
-                         m.config.name, m.state, fmt::format("{}x{}", m.config.tp, m.config.pp),
+      out += fmt::format("{:<20} {:<12} {:>5} {:>10.1f} {:>6} {:>8} {:>9} {:>6}\n", m.config.name,
+                         m.state, fmt::format("{}x{}", m.config.tp, m.config.pp),
                          static_cast<double>(m.bytes) / mib, m.queued, m.served,
                          m.idle_s < 0 ? std::string{"never"} : fmt::format("{:.1f}", m.idle_s),
                          m.config.pinned ? "yes" : "no");
@@ -273,9 +273,9 @@ class session {
     if (!r) return fail(render(r.error()));
     std::string tokens;
     for (auto t : r->tokens) tokens += (tokens.empty() ? "" : " ") + std::to_string(t);
-    return {fmt::format("{}\nqueue {:.1f} ms, swap {:.1f} ms, compute {:.1f} ms, total {:.1f} ms{}\n",
-                        tokens, r->queue_ms, r->load_ms, r->compute_ms, r->total_ms,
-                        r->swapped ? " (swapped in)" : "")};
+    return {fmt::format(
+        "{}\nqueue {:.1f} ms, swap {:.1f} ms, compute {:.1f} ms, total {:.1f} ms{}\n", tokens,
+        r->queue_ms, r->load_ms, r->compute_ms, r->total_ms, r->swapped ? " (swapped in)" : "")};
   }
 
   outcome stats() {
@@ -303,14 +303,14 @@ class session {
     }
     out += fmt::format("{:<20} {:>8} {:>6} {:>9}\n", "model", "served", "loads", "evictions");
     for (auto& m : *ms)
-      out += fmt::format("{:<20} {:>8} {:>6} {:>9}\n", m.config.name, m.served, m.loads,
-                         m.evictions);
+      out +=
+          fmt::format("{:<20} {:>8} {:>6} {:>9}\n", m.config.name, m.served, m.loads, m.evictions);
     out += fmt::format("{:>3} {:>6} {:>10} {:>9}\n", "dev", "loads", "GiB moved", "load GB/s");
     for (auto& d : *ds)
-      out += fmt::format("{:>3} {:>6} {:>10.2f} {:>9.2f}\n", d.device, d.loads,
-                         static_cast<double>(d.bytes_loaded) / (1ull << 30),
-                         d.load_seconds > 0 ? static_cast<double>(d.bytes_loaded) / d.load_seconds / 1e9
-                                            : 0.0);
+      out += fmt::format(
+          "{:>3} {:>6} {:>10.2f} {:>9.2f}\n", d.device, d.loads,
+          static_cast<double>(d.bytes_loaded) / (1ull << 30),
+          d.load_seconds > 0 ? static_cast<double>(d.bytes_loaded) / d.load_seconds / 1e9 : 0.0);
     return {out};
   }
 
@@ -365,7 +365,7 @@ class session {
     bool key = ::poll(&p, 1, ms) > 0;
     if (key) {
       char buf[16];
-      (void) !::read(STDIN_FILENO, buf, sizeof(buf));
+      (void)!::read(STDIN_FILENO, buf, sizeof(buf));
     }
     tcsetattr(STDIN_FILENO, TCSANOW, &saved);
     return key;
@@ -395,9 +395,9 @@ class session {
 std::vector<std::string> completion_words;
 size_t completion_index = 0;
 
-const std::vector<std::string> command_words{
-    "help", "nodes", "devices", "models", "load", "unload", "pin", "unpin", "infer",
-    "stats", "policy", "watch", "trace", "quit"};
+const std::vector<std::string> command_words{"help",   "nodes", "devices", "models", "load",
+                                             "unload", "pin",   "unpin",   "infer",  "stats",
+                                             "policy", "watch", "trace",   "quit"};
 
 std::vector<std::string> model_words;
 

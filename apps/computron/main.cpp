@@ -258,8 +258,9 @@ int main(int argc, char** argv) {
                      "controls the node)");
   add_tls(node_cmd, node.tls);
 
-  serve_cmd->add_option("--console-port", serve_console_port,
-                        "console port on 127.0.0.1 (default 4242; 0 picks one; -1 turns it off)")
+  serve_cmd
+      ->add_option("--console-port", serve_console_port,
+                   "console port on 127.0.0.1 (default 4242; 0 picks one; -1 turns it off)")
       ->check(CLI::Range(-1, 65535));
 
   // console

@@ -162,8 +162,8 @@ caf::expected<serve_config> load_serve_config(const std::string& path) {
   const std::string w = path;
   if (auto e = check_keys(*j, w,
                           {"devices", "http", "scheduler", "batching", "frontend", "repository",
-                           "models", "trace_file", "compute_threads", "chunk_mb", "nodes", "node_wait_s",
-                           "tls", "console_host", "console_port", "comment"}))
+                           "models", "trace_file", "compute_threads", "chunk_mb", "nodes",
+                           "node_wait_s", "tls", "console_host", "console_port", "comment"}))
     return e;
   caf::error e;
   if (auto d = j->find("devices"); d != j->end()) {
@@ -454,8 +454,8 @@ int run_node(node_options opts) {
     stop();
     return 1;
   }
-  std::cout << "computron node: listening on " << opts.host << ':' << *port << " ("
-            << devs->size() << ' ' << gpu::to_string(devs->front()->info().kind) << " devices"
+  std::cout << "computron node: listening on " << opts.host << ':' << *port << " (" << devs->size()
+            << ' ' << gpu::to_string(devs->front()->info().kind) << " devices"
             << (opts.tls.enabled() ? ", TLS" : "") << ")" << std::endl;
   int sig = 0;
   sigwait(&stop_signals, &sig);
