@@ -454,10 +454,9 @@ struct http_server::impl {
         return ask<actors::model_info>(
             reply,
             [](actors::model_info& i) {
-              return make_json(http::status::ok,
-                               json{{"name", i.config.name},
-                                    {"ready", i.state != "unavailable"},
-                                    {"state", i.state}});
+              return make_json(http::status::ok, json{{"name", i.config.name},
+                                                      {"ready", i.state != "unavailable"},
+                                                      {"state", i.state}});
             },
             actors::info_atom_v, model);
       }

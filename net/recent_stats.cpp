@@ -33,8 +33,7 @@ caf::settings recent_stats::summary() const {
       else
         ++failed;
     }
-    if (!done_.empty())
-      span_s = std::chrono::duration<double>(now - done_.front().at).count();
+    if (!done_.empty()) span_s = std::chrono::duration<double>(now - done_.front().at).count();
   }
   caf::settings s;
   auto window_s = static_cast<double>(window_.count());

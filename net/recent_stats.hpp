@@ -20,8 +20,7 @@ class recent_stats final : public actors::observer {
                         size_t max_requests = 100000)
       : window_(window), max_(max_requests) {}
 
-  void request_done(const std::string& model, const std::string& outcome,
-                    double seconds) override;
+  void request_done(const std::string& model, const std::string& outcome, double seconds) override;
 
   /// window-s, requests, ok, failed, throughput-rps (ok per second over the window, or
   /// since the first request when that is shorter), p50-ms, p90-ms, p99-ms (of the ok

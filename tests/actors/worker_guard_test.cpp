@@ -63,8 +63,8 @@ TEST_CASE("a worker guard fails what is in flight when its worker dies and rebin
   guard_fixture f;
   REQUIRE(f.ask<shard_report>(f.guard, prepare_atom_v, shard_spec{model("a"), 0, 0, {}}));
   f.script.hanging.insert("a");
-  auto pending = f.self->request(f.guard, caf::timespan{std::chrono::hours(1)}, load_atom_v,
-                                 std::string{"a"});
+  auto pending =
+      f.self->request(f.guard, caf::timespan{std::chrono::hours(1)}, load_atom_v, std::string{"a"});
   f.sched.run();
   REQUIRE(f.self->mailbox().empty());  // the load hangs on the worker
   caf::anon_send_exit(f.worker, caf::exit_reason::kill);

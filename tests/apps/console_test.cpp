@@ -39,9 +39,8 @@ struct controller {
   controller() {
     fs::create_directories(dir);
     auto toy = [](const std::string& name, int seed) {
-      return json{{"name", name},        {"kind", "toy"},
-                  {"tp", 2},             {"devices", {0, 1}},
-                  {"seed", seed},        {"toy_shard_bytes", 3 << 20}};
+      return json{{"name", name},      {"kind", "toy"}, {"tp", 2},
+                  {"devices", {0, 1}}, {"seed", seed},  {"toy_shard_bytes", 3 << 20}};
     };
     json cfg{{"devices", {{"kind", "emulated"}, {"count", 2}, {"capacity_mb", 4}}},
              {"http", {{"host", "127.0.0.1"}, {"port", 0}}},
@@ -84,23 +83,23 @@ TEST_CASE("a scripted console session runs every command against the controller"
   INFO(r.all);
   CHECK(r.exit_code == 0);
   CHECK(count(r.all, "alpha") >= 4);
-  CHECK(r.all.find("2x1") != std::string::npos);                 // models: tp x pp
-  CHECK(r.all.find("emulated:0") != std::string::npos);          // devices
-  CHECK(r.all.find("local") != std::string::npos);               // nodes
+  CHECK(r.all.find("2x1") != std::string::npos);         // models: tp x pp
+  CHECK(r.all.find("emulated:0") != std::string::npos);  // devices
+  CHECK(r.all.find("local") != std::string::npos);       // nodes
   CHECK(r.all.find("online") != std::string::npos);
-  CHECK(r.all.find("alpha: resident") != std::string::npos);     // load
-  CHECK(r.all.find("alpha: pinned") != std::string::npos);       // pin
-  CHECK(r.all.find("alpha: unpinned") != std::string::npos);     // unpin
-  CHECK(r.all.find("beta: resident") != std::string::npos);      // loaded once alpha unpinned
-  CHECK(r.all.find("beta: offloaded") != std::string::npos);     // unload
+  CHECK(r.all.find("alpha: resident") != std::string::npos);  // load
+  CHECK(r.all.find("alpha: pinned") != std::string::npos);    // pin
+  CHECK(r.all.find("alpha: unpinned") != std::string::npos);  // unpin
+  CHECK(r.all.find("beta: resident") != std::string::npos);   // loaded once alpha unpinned
+  CHECK(r.all.find("beta: offloaded") != std::string::npos);  // unload
   CHECK(r.all.find("eviction policy: lru") != std::string::npos);
   CHECK(count(r.all, "eviction policy: cost") == 2);
-  CHECK(r.all.find("load GB/s") != std::string::npos);           // stats
+  CHECK(r.all.find("load GB/s") != std::string::npos);  // stats
   CHECK(r.all.find("req/s, latency p50") != std::string::npos);
-  CHECK(r.all.find("(1 ok, 0 failed)") != std::string::npos);    // the one infer so far
+  CHECK(r.all.find("(1 ok, 0 failed)") != std::string::npos);  // the one infer so far
   CHECK(r.all.find("idle s") != std::string::npos);
-  CHECK(r.all.find("never") != std::string::npos);               // beta, before its load
-  CHECK(r.all.find("commands:") != std::string::npos);           // help
+  CHECK(r.all.find("never") != std::string::npos);      // beta, before its load
+  CHECK(r.all.find("commands:") != std::string::npos);  // help
   // trace and watch: a fresh timeline holding the next load, a table refreshed twice.
   auto trace_file = c.dir + "/trace.json";
   auto t = test::run(c.console("-c 'trace start; load alpha; trace stop " + trace_file +
@@ -118,20 +117,21 @@ TEST_CASE("a scripted console session runs every command against the controller"
   REQUIRE(tj.is_object());
   bool alpha_load = false;
   for (auto& e : tj["traceEvents"])
-    alpha_load = alpha_load || (e.value("cat", "") == "load" &&
-                                e.dump().find("alpha") != std::string::npos);
+    alpha_load =
+        alpha_load || (e.value("cat", "") == "load" && e.dump().find("alpha") != std::string::npos);
   CHECK(alpha_load);
   // infer prints the tokens the HTTP API gives for the same request, then the split.
   auto http = std::move(net::http_client::connect("127.0.0.1", c.http_port, 5s).value());
-  auto body = json{{"inputs",
-                    {{{"name", "input_ids"}, {"datatype", "INT64"}, {"shape", {1, 3}},
-                      {"data", {1, 2, 3}}}}},
-                   {"parameters", {{"max_tokens", 3}}}};
+  auto body = json{
+      {"inputs",
+       {{{"name", "input_ids"}, {"datatype", "INT64"}, {"shape", {1, 3}}, {"data", {1, 2, 3}}}}},
+      {"parameters", {{"max_tokens", 3}}}};
   auto h = http->request("POST", "/v2/models/alpha/infer", body.dump()).value();
   REQUIRE(h.status == 200);
   auto data = json::parse(h.body)["outputs"][0]["data"];
   auto tokens = std::to_string(data[0].get<int64_t>()) + " " +
-                std::to_string(data[1].get<int64_t>()) + " " + std::to_string(data[2].get<int64_t>());
+                std::to_string(data[1].get<int64_t>()) + " " +
+                std::to_string(data[2].get<int64_t>());
   CHECK(r.all.find(tokens + "\nqueue ") != std::string::npos);
   CHECK(r.all.find("compute") != std::string::npos);
 }
@@ -173,8 +173,8 @@ TEST_CASE("console commands from a pipe stop at quit", "[apps][console]") {
 TEST_CASE("the console reports a controller that died and stays usable", "[apps][console]") {
   auto c = std::make_unique<controller>();
   auto out = c->dir + "-died.txt";
-  auto cmd = std::string{"timeout 60 "} + COMPUTRON_BINARY + " " + c->console("") + " > " + out +
-             " 2>&1";
+  auto cmd =
+      std::string{"timeout 60 "} + COMPUTRON_BINARY + " " + c->console("") + " > " + out + " 2>&1";
   FILE* console = ::popen(cmd.c_str(), "w");
   REQUIRE(console != nullptr);
   std::fputs("models\n", console);

@@ -56,10 +56,10 @@ struct node_process {
   uint16_t port = 0;
 
   explicit node_process(uint16_t want = 0, std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv{"/usr/bin/timeout", "300",         COMPUTRON_BINARY,
-                                  "node",             "--port",      std::to_string(want),
-                                  "--kind",           "emulated",    "--devices",
-                                  "2",                "--capacity-mb", "64"};
+    std::vector<std::string> argv{
+        "/usr/bin/timeout",   "300",    COMPUTRON_BINARY, "node",      "--port",
+        std::to_string(want), "--kind", "emulated",       "--devices", "2",
+        "--capacity-mb",      "64"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     proc = std::make_unique<child_process>(argv);
     port = test::wait_for_port(*proc);
@@ -69,9 +69,14 @@ struct node_process {
 
 json toy(const std::string& name, int tp, int pp, std::vector<int> devices, int seed,
          double compute_ms = 0) {
-  return {{"name", name},         {"kind", "toy"},       {"tp", tp},
-          {"pp", pp},             {"devices", devices},  {"seed", seed},
-          {"toy_shard_bytes", 1 << 20}, {"toy_compute_ms", compute_ms}};
+  return {{"name", name},
+          {"kind", "toy"},
+          {"tp", tp},
+          {"pp", pp},
+          {"devices", devices},
+          {"seed", seed},
+          {"toy_shard_bytes", 1 << 20},
+          {"toy_compute_ms", compute_ms}};
 }
 
 /// A controller over `nodes` (or, with none, its own 4 devices: the one-process
@@ -122,8 +127,8 @@ answer infer(const controller& c, const std::string& model, std::vector<int64_t>
              int64_t max_tokens = 4) {
   auto t0 = clock_type::now();
   auto cl = c.client();
-  auto r = cl->request("POST", "/v2/models/" + model + "/infer", infer_body(prompt, max_tokens),
-                       30s);
+  auto r =
+      cl->request("POST", "/v2/models/" + model + "/infer", infer_body(prompt, max_tokens), 30s);
   answer a;
   a.seconds = seconds_since(t0);
   if (!r) return a;
@@ -186,7 +191,7 @@ void send_raw(uint16_t port, const std::string& bytes) {
 /// BASP's 32-byte header (CAF 0.17): a client handshake announcing a 4 GiB payload.
 std::string crafted_basp_header() {
   std::string h(32, '\0');
-  h[0] = 0x01;  // client_handshake
+  h[0] = 0x01;                                                     // client_handshake
   for (int i = 4; i < 8; ++i) h[static_cast<size_t>(i)] = '\xff';  // payload_len
   return h;
 }
@@ -202,7 +207,8 @@ json make_certificates(const std::string& dir) {
   run("openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout peer.key -out peer.csr");
   run("openssl x509 -req -in peer.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
       "-out peer.pem");
-  return {{"certificate", dir + "/peer.pem"}, {"key", dir + "/peer.key"}, {"cafile", dir + "/ca.pem"}};
+  return {
+      {"certificate", dir + "/peer.pem"}, {"key", dir + "/peer.key"}, {"cafile", dir + "/ca.pem"}};
 }
 
 using wrong_interface = caf::typed_actor<caf::replies_to<int32_t>::with<int32_t>>;
@@ -332,8 +338,7 @@ TEST_CASE("a frozen node is detected by the heartbeat and rejoins when it thaws"
   CHECK(node_online(status_of(c), b.address()));
 }
 
-TEST_CASE("garbage and wrong interfaces on a node port leave the node serving",
-          "[net][cluster]") {
+TEST_CASE("garbage and wrong interfaces on a node port leave the node serving", "[net][cluster]") {
   scratch s{"cluster-garbage"};
   node_process n;
   std::mt19937 rng{7};
@@ -363,7 +368,7 @@ TEST_CASE("a TLS node refuses a crafted header and serves a TLS controller", "[n
   scratch s{"cluster-tls"};
   auto tls = make_certificates(s.dir);
   std::vector<std::string> flags{"--tls-certificate", tls["certificate"], "--tls-key",
-                                 tls["key"],          "--tls-cafile",      tls["cafile"]};
+                                 tls["key"],          "--tls-cafile",     tls["cafile"]};
   node_process n{0, flags};
   // Over plain BASP this header makes the receiver allocate 4 GiB; TLS drops it first.
   send_raw(n.port, crafted_basp_header());
@@ -402,9 +407,8 @@ TEST_CASE("a node refuses a public address without TLS and bad node lists are er
   // A node that never answers: serve gives up after node_wait_s and names it.
   scratch s{"cluster-unreachable"};
   {
-    std::ofstream{s.dir + "/c.json"} << json{{"nodes", {"127.0.0.1:1"}}, {"node_wait_s", 0.5},
-                                             {"models", json::array()}}
-                                            .dump();
+    std::ofstream{s.dir + "/c.json"}
+        << json{{"nodes", {"127.0.0.1:1"}}, {"node_wait_s", 0.5}, {"models", json::array()}}.dump();
   }
   auto t0 = clock_type::now();
   auto gone = test::run("serve --config " + s.dir + "/c.json", true);
