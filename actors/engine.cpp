@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "common/error.hpp"
+#include "common/log.hpp"
 #include "common/random.hpp"
 
 namespace computron::actors {
@@ -106,7 +107,8 @@ class toy_program final : public shard_program {
 
 class toy_engine final : public engine {
  public:
-  caf::error validate(const model_config& cfg) const override {
+  caf::error validate(const model_config& cfg,
+                      const std::vector<gpu::device_kind>&) const override {
     if (cfg.toy_shard_bytes == 0)
       return make_error(ec::invalid_configuration, "toy model " + cfg.name + ": zero bytes");
     if (!(std::isfinite(cfg.toy_compute_ms) && cfg.toy_compute_ms >= 0 &&
@@ -196,8 +198,35 @@ caf::expected<std::vector<int64_t>> sample_rows(const models::host_tensor& logit
   return out;
 }
 
+bool dtype_runs_on(const std::string& dtype, const std::vector<gpu::device_kind>& placed) {
+  if (dtype != "f16" && dtype != "fp16") return true;
+  for (auto k : placed)
+    if (k != gpu::device_kind::cuda) return false;
+  return true;
+}
+
+model_config resolve_dtype(model_config cfg, const std::vector<gpu::device_kind>& device_kinds) {
+  if (cfg.dtype != "auto") return cfg;
+  std::vector<gpu::device_kind> placed;
+  for (auto d : cfg.devices)
+    placed.push_back(d >= 0 && static_cast<size_t>(d) < device_kinds.size()
+                         ? device_kinds[static_cast<size_t>(d)]
+                         : gpu::device_kind::emulated);
+  auto want = cfg.checkpoint_dtype.empty() ? std::string{"bf16"} : cfg.checkpoint_dtype;
+  if (dtype_runs_on(want, placed)) {
+    cfg.dtype = want;
+    log::info("model {}: serving in {}, the checkpoint's dtype", cfg.name, want);
+  } else {
+    cfg.dtype = "bf16";
+    log::info("model {}: the checkpoint is {}, which its {} devices cannot run; serving in bf16",
+              cfg.name, want, placed.empty() ? "" : gpu::to_string(placed.front()));
+  }
+  return cfg;
+}
+
 caf::error validate_model(const engine_registry& engines, const model_config& cfg,
-                          size_t device_count) {
+                          const std::vector<gpu::device_kind>& device_kinds) {
+  const size_t device_count = device_kinds.size();
   auto bad = [&](std::string why) {
     return make_error(ec::invalid_configuration, "model " + cfg.name + ": " + why);
   };
@@ -223,7 +252,9 @@ caf::error validate_model(const engine_registry& engines, const model_config& cf
     if (!seen.insert(d).second)
       return bad("device " + std::to_string(d) + " holds two shards; each shard needs its own");
   }
-  return e->second->validate(cfg);
+  std::vector<gpu::device_kind> placed;
+  for (auto d : cfg.devices) placed.push_back(device_kinds[static_cast<size_t>(d)]);
+  return e->second->validate(cfg, placed);
 }
 
 caf::expected<std::vector<std::vector<int64_t>>> direct_generate(

@@ -38,8 +38,11 @@ class engine {
  public:
   virtual ~engine() = default;
 
-  /// Checks what this kind needs of a config (spec known, dtype, tp/pp split).
-  virtual caf::error validate(const model_config& cfg) const = 0;
+  /// Checks what this kind needs of a config (spec known, dtype, tp/pp split). `placed`
+  /// holds the kind of the device of each shard (cfg.devices order): a dtype is valid
+  /// only where every one of them can run it.
+  virtual caf::error validate(const model_config& cfg,
+                              const std::vector<gpu::device_kind>& placed) const = 0;
 
   /// Vocabulary size and longest sequence (prompt plus generated tokens).
   virtual int64_t vocab(const model_config& cfg) const = 0;
@@ -50,6 +53,12 @@ class engine {
 
   /// Writes the shard's weights into its host copy (seeded or from the checkpoint).
   virtual caf::error fill(const shard_spec& s, gpu::weight_shard& w) const = 0;
+
+  /// Pays the first-use costs of compute on `dev` for this shard's shape and dtype (CUDA
+  /// context, cuBLAS handles, first kernels) off the request path; a no-op where there
+  /// are none, and once per device, shape and dtype. Called on the thread that will run
+  /// the shard's forward steps, since libtorch's cuBLAS handles are per thread.
+  virtual caf::error warm_up(const shard_spec&, const gpu::device_ptr&) const { return {}; }
 
   /// The shard's compute over its (loaded) weights and its tensor-parallel group; both
   /// outlive the program.
@@ -79,10 +88,20 @@ caf::expected<std::vector<int64_t>> sample_rows(const models::host_tensor& logit
                                                 std::vector<models::sampler>& samplers,
                                                 const std::vector<row_sampling>& sampling);
 
-/// Checks a model config against the engines: kind known, devices distinct and within
-/// `device_count`, one per shard; then the engine's own checks.
+/// Checks a model config against the engines: kind known, devices distinct and among
+/// `device_kinds` (the kind of every device, by global index), one per shard; then the
+/// engine's own checks with the kinds of the devices the model is placed on.
 caf::error validate_model(const engine_registry& engines, const model_config& cfg,
-                          size_t device_count);
+                          const std::vector<gpu::device_kind>& device_kinds);
+
+/// Whether every device kind in `placed` can run weights of `dtype` ("f32", "bf16",
+/// "f16"): f16 needs CUDA (libtorch's CPU fp16 matmul is slow or missing).
+bool dtype_runs_on(const std::string& dtype, const std::vector<gpu::device_kind>& placed);
+
+/// Settles what a config leaves to its placement: dtype "auto" becomes the checkpoint's
+/// dtype (cfg.checkpoint_dtype) where every placed device runs it, else bf16, and the log
+/// says which and why. Other configs are returned unchanged.
+model_config resolve_dtype(model_config cfg, const std::vector<gpu::device_kind>& device_kinds);
 
 /// Runs a model without actors: every shard on its device, stages in order, tensor-
 /// parallel ranks in threads. The reference the served outputs are compared with

@@ -20,17 +20,28 @@ struct model_config {
   /// "opt" (the OPT decoder, models/) or "toy" (a tiny deterministic model for tests
   /// and overhead benchmarks; no torch).
   std::string kind = "opt";
-  /// Catalogue shape for "opt" (opt-125m ...); ignored by "toy".
+  /// Catalogue shape for "opt" (opt-125m ...); ignored by "toy". With `shape` set it
+  /// only names the shape (a Hugging Face folder's model).
   std::string spec;
-  /// "f32", "bf16" or "f16" (f16 needs a GPU).
+  /// An OPT shape outside the catalogue (read from a Hugging Face config.json):
+  /// {hidden, layers, heads, ffn, vocab, max_positions}; empty: `spec` names a catalogue
+  /// entry.
+  std::vector<int64_t> shape;
+  /// "f32", "bf16" or "f16" (f16 needs CUDA devices), or "auto": the checkpoint's dtype
+  /// where the devices run it, else bf16 (settled at registration, see resolve_dtype).
   std::string dtype = "bf16";
+  /// The dtype the checkpoint stores ("f16", ...); weights are converted once at
+  /// registration when it differs from `dtype`. Empty when unknown or seeded.
+  std::string checkpoint_dtype;
   int32_t tp = 1;
   int32_t pp = 1;
   /// Device of each shard, index pp_rank * tp + tp_rank; distinct devices.
   std::vector<int32_t> devices;
   /// Seed of the random weights when there is no checkpoint.
   uint64_t seed = 0;
-  /// Optional safetensors checkpoint of the unsharded model (empty: seeded weights).
+  /// Optional checkpoint of the unsharded model (empty: seeded weights): one of our
+  /// safetensors files, or a Hugging Face OPT folder (config.json, model.safetensors or
+  /// shards with model.safetensors.index.json).
   std::string weights_path;
   /// Bytes of each shard of a "toy" model.
   uint64_t toy_shard_bytes = 1 << 20;
@@ -44,8 +55,9 @@ struct model_config {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, model_config& x) {
-  return f(caf::meta::type_name("model_config"), x.name, x.kind, x.spec, x.dtype, x.tp, x.pp,
-           x.devices, x.seed, x.weights_path, x.toy_shard_bytes, x.toy_compute_ms, x.pinned);
+  return f(caf::meta::type_name("model_config"), x.name, x.kind, x.spec, x.shape, x.dtype,
+           x.checkpoint_dtype, x.tp, x.pp, x.devices, x.seed, x.weights_path, x.toy_shard_bytes,
+           x.toy_compute_ms, x.pinned);
 }
 
 /// One shard of a model, as handed to the worker that will hold it.

@@ -511,9 +511,12 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
         dispatch(self);
         return rp;
       },
-      [=](register_atom, model_config& cfg) -> caf::result<model_info> {
+      [=](register_atom, model_config& requested) -> caf::result<model_info> {
         auto& st = self->state;
-        if (auto err = validate_model(st.engines, cfg, st.workers.size())) return err;
+        auto kinds = st.opts.device_kinds;
+        kinds.resize(st.workers.size(), gpu::device_kind::emulated);
+        auto cfg = resolve_dtype(std::move(requested), kinds);
+        if (auto err = validate_model(st.engines, cfg, kinds)) return err;
         if (auto i = st.models.find(cfg.name); i != st.models.end())
           return make_error(ec::invalid_state, "model " + cfg.name + " is already registered");
         if (st.registering.count(cfg.name) > 0)

@@ -39,6 +39,9 @@ struct model_manager_options {
   /// The node of each device (index = global device index); empty: all in this process.
   /// A stage whose tensor-parallel ranks sit on several nodes gets a cross-node group.
   std::vector<std::string> device_nodes;
+  /// The kind of each device (index = global device index), for checking a model's dtype
+  /// against where it is placed; devices beyond the list count as emulated.
+  std::vector<gpu::device_kind> device_kinds;
   std::shared_ptr<observer> obs = null_observer();
 };
 

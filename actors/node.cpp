@@ -103,6 +103,8 @@ caf::expected<runtime> spawn_stack(caf::actor_system& sys, runtime rt, runtime_o
   opts.scheduler.obs = opts.obs;
   opts.manager.obs = opts.obs;
   opts.frontend.obs = opts.obs;
+  opts.manager.device_kinds.clear();
+  for (auto& d : sds) opts.manager.device_kinds.push_back(d.kind);
   auto fail = [&](caf::error e) {
     rt.shutdown();
     return e;
@@ -134,7 +136,8 @@ caf::expected<runtime> start_runtime(caf::actor_system& sys, runtime_options opt
   std::vector<scheduler_device> sds;
   for (size_t i = 0; i < rt.devices.size(); ++i)
     sds.push_back(
-        {rt.node.workers[i], rt.devices[i]->capacity_bytes(), rt.devices[i]->info().link_gbps});
+        {rt.node.workers[i], rt.devices[i]->capacity_bytes(), rt.devices[i]->info().link_gbps,
+         rt.devices[i]->info().kind});
   return spawn_stack(sys, std::move(rt), std::move(opts), std::move(engines), std::move(sds));
 }
 

@@ -1,9 +1,16 @@
 #include "actors/opt_engine.hpp"
 
+#include <chrono>
+#include <mutex>
+#include <set>
 #include <unordered_map>
 
+#include <fmt/format.h>
+
 #include "common/error.hpp"
-#include "models/safetensors.hpp"
+#include "common/log.hpp"
+#include "gpu/collective.hpp"
+#include "models/checkpoint.hpp"
 #include "models/weights.hpp"
 
 namespace computron::actors {
@@ -16,8 +23,25 @@ struct opt_shape {
   models::parallel_config par;
 };
 
+/// The model's shape: its own (a Hugging Face config.json's) or a catalogue entry.
+caf::expected<models::opt_spec> spec_of(const model_config& cfg) {
+  if (cfg.shape.empty()) return models::find_spec(cfg.spec);
+  if (cfg.shape.size() != 6)
+    return make_error(ec::invalid_configuration,
+                      "shape needs 6 numbers (hidden, layers, heads, ffn, vocab, max_positions)");
+  models::opt_spec s;
+  s.name = cfg.spec.empty() ? cfg.name : cfg.spec;
+  s.hidden = cfg.shape[0];
+  s.layers = cfg.shape[1];
+  s.heads = cfg.shape[2];
+  s.ffn = cfg.shape[3];
+  s.vocab = cfg.shape[4];
+  s.max_positions = cfg.shape[5];
+  return s;
+}
+
 caf::expected<opt_shape> shape_of(const model_config& cfg) {
-  auto spec = models::find_spec(cfg.spec);
+  auto spec = spec_of(cfg);
   if (!spec) return spec.error();
   auto type = gpu::parse_weight_dtype(cfg.dtype);
   if (!type) return type.error();
@@ -46,26 +70,37 @@ class opt_program final : public shard_program {
 };
 
 class opt_engine final : public engine {
+ private:
+  mutable std::mutex warm_mtx_;
+  mutable std::set<std::string> warmed_;
+
  public:
-  caf::error validate(const model_config& cfg) const override {
+  caf::error validate(const model_config& cfg,
+                      const std::vector<gpu::device_kind>& placed) const override {
     auto s = shape_of(cfg);
     if (!s)
       return make_error(ec::invalid_configuration, "model " + cfg.name + ": " + render(s.error()));
-    if (s->type == gpu::dtype::f16)
+    if (!dtype_runs_on(cfg.dtype, placed)) {
+      std::string kinds;
+      for (auto k : placed)
+        if (k != gpu::device_kind::cuda && kinds.find(gpu::to_string(k)) == std::string::npos)
+          kinds += (kinds.empty() ? "" : ", ") + std::string{gpu::to_string(k)};
       return make_error(ec::invalid_configuration,
-                        "model " + cfg.name + ": f16 needs a CUDA device; use bf16 or f32");
+                        "model " + cfg.name + ": f16 runs only on CUDA devices, and it is placed on " +
+                            kinds + " devices; use bf16 or f32 there (or \"auto\")");
+    }
     if (auto err = models::validate(s->spec, s->par))
       return make_error(ec::invalid_configuration, "model " + cfg.name + ": " + render(err));
     return {};
   }
 
   int64_t vocab(const model_config& cfg) const override {
-    auto s = models::find_spec(cfg.spec);
+    auto s = spec_of(cfg);
     return s ? s->vocab : 0;
   }
 
   int64_t max_positions(const model_config& cfg) const override {
-    auto s = models::find_spec(cfg.spec);
+    auto s = spec_of(cfg);
     return s ? s->max_positions : 0;
   }
 
@@ -81,9 +116,49 @@ class opt_engine final : public engine {
     models::shard_index idx{sh.tp_rank, sh.pp_rank};
     if (sh.model.weights_path.empty())
       return models::fill_seeded(s->spec, s->par, idx, w.table(), w.host_data(), sh.model.seed);
-    auto file = models::safetensors_file::open(sh.model.weights_path);
+    auto file = models::checkpoint::open(sh.model.weights_path);
     if (!file) return file.error();
     return models::fill_from_checkpoint(s->spec, s->par, idx, w.table(), w.host_data(), *file);
+  }
+
+  caf::error warm_up(const shard_spec& sh, const gpu::device_ptr& dev) const override {
+    if (!dev || dev->info().kind != gpu::device_kind::cuda) return {};
+    auto s = shape_of(sh.model);
+    if (!s) return s.error();
+    // One layer of the same width in the same dtype runs the same kernels as the model.
+    models::opt_spec w{"warm-up", s->spec.hidden, 1, s->spec.heads, s->spec.ffn, 64, 64};
+    auto key = fmt::format("{}/{}/{}/{}/{}", dev->info().ordinal, gpu::to_string(s->type),
+                           w.hidden, w.heads, w.ffn);
+    {
+      std::lock_guard<std::mutex> guard{warm_mtx_};
+      if (!warmed_.insert(key).second) return {};
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    auto table = models::shard_layout(w, s->type, {1, 1}, {0, 0});
+    if (!table) return table.error();
+    auto shard = gpu::weight_shard::create(dev, std::move(*table));
+    if (!shard) return shard.error();
+    auto& ws = **shard;
+    if (auto err = models::fill_seeded(w, {1, 1}, {0, 0}, ws.table(), ws.host_data(), 1))
+      return err;
+    if (auto err = ws.load()) return err;
+    if (auto err = ws.wait_loaded(std::chrono::minutes{1})) return err;
+    auto group = gpu::join_local_group("warm-up/" + key, 0, 1, std::chrono::seconds{10});
+    if (!group) return group.error();
+    auto stage = models::opt_stage::create(w, {1, 1}, {0, 0}, ws, **group);
+    if (!stage) return stage.error();
+    models::kv_cache cache;
+    auto out = (*stage)->prefill({{2, 5, 7, 11, 13, 17, 19, 23}}, nullptr, cache);
+    if (!out) return out.error();
+    auto next = (*stage)->decode({3}, nullptr, cache);
+    if (!next) return next.error();
+    stage->reset();
+    if (auto err = ws.evict()) return err;
+    log::info("{}: warmed up {} compute for width {} in {:.0f} ms", dev->info().name,
+              gpu::to_string(s->type), w.hidden,
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                  .count());
+    return {};
   }
 
   caf::expected<std::unique_ptr<shard_program>> make_program(const shard_spec& sh,

@@ -202,13 +202,28 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
                       std::move(job))
             .then(
                 [=](bool) mutable {
-                  self->state.preparing.erase(name);
                   auto report = shard_report{
                       name, index,
                       gpu::align_up(entry->weights->size_bytes(), gpu::device::granularity),
                       entry->weights->host_pinned()};
-                  self->state.shards[name] = std::move(*entry);
-                  rp.deliver(std::move(report));
+                  auto finish = [=]() mutable {
+                    self->state.preparing.erase(name);
+                    self->state.shards[name] = std::move(*entry);
+                    rp.deliver(report);
+                  };
+                  if (device->info().kind == gpu::device_kind::emulated) return finish();
+                  // The first forward on a GPU pays for the context and kernels: pay it
+                  // now, on the lane that will run the forward steps.
+                  lane_job warm{[=]() -> caf::error { return eng->warm_up(s, device); }};
+                  self->request(self->state.compute_lane, caf::timespan{std::chrono::minutes(5)},
+                                run_atom_v, std::move(warm))
+                      .then([=](bool) mutable { finish(); },
+                            [=](caf::error& err) mutable {
+                              log::warn("device {}: warm-up for {} failed (the first request "
+                                        "pays it): {}",
+                                        index, name, render(err));
+                              finish();
+                            });
                 },
                 [=](caf::error& err) mutable {
                   self->state.preparing.erase(name);

@@ -10,6 +10,7 @@
 #include <caf/expected.hpp>
 
 #include "actors/interfaces.hpp"
+#include "gpu/device.hpp"
 #include "actors/observer.hpp"
 
 namespace computron::actors {
@@ -19,6 +20,8 @@ struct scheduler_device {
   shard_worker_actor worker;
   uint64_t capacity_bytes = 0;
   double link_gbps = 0;
+  /// What the device is: a model's dtype is checked against the kinds it is placed on.
+  gpu::device_kind kind = gpu::device_kind::emulated;
 };
 
 struct swap_scheduler_options {

@@ -63,6 +63,9 @@ caf::expected<std::vector<std::unique_ptr<weight_shard>>> make_shards(
 
 struct round_result {
   double load_seconds = 0;
+  /// The slowest shard's load() call alone: allocation and queueing the chunks, before
+  /// any waiting (where a load loses time besides the copy itself).
+  double submit_ms = 0;
   std::vector<double> per_shard_seconds;
   double evict_ms = 0;
 };
@@ -74,11 +77,14 @@ caf::expected<round_result> swap_round(std::vector<std::unique_ptr<weight_shard>
   round_result r;
   r.per_shard_seconds.resize(shards.size());
   std::vector<caf::error> errors(shards.size());
+  std::vector<double> submit(shards.size());
   std::vector<std::thread> loaders;
   auto t0 = clock_type::now();
   for (size_t i = 0; i < shards.size(); ++i) {
     loaders.emplace_back([&, i] {
+      auto s0 = clock_type::now();
       auto err = shards[i]->load(gpu::load_options{chunk_bytes});
+      submit[i] = seconds_since(s0) * 1e3;
       if (!err) err = shards[i]->wait_loaded(load_timeout);
       r.per_shard_seconds[i] = seconds_since(t0);
       errors[i] = std::move(err);
@@ -86,6 +92,7 @@ caf::expected<round_result> swap_round(std::vector<std::unique_ptr<weight_shard>
   }
   for (auto& t : loaders) t.join();
   r.load_seconds = seconds_since(t0);
+  r.submit_ms = *std::max_element(submit.begin(), submit.end());
   for (auto& err : errors)
     if (err) return err;
   if (keep_resident) return r;
@@ -132,6 +139,7 @@ struct measured {
   std::vector<double> loads;
   std::vector<std::vector<double>> per_shard;
   std::vector<double> evicts;
+  std::vector<double> submits;
 };
 
 caf::expected<measured> measure(std::vector<std::unique_ptr<weight_shard>>& shards,
@@ -143,6 +151,7 @@ caf::expected<measured> measure(std::vector<std::unique_ptr<weight_shard>>& shar
     auto r = swap_round(shards, o.chunk_bytes, keep_last && last);
     if (!r) return std::move(r.error());
     m.loads.push_back(r->load_seconds);
+    m.submits.push_back(r->submit_ms);
     m.per_shard.push_back(r->per_shard_seconds);
     if (!(keep_last && last)) m.evicts.push_back(r->evict_ms);
   }
@@ -232,6 +241,10 @@ caf::expected<swap_bench_result> run_swap_bench(const swap_bench_options& o) {
     }
     res.load_seconds = median(m->loads);
     res.evict_ms = median(m->evicts);
+    res.submit_ms = median(m->submits);
+    auto after = (*devs)[0]->stats();
+    res.native_allocations = after.native_allocations;
+    res.native_frees = after.native_frees;
     res.achieved_gbps = static_cast<double>(total) / res.load_seconds / 1e9;
     res.efficiency = res.achieved_gbps / (o.devices * res.link_gbps);
     for (size_t i = 0; i < devs->size(); ++i) {
@@ -272,6 +285,9 @@ std::string to_json(const swap_bench_result& r) {
   j["achieved_gbps"] = r.achieved_gbps;
   j["efficiency"] = r.efficiency;
   j["evict_ms"] = r.evict_ms;
+  j["submit_ms"] = r.submit_ms;
+  j["native_allocations"] = r.native_allocations;
+  j["native_frees"] = r.native_frees;
   j["host_pinned"] = r.host_pinned;
   j["verified"] = r.verified;
   j["single_device_seconds"] = r.single_device_seconds;
@@ -301,6 +317,11 @@ void print_table(std::ostream& out, const swap_bench_result& r) {
                      r.link_gbps);
   out << fmt::format("evict           {:.3f} ms (slowest shard; nothing copied back)\n",
                      r.evict_ms);
+  out << fmt::format("submit          {:.3f} ms (the load call: allocation and queueing)\n",
+                     r.submit_ms);
+  out << fmt::format("device allocator calls: {} allocations, {} frees (the arena's reservation "
+                     "at open; none per load or eviction)\n",
+                     r.native_allocations, r.native_frees);
   if (r.single_device_seconds > 0)
     out << fmt::format("one device      {:.4f} s for the whole model: {:.2f}x faster over {}\n",
                        r.single_device_seconds, r.speedup, r.devices);

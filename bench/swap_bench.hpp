@@ -53,6 +53,11 @@ struct swap_bench_result {
   double efficiency = 0;
   /// Median over repeats of the slowest shard's eviction.
   double evict_ms = 0;
+  /// Median of the slowest shard's load() call (allocation and queueing of the chunks).
+  double submit_ms = 0;
+  /// Device 0's native allocator calls over the run (see gpu::device_stats).
+  uint64_t native_allocations = 0;
+  uint64_t native_frees = 0;
   bool host_pinned = false;
   bool verified = false;
   std::vector<device_result> per_device;

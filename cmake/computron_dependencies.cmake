@@ -62,3 +62,42 @@ if(COMPUTRON_CUDA)
     message(STATUS "computron: no nvcc; CPU-only build (emulated devices)")
   endif()
 endif()
+
+set(COMPUTRON_CUDA_ARCHITECTURES_SAVED ${CMAKE_CUDA_ARCHITECTURES})
+# libtorch: Debian's 1.13 (CPU) in CI, or a CUDA libtorch 2.x (a path, or the one python3's
+# torch wheel carries) on a GPU machine. Found here, before any target, because two of its
+# properties change how the whole project compiles.
+find_package(Torch REQUIRED)
+# 1. Torch 2.x bundles fmt headers of its own version (fmt 12 in torch 2.11) ahead of
+#    Debian's fmt 9 on the include path; its translation units then reference fmt::v12
+#    symbols that no library exports. Header-only fmt everywhere makes every use
+#    self-contained, whichever headers a translation unit sees.
+set(COMPUTRON_TORCH_FMT_VERSION "")
+foreach(dir ${TORCH_INCLUDE_DIRS})
+  foreach(h base.h core.h)
+    if(NOT COMPUTRON_TORCH_FMT_VERSION AND EXISTS "${dir}/fmt/${h}"
+       AND NOT "${dir}" STREQUAL "/usr/include")
+      file(STRINGS "${dir}/fmt/${h}" fmt_line REGEX "^#[ \t]*define FMT_VERSION [0-9]+")
+      string(REGEX MATCH "[0-9]+$" COMPUTRON_TORCH_FMT_VERSION "${fmt_line}")
+    endif()
+  endforeach()
+endforeach()
+if(COMPUTRON_TORCH_FMT_VERSION)
+  math(EXPR debian_fmt "${fmt_VERSION_MAJOR} * 10000 + ${fmt_VERSION_MINOR} * 100")
+  math(EXPR torch_fmt_major "${COMPUTRON_TORCH_FMT_VERSION} / 10000")
+  if(NOT torch_fmt_major EQUAL fmt_VERSION_MAJOR)
+    message(STATUS "computron: torch bundles fmt ${COMPUTRON_TORCH_FMT_VERSION}, the system "
+                   "has ${fmt_VERSION}: building with FMT_HEADER_ONLY")
+    add_compile_definitions(FMT_HEADER_ONLY=1)
+  endif()
+endif()
+# 2. A CUDA libtorch lets the OPT forward cap libtorch's caching allocator to the
+#    activation workspace (models/torch_interop.cpp is the only user).
+set(COMPUTRON_TORCH_CUDA OFF)
+if(TORCH_CUDA_LIBRARIES OR TARGET c10_cuda)
+  set(COMPUTRON_TORCH_CUDA ON)
+  message(STATUS "computron: libtorch ${Torch_VERSION} with CUDA")
+endif()
+if(COMPUTRON_CUDA_ARCHITECTURES_SAVED)
+  set(CMAKE_CUDA_ARCHITECTURES ${COMPUTRON_CUDA_ARCHITECTURES_SAVED})
+endif()

@@ -42,7 +42,7 @@ caf::expected<std::vector<device_ptr>> open_cuda(const device_options& opts, int
                       fmt::format("{} CUDA devices requested, {} present", n, available));
   log::info("using {} CUDA device(s): {}", n, cuda::version_string());
   for (int i = 0; i < n; ++i) {
-    auto dev = cuda::open(i, opts.cuda_reserved_bytes);
+    auto dev = cuda::open(i, opts.cuda_reserved_bytes, opts.cuda_capacity_bytes);
     if (!dev) return std::move(dev.error());
     log::info("{}: {:.1f} GiB usable", (*dev)->info().name,
               static_cast<double>((*dev)->capacity_bytes()) / (1ull << 30));

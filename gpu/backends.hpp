@@ -20,6 +20,9 @@ struct device_options {
   double emulated_link_gbps = 2.0;
   /// CUDA: bytes left free on each GPU for activations and the CUDA context.
   uint64_t cuda_reserved_bytes = 512ull << 20;
+  /// CUDA: at most this many bytes of each GPU for weights (0: all but the reserve), to
+  /// share a GPU or to run "only some models fit" experiments on a large one.
+  uint64_t cuda_capacity_bytes = 0;
 };
 
 /// True when this build contains the CUDA backend.

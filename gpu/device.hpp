@@ -41,6 +41,13 @@ struct device_stats {
   uint64_t bytes_to_host = 0;
   uint64_t copies_to_device = 0;
   uint64_t copies_to_host = 0;
+  /// Calls into the backend's own allocator for device memory (cudaMalloc, mmap) and
+  /// back (cudaFree, munmap). Both devices reserve their memory once at open and
+  /// sub-allocate shards from an arena, so loads and evictions leave these unchanged:
+  /// tests prove with them that an eviction never calls cudaFree (which synchronizes the
+  /// whole GPU).
+  uint64_t native_allocations = 0;
+  uint64_t native_frees = 0;
 };
 
 /// Host memory for transfers: pinned (page-locked) where the device supports it, so a
@@ -119,6 +126,9 @@ class device : public std::enable_shared_from_this<device> {
   /// Bytes held by live allocations (rounded up to the allocation granularity).
   uint64_t used_bytes() const { return used_bytes_.load(); }
   uint64_t free_bytes() const { return info_.capacity_bytes - used_bytes(); }
+  /// Bytes in the largest free block: what one allocation can still get. Fragmentation
+  /// can make it smaller than free_bytes().
+  virtual uint64_t largest_free_block() const { return free_bytes(); }
   device_stats stats() const;
 
   /// Host memory for transfers, pinned where possible.
@@ -155,6 +165,10 @@ class device : public std::enable_shared_from_this<device> {
   virtual caf::error do_copy_to_host(void* dst, const void* src, uint64_t bytes) = 0;
   virtual caf::error do_fill(void* dst, uint8_t value, uint64_t bytes) = 0;
 
+  /// Backends count their native allocator calls here (see device_stats).
+  void count_native_allocation() { ++native_allocations_; }
+  void count_native_free() { ++native_frees_; }
+
   device_info info_;
 
  private:
@@ -168,6 +182,8 @@ class device : public std::enable_shared_from_this<device> {
   std::atomic<uint64_t> bytes_to_host_{0};
   std::atomic<uint64_t> copies_to_device_{0};
   std::atomic<uint64_t> copies_to_host_{0};
+  std::atomic<uint64_t> native_allocations_{0};
+  std::atomic<uint64_t> native_frees_{0};
 };
 
 using device_ptr = std::shared_ptr<device>;

@@ -100,6 +100,7 @@ emulated_device::emulated_device(device_info info, std::byte* base, uint64_t map
       mapped_bytes_(mapped_bytes),
       bytes_per_second_(info_.link_gbps * 1e9),
       arena_(info_.capacity_bytes, granularity) {
+  count_native_allocation();  // the one mapping, made by make()
   engine_ = std::thread([this] { run_copy_engine(); });
 }
 

@@ -37,7 +37,7 @@ class emulated_device final : public device {
 
   /// Bytes in the largest free block: fragmentation can refuse an allocation that the
   /// capacity alone would admit.
-  uint64_t largest_free_block() const;
+  uint64_t largest_free_block() const override;
 
  protected:
   caf::expected<host_buffer> do_allocate_host(uint64_t bytes) override;

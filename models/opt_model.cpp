@@ -241,6 +241,9 @@ caf::expected<std::unique_ptr<opt_stage>> opt_stage::create(const opt_spec& spec
           ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(weights.dev().info().ordinal))
           : at::Device(at::kCPU);
   p->options = at::TensorOptions().dtype(to_torch(type)).device(device);
+  // Activations and KV caches stay inside the workspace the weights' arena left free.
+  if (kind == gpu::device_kind::cuda)
+    if (auto err = detail::cap_cuda_workspace(weights.dev())) return err;
   std::tie(p->layer_begin, p->layer_end) = stage_layers(spec, par.pp, shard.pp_rank);
   p->local_heads = spec.heads / par.tp;
   p->head_dim = spec.hidden / spec.heads;
@@ -317,8 +320,7 @@ caf::expected<host_tensor> opt_stage::prefill(const std::vector<std::vector<int6
     }
     return m.run(x, allowed, c);
   } catch (const std::exception& e) {
-    return make_error(ec::device_error,
-                      fmt::format("{} prefill failed: {}", m.spec.name, e.what()));
+    return detail::compute_error(m.spec.name + " prefill", e);
   }
 }
 
@@ -359,7 +361,7 @@ caf::expected<host_tensor> opt_stage::decode(const std::vector<int64_t>& tokens,
     for (auto& p : c.next_position) ++p;
     return out;
   } catch (const std::exception& e) {
-    return make_error(ec::device_error, fmt::format("{} decode failed: {}", m.spec.name, e.what()));
+    return detail::compute_error(m.spec.name + " decode", e);
   }
 }
 

@@ -1,13 +1,60 @@
 #include "models/torch_interop.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
 
 #include "common/error.hpp"
+#include "common/log.hpp"
+
+#ifdef COMPUTRON_TORCH_CUDA
+#include <mutex>
+#include <set>
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 namespace computron::models::detail {
+
+caf::error compute_error(const std::string& what, const std::exception& e) {
+  std::string msg = e.what();
+  if (msg.find("out of memory") != std::string::npos)
+    return make_error(ec::out_of_device_memory,
+                      fmt::format("{} ran out of device memory for activations (a smaller batch or "
+                                  "a larger devices.reserved_mb workspace helps): {}",
+                                  what, msg.substr(0, msg.find('\n'))));
+  return make_error(ec::device_error, fmt::format("{} failed: {}", what, msg));
+}
+
+caf::error cap_cuda_workspace(const gpu::device& dev) {
+#ifdef COMPUTRON_TORCH_CUDA
+  static std::mutex mtx;
+  static std::set<int> capped;
+  std::lock_guard<std::mutex> guard{mtx};
+  auto ordinal = dev.info().ordinal;
+  if (!capped.insert(ordinal).second) return {};
+  try {
+    auto total = static_cast<double>(at::cuda::getDeviceProperties(ordinal)->totalGlobalMem);
+    auto fraction = 1.0 - static_cast<double>(dev.capacity_bytes()) / total;
+    fraction = std::clamp(fraction, 0.01, 1.0);
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction,
+                                                       static_cast<c10::DeviceIndex>(ordinal));
+    log::info("{}: libtorch's allocator capped at {:.1f} GiB (weights arena {:.1f} GiB)",
+              dev.info().name, fraction * total / (1ull << 30),
+              static_cast<double>(dev.capacity_bytes()) / (1ull << 30));
+  } catch (const std::exception& e) {
+    capped.erase(ordinal);
+    return make_error(ec::device_error,
+                      fmt::format("{}: cannot cap the workspace: {}", dev.info().name, e.what()));
+  }
+#else
+  (void)dev;
+#endif
+  return {};
+}
 
 at::ScalarType to_torch(gpu::dtype t) {
   switch (t) {

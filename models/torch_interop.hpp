@@ -5,6 +5,9 @@
 #include <ATen/core/Tensor.h>
 #include <caf/expected.hpp>
 
+#include <exception>
+#include <string>
+
 #include "gpu/weight_store.hpp"
 #include "models/opt_model.hpp"
 
@@ -23,5 +26,16 @@ caf::expected<host_tensor> to_host(const at::Tensor& t);
 /// A tensor on `device` holding `h`'s values (copied). Errors: bytes that disagree with
 /// dtype x shape.
 caf::expected<at::Tensor> from_host(const host_tensor& h, at::Device device);
+
+/// A failure thrown by libtorch during a forward step, as an error: running out of
+/// device memory (the workspace is too small for this batch) is `out_of_device_memory`
+/// with a hint, anything else `device_error`; `what` names the step.
+caf::error compute_error(const std::string& what, const std::exception& e);
+
+/// Caps libtorch's CUDA caching allocator on `dev`'s GPU to the memory the weights' arena
+/// left (the workspace), once per GPU, so compute can never take the weights' memory and
+/// an oversized batch fails with an error instead of starving loads. A no-op without a
+/// CUDA libtorch.
+caf::error cap_cuda_workspace(const gpu::device& dev);
 
 }  // namespace computron::models::detail

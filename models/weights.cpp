@@ -1,12 +1,17 @@
 #include "models/weights.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "common/error.hpp"
+#include "models/checkpoint.hpp"
 #include "models/safetensors.hpp"
 
 namespace computron::models {
@@ -93,26 +98,185 @@ uint64_t global_index(const param_spec& p, int tp, int tp_rank, uint64_t local) 
   return local;
 }
 
+namespace {
+
+std::atomic<int> fill_thread_setting{0};
+
+/// One contiguous run of a parameter: `count` elements from local index `local` of the
+/// shard, which are elements `global`.. of the unsharded tensor.
+struct run {
+  uint64_t local;
+  uint64_t global;
+  uint64_t count;
+};
+
+/// A piece of work: elements [begin, end) (local indices) of parameter `param`.
+struct fill_task {
+  size_t param;
+  uint64_t begin;
+  uint64_t end;
+};
+
+/// Cuts every parameter into tasks of about `grain` elements (whole rows for
+/// row-parallel slices), so large tensors spread over threads too.
+std::vector<fill_task> make_tasks(const std::vector<param_spec>& params) {
+  constexpr uint64_t grain = 1ull << 21;
+  std::vector<fill_task> tasks;
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto& p = params[i];
+    auto n = numel(p.shard_shape);
+    uint64_t step = grain;
+    if (p.split == split_kind::dim1) {
+      auto row = static_cast<uint64_t>(p.shard_shape[1]);
+      step = std::max<uint64_t>(1, grain / row) * row;
+    }
+    for (uint64_t b = 0; b < n; b += step) tasks.push_back({i, b, std::min(n, b + step)});
+  }
+  return tasks;
+}
+
+/// Calls `f(run)` for the contiguous runs of local elements [begin, end) of `p`.
+template <class F>
+void for_runs(const param_spec& p, int tp, int tp_rank, uint64_t begin, uint64_t end, F&& f) {
+  if (p.split != split_kind::dim1) {
+    // Replicated and column-parallel slices are one contiguous block of the full tensor.
+    f(run{begin, global_index(p, tp, tp_rank, begin), end - begin});
+    return;
+  }
+  auto local_cols = static_cast<uint64_t>(p.shard_shape[1]);
+  for (uint64_t i = begin; i < end; i += local_cols)
+    f(run{i, global_index(p, tp, tp_rank, i), std::min(local_cols, end - i)});
+}
+
+/// Runs `body(task index)` for every task on up to fill_threads() threads.
+template <class F>
+void parallel_tasks(size_t n, F&& body) {
+  auto threads = static_cast<size_t>(fill_threads());
+  threads = std::max<size_t>(1, std::min(threads, n));
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < n; i = next++) body(i);
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+}
+
+/// The affine map seeded_value applies to a uniform u in [-1, 1).
+std::pair<float, float> seeded_scale(init_kind kind) {
+  switch (kind) {
+    case init_kind::weight:
+      return {0.05f, 0.0f};
+    case init_kind::embedding:
+      return {0.1f, 0.0f};
+    case init_kind::norm_weight:
+      return {0.1f, 1.0f};
+    case init_kind::bias:
+      return {0.02f, 0.0f};
+  }
+  return {1.0f, 0.0f};
+}
+
+/// Seeded values for elements global.. of a tensor whose name hashed to `base`; the
+/// hot loop of start-up, kept free of strings and branches on the dtype.
+template <class Store>
+void seeded_run(std::byte* dst, uint64_t base, uint64_t global, uint64_t count, float a, float b,
+                Store store) {
+  constexpr float inv = 1.0f / static_cast<float>(1u << 23);
+  for (uint64_t i = 0; i < count; ++i) {
+    auto bits = mix(base + (global + i) * 0x9e3779b97f4a7c15ull);
+    float u = static_cast<float>(bits >> 40) * inv - 1.0f;
+    store(dst, i, a * u + b);
+  }
+}
+
+/// Converts `count` elements of type `from` at `src` into type `to` at `dst`.
+void convert(std::byte* dst, gpu::dtype to, const std::byte* src, gpu::dtype from, uint64_t count) {
+  if (to == from) {
+    std::memcpy(dst, src, count * gpu::size_of(to));
+    return;
+  }
+  auto load = [&](uint64_t i) -> float {
+    if (from == gpu::dtype::f32) {
+      float x;
+      std::memcpy(&x, src + i * 4, 4);
+      return x;
+    }
+    uint16_t h;
+    std::memcpy(&h, src + i * 2, 2);
+    return from == gpu::dtype::bf16 ? from_bf16(h) : from_f16(h);
+  };
+  for (uint64_t i = 0; i < count; ++i) store(dst + i * gpu::size_of(to), to, load(i));
+}
+
+}  // namespace
+
+void set_fill_threads(int threads) {
+  fill_thread_setting = std::max(0, threads);
+}
+
+int fill_threads() {
+  auto t = fill_thread_setting.load();
+  if (t > 0) return t;
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 caf::error fill_seeded(const opt_spec& spec, const parallel_config& par, const shard_index& shard,
                        const gpu::tensor_table& table, std::byte* host, uint64_t seed) {
-  for (auto& p : shard_params(spec, par, shard)) {
+  auto params = shard_params(spec, par, shard);
+  std::vector<const gpu::tensor_entry*> entries;
+  std::vector<uint64_t> bases;
+  for (auto& p : params) {
     auto e = table.find(p.name);
     if (e == nullptr)
       return make_error(ec::invalid_request, fmt::format("layout has no tensor '{}'", p.name));
-    auto width = gpu::size_of(e->type);
-    auto n = numel(p.shard_shape);
-    auto* dst = host + e->offset_bytes;
-    for (uint64_t i = 0; i < n; ++i)
-      store(dst + i * width, e->type,
-            seeded_value(seed, p.name, global_index(p, par.tp, shard.tp_rank, i), p.init));
+    if (e->type != gpu::dtype::f32 && e->type != gpu::dtype::bf16 && e->type != gpu::dtype::f16)
+      return make_error(ec::invalid_request, fmt::format("tensor '{}' is {}, not a float type",
+                                                         p.name, gpu::to_string(e->type)));
+    entries.push_back(e);
+    bases.push_back(mix(seed ^ fnv1a(p.name)));  // seeded_value's per-name part, once
   }
+  auto tasks = make_tasks(params);
+  parallel_tasks(tasks.size(), [&](size_t k) {
+    auto& t = tasks[k];
+    auto& p = params[t.param];
+    auto* e = entries[t.param];
+    auto [a, b] = seeded_scale(p.init);
+    auto* dst = host + e->offset_bytes;
+    for_runs(p, par.tp, shard.tp_rank, t.begin, t.end, [&](const run& r) {
+      switch (e->type) {
+        case gpu::dtype::f32:
+          seeded_run(dst + r.local * 4, bases[t.param], r.global, r.count, a, b,
+                     [](std::byte* d, uint64_t i, float v) { std::memcpy(d + i * 4, &v, 4); });
+          break;
+        case gpu::dtype::bf16:
+          seeded_run(dst + r.local * 2, bases[t.param], r.global, r.count, a, b,
+                     [](std::byte* d, uint64_t i, float v) {
+                       auto h = to_bf16(v);
+                       std::memcpy(d + i * 2, &h, 2);
+                     });
+          break;
+        default:
+          seeded_run(dst + r.local * 2, bases[t.param], r.global, r.count, a, b,
+                     [](std::byte* d, uint64_t i, float v) {
+                       auto h = to_f16(v);
+                       std::memcpy(d + i * 2, &h, 2);
+                     });
+          break;
+      }
+    });
+  });
   return {};
 }
 
 caf::error fill_from_checkpoint(const opt_spec& spec, const parallel_config& par,
                                 const shard_index& shard, const gpu::tensor_table& table,
-                                std::byte* host, const safetensors_file& file) {
-  for (auto& p : shard_params(spec, par, shard)) {
+                                std::byte* host, const checkpoint& file) {
+  auto params = shard_params(spec, par, shard);
+  std::vector<const gpu::tensor_entry*> entries;
+  std::vector<const safetensor*> sources;
+  for (auto& p : params) {
     auto e = table.find(p.name);
     auto src = file.find(p.name);
     if (e == nullptr)
@@ -121,33 +285,34 @@ caf::error fill_from_checkpoint(const opt_spec& spec, const parallel_config& par
       return make_error(
           ec::invalid_request,
           fmt::format("checkpoint has no tensor '{}' (needed by {})", p.name, spec.name));
-    if (src->type != e->type)
+    auto is_float = [](gpu::dtype t) {
+      return t == gpu::dtype::f32 || t == gpu::dtype::bf16 || t == gpu::dtype::f16;
+    };
+    if (!is_float(src->type) || !is_float(e->type))
       return make_error(ec::invalid_request,
-                        fmt::format("tensor '{}' is {} in the checkpoint, {} expected", p.name,
-                                    gpu::to_string(src->type), gpu::to_string(e->type)));
+                        fmt::format("tensor '{}' is {} in the checkpoint, {} expected (only f32, "
+                                    "bf16 and f16 convert)",
+                                    p.name, gpu::to_string(src->type), gpu::to_string(e->type)));
     if (src->shape != p.full_shape)
       return make_error(
           ec::invalid_request,
           fmt::format("tensor '{}' has shape [{}] in the checkpoint, [{}] expected", p.name,
                       fmt::join(src->shape, ", "), fmt::join(p.full_shape, ", ")));
-    auto width = gpu::size_of(e->type);
-    auto* dst = host + e->offset_bytes;
-    if (p.split == split_kind::dim1) {
-      // Row-parallel: a strided slice, one run of columns per row.
-      auto rows = static_cast<uint64_t>(p.full_shape[0]);
-      auto cols = static_cast<uint64_t>(p.full_shape[1]);
-      auto local_cols = static_cast<uint64_t>(p.shard_shape[1]);
-      for (uint64_t r = 0; r < rows; ++r)
-        std::memcpy(
-            dst + r * local_cols * width,
-            src->data + (r * cols + static_cast<uint64_t>(shard.tp_rank) * local_cols) * width,
-            local_cols * width);
-    } else {
-      // Replicated or column-parallel: one contiguous block.
-      auto first = global_index(p, par.tp, shard.tp_rank, 0);
-      std::memcpy(dst, src->data + first * width, e->size_bytes);
-    }
+    entries.push_back(e);
+    sources.push_back(src);
   }
+  auto tasks = make_tasks(params);
+  parallel_tasks(tasks.size(), [&](size_t k) {
+    auto& t = tasks[k];
+    auto* e = entries[t.param];
+    auto* src = sources[t.param];
+    auto dst_width = gpu::size_of(e->type);
+    auto src_width = gpu::size_of(src->type);
+    for_runs(params[t.param], par.tp, shard.tp_rank, t.begin, t.end, [&](const run& r) {
+      convert(host + e->offset_bytes + r.local * dst_width, e->type,
+              src->data + r.global * src_width, src->type, r.count);
+    });
+  });
   return {};
 }
 

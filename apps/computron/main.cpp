@@ -17,6 +17,7 @@
 #include "bench/cluster_bench.hpp"
 #include "bench/forward_bench.hpp"
 #include "bench/runtime_bench.hpp"
+#include "bench/startup_bench.hpp"
 #include "bench/swap_bench.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -132,6 +133,20 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "emulated", "cuda"}))
       ->capture_default_str();
   fwd_cmd->add_flag("--json", fwd_json, "print one JSON object");
+
+  // bench startup
+  auto su_cmd = bench_cmd->add_subcommand(
+      "startup", "GB/s of writing a model's host copy: seeded and from a safetensors folder");
+  bench::startup_bench_options sub;
+  bool su_json = false;
+  su_cmd->add_option("--model", sub.model, "catalogue name")->capture_default_str();
+  su_cmd->add_option("--dtype", sub.dtype, "f32, bf16 or f16")->capture_default_str();
+  su_cmd->add_option("--threads", sub.threads, "fill threads (0: one per core)")
+      ->capture_default_str();
+  su_cmd->add_option("--files", sub.files, "safetensors files of the checkpoint")
+      ->capture_default_str();
+  su_cmd->add_option("--dir", sub.dir, "where to write the checkpoint (default: a temp folder)");
+  su_cmd->add_flag("--json", su_json, "print one JSON object");
 
   // bench runtime
   auto rt_cmd = bench_cmd->add_subcommand(
@@ -376,6 +391,18 @@ int main(int argc, char** argv) {
       return exit_failure;
     }
     if (fwd_json)
+      std::cout << bench::to_json(*r) << '\n';
+    else
+      bench::print_table(std::cout, *r);
+    return 0;
+  }
+  if (*su_cmd) {
+    auto r = bench::run_startup_bench(sub);
+    if (!r) {
+      std::cerr << "computron bench startup: " << render(r.error()) << '\n';
+      return exit_failure;
+    }
+    if (su_json)
       std::cout << bench::to_json(*r) << '\n';
     else
       bench::print_table(std::cout, *r);

@@ -17,6 +17,7 @@
 #include "actors/opt_engine.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "models/checkpoint.hpp"
 #include "models/gloo_collective.hpp"
 #include "models/opt_model.hpp"
 #include "net/metrics.hpp"
@@ -138,11 +139,38 @@ caf::expected<std::vector<actors::model_config>> load_repository(const std::stri
   std::sort(folders.begin(), folders.end());
   std::vector<actors::model_config> out;
   for (auto& f : folders) {
+    // Hidden folders (.git, editors' caches) are never models.
+    if (f.filename().string().rfind('.', 0) == 0) continue;
     auto cfg_path = f / "config.json";
-    auto j = read_json_file(cfg_path);
-    if (!j) return j.error();
     actors::model_config m;
     m.name = f.filename().string();
+    if (models::is_hf_folder(f.string())) {
+      // A Hugging Face OPT folder as downloaded: its config.json gives the shape and
+      // dtype; our settings, if any, sit beside it in computron.json.
+      auto hf = models::read_hf_opt_config(f.string());
+      if (!hf) return hf.error();
+      m.kind = "opt";
+      m.spec = hf->spec.name;
+      m.shape = {hf->spec.hidden, hf->spec.layers,      hf->spec.heads,
+                 hf->spec.ffn,    hf->spec.vocab,       hf->spec.max_positions};
+      m.checkpoint_dtype = hf->dtype;
+      m.dtype = "auto";
+      m.weights_path = f.string();
+      auto ours = f / "computron.json";
+      json settings = json::object();
+      if (fs::exists(ours)) {
+        auto j = read_json_file(ours);
+        if (!j) return j.error();
+        settings = *j;
+      }
+      if (auto e = read_model(settings, ours.string(), f, m)) return e;
+      if (m.name != f.filename().string())
+        return bad(ours.string(), "name '" + m.name + "' differs from its folder's");
+      out.push_back(std::move(m));
+      continue;
+    }
+    auto j = read_json_file(cfg_path);
+    if (!j) return j.error();
     if (auto e = read_model(*j, cfg_path.string(), f, m)) return e;
     if (m.name != f.filename().string())
       return bad(cfg_path.string(), "name '" + m.name + "' differs from its folder's");
@@ -181,6 +209,8 @@ caf::expected<serve_config> load_serve_config(const std::string& path) {
     if (!(cap > 0) || !(c.runtime.devices.emulated_link_gbps > 0))
       return bad(dw, "capacity_mb and link_gbps must be positive");
     c.runtime.devices.emulated_capacity_bytes = static_cast<uint64_t>(cap * mib);
+    // On GPUs capacity_mb caps the weights' share only when it is given.
+    if (d->contains("capacity_mb")) c.runtime.devices.cuda_capacity_bytes = static_cast<uint64_t>(cap * mib);
     c.runtime.devices.cuda_reserved_bytes = static_cast<uint64_t>(reserved * mib);
   }
   if (auto h = j->find("http"); h != j->end()) {
@@ -351,15 +381,25 @@ int run_serve(serve_config cfg) {
     return 1;
   }
   size_t registered = 0;
+  auto reg_start = std::chrono::steady_clock::now();
   {
+    // Every model at once: their host copies fill in parallel (each worker fills its
+    // shards over all cores, and the workers run side by side).
     caf::scoped_actor self{sys};
-    for (auto& m : cfg.models) {
-      self->request(rt->manager, caf::timespan{std::chrono::hours(1)}, actors::register_atom_v, m)
-          .receive(
-              [&](actors::model_info&) { ++registered; },
-              [&](caf::error& e) { log::error("model {} not served: {}", m.name, render(e)); });
-    }
+    using handle = decltype(self->request(rt->manager, caf::timespan{}, actors::register_atom_v,
+                                          cfg.models.front()));
+    std::vector<handle> pending;
+    for (auto& m : cfg.models)
+      pending.push_back(self->request(rt->manager, caf::timespan{std::chrono::hours(1)},
+                                      actors::register_atom_v, m));
+    for (size_t i = 0; i < pending.size(); ++i)
+      pending[i].receive([&](actors::model_info&) { ++registered; },
+                         [&](caf::error& e) {
+                           log::error("model {} not served: {}", cfg.models[i].name, render(e));
+                         });
   }
+  auto reg_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - reg_start).count();
   if (registered == 0 && !cfg.models.empty()) {
     std::cerr << "computron serve: none of the " << cfg.models.size()
               << " models could be registered\n";
@@ -376,6 +416,9 @@ int run_serve(serve_config cfg) {
   }
   std::cout << "computron serve: listening on http://" << cfg.http.host << ':' << (*srv)->port()
             << " (" << registered << " models, " << where << ")" << std::endl;
+  std::cout << "computron serve: ready (" << registered << " of " << cfg.models.size()
+            << " models registered and warmed up in " << fmt::format("{:.1f}", reg_seconds)
+            << " s)" << std::endl;
   actors::controller_actor ctrl;
   if (cfg.console_port >= 0) {
     auto c = actors::spawn_controller(
@@ -473,12 +516,15 @@ int run_generate(const actors::model_config& cfg, const gpu::device_options& dev
     std::cerr << "computron generate: " << render(devs.error()) << '\n';
     return 1;
   }
-  if (auto err = actors::validate_model(engines, cfg, devs->size())) {
+  std::vector<gpu::device_kind> kinds;
+  for (auto& d : *devs) kinds.push_back(d->info().kind);
+  auto placed = actors::resolve_dtype(cfg, kinds);
+  if (auto err = actors::validate_model(engines, placed, kinds)) {
     std::cerr << "computron generate: " << render(err) << '\n';
     return 1;
   }
   auto out =
-      actors::direct_generate(*engines.at(cfg.kind), cfg, *devs, prompts, max_tokens, sampling);
+      actors::direct_generate(*engines.at(cfg.kind), placed, *devs, prompts, max_tokens, sampling);
   if (!out) {
     std::cerr << "computron generate: " << render(out.error()) << '\n';
     return 1;

@@ -16,8 +16,10 @@ caf::expected<int> device_count();
 /// "CUDA runtime 13.0, NCCL 2.28.9" for the start-up log line.
 std::string version_string();
 
-/// Opens GPU `ordinal`: a dedicated non-blocking copy stream, capacity = free memory at
-/// open minus `reserved_bytes` (activation workspace and the CUDA context's own needs).
-caf::expected<device_ptr> open(int ordinal, uint64_t reserved_bytes);
+/// Opens GPU `ordinal`: a dedicated non-blocking copy stream, and the weights' memory
+/// reserved at once (free memory at open minus `reserved_bytes`, the activation workspace
+/// and the CUDA context's own needs; at most `capacity_bytes` when that is not 0), which
+/// loads and evictions then sub-allocate without calling cudaMalloc or cudaFree.
+caf::expected<device_ptr> open(int ordinal, uint64_t reserved_bytes, uint64_t capacity_bytes = 0);
 
 }  // namespace computron::gpu::cuda

@@ -214,6 +214,54 @@ void a_load_that_cannot_fit_moves_nothing(const device_factory& make) {
 
 }  // namespace
 
+void loads_and_evictions_never_call_the_native_allocator(const device_factory& make) {
+  auto dev = make(0);
+  auto before = dev->stats();
+  CHECK(before.native_allocations >= 1);  // the reservation made at open
+  const uint64_t n = (8ull << 20) + 4096;
+  auto shard = make_shard(dev, n, 11);
+  auto other = make_shard(dev, n / 2, 12);
+  for (int round = 0; round < 3; ++round) {
+    REQUIRE_FALSE(shard->load({1ull << 20}));
+    REQUIRE_FALSE(other->load({1ull << 20}));
+    REQUIRE_FALSE(shard->wait_loaded(10s));
+    REQUIRE_FALSE(other->wait_loaded(10s));
+    std::vector<std::byte> back(4096);
+    REQUIRE_FALSE(shard->read_back(n - 4096, back.data(), 4096));
+    CHECK(std::memcmp(back.data(), shard->host_data() + n - 4096, 4096) == 0);
+    REQUIRE_FALSE(shard->evict());
+    REQUIRE_FALSE(other->evict());
+  }
+  auto after = dev->stats();
+  // No cudaMalloc on a load, no cudaFree (a device-wide synchronization) on an eviction.
+  CHECK(after.native_allocations == before.native_allocations);
+  CHECK(after.native_frees == before.native_frees);
+  CHECK(dev->used_bytes() == 0);
+}
+
+void fragmentation_is_reported_as_the_largest_free_block(const device_factory& make) {
+  auto dev = make(0);
+  CHECK(dev->largest_free_block() == dev->capacity_bytes());
+  auto q = dev->capacity_bytes() / 4 / gpu::device::granularity * gpu::device::granularity;
+  auto a = dev->allocate(q);
+  auto b = dev->allocate(q);
+  auto c = dev->allocate(q);
+  REQUIRE((a && b && c));
+  b->reset();  // a hole of q between a and c
+  CHECK(dev->free_bytes() >= 2 * q);
+  CHECK(dev->largest_free_block() < 2 * q);
+  CHECK(dev->largest_free_block() >= q);
+  // The byte count would admit 2q; no block holds it: refused, clearly, not crashed.
+  auto big = dev->allocate(2 * q);
+  REQUIRE_FALSE(big);
+  CHECK(is(big.error(), ec::out_of_device_memory));
+  CHECK_THAT(render(big.error()), Catch::Contains("fragmented"));
+  // Freeing the neighbour coalesces the hole into one block again.
+  c->reset();
+  CHECK(dev->largest_free_block() >= 2 * q);
+  CHECK(dev->allocate(2 * q));
+}
+
 COMPUTRON_CONFORMANCE("random bytes survive host to device to host unchanged",
                       bytes_survive_a_round_trip)
 COMPUTRON_CONFORMANCE("device capacity is enforced with a clear error",
@@ -229,3 +277,7 @@ COMPUTRON_CONFORMANCE("shard lifecycle misuse is refused with clear errors",
                       shard_lifecycle_misuse_is_refused)
 COMPUTRON_CONFORMANCE("a load that cannot fit is refused before anything moves",
                       a_load_that_cannot_fit_moves_nothing)
+COMPUTRON_CONFORMANCE("loads and evictions never call the device's own allocator",
+                      loads_and_evictions_never_call_the_native_allocator)
+COMPUTRON_CONFORMANCE("fragmentation shows as the largest free block and a clear refusal",
+                      fragmentation_is_reported_as_the_largest_free_block)

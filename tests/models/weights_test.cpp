@@ -7,6 +7,7 @@
 #include <random>
 
 #include "common/error.hpp"
+#include "models/checkpoint.hpp"
 #include "models/safetensors.hpp"
 #include "models/weights.hpp"
 #include "tests/support/temp_files.hpp"
@@ -84,9 +85,11 @@ TEST_CASE("a checkpoint sharded at registration equals the seeded shards",
   auto spec = *find_spec("opt-tiny");
   auto path = temp_path("full.safetensors");
   write_full_checkpoint(spec, gpu::dtype::bf16, path);
-  auto file = safetensors_file::open(path);
+  auto raw = safetensors_file::open(path);
+  REQUIRE(raw);
+  CHECK(raw->metadata().at("format") == "pt");
+  auto file = checkpoint::open(path);
   REQUIRE(file);
-  CHECK(file->metadata().at("format") == "pt");
   for (auto [tp, pp] : {std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 2}}) {
     for (int r = 0; r < tp; ++r) {
       for (int s = 0; s < pp; ++s) {
@@ -103,18 +106,13 @@ TEST_CASE("a checkpoint sharded at registration equals the seeded shards",
   std::filesystem::remove(path);
 }
 
-TEST_CASE("a checkpoint with a wrong dtype, shape or a missing tensor is refused by name",
+TEST_CASE("a checkpoint with a wrong shape or a missing tensor is refused by name",
           "[models][weights][safetensors]") {
   auto spec = *find_spec("opt-tiny");
   auto path = temp_path("wrong.safetensors");
   write_full_checkpoint(spec, gpu::dtype::f32, path);
-  auto file = safetensors_file::open(path);
+  auto file = checkpoint::open(path);
   REQUIRE(file);
-  auto table = *shard_layout(spec, gpu::dtype::bf16, {1, 1}, {0, 0});
-  std::vector<std::byte> host(table.total_bytes());
-  auto dtype_err = fill_from_checkpoint(spec, {1, 1}, {0, 0}, table, host.data(), *file);
-  CHECK(is(dtype_err, ec::invalid_request));
-  CHECK_THAT(render(dtype_err), Catch::Contains("is f32 in the checkpoint, bf16 expected"));
   auto bigger = spec;
   bigger.vocab = 600;
   auto t2 = *shard_layout(bigger, gpu::dtype::f32, {1, 1}, {0, 0});
@@ -127,7 +125,93 @@ TEST_CASE("a checkpoint with a wrong dtype, shape or a missing tensor is refused
   std::vector<std::byte> h3(t3.total_bytes());
   CHECK_THAT(render(fill_from_checkpoint(deeper, {1, 1}, {0, 0}, t3, h3.data(), *file)),
              Catch::Contains("checkpoint has no tensor 'layers.2."));
+  // A tensor of integers cannot be served as weights.
+  auto ints = temp_path("ints.safetensors");
+  auto full = seeded(spec, gpu::dtype::f32, {1, 1}, {0, 0}, 9);
+  std::vector<int32_t> values(static_cast<size_t>(spec.hidden));
+  std::vector<safetensor> views;
+  for (auto& e : full.table.entries())
+    views.push_back({e.name, e.type, e.shape, full.bytes.data() + e.offset_bytes, e.size_bytes});
+  for (auto& v : views)
+    if (v.name == "final_layer_norm.weight") {
+      v.type = gpu::dtype::i32;
+      v.data = reinterpret_cast<const std::byte*>(values.data());
+    }
+  REQUIRE_FALSE(write_safetensors(ints, views));
+  auto int_file = checkpoint::open(ints);
+  REQUIRE(int_file);
+  auto t4 = *shard_layout(spec, gpu::dtype::f32, {1, 2}, {0, 1});
+  std::vector<std::byte> h4(t4.total_bytes());
+  CHECK_THAT(render(fill_from_checkpoint(spec, {1, 2}, {0, 1}, t4, h4.data(), *int_file)),
+             Catch::Contains("'final_layer_norm.weight' is i32 in the checkpoint, f32 expected"));
   std::filesystem::remove(path);
+  std::filesystem::remove(ints);
+}
+
+TEST_CASE("a checkpoint in one float type is converted once into the served type",
+          "[models][weights][safetensors]") {
+  auto spec = *find_spec("opt-tiny");
+  auto path = temp_path("f32.safetensors");
+  write_full_checkpoint(spec, gpu::dtype::f32, path);
+  auto file = checkpoint::open(path);
+  REQUIRE(file);
+  CHECK(file->dtype() == gpu::dtype::f32);
+  auto full = seeded(spec, gpu::dtype::f32, {1, 1}, {0, 0}, 9);
+  for (auto to : {gpu::dtype::bf16, gpu::dtype::f16}) {
+    auto table = *shard_layout(spec, to, {2, 2}, {1, 1});
+    std::vector<std::byte> host(table.total_bytes());
+    REQUIRE_FALSE(fill_from_checkpoint(spec, {2, 2}, {1, 1}, table, host.data(), *file));
+    // Every element is the rounding of the f32 value at its place in the full tensor.
+    auto params = shard_params(spec, {2, 2}, {1, 1});
+    bool same = true;
+    for (auto& p : params) {
+      auto e = table.find(p.name);
+      auto f = full.table.find(p.name);
+      uint64_t n = e->size_bytes / 2;
+      for (uint64_t i = 0; i < n; ++i) {
+        float x;
+        std::memcpy(&x, full.bytes.data() + f->offset_bytes + global_index(p, 2, 1, i) * 4, 4);
+        uint16_t h;
+        std::memcpy(&h, host.data() + e->offset_bytes + i * 2, 2);
+        same = same && h == (to == gpu::dtype::bf16 ? to_bf16(x) : to_f16(x));
+      }
+    }
+    CHECK(same);
+  }
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("seeded weights do not depend on how many threads fill them", "[models][weights]") {
+  auto spec = *find_spec("opt-mini");
+  for (auto t : {gpu::dtype::f32, gpu::dtype::bf16, gpu::dtype::f16}) {
+    set_fill_threads(1);
+    auto one = seeded(spec, t, {2, 1}, {1, 0}, 5);
+    set_fill_threads(3);
+    auto three = seeded(spec, t, {2, 1}, {1, 0}, 5);
+    set_fill_threads(0);
+    CHECK(one.bytes == three.bytes);
+    // And every element is seeded_value of its place in the unsharded tensor.
+    auto params = shard_params(spec, {2, 1}, {1, 0});
+    bool same = true;
+    for (auto& p : params) {
+      auto e = one.table.find(p.name);
+      auto w = gpu::size_of(t);
+      for (uint64_t i = 0; i < e->size_bytes / w; i += 7) {
+        float v = seeded_value(5, p.name, global_index(p, 2, 1, i), p.init);
+        const auto* at = one.bytes.data() + e->offset_bytes + i * w;
+        if (t == gpu::dtype::f32) {
+          float x;
+          std::memcpy(&x, at, 4);
+          same = same && x == v;
+        } else {
+          uint16_t h;
+          std::memcpy(&h, at, 2);
+          same = same && h == (t == gpu::dtype::bf16 ? to_bf16(v) : to_f16(v));
+        }
+      }
+    }
+    CHECK(same);
+  }
 }
 
 TEST_CASE("half-precision conversions round to nearest even", "[models][weights]") {

@@ -1,0 +1,254 @@
+#include "models/checkpoint.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/error.hpp"
+#include "models/weights.hpp"
+
+namespace computron::models {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr const char* index_file = "model.safetensors.index.json";
+constexpr const char* single_file = "model.safetensors";
+
+/// Our name for a tensor of a Hugging Face OPT checkpoint; empty for one to skip.
+std::string our_name(const std::string& name) {
+  for (std::string_view prefix : {"model.decoder.", "decoder."})
+    if (name.rfind(prefix, 0) == 0) return name.substr(prefix.size());
+  if (name == "lm_head.weight" || name == "model.lm_head.weight") return {};  // tied
+  return name;
+}
+
+caf::expected<json> read_json(const fs::path& path) {
+  std::ifstream in{path};
+  if (!in) return make_error(ec::io_error, "cannot read " + path.string());
+  auto j = json::parse(in, nullptr, false);
+  if (j.is_discarded()) return make_error(ec::invalid_request, path.string() + " is not valid JSON");
+  return j;
+}
+
+bool is_float(gpu::dtype t) {
+  return t == gpu::dtype::f32 || t == gpu::dtype::bf16 || t == gpu::dtype::f16;
+}
+
+}  // namespace
+
+caf::error checkpoint::add_file(const std::string& path) {
+  auto f = safetensors_file::open(path);
+  if (!f) return std::move(f.error());
+  files_.push_back(std::make_unique<safetensors_file>(std::move(*f)));
+  for (auto& [name, t] : files_.back()->tensors()) {
+    auto ours = our_name(name);
+    if (ours.empty()) continue;
+    if (!tensors_.emplace(ours, &t).second)
+      return make_error(ec::invalid_request,
+                        fmt::format("checkpoint {}: tensor '{}' appears twice", path, ours));
+    if (tensors_.size() == 1 || (!is_float(dtype_) && is_float(t.type))) dtype_ = t.type;
+  }
+  return {};
+}
+
+caf::expected<checkpoint> checkpoint::open(const std::string& path) {
+  checkpoint c;
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) {
+    if (auto err = c.add_file(path)) return err;
+    return c;
+  }
+  auto dir = fs::path{path};
+  if (fs::exists(dir / index_file)) {
+    auto idx = read_json(dir / index_file);
+    if (!idx) return std::move(idx.error());
+    auto where = (dir / index_file).string();
+    auto map = idx->find("weight_map");
+    if (map == idx->end() || !map->is_object() || map->empty())
+      return make_error(ec::invalid_request, where + ": no weight_map object");
+    std::set<std::string> files;
+    for (auto& [tensor, file] : map->items()) {
+      if (!file.is_string())
+        return make_error(ec::invalid_request,
+                          fmt::format("{}: the file of '{}' is not a string", where, tensor));
+      auto f = file.get<std::string>();
+      // Shard names are plain file names beside the index, never paths out of the folder.
+      if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
+        return make_error(ec::invalid_request,
+                          fmt::format("{}: '{}' is not a file name in the folder", where, f));
+      files.insert(f);
+    }
+    std::map<std::string, const safetensors_file*> by_file;
+    for (auto& f : files) {
+      if (!fs::exists(dir / f))
+        return make_error(ec::io_error,
+                          fmt::format("{} names shard {}, which is missing", where, f));
+      if (auto err = c.add_file((dir / f).string())) return err;
+      by_file[f] = c.files_.back().get();
+    }
+    // Every tensor the index promises must be in the shard it names.
+    for (auto& [tensor, file] : map->items()) {
+      if (by_file.at(file.get<std::string>())->find(tensor) == nullptr)
+        return make_error(ec::invalid_request,
+                          fmt::format("{} says tensor '{}' is in {}, which does not hold it", where,
+                                      tensor, file.get<std::string>()));
+    }
+    return c;
+  }
+  if (fs::exists(dir / single_file)) {
+    if (auto err = c.add_file((dir / single_file).string())) return err;
+    return c;
+  }
+  return make_error(ec::io_error, fmt::format("folder {} has neither {} nor {}", path, index_file,
+                                              single_file));
+}
+
+const safetensor* checkpoint::find(std::string_view name) const {
+  auto i = tensors_.find(name);
+  return i == tensors_.end() ? nullptr : i->second;
+}
+
+bool is_hf_folder(const std::string& folder) {
+  auto j = read_json(fs::path{folder} / "config.json");
+  return j && j->is_object() && (j->contains("architectures") || j->contains("model_type"));
+}
+
+caf::expected<hf_opt_config> read_hf_opt_config(const std::string& folder) {
+  auto path = (fs::path{folder} / "config.json").string();
+  auto j = read_json(path);
+  if (!j) return std::move(j.error());
+  auto bad = [&](const std::string& why) {
+    return make_error(ec::invalid_configuration, path + ": " + why);
+  };
+  if (!j->is_object()) return bad("not a JSON object");
+  bool opt = j->value("model_type", std::string{}) == "opt";
+  if (auto a = j->find("architectures"); a != j->end() && a->is_array())
+    for (auto& x : *a) opt = opt || (x.is_string() && x.get<std::string>() == "OPTForCausalLM");
+  if (!opt)
+    return bad("architectures/model_type do not name an OPT model (OPTForCausalLM); only OPT is "
+               "served");
+  auto dim = [&](const char* key, int64_t& out, bool required) -> caf::error {
+    auto it = j->find(key);
+    if (it == j->end()) return required ? bad(std::string{"no field "} + key) : caf::error{};
+    if (!it->is_number_integer() || it->get<int64_t>() <= 0 || it->get<int64_t>() > (1ll << 31))
+      return bad(std::string{"field "} + key + " must be a positive integer");
+    out = it->get<int64_t>();
+    return {};
+  };
+  hf_opt_config c;
+  c.spec.name = j->value("_name_or_path", std::string{"opt"});
+  if (c.spec.name.empty()) c.spec.name = "opt";
+  if (auto e = dim("hidden_size", c.spec.hidden, true)) return e;
+  if (auto e = dim("num_hidden_layers", c.spec.layers, true)) return e;
+  if (auto e = dim("num_attention_heads", c.spec.heads, true)) return e;
+  if (auto e = dim("ffn_dim", c.spec.ffn, true)) return e;
+  if (auto e = dim("vocab_size", c.spec.vocab, true)) return e;
+  if (auto e = dim("max_position_embeddings", c.spec.max_positions, true)) return e;
+  int64_t proj = c.spec.hidden;
+  if (auto e = dim("word_embed_proj_dim", proj, false)) return e;
+  if (proj != c.spec.hidden)
+    return bad(fmt::format("word_embed_proj_dim {} differs from hidden_size {} (projected "
+                           "embeddings, as in OPT-350m, are not implemented)",
+                           proj, c.spec.hidden));
+  auto flag = [&](const char* key, bool want, const char* why) -> caf::error {
+    auto it = j->find(key);
+    if (it == j->end()) return {};
+    if (!it->is_boolean()) return bad(std::string{"field "} + key + " must be true or false");
+    if (it->get<bool>() != want)
+      return bad(fmt::format("{}: {} is not implemented ({})", key, it->get<bool>(), why));
+    return {};
+  };
+  if (auto e = flag("do_layer_norm_before", true, "post-LayerNorm, as in OPT-350m")) return e;
+  if (auto e = flag("enable_bias", true, "linear layers without bias")) return e;
+  if (auto e = flag("layer_norm_elementwise_affine", true, "layer norms without weights"))
+    return e;
+  if (auto a = j->find("activation_function"); a != j->end())
+    if (!a->is_string() || a->get<std::string>() != "relu")
+      return bad("activation_function " + a->dump() + " is not implemented (relu is)");
+  if (c.spec.hidden % c.spec.heads != 0)
+    return bad(fmt::format("hidden_size {} is not a multiple of num_attention_heads {}",
+                           c.spec.hidden, c.spec.heads));
+  for (const char* key : {"torch_dtype", "dtype"}) {
+    auto it = j->find(key);
+    if (it == j->end() || !it->is_string()) continue;
+    auto d = it->get<std::string>();
+    if (d == "float16") c.dtype = "f16";
+    else if (d == "bfloat16") c.dtype = "bf16";
+    else if (d == "float32") c.dtype = "f32";
+    else return bad(fmt::format("{} '{}' is not float16, bfloat16 or float32", key, d));
+    break;
+  }
+  return c;
+}
+
+caf::error write_hf_opt_folder(const std::string& folder, const opt_spec& spec, gpu::dtype type,
+                               uint64_t seed, int files) {
+  if (files < 1) return make_error(ec::invalid_request, "a checkpoint needs at least one file");
+  auto table = shard_layout(spec, type, {1, 1}, {0, 0});
+  if (!table) return std::move(table.error());
+  std::vector<std::byte> host(table->total_bytes());
+  if (auto err = fill_seeded(spec, {1, 1}, {0, 0}, *table, host.data(), seed)) return err;
+  std::error_code ec;
+  fs::create_directories(folder, ec);
+  if (ec) return make_error(ec::io_error, "cannot create " + folder + ": " + ec.message());
+  auto& entries = table->entries();
+  std::vector<std::vector<safetensor>> groups(static_cast<size_t>(files));
+  for (size_t i = 0; i < entries.size(); ++i) {
+    auto& e = entries[i];
+    safetensor t{"model.decoder." + e.name, e.type, e.shape, host.data() + e.offset_bytes,
+                 e.size_bytes};
+    auto g = i * static_cast<size_t>(files) / entries.size();
+    groups[g].push_back(t);
+    if (e.name == "embed_tokens.weight") {
+      t.name = "lm_head.weight";  // tied: the same values, as transformers saves them
+      groups.back().push_back(t);
+    }
+  }
+  json map = json::object();
+  for (int k = 0; k < files; ++k) {
+    auto name = files == 1 ? std::string{single_file}
+                           : fmt::format("model-{:05}-of-{:05}.safetensors", k + 1, files);
+    if (auto err = write_safetensors((fs::path{folder} / name).string(),
+                                     groups[static_cast<size_t>(k)], {{"format", "pt"}}))
+      return err;
+    for (auto& t : groups[static_cast<size_t>(k)]) map[t.name] = name;
+  }
+  if (files > 1) {
+    json idx = {{"metadata", {{"total_size", table->total_bytes()}}}, {"weight_map", map}};
+    std::ofstream out{fs::path{folder} / index_file};
+    out << idx.dump(2);
+    if (!out) return make_error(ec::io_error, "cannot write the index in " + folder);
+  }
+  const char* dtype_name = type == gpu::dtype::f16    ? "float16"
+                           : type == gpu::dtype::bf16 ? "bfloat16"
+                                                      : "float32";
+  json cfg = {{"_name_or_path", spec.name},
+              {"architectures", {"OPTForCausalLM"}},
+              {"model_type", "opt"},
+              {"activation_function", "relu"},
+              {"do_layer_norm_before", true},
+              {"enable_bias", true},
+              {"hidden_size", spec.hidden},
+              {"num_hidden_layers", spec.layers},
+              {"num_attention_heads", spec.heads},
+              {"ffn_dim", spec.ffn},
+              {"vocab_size", spec.vocab},
+              {"max_position_embeddings", spec.max_positions},
+              {"word_embed_proj_dim", spec.hidden},
+              {"torch_dtype", dtype_name},
+              {"bos_token_id", 2},
+              {"eos_token_id", 2},
+              {"pad_token_id", 1}};
+  std::ofstream out{fs::path{folder} / "config.json"};
+  out << cfg.dump(2);
+  if (!out) return make_error(ec::io_error, "cannot write config.json in " + folder);
+  return {};
+}
+
+}  // namespace computron::models

@@ -1,0 +1,80 @@
+// A model's dtype against the kinds of the devices it is placed on: a fake device list is
+// enough, no GPU needed.
+#include <catch2/catch.hpp>
+
+#include "actors/opt_engine.hpp"
+#include "common/error.hpp"
+
+using namespace computron;
+using namespace computron::actors;
+using gpu::device_kind;
+
+namespace {
+
+model_config opt(const std::string& dtype, std::vector<int32_t> devices, int tp = 1, int pp = 1) {
+  model_config m;
+  m.name = "m";
+  m.kind = "opt";
+  m.spec = "opt-tiny";
+  m.dtype = dtype;
+  m.tp = tp;
+  m.pp = pp;
+  m.devices = std::move(devices);
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("f16 is accepted on CUDA placements and refused elsewhere by device kind",
+          "[actors][engine]") {
+  auto engines = all_engines();
+  std::vector<device_kind> cuda2{device_kind::cuda, device_kind::cuda};
+  std::vector<device_kind> mixed{device_kind::cuda, device_kind::emulated};
+  for (auto d : {"f16", "bf16", "f32"}) {
+    INFO(d);
+    CHECK_FALSE(validate_model(engines, opt(d, {0, 1}, 2), cuda2));
+  }
+  CHECK_FALSE(validate_model(engines, opt("bf16", {0, 1}, 2), mixed));
+  CHECK_FALSE(validate_model(engines, opt("f16", {0}), mixed));  // placed on the CUDA device only
+  auto err = validate_model(engines, opt("f16", {0, 1}, 1, 2), mixed);
+  REQUIRE(err);
+  CHECK(is(err, ec::invalid_configuration));
+  CHECK_THAT(render(err), Catch::Contains("f16 runs only on CUDA devices, and it is placed on "
+                                          "emulated devices; use bf16 or f32 there"));
+  auto one = validate_model(engines, opt("f16", {1}), mixed);
+  CHECK_THAT(render(one), Catch::Contains("placed on emulated devices"));
+}
+
+TEST_CASE("dtype auto serves the checkpoint's dtype where the devices run it, else bf16",
+          "[actors][engine]") {
+  std::vector<device_kind> kinds{device_kind::cuda, device_kind::emulated};
+  auto m = opt("auto", {0});
+  m.checkpoint_dtype = "f16";
+  CHECK(resolve_dtype(m, kinds).dtype == "f16");
+  m.devices = {1};
+  CHECK(resolve_dtype(m, kinds).dtype == "bf16");
+  m.checkpoint_dtype = "f32";
+  CHECK(resolve_dtype(m, kinds).dtype == "f32");
+  m.checkpoint_dtype.clear();
+  CHECK(resolve_dtype(m, kinds).dtype == "bf16");
+  // An explicit dtype is never changed.
+  CHECK(resolve_dtype(opt("f16", {1}), kinds).dtype == "f16");
+  auto engines = all_engines();
+  CHECK_FALSE(validate_model(engines, resolve_dtype(m, kinds), kinds));
+}
+
+TEST_CASE("an OPT shape outside the catalogue comes from the config", "[actors][engine]") {
+  auto engines = all_engines();
+  auto m = opt("f32", {0});
+  m.spec = "my-opt";
+  m.shape = {96, 3, 6, 384, 700, 64};
+  std::vector<device_kind> kinds{device_kind::emulated};
+  CHECK_FALSE(validate_model(engines, m, kinds));
+  auto& e = *engines.at("opt");
+  CHECK(e.vocab(m) == 700);
+  CHECK(e.max_positions(m) == 64);
+  m.shape = {96, 3, 5, 384, 700, 64};  // 96 is not a multiple of 5 heads
+  CHECK(validate_model(engines, m, kinds));
+  m.shape = {1, 2};
+  CHECK_THAT(render(validate_model(engines, m, kinds)), Catch::Contains("shape needs 6 numbers"));
+}
