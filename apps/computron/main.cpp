@@ -1,7 +1,11 @@
 // `computron`: one binary, subcommands. For now `bench swap` (the model-parallel swap
 // benchmark) and `devices` (what this machine offers); serving comes in later issues.
+#include <execinfo.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -75,7 +79,24 @@ int run_devices(const gpu::device_options& opts, bool json) {
 
 }  // namespace
 
+namespace {
+
+/// A crash report on stderr before the process dies: where, not just "Segmentation
+/// fault", so a crash on a machine without a debugger still says where it happened.
+void report_crash(int sig) {
+  void* frames[64];
+  int n = ::backtrace(frames, 64);
+  const char head[] = "computron: fatal signal; backtrace:\n";
+  (void)!::write(2, head, sizeof(head) - 1);
+  ::backtrace_symbols_fd(frames, n, 2);
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL}) std::signal(sig, report_crash);
   CLI::App app{
       "Computron: serve many large models from limited GPU memory by swapping them, "
       "sharded, over every GPU's link at once."};
