@@ -86,8 +86,9 @@ class opt_engine final : public engine {
         if (k != gpu::device_kind::cuda && kinds.find(gpu::to_string(k)) == std::string::npos)
           kinds += (kinds.empty() ? "" : ", ") + std::string{gpu::to_string(k)};
       return make_error(ec::invalid_configuration,
-                        "model " + cfg.name + ": f16 runs only on CUDA devices, and it is placed on " +
-                            kinds + " devices; use bf16 or f32 there (or \"auto\")");
+                        "model " + cfg.name +
+                            ": f16 runs only on CUDA devices, and it is placed on " + kinds +
+                            " devices; use bf16 or f32 there (or \"auto\")");
     }
     if (auto err = models::validate(s->spec, s->par))
       return make_error(ec::invalid_configuration, "model " + cfg.name + ": " + render(err));
@@ -127,8 +128,8 @@ class opt_engine final : public engine {
     if (!s) return s.error();
     // One layer of the same width in the same dtype runs the same kernels as the model.
     models::opt_spec w{"warm-up", s->spec.hidden, 1, s->spec.heads, s->spec.ffn, 64, 64};
-    auto key = fmt::format("{}/{}/{}/{}/{}", dev->info().ordinal, gpu::to_string(s->type),
-                           w.hidden, w.heads, w.ffn);
+    auto key = fmt::format("{}/{}/{}/{}/{}", dev->info().ordinal, gpu::to_string(s->type), w.hidden,
+                           w.heads, w.ffn);
     {
       std::lock_guard<std::mutex> guard{warm_mtx_};
       if (!warmed_.insert(key).second) return {};
@@ -154,10 +155,10 @@ class opt_engine final : public engine {
     if (!next) return next.error();
     stage->reset();
     if (auto err = ws.evict()) return err;
-    log::info("{}: warmed up {} compute for width {} in {:.0f} ms", dev->info().name,
-              gpu::to_string(s->type), w.hidden,
-              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                  .count());
+    log::info(
+        "{}: warmed up {} compute for width {} in {:.0f} ms", dev->info().name,
+        gpu::to_string(s->type), w.hidden,
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     return {};
   }
 

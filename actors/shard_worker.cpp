@@ -219,9 +219,10 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
                                 run_atom_v, std::move(warm))
                       .then([=](bool) mutable { finish(); },
                             [=](caf::error& err) mutable {
-                              log::warn("device {}: warm-up for {} failed (the first request "
-                                        "pays it): {}",
-                                        index, name, render(err));
+                              log::warn(
+                                  "device {}: warm-up for {} failed (the first request "
+                                  "pays it): {}",
+                                  index, name, render(err));
                               finish();
                             });
                 },

@@ -10,8 +10,8 @@
 #include <caf/expected.hpp>
 
 #include "actors/interfaces.hpp"
-#include "gpu/device.hpp"
 #include "actors/observer.hpp"
+#include "gpu/device.hpp"
 
 namespace computron::actors {
 

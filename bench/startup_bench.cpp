@@ -102,10 +102,10 @@ caf::expected<startup_bench_result> run_startup_bench(const startup_bench_option
   r.memcpy_gbps_one_thread = gbps(best_seconds([&] { copy(1); }));
   r.memcpy_gbps = gbps(best_seconds([&] { copy(r.threads); }));
 
-  auto dir = o.dir.empty() ? (fs::temp_directory_path() /
-                              ("computron-startup-" + std::to_string(::getpid())))
-                                 .string()
-                           : o.dir;
+  auto dir = o.dir.empty()
+                 ? (fs::temp_directory_path() / ("computron-startup-" + std::to_string(::getpid())))
+                       .string()
+                 : o.dir;
   auto cleanup = [&] {
     if (o.dir.empty()) {
       std::error_code ec;

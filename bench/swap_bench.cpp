@@ -319,9 +319,10 @@ void print_table(std::ostream& out, const swap_bench_result& r) {
                      r.evict_ms);
   out << fmt::format("submit          {:.3f} ms (the load call: allocation and queueing)\n",
                      r.submit_ms);
-  out << fmt::format("device allocator calls: {} allocations, {} frees (the arena's reservation "
-                     "at open; none per load or eviction)\n",
-                     r.native_allocations, r.native_frees);
+  out << fmt::format(
+      "device allocator calls: {} allocations, {} frees (the arena's reservation "
+      "at open; none per load or eviction)\n",
+      r.native_allocations, r.native_frees);
   if (r.single_device_seconds > 0)
     out << fmt::format("one device      {:.4f} s for the whole model: {:.2f}x faster over {}\n",
                        r.single_device_seconds, r.speedup, r.devices);

@@ -41,8 +41,8 @@ void device_allocation::reset() {
 }
 
 device_stats device::stats() const {
-  return {bytes_to_device_.load(),    bytes_to_host_.load(),      copies_to_device_.load(),
-          copies_to_host_.load(),     native_allocations_.load(), native_frees_.load()};
+  return {bytes_to_device_.load(), bytes_to_host_.load(),      copies_to_device_.load(),
+          copies_to_host_.load(),  native_allocations_.load(), native_frees_.load()};
 }
 
 caf::expected<host_buffer> device::allocate_host(uint64_t bytes) {

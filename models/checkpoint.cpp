@@ -32,7 +32,8 @@ caf::expected<json> read_json(const fs::path& path) {
   std::ifstream in{path};
   if (!in) return make_error(ec::io_error, "cannot read " + path.string());
   auto j = json::parse(in, nullptr, false);
-  if (j.is_discarded()) return make_error(ec::invalid_request, path.string() + " is not valid JSON");
+  if (j.is_discarded())
+    return make_error(ec::invalid_request, path.string() + " is not valid JSON");
   return j;
 }
 
@@ -105,8 +106,8 @@ caf::expected<checkpoint> checkpoint::open(const std::string& path) {
     if (auto err = c.add_file((dir / single_file).string())) return err;
     return c;
   }
-  return make_error(ec::io_error, fmt::format("folder {} has neither {} nor {}", path, index_file,
-                                              single_file));
+  return make_error(ec::io_error,
+                    fmt::format("folder {} has neither {} nor {}", path, index_file, single_file));
 }
 
 const safetensor* checkpoint::find(std::string_view name) const {
@@ -131,8 +132,9 @@ caf::expected<hf_opt_config> read_hf_opt_config(const std::string& folder) {
   if (auto a = j->find("architectures"); a != j->end() && a->is_array())
     for (auto& x : *a) opt = opt || (x.is_string() && x.get<std::string>() == "OPTForCausalLM");
   if (!opt)
-    return bad("architectures/model_type do not name an OPT model (OPTForCausalLM); only OPT is "
-               "served");
+    return bad(
+        "architectures/model_type do not name an OPT model (OPTForCausalLM); only OPT is "
+        "served");
   auto dim = [&](const char* key, int64_t& out, bool required) -> caf::error {
     auto it = j->find(key);
     if (it == j->end()) return required ? bad(std::string{"no field "} + key) : caf::error{};
@@ -153,9 +155,10 @@ caf::expected<hf_opt_config> read_hf_opt_config(const std::string& folder) {
   int64_t proj = c.spec.hidden;
   if (auto e = dim("word_embed_proj_dim", proj, false)) return e;
   if (proj != c.spec.hidden)
-    return bad(fmt::format("word_embed_proj_dim {} differs from hidden_size {} (projected "
-                           "embeddings, as in OPT-350m, are not implemented)",
-                           proj, c.spec.hidden));
+    return bad(
+        fmt::format("word_embed_proj_dim {} differs from hidden_size {} (projected "
+                    "embeddings, as in OPT-350m, are not implemented)",
+                    proj, c.spec.hidden));
   auto flag = [&](const char* key, bool want, const char* why) -> caf::error {
     auto it = j->find(key);
     if (it == j->end()) return {};
@@ -166,8 +169,7 @@ caf::expected<hf_opt_config> read_hf_opt_config(const std::string& folder) {
   };
   if (auto e = flag("do_layer_norm_before", true, "post-LayerNorm, as in OPT-350m")) return e;
   if (auto e = flag("enable_bias", true, "linear layers without bias")) return e;
-  if (auto e = flag("layer_norm_elementwise_affine", true, "layer norms without weights"))
-    return e;
+  if (auto e = flag("layer_norm_elementwise_affine", true, "layer norms without weights")) return e;
   if (auto a = j->find("activation_function"); a != j->end())
     if (!a->is_string() || a->get<std::string>() != "relu")
       return bad("activation_function " + a->dump() + " is not implemented (relu is)");
@@ -178,10 +180,14 @@ caf::expected<hf_opt_config> read_hf_opt_config(const std::string& folder) {
     auto it = j->find(key);
     if (it == j->end() || !it->is_string()) continue;
     auto d = it->get<std::string>();
-    if (d == "float16") c.dtype = "f16";
-    else if (d == "bfloat16") c.dtype = "bf16";
-    else if (d == "float32") c.dtype = "f32";
-    else return bad(fmt::format("{} '{}' is not float16, bfloat16 or float32", key, d));
+    if (d == "float16")
+      c.dtype = "f16";
+    else if (d == "bfloat16")
+      c.dtype = "bf16";
+    else if (d == "float32")
+      c.dtype = "f32";
+    else
+      return bad(fmt::format("{} '{}' is not float16, bfloat16 or float32", key, d));
     break;
   }
   return c;

@@ -38,8 +38,8 @@ caf::error cap_cuda_workspace(const gpu::device& dev) {
   if (!capped.insert(ordinal).second) return {};
   try {
     // The caching allocator sets itself up at its first allocation; the cap needs it.
-    (void)at::empty({1}, at::TensorOptions().device(at::kCUDA, static_cast<c10::DeviceIndex>(
-                                                                   ordinal)));
+    (void)at::empty({1},
+                    at::TensorOptions().device(at::kCUDA, static_cast<c10::DeviceIndex>(ordinal)));
     auto total = static_cast<double>(at::cuda::getDeviceProperties(ordinal)->totalGlobalMem);
     auto fraction = 1.0 - static_cast<double>(dev.capacity_bytes()) / total;
     fraction = std::clamp(fraction, 0.01, 1.0);

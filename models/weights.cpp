@@ -336,8 +336,8 @@ caf::error fill_seeded(const opt_spec& spec, const parallel_config& par, const s
     auto [a, b] = seeded_scale(p.init);
     auto* dst = host + e->offset_bytes;
     for_runs(p, par.tp, shard.tp_rank, t.begin, t.end, [&](const run& r) {
-      seeded_run(dst + r.local * gpu::size_of(e->type), e->type, bases[t.param], r.global,
-                 r.count, a, b);
+      seeded_run(dst + r.local * gpu::size_of(e->type), e->type, bases[t.param], r.global, r.count,
+                 a, b);
     });
   });
   return {};

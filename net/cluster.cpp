@@ -260,10 +260,10 @@ caf::expected<cluster> connect_cluster(caf::actor_system& sys, const cluster_opt
         return g.error();
       }
       c.guards.push_back(*g);
-      c.devices.push_back({caf::actor_cast<actors::shard_worker_actor>(*g),
-                           reports[i].capacity_bytes, reports[i].link_gbps,
-                           reports[i].kind == "cuda" ? gpu::device_kind::cuda
-                                                     : gpu::device_kind::emulated});
+      c.devices.push_back(
+          {caf::actor_cast<actors::shard_worker_actor>(*g), reports[i].capacity_bytes,
+           reports[i].link_gbps,
+           reports[i].kind == "cuda" ? gpu::device_kind::cuda : gpu::device_kind::emulated});
       c.device_nodes.push_back(addr.str());
     }
     c.nodes.push_back(*n);

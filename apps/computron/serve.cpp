@@ -151,8 +151,8 @@ caf::expected<std::vector<actors::model_config>> load_repository(const std::stri
       if (!hf) return hf.error();
       m.kind = "opt";
       m.spec = hf->spec.name;
-      m.shape = {hf->spec.hidden, hf->spec.layers,      hf->spec.heads,
-                 hf->spec.ffn,    hf->spec.vocab,       hf->spec.max_positions};
+      m.shape = {hf->spec.hidden, hf->spec.layers, hf->spec.heads,
+                 hf->spec.ffn,    hf->spec.vocab,  hf->spec.max_positions};
       m.checkpoint_dtype = hf->dtype;
       m.dtype = "auto";
       m.weights_path = f.string();
@@ -210,7 +210,8 @@ caf::expected<serve_config> load_serve_config(const std::string& path) {
       return bad(dw, "capacity_mb and link_gbps must be positive");
     c.runtime.devices.emulated_capacity_bytes = static_cast<uint64_t>(cap * mib);
     // On GPUs capacity_mb caps the weights' share only when it is given.
-    if (d->contains("capacity_mb")) c.runtime.devices.cuda_capacity_bytes = static_cast<uint64_t>(cap * mib);
+    if (d->contains("capacity_mb"))
+      c.runtime.devices.cuda_capacity_bytes = static_cast<uint64_t>(cap * mib);
     c.runtime.devices.cuda_reserved_bytes = static_cast<uint64_t>(reserved * mib);
   }
   if (auto h = j->find("http"); h != j->end()) {
@@ -416,9 +417,6 @@ int run_serve(serve_config cfg) {
   }
   std::cout << "computron serve: listening on http://" << cfg.http.host << ':' << (*srv)->port()
             << " (" << registered << " models, " << where << ")" << std::endl;
-  std::cout << "computron serve: ready (" << registered << " of " << cfg.models.size()
-            << " models registered and warmed up in " << fmt::format("{:.1f}", reg_seconds)
-            << " s)" << std::endl;
   actors::controller_actor ctrl;
   if (cfg.console_port >= 0) {
     auto c = actors::spawn_controller(
@@ -446,6 +444,10 @@ int run_serve(serve_config cfg) {
       log::warn("no console: {}", render(c.error()));
     }
   }
+  // Last, after every port is open: scripts may wait for this line.
+  std::cout << "computron serve: ready (" << registered << " of " << cfg.models.size()
+            << " models registered and warmed up in " << fmt::format("{:.1f}", reg_seconds) << " s)"
+            << std::endl;
   int sig = 0;
   sigwait(&stop_signals, &sig);
   log::info("signal {}: stopping", sig);

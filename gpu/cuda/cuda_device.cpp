@@ -252,9 +252,9 @@ caf::expected<std::vector<segment>> reserve(int ordinal, uint64_t bytes) {
     piece /= 2;
   }
   if (out.empty())
-    return make_error(ec::out_of_device_memory,
-                      fmt::format("cuda:{}: cannot reserve any of {} bytes for weights", ordinal,
-                                  bytes));
+    return make_error(
+        ec::out_of_device_memory,
+        fmt::format("cuda:{}: cannot reserve any of {} bytes for weights", ordinal, bytes));
   if (got < want)
     log::warn("cuda:{}: reserved {} of {} bytes for weights in {} segments", ordinal, got, want,
               out.size());

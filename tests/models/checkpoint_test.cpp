@@ -47,7 +47,8 @@ TEST_CASE("a Hugging Face OPT folder gives the same shards as our seeded weights
   auto spec = *find_spec("opt-tiny");
   for (int files : {1, 2}) {
     hf_folder hf{"hf-" + std::to_string(files), gpu::dtype::bf16, files};
-    CHECK(fs::exists(hf.dir + (files == 1 ? "/model.safetensors" : "/model.safetensors.index.json")));
+    CHECK(
+        fs::exists(hf.dir + (files == 1 ? "/model.safetensors" : "/model.safetensors.index.json")));
     CHECK(is_hf_folder(hf.dir));
     auto cfg = read_hf_opt_config(hf.dir);
     REQUIRE(cfg);
@@ -134,9 +135,10 @@ TEST_CASE("what the OPT forward does not implement is refused naming the field",
   CHECK(read_hf_opt_config(hf.dir));
 }
 
-TEST_CASE("a missing shard, a truncated shard and an index naming a missing tensor are clear "
-          "errors",
-          "[models][checkpoint]") {
+TEST_CASE(
+    "a missing shard, a truncated shard and an index naming a missing tensor are clear "
+    "errors",
+    "[models][checkpoint]") {
   {
     hf_folder hf{"hf-missing"};
     fs::remove(hf.dir + "/model-00002-of-00002.safetensors");

@@ -112,8 +112,7 @@ TEST_CASE("f16 placed on emulated devices is refused naming the device kind", "[
   auto dir = test::temp_path("f16-refused");
   fs::remove_all(dir);
   fs::create_directories(dir + "/repo/m");
-  std::ofstream{dir + "/repo/m/config.json"}
-      << json{{"spec", "opt-tiny"}, {"dtype", "f16"}}.dump();
+  std::ofstream{dir + "/repo/m/config.json"} << json{{"spec", "opt-tiny"}, {"dtype", "f16"}}.dump();
   auto r = test::run("generate --model-dir " + dir + "/repo/m --prompts '[[1,2]]'", true);
   CHECK(r.exit_code == 1);
   CHECK_THAT(r.all, Catch::Contains("f16 runs only on CUDA devices, and it is placed on emulated "
