@@ -83,7 +83,6 @@ foreach(dir ${TORCH_INCLUDE_DIRS})
   endforeach()
 endforeach()
 if(COMPUTRON_TORCH_FMT_VERSION)
-  math(EXPR debian_fmt "${fmt_VERSION_MAJOR} * 10000 + ${fmt_VERSION_MINOR} * 100")
   math(EXPR torch_fmt_major "${COMPUTRON_TORCH_FMT_VERSION} / 10000")
   if(NOT torch_fmt_major EQUAL fmt_VERSION_MAJOR)
     message(STATUS "computron: torch bundles fmt ${COMPUTRON_TORCH_FMT_VERSION}, the system "
