@@ -5,6 +5,7 @@
 #include <caf/all.hpp>
 
 #include "common/error.hpp"
+#include "sched/batching.hpp"
 
 namespace computron::actors {
 
@@ -45,8 +46,8 @@ frontend_actor::behavior_type frontend(frontend_pointer self, serving_actor back
           auto i = st.outstanding.find(model);
           if (i != st.outstanding.end() && --i->second == 0) st.outstanding.erase(i);
         };
-        auto deadline = req.deadline_ms > 0 ? std::chrono::milliseconds(req.deadline_ms)
-                                            : st.opts.default_deadline;
+        auto t = self->clock().now();
+        auto deadline = sched::deadline_of(t, req.deadline_ms, st.opts.default_deadline) - t;
         auto rp = self->make_response_promise<infer_reply>();
         self->request(st.backend, deadline + st.opts.reply_slack, infer_atom_v, std::move(req))
             .then(

@@ -19,7 +19,7 @@ struct frontend_options {
   uint32_t max_outstanding = 4096;
   /// Slack on top of a request's deadline before the frontend gives up on the backend.
   std::chrono::milliseconds reply_slack{std::chrono::seconds(30)};
-  /// Deadline assumed for requests that name none (match the manager's).
+  /// Deadline assumed for requests that name none; start_runtime sets the manager's.
   std::chrono::milliseconds default_deadline{std::chrono::seconds(60)};
   std::shared_ptr<observer> obs = null_observer();
 };

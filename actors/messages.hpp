@@ -51,13 +51,16 @@ struct model_config {
   double toy_compute_ms = 0;
   /// Never chosen as an eviction victim.
   bool pinned = false;
+  /// Priority class: a higher class is evicted after every lower one and its queue is
+  /// served first (0 by default).
+  int32_t priority = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, model_config& x) {
   return f(caf::meta::type_name("model_config"), x.name, x.kind, x.spec, x.shape, x.dtype,
            x.checkpoint_dtype, x.tp, x.pp, x.devices, x.seed, x.weights_path, x.toy_shard_bytes,
-           x.toy_compute_ms, x.pinned);
+           x.toy_compute_ms, x.pinned, x.priority);
 }
 
 /// One shard of a model, as handed to the worker that will hold it.
@@ -97,11 +100,15 @@ struct transfer_report {
   uint64_t bytes = 0;
   /// Wall time on the worker, queueing behind earlier transfers excluded.
   double seconds = 0;
+  /// The device's largest free block after the transfer (the scheduler plans with it:
+  /// a shard needs one block); -1 when unknown.
+  int64_t largest_free_bytes = -1;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, transfer_report& x) {
-  return f(caf::meta::type_name("transfer_report"), x.model, x.device, x.bytes, x.seconds);
+  return f(caf::meta::type_name("transfer_report"), x.model, x.device, x.bytes, x.seconds,
+           x.largest_free_bytes);
 }
 
 /// How one sequence picks its tokens (models::sampling_params on the wire).
@@ -200,11 +207,14 @@ struct model_placement {
   std::vector<int32_t> devices;
   std::vector<uint64_t> bytes;
   bool pinned = false;
+  /// Priority class (see model_config::priority).
+  int32_t priority = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, model_placement& x) {
-  return f(caf::meta::type_name("model_placement"), x.model, x.devices, x.bytes, x.pinned);
+  return f(caf::meta::type_name("model_placement"), x.model, x.devices, x.bytes, x.pinned,
+           x.priority);
 }
 
 /// Permission to run batches on a resident model until release.

@@ -4,15 +4,17 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
+#include <unordered_map>
 
 #include <caf/all.hpp>
 
 #include "actors/join.hpp"
-#include "actors/policies.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "models/sampling.hpp"
+#include "sched/batching.hpp"
 
 namespace computron::actors {
 
@@ -23,8 +25,8 @@ using namespace std::chrono_literals;
 struct queued_request {
   infer_request req;
   caf::typed_response_promise<infer_reply> rp;
-  double arrival_s = 0;
-  double deadline_s = 0;
+  sched::time_point arrival{};
+  sched::time_point deadline{};
 };
 
 struct batch {
@@ -32,8 +34,10 @@ struct batch {
   std::string model;
   std::vector<queued_request> rows;
   std::vector<std::vector<int64_t>> outputs;
-  double dispatch_s = 0;
+  sched::time_point dispatched{};
+  /// When its first step started, on the trace clock (now_s) and the actor clock.
   double run_s = 0;
+  sched::time_point run_at{};
   double load_ms = 0;
   double compute_ms = 0;
   bool swapped = false;
@@ -47,13 +51,10 @@ struct managed_model {
   int64_t vocab = 0;
   int64_t max_positions = 0;
   uint64_t bytes = 0;
-  std::deque<queued_request> queue;
-  /// Batches dispatched and not finished: at most pp, so that a pipeline's stages all
-  /// work (batch n+1 in stage 0 while batch n is in stage 1).
-  int32_t in_flight = 0;
-  /// The manager's belief, for the dispatch policy: a load elsewhere on its devices
-  /// may have evicted it.
-  bool resident = false;
+  /// Its queue in the batcher (which also holds its in-flight count, at most pp, so that
+  /// a pipeline's stages all work) and its placement in the device gate.
+  uint32_t index = 0;
+  uint32_t gate_key = 0;
   uint64_t served = 0;
 };
 
@@ -63,25 +64,36 @@ struct model_manager_state {
   engine_registry engines;
   std::vector<shard_worker_actor> workers;
   swap_scheduler_actor scheduler;
-  std::shared_ptr<dispatch_policy> policy;
   std::map<std::string, managed_model> models;
   std::set<std::string> registering;
-  /// Per device: the placement whose batches run there (empty: idle) and how many. Only
-  /// batches of one placement share a device at a time; see try_run.
-  struct device_use {
-    std::string placement;
-    int32_t batches = 0;
-  };
-  std::vector<device_use> device_busy;
+  /// Queues, admission, batch formation and dispatch order (sched/), and which batches
+  /// may share devices; the requests themselves wait in `waiting` under their keys.
+  std::shared_ptr<sched::batcher> batcher;
+  std::unique_ptr<sched::device_gate> gate;
+  std::vector<std::string> names;
+  std::unordered_map<uint64_t, queued_request> waiting;
+  uint64_t next_key = 1;
   std::deque<batch_ptr> runnable;
   uint64_t next_batch = 1;
-  double tick_at_s = -1;
+  std::optional<sched::time_point> tick_at;
 };
 
 using manager_pointer = model_manager_actor::stateful_pointer<model_manager_state>;
 
-double seconds(std::chrono::milliseconds d) {
-  return std::chrono::duration<double>(d).count();
+sched::time_point now(manager_pointer self) {
+  return self->clock().now();
+}
+
+/// The manager's belief, for resident-first: `name` is resident now, and a load on its
+/// devices may have evicted every other model there.
+void note_loaded(manager_pointer self, const std::string& name) {
+  auto& st = self->state;
+  auto& m = st.models.at(name);
+  std::set<int32_t> devs(m.cfg.devices.begin(), m.cfg.devices.end());
+  for (auto& [other_name, other] : st.models)
+    for (auto d : other.cfg.devices)
+      if (devs.count(d) > 0) st.batcher->set_resident(other.index, false);
+  st.batcher->set_resident(m.index, true);
 }
 
 caf::error check_request(const managed_model& m, const infer_request& r, int64_t max_tokens_limit) {
@@ -104,13 +116,13 @@ caf::error check_request(const managed_model& m, const infer_request& r, int64_t
   return {};
 }
 
-model_info info_of(const managed_model& m, const residency_report* r) {
+model_info info_of(const sched::batcher& b, const managed_model& m, const residency_report* r) {
   model_info i;
   i.config = m.cfg;
   i.state = r ? r->state : "unknown";
   i.bytes = m.bytes;
-  i.queued = static_cast<uint32_t>(m.queue.size());
-  i.busy = m.in_flight > 0;
+  i.queued = static_cast<uint32_t>(b.queued(m.index));
+  i.busy = b.in_flight(m.index) > 0;
   i.served = m.served;
   i.loads = r ? r->loads : 0;
   i.evictions = r ? r->evictions : 0;
@@ -124,12 +136,12 @@ model_info info_of(const managed_model& m, const residency_report* r) {
 void dispatch(manager_pointer self);
 void try_run(manager_pointer self);
 
-void arm_tick(manager_pointer self, double at_s) {
+void arm_tick(manager_pointer self, sched::time_point at) {
   auto& st = self->state;
-  auto now = now_s();
-  if (st.tick_at_s >= now && st.tick_at_s <= at_s) return;  // an earlier tick is armed
-  st.tick_at_s = at_s;
-  auto delay = std::chrono::duration<double>(std::max(0.0, at_s - now));
+  auto t = now(self);
+  if (st.tick_at && *st.tick_at >= t && *st.tick_at <= at) return;  // an earlier one is armed
+  st.tick_at = at;
+  auto delay = std::max(sched::duration::zero(), at - t);
   self->delayed_send(self, std::chrono::duration_cast<std::chrono::microseconds>(delay) + 100us,
                      tick_atom_v);
 }
@@ -138,19 +150,16 @@ void reply_error(manager_pointer self, queued_request& q, const caf::error& err)
   q.rp.deliver(err);
   self->state.opts.obs->request_done(q.req.model,
                                      is(err, ec::deadline_exceeded) ? "deadline_exceeded" : "error",
-                                     now_s() - q.arrival_s);
+                                     sched::seconds_between(q.arrival, now(self)));
 }
 
 void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* err) {
   auto& st = self->state;
   auto& m = st.models.at(b->model);
-  for (auto d : m.cfg.devices) {
-    auto& u = st.device_busy[static_cast<size_t>(d)];
-    if (--u.batches <= 0) u = {};
-  }
+  st.gate->finish(m.cfg.devices);
   self->send(st.scheduler, release_atom_v, b->model);
-  --m.in_flight;
-  auto now = now_s();
+  st.batcher->batch_ended(m.index);
+  auto t = now(self);
   if (err) {
     for (auto& w : m.cfg.devices)
       self->send(st.workers[static_cast<size_t>(w)], cancel_atom_v, b->model, b->id);
@@ -163,18 +172,19 @@ void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* er
       rep.model = b->model;
       rep.tokens = std::move(b->outputs[r]);
       rep.tokens.resize(static_cast<size_t>(q.req.max_tokens));
-      rep.queue_ms = (b->dispatch_s - q.arrival_s) * 1e3;
+      rep.queue_ms = sched::seconds_between(q.arrival, b->dispatched) * 1e3;
       rep.load_ms = b->load_ms;
       rep.compute_ms = b->compute_ms;
-      rep.total_ms = (now - q.arrival_s) * 1e3;
+      rep.total_ms = sched::seconds_between(q.arrival, t) * 1e3;
       rep.batch_size = static_cast<uint32_t>(b->rows.size());
       rep.swapped = b->swapped;
       q.rp.deliver(std::move(rep));
-      st.opts.obs->request_done(b->model, "ok", now - q.arrival_s);
+      st.opts.obs->request_done(b->model, "ok", sched::seconds_between(q.arrival, t));
     }
     m.served += b->rows.size();
   }
-  st.opts.obs->batch_done(b->model, m.cfg.devices, b->rows.size(), b->run_s, now - b->run_s);
+  st.opts.obs->batch_done(b->model, m.cfg.devices, b->rows.size(), b->run_s,
+                          sched::seconds_between(b->run_at, t));
   try_run(self);
   dispatch(self);
 }
@@ -309,46 +319,26 @@ void prepare_shards(manager_pointer self, const model_config& cfg, std::vector<s
               [=](caf::error& e) { hosts->failed(std::move(e), k); });
 }
 
-/// Models with the same tp, pp and devices in the same order share a placement.
-std::string placement_of(const model_config& c) {
-  std::string key = std::to_string(c.tp) + "x" + std::to_string(c.pp) + ":";
-  for (auto d : c.devices) key += std::to_string(d) + ",";
-  return key;
-}
-
-/// Starts leased batches whose devices are free for them, oldest first; a waiting batch
-/// reserves its devices so a later one cannot overtake it forever. A device runs batches
-/// of one placement at a time, at most pp of them, so a pipeline's stages all work.
-/// Safe because such batches reach every worker lane in the same order (stage 0 ranks
-/// from this actor, stage k rank i from stage k-1 rank i, each in order), so their
-/// tensor-parallel collectives pair up; two placements could pair them crosswise and
-/// deadlock.
+/// Starts leased batches whose devices are free for them, oldest first (the sharing
+/// rule is sched::device_gate's).
 void try_run(manager_pointer self) {
   auto& st = self->state;
-  std::vector<bool> reserved(st.device_busy.size(), false);
+  auto pass = st.gate->begin_pass();
   std::deque<batch_ptr> still;
   bool freed_model = false;
   while (!st.runnable.empty()) {
     auto b = std::move(st.runnable.front());
     st.runnable.pop_front();
     auto& m = st.models.at(b->model);
-    const auto placement = placement_of(m.cfg);
-    bool free = true;
-    for (auto d : m.cfg.devices) {
-      auto& u = st.device_busy[static_cast<size_t>(d)];
-      free = free && !reserved[static_cast<size_t>(d)] &&
-             (u.batches == 0 || (u.placement == placement && u.batches < m.cfg.pp));
-    }
-    if (!free) {
-      for (auto d : m.cfg.devices) reserved[static_cast<size_t>(d)] = true;
+    if (!st.gate->try_start(pass, m.gate_key, m.cfg.devices, m.cfg.pp)) {
       still.push_back(std::move(b));
       continue;
     }
     // Requests whose deadline passed while the model loaded end here.
-    auto now = now_s();
+    auto t = now(self);
     std::vector<queued_request> live;
     for (auto& q : b->rows) {
-      if (q.deadline_s <= now)
+      if (q.deadline <= t)
         reply_error(
             self, q,
             make_error(ec::deadline_exceeded, "request " + std::to_string(q.req.id) +
@@ -358,20 +348,17 @@ void try_run(manager_pointer self) {
     }
     b->rows = std::move(live);
     if (b->rows.empty()) {
+      st.gate->finish(m.cfg.devices);
       self->send(st.scheduler, release_atom_v, b->model);
-      --m.in_flight;
+      st.batcher->batch_ended(m.index);
       freed_model = true;
       continue;
-    }
-    for (auto d : m.cfg.devices) {
-      auto& u = st.device_busy[static_cast<size_t>(d)];
-      u.placement = placement;
-      ++u.batches;
     }
     b->outputs.assign(b->rows.size(), {});
     b->steps = 1;
     for (auto& q : b->rows) b->steps = std::max(b->steps, q.req.max_tokens);
-    b->run_s = now;
+    b->run_s = now_s();
+    b->run_at = t;
     run_step(self, b, 0);
   }
   st.runnable = std::move(still);
@@ -387,89 +374,67 @@ void start_batch(manager_pointer self, const batch_ptr& b) {
             auto& st = self->state;
             b->load_ms = l.wait_ms;
             b->swapped = l.loaded;
-            auto& m = st.models.at(b->model);
-            if (l.loaded) {
-              std::set<int32_t> devs(m.cfg.devices.begin(), m.cfg.devices.end());
-              for (auto& [name, other] : st.models)
-                for (auto d : other.cfg.devices)
-                  if (devs.count(d) > 0) other.resident = false;
-            }
-            m.resident = true;
+            if (l.loaded)
+              note_loaded(self, b->model);
+            else
+              st.batcher->set_resident(st.models.at(b->model).index, true);
             st.runnable.push_back(b);
             try_run(self);
           },
           [=](caf::error& err) {
-            auto& m = self->state.models.at(b->model);
-            --m.in_flight;
-            m.resident = false;
+            auto& st = self->state;
+            auto& m = st.models.at(b->model);
+            st.batcher->batch_ended(m.index);
+            st.batcher->set_resident(m.index, false);
             for (auto& q : b->rows) reply_error(self, q, err);
             dispatch(self);
           });
 }
 
+/// Carries out a dispatch pass of the batcher: expired requests fail, batches start.
 void dispatch(manager_pointer self) {
   auto& st = self->state;
-  auto now = now_s();
-  const auto window = seconds(st.opts.batch_window);
-  double next_tick = -1;
-  auto want_tick = [&](double at) {
-    if (next_tick < 0 || at < next_tick) next_tick = at;
-  };
-  std::vector<queue_view> views;
-  std::vector<managed_model*> ms;
-  for (auto& [name, m] : st.models) {
-    // Requests that passed their deadline in the queue end here.
-    for (auto i = m.queue.begin(); i != m.queue.end();) {
-      if (i->deadline_s <= now) {
-        reply_error(
-            self, *i,
-            make_error(ec::deadline_exceeded, "request " + std::to_string(i->req.id) +
-                                                  " passed its deadline in the queue of " + name));
-        i = m.queue.erase(i);
-      } else {
-        want_tick(i->deadline_s);
-        ++i;
-      }
-    }
-    st.opts.obs->queue_depth(name, m.queue.size());
-    if (m.queue.empty() || m.in_flight >= m.cfg.pp) continue;
-    views.push_back({name, now - m.queue.front().arrival_s, m.queue.size(), m.resident});
-    ms.push_back(&m);
+  auto t = now(self);
+  auto d = st.batcher->dispatch(t);
+  for (auto& [model, e] : d.expired) {
+    auto i = st.waiting.find(e.key);
+    if (i == st.waiting.end()) continue;
+    reply_error(self, i->second,
+                make_error(ec::deadline_exceeded, "request " + std::to_string(i->second.req.id) +
+                                                      " passed its deadline in the queue of " +
+                                                      st.names[model]));
+    st.waiting.erase(i);
   }
-  for (auto i : st.policy->order(views)) {
-    auto& m = *ms[i];
-    bool full = m.queue.size() >= st.opts.max_batch_size;
-    if (!full && views[i].head_age_s < window) {
-      want_tick(m.queue.front().arrival_s + window);
-      continue;
-    }
+  for (auto& plan : d.batches) {
     auto b = std::make_shared<batch>();
     b->id = st.next_batch++;
-    b->model = m.cfg.name;
-    b->dispatch_s = now;
-    while (!m.queue.empty() && b->rows.size() < st.opts.max_batch_size) {
-      b->rows.push_back(std::move(m.queue.front()));
-      m.queue.pop_front();
+    b->model = st.names[plan.model];
+    b->dispatched = t;
+    for (auto& e : plan.rows) {
+      auto i = st.waiting.find(e.key);
+      if (i == st.waiting.end()) continue;
+      b->rows.push_back(std::move(i->second));
+      st.waiting.erase(i);
     }
-    ++m.in_flight;
-    st.opts.obs->queue_depth(m.cfg.name, m.queue.size());
     start_batch(self, b);
   }
-  if (next_tick >= 0) arm_tick(self, next_tick);
+  for (uint32_t i = 0; i < st.names.size(); ++i)
+    st.opts.obs->queue_depth(st.names[i], st.batcher->queued(i));
+  if (d.next_tick) arm_tick(self, *d.next_tick);
 }
 
 model_manager_actor::behavior_type model_manager(manager_pointer self, model_manager_options opts,
                                                  engine_registry engines,
                                                  std::vector<shard_worker_actor> workers,
                                                  swap_scheduler_actor scheduler,
-                                                 std::shared_ptr<dispatch_policy> policy) {
+                                                 std::shared_ptr<sched::batcher> batcher) {
   auto& st = self->state;
   st.opts = std::move(opts);
   st.engines = std::move(engines);
   st.workers = std::move(workers);
   st.scheduler = std::move(scheduler);
-  st.policy = std::move(policy);
-  st.device_busy.assign(st.workers.size(), {});
+  st.batcher = std::move(batcher);
+  st.gate = std::make_unique<sched::device_gate>(st.workers.size());
   auto unknown = [](const std::string& name) {
     return make_error(ec::unknown_model, "no model named '" + name + "'");
   };
@@ -486,7 +451,7 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
               const residency_report* r = nullptr;
               for (auto& x : rs)
                 if (x.model == name) r = &x;
-              rp.deliver(info_of(i->second, r));
+              rp.deliver(info_of(*self->state.batcher, i->second, r));
             },
             [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
   };
@@ -497,17 +462,15 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
         if (i == st.models.end()) return unknown(req.model);
         auto& m = i->second;
         if (auto err = check_request(m, req, st.opts.max_tokens_limit)) return err;
-        if (m.queue.size() >= st.opts.max_queue)
-          return make_error(ec::overloaded, "the queue of " + req.model + " is full (" +
-                                                std::to_string(st.opts.max_queue) + " requests)");
-        auto now = now_s();
-        auto deadline =
-            req.deadline_ms > 0 ? req.deadline_ms / 1e3 : seconds(st.opts.default_deadline);
-        queued_request q{std::move(req), self->make_response_promise<infer_reply>(), now,
-                         now + deadline};
+        auto t = now(self);
+        auto key = st.next_key++;
+        sched::time_point deadline;
+        if (auto why = st.batcher->admit(m.index, key, t, req.deadline_ms, &deadline))
+          return make_error(why->code, why->reason);
+        queued_request q{std::move(req), self->make_response_promise<infer_reply>(), t, deadline};
         auto rp = q.rp;
         self->send(st.scheduler, demand_atom_v, m.cfg.name, uint32_t{1});
-        m.queue.push_back(std::move(q));
+        st.waiting.emplace(key, std::move(q));
         dispatch(self);
         return rp;
       },
@@ -528,7 +491,7 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
         prepare_shards(
             self, cfg, all_stages,
             [=](std::vector<shard_report> reports) mutable {
-              model_placement p{cfg.name, cfg.devices, {}, cfg.pinned};
+              model_placement p{cfg.name, cfg.devices, {}, cfg.pinned, cfg.priority};
               for (auto& r : reports) p.bytes.push_back(r.bytes);
               self->request(self->state.scheduler, 10s, register_atom_v, p)
                   .then(
@@ -541,6 +504,9 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
                         m.vocab = eng.vocab(cfg);
                         m.max_positions = eng.max_positions(cfg);
                         for (auto b : p.bytes) m.bytes += b;
+                        m.index = st.batcher->add_model(cfg.name, cfg.pp, cfg.priority);
+                        m.gate_key = st.gate->placement_key(cfg.tp, cfg.pp, cfg.devices);
+                        st.names.push_back(cfg.name);
                         st.models.emplace(cfg.name, std::move(m));
                         log::info("registered {} ({} {}, tp {} x pp {}, {} bytes)", cfg.name,
                                   cfg.kind, cfg.spec, cfg.tp, cfg.pp, st.models.at(cfg.name).bytes);
@@ -593,7 +559,7 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
                     const residency_report* r = nullptr;
                     for (auto& x : rs)
                       if (x.model == name) r = &x;
-                    out.push_back(info_of(m, r));
+                    out.push_back(info_of(*self->state.batcher, m, r));
                   }
                   rp.deliver(std::move(out));
                 },
@@ -613,13 +579,7 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
         self->request(st.scheduler, st.opts.acquire_timeout, load_atom_v, name)
             .then(
                 [=](residency_report&) mutable {
-                  auto& st = self->state;
-                  auto& m = st.models.at(name);
-                  std::set<int32_t> devs(m.cfg.devices.begin(), m.cfg.devices.end());
-                  for (auto& [other_name, other] : st.models)
-                    for (auto d : other.cfg.devices)
-                      if (devs.count(d) > 0) other.resident = false;
-                  m.resident = true;
+                  note_loaded(self, name);
                   with_info(name, rp);
                 },
                 [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
@@ -632,7 +592,8 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
         self->request(st.scheduler, st.opts.acquire_timeout, unload_atom_v, name)
             .then(
                 [=](residency_report&) mutable {
-                  self->state.models.at(name).resident = false;
+                  auto& st = self->state;
+                  st.batcher->set_resident(st.models.at(name).index, false);
                   with_info(name, rp);
                 },
                 [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
@@ -656,8 +617,8 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
           x["model"] = caf::config_value{name};
           x["tp"] = caf::config_value{static_cast<int64_t>(m.cfg.tp)};
           x["pp"] = caf::config_value{static_cast<int64_t>(m.cfg.pp)};
-          x["queued"] = caf::config_value{static_cast<int64_t>(m.queue.size())};
-          x["in-flight"] = caf::config_value{static_cast<int64_t>(m.in_flight)};
+          x["queued"] = caf::config_value{static_cast<int64_t>(st.batcher->queued(m.index))};
+          x["in-flight"] = caf::config_value{static_cast<int64_t>(st.batcher->in_flight(m.index))};
           x["served"] = caf::config_value{static_cast<int64_t>(m.served)};
           models.emplace_back(std::move(x));
         }
@@ -699,13 +660,24 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
         return rp;
       },
       [=](tick_atom) {
-        self->state.tick_at_s = -1;
+        self->state.tick_at.reset();
         dispatch(self);
       },
   };
 }
 
 }  // namespace
+
+sched::batching_options batching_of(const model_manager_options& o) {
+  sched::batching_options b;
+  b.max_batch_size = o.max_batch_size;
+  b.batch_window = o.batch_window;
+  b.dispatch = o.dispatch;
+  b.max_wait = o.max_wait;
+  b.max_queue = o.max_queue;
+  b.default_deadline = o.default_deadline;
+  return b;
+}
 
 caf::expected<model_manager_actor> spawn_model_manager(caf::actor_system& sys,
                                                        std::vector<shard_worker_actor> workers,
@@ -715,13 +687,12 @@ caf::expected<model_manager_actor> spawn_model_manager(caf::actor_system& sys,
   if (workers.empty())
     return make_error(ec::invalid_configuration, "model manager without workers");
   if (!scheduler) return make_error(ec::invalid_configuration, "model manager without a scheduler");
-  if (opts.max_batch_size == 0 || opts.max_queue == 0)
-    return make_error(ec::invalid_configuration, "max_batch_size and max_queue must be at least 1");
-  auto policy = make_dispatch_policy(opts.dispatch, seconds(opts.max_wait));
-  if (!policy) return policy.error();
+  sched::refusal why;
+  auto b = sched::batcher::make(batching_of(opts), &why);
+  if (!b) return make_error(why.code, why.reason);
   if (!opts.obs) opts.obs = null_observer();
   return sys.spawn(model_manager, std::move(opts), std::move(engines), std::move(workers),
-                   std::move(scheduler), std::shared_ptr<dispatch_policy>(std::move(*policy)));
+                   std::move(scheduler), std::shared_ptr<sched::batcher>(std::move(b)));
 }
 
 }  // namespace computron::actors

@@ -12,6 +12,7 @@
 #include "actors/engine.hpp"
 #include "actors/interfaces.hpp"
 #include "actors/observer.hpp"
+#include "sched/batching.hpp"
 
 namespace computron::actors {
 
@@ -20,8 +21,9 @@ struct model_manager_options {
   uint32_t max_batch_size = 8;
   /// How long the head of a queue waits for company before its batch goes anyway.
   std::chrono::milliseconds batch_window{5};
-  /// Which model's batch goes next: "fcfs" (oldest head first, the original) or
-  /// "resident-first" (loaded models first; a head older than max_wait goes first anyway).
+  /// Which model's batch goes next: "fcfs" (oldest head first, the original),
+  /// "resident-first" (loaded models first; a head older than max_wait goes first anyway)
+  /// or "edf" (earliest deadline first). See sched/policies.hpp.
   std::string dispatch = "fcfs";
   std::chrono::milliseconds max_wait{1000};
   /// Requests queued per model at most; more are refused as overloaded.
@@ -44,6 +46,9 @@ struct model_manager_options {
   std::vector<gpu::device_kind> device_kinds;
   std::shared_ptr<observer> obs = null_observer();
 };
+
+/// The batching part of the options, as sched/ takes it (the simulator uses the same).
+sched::batching_options batching_of(const model_manager_options& o);
 
 /// Spawns a manager over `workers` (index = global device index) and `scheduler`.
 /// Errors: no workers, an unknown dispatch policy, a zero batch size or queue bound.

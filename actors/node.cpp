@@ -103,6 +103,9 @@ caf::expected<runtime> spawn_stack(caf::actor_system& sys, runtime rt, runtime_o
   opts.scheduler.obs = opts.obs;
   opts.manager.obs = opts.obs;
   opts.frontend.obs = opts.obs;
+  // Admission has one owner: the manager's batching options; the frontend only bounds
+  // what is in flight and waits for the same deadline (plus slack).
+  opts.frontend.default_deadline = opts.manager.default_deadline;
   opts.manager.device_kinds.clear();
   for (auto& d : sds) opts.manager.device_kinds.push_back(d.kind);
   auto fail = [&](caf::error e) {

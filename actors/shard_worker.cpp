@@ -127,6 +127,11 @@ caf::result<shard_report> rejoin(worker_pointer self, const std::string& name, s
   return rp;
 }
 
+/// The device's largest free block, for the scheduler's planning.
+int64_t largest_free(const shard_worker_state& st) {
+  return static_cast<int64_t>(st.dev->largest_free_block());
+}
+
 shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_ptr dev,
                                                engine_registry engines, shard_worker_options opts) {
   auto& st = self->state;
@@ -257,7 +262,8 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
                   ++st.loads;
                   st.bytes_loaded += w->size_bytes();
                   st.load_seconds += *seconds;
-                  rp.deliver(transfer_report{model, index, w->size_bytes(), *seconds});
+                  rp.deliver(
+                      transfer_report{model, index, w->size_bytes(), *seconds, largest_free(st)});
                 },
                 [=](caf::error& err) mutable {
                   log::warn("device {}: load of {} failed: {}", index, model, render(err));
@@ -283,7 +289,8 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
         self->request(st.copy_lane, st.opts.load_timeout + 5s, run_atom_v, std::move(job))
             .then(
                 [=](bool) mutable {
-                  rp.deliver(transfer_report{model, index, w->size_bytes(), *seconds});
+                  rp.deliver(transfer_report{model, index, w->size_bytes(), *seconds,
+                                             largest_free(self->state)});
                 },
                 [=](caf::error& err) mutable { rp.deliver(std::move(err)); });
         return rp;

@@ -1,23 +1,21 @@
 #include "actors/swap_scheduler.hpp"
 
-#include <deque>
 #include <functional>
-#include <map>
-#include <set>
+#include <vector>
 
 #include <caf/all.hpp>
 
 #include "actors/join.hpp"
-#include "actors/policies.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
-#include "gpu/weight_store.hpp"
+#include "sched/ledger.hpp"
 
 namespace computron::actors {
 
 namespace {
 
-using gpu::residency;
+using sched::model_id;
+using sched::model_state;
 
 /// Called once when a load the caller waits for ends: null on success.
 using load_waiter = std::function<void(const caf::error*)>;
@@ -26,540 +24,352 @@ using load_waiter = std::function<void(const caf::error*)>;
 /// had to be loaded again, or with an error.
 using held_lease = std::function<void(const caf::error*, bool loaded)>;
 
-struct scheduled_model {
-  model_placement placement;
-  residency state = residency::offloaded;
-  uint32_t leases = 0;
-  bool pinned = false;
-  double last_used_s = 0;
-  demand_meter demand;
-  uint64_t loads = 0;
-  uint64_t evictions = 0;
-  uint64_t total_bytes = 0;
-  std::vector<load_waiter> waiters;
-  std::vector<load_waiter> evict_waiters;
-  bool queued = false;
-  /// Chosen as a victim for a waiting load but still leased: no new leases until it is
-  /// evicted, or the drain is called off. Without this, a model whose batches overlap
-  /// (pipelining, steady traffic) would hold its lease forever and starve the load.
-  bool draining = false;
+/// What the actor keeps beside the ledger: the callers waiting on each model.
+struct model_waiters {
+  std::vector<load_waiter> loads;
+  std::vector<load_waiter> evictions;
   std::vector<held_lease> held;
-};
-
-struct device_account {
-  scheduler_device dev;
-  uint64_t usable_bytes = 0;
-  uint64_t used_bytes = 0;
-  uint32_t transfers = 0;
 };
 
 struct swap_scheduler_state {
   static constexpr const char* name = "swap_scheduler";
-  std::vector<device_account> devices;
-  std::map<std::string, scheduled_model> models;
-  std::deque<std::string> pending;
-  std::shared_ptr<eviction_policy> policy;
+  std::shared_ptr<sched::ledger> ledger;
+  std::vector<shard_worker_actor> workers;
+  /// Indexed by model id.
+  std::vector<model_waiters> waiting;
   swap_scheduler_options opts;
-  /// Devices whose node is gone: their models are unavailable until the node is back.
-  std::set<int32_t> lost;
 };
 
 using sched_pointer = swap_scheduler_actor::stateful_pointer<swap_scheduler_state>;
 
-/// The lost device that keeps `m` from serving, or -1.
-int32_t lost_device(const swap_scheduler_state& st, const scheduled_model& m) {
-  for (auto d : m.placement.devices)
-    if (st.lost.count(d) > 0) return d;
-  return -1;
+sched::time_point now(sched_pointer self) {
+  return self->clock().now();
 }
 
-caf::error unavailable_error(const scheduled_model& m, int32_t device) {
-  return make_error(ec::unavailable, "model " + m.placement.model + " is unavailable: device " +
-                                         std::to_string(device) + " is unreachable");
+caf::error to_error(const sched::refusal& r) {
+  return make_error(r.code, r.reason);
 }
 
-residency_report report_of(const swap_scheduler_state& st, const scheduled_model& m) {
+residency_report report_of(sched_pointer self, model_id id) {
+  auto& l = *self->state.ledger;
+  auto& m = l.model(id);
+  auto t = now(self);
   residency_report r;
-  r.model = m.placement.model;
-  r.state = lost_device(st, m) >= 0 ? std::string{"unavailable"} : gpu::to_string(m.state);
+  r.model = m.name;
+  r.state = sched::to_string(l.state_of(id));
   r.bytes = m.total_bytes;
   r.leases = m.leases;
   r.pinned = m.pinned;
   r.loads = m.loads;
   r.evictions = m.evictions;
-  r.demand_per_s = m.demand.rate(now_s());
-  r.idle_s = m.leases > 0 ? 0 : m.last_used_s > 0 ? now_s() - m.last_used_s : -1;
+  r.demand_per_s = m.demand.rate(t);
+  r.idle_s = m.leases > 0 ? 0 : m.last_used ? sched::seconds_between(*m.last_used, t) : -1;
   return r;
 }
 
 void publish_usage(sched_pointer self) {
-  auto& st = self->state;
+  auto& l = *self->state.ledger;
   size_t resident = 0;
-  std::vector<size_t> per_device(st.devices.size(), 0);
-  for (auto& [name, m] : st.models) {
-    if (m.state != residency::resident) continue;
-    ++resident;
-    for (auto d : m.placement.devices) ++per_device[static_cast<size_t>(d)];
-  }
-  for (size_t d = 0; d < st.devices.size(); ++d)
-    st.opts.obs->device_usage(static_cast<int32_t>(d), st.devices[d].used_bytes,
-                              st.devices[d].usable_bytes, per_device[d]);
-  st.opts.obs->resident_models(resident);
+  auto per_device = l.resident_per_device(&resident);
+  for (size_t d = 0; d < l.device_count(); ++d)
+    self->state.opts.obs->device_usage(static_cast<int32_t>(d), l.device(d).used_bytes,
+                                       l.device(d).slot.usable_bytes, per_device[d]);
+  self->state.opts.obs->resident_models(resident);
 }
 
-std::vector<shard_worker_actor> workers_of(sched_pointer self, const scheduled_model& m) {
+std::vector<shard_worker_actor> workers_of(sched_pointer self, model_id id) {
   std::vector<shard_worker_actor> ws;
-  for (auto d : m.placement.devices)
-    ws.push_back(self->state.devices[static_cast<size_t>(d)].dev.worker);
+  for (auto d : self->state.ledger->model(id).where.devices)
+    ws.push_back(self->state.workers[static_cast<size_t>(d)]);
   return ws;
 }
 
-void finish_waiters(std::vector<load_waiter>& ws, const caf::error* err) {
+void finish(std::vector<load_waiter>& ws, const caf::error* err) {
   auto taken = std::move(ws);
   ws.clear();
   for (auto& w : taken) w(err);
 }
 
-void pump(sched_pointer self);
-void want_loaded(sched_pointer self, const std::string& name, load_waiter w);
-
-/// Gives up on a resident model one of whose devices is gone: what it holds on the
-/// others is freed, and it counts as offloaded (it loads again once all are back).
-void forget(sched_pointer self, const std::string& name) {
-  auto& st = self->state;
-  auto& m = st.models.at(name);
-  for (auto& w : workers_of(self, m))
-    self->request(w, st.opts.load_timeout, evict_atom_v, name)
-        .then([](transfer_report&) {}, [](caf::error&) {});
-  for (size_t k = 0; k < m.placement.devices.size(); ++k)
-    st.devices[static_cast<size_t>(m.placement.devices[k])].used_bytes -= m.placement.bytes[k];
-  m.state = residency::offloaded;
-  log::warn("model {} lost its residency: a device's node is gone", name);
-  publish_usage(self);
+void note_reports(sched_pointer self, const std::vector<transfer_report>& reports) {
+  for (auto& r : reports)
+    if (r.largest_free_bytes >= 0)
+      self->state.ledger->note_largest_free(static_cast<size_t>(r.device),
+                                            static_cast<uint64_t>(r.largest_free_bytes));
 }
 
-void start_evict(sched_pointer self, const std::string& name) {
-  auto& m = self->state.models.at(name);
-  m.state = residency::evicting;
+void pump(sched_pointer self);
+
+/// Frees what a model's shards hold on every worker, ignoring the answers (after a failed
+/// load, or when a device of the model is gone); each worker runs it after its transfers.
+void evict_everywhere(sched_pointer self, model_id id) {
+  auto name = self->state.ledger->model(id).name;
+  for (auto& w : workers_of(self, id))
+    self->request(w, self->state.opts.load_timeout, evict_atom_v, name)
+        .then([](transfer_report&) {}, [](caf::error&) {});
+}
+
+void start_evict(sched_pointer self, model_id id) {
+  auto name = self->state.ledger->model(id).name;
   auto t0 = now_s();
   log::debug("evicting {}", name);
   fan_out_all<transfer_report>(
-      self, workers_of(self, m), self->state.opts.load_timeout,
+      self, workers_of(self, id), self->state.opts.load_timeout,
       [=](std::vector<transfer_report> reports) {
         auto& st = self->state;
-        auto& m = st.models.at(name);
-        for (size_t i = 0; i < m.placement.devices.size(); ++i)
-          st.devices[static_cast<size_t>(m.placement.devices[i])].used_bytes -=
-              m.placement.bytes[i];
-        m.state = residency::offloaded;
-        ++m.evictions;
+        st.ledger->evict_done(id);
+        note_reports(self, reports);
         for (auto& r : reports)
           st.opts.obs->transfer_done(name, r.device, false, r.bytes, t0, r.seconds);
         publish_usage(self);
-        finish_waiters(m.evict_waiters, nullptr);
+        finish(st.waiting[id].evictions, nullptr);
         pump(self);
       },
       [=](caf::error err, size_t i) {
-        auto& m = self->state.models.at(name);
-        log::error("evicting {} failed on device {}: {}", name, m.placement.devices[i],
-                   render(err));
-        if (lost_device(self->state, m) >= 0) {
+        auto& st = self->state;
+        log::error("evicting {} failed on device {}: {}", name,
+                   st.ledger->model(id).where.devices[i], render(err));
+        if (st.ledger->state_of(id) == model_state::unavailable) {
           // Its node is gone, and its copy with it.
-          forget(self, name);
-          finish_waiters(m.evict_waiters, nullptr);
+          evict_everywhere(self, id);
+          st.ledger->forget(id);
+          publish_usage(self);
+          finish(st.waiting[id].evictions, nullptr);
           pump(self);
           return;
         }
-        // The device copy is in an unknown state: keep accounting it as resident.
-        m.state = residency::resident;
+        // The device copy is in an unknown state: it stays accounted as resident.
+        st.ledger->evict_failed(id);
         auto e = make_error(ec::device_error, "evicting " + name + " failed: " + render(err));
-        finish_waiters(m.evict_waiters, &e);
+        finish(st.waiting[id].evictions, &e);
       },
       evict_atom_v, name);
 }
 
-void start_load(sched_pointer self, const std::string& name) {
-  auto& st = self->state;
-  auto& m = st.models.at(name);
-  m.state = residency::loading;
-  for (size_t i = 0; i < m.placement.devices.size(); ++i) {
-    auto& d = st.devices[static_cast<size_t>(m.placement.devices[i])];
-    d.used_bytes += m.placement.bytes[i];
-    ++d.transfers;
-  }
+void start_load(sched_pointer self, model_id id) {
+  auto& m = self->state.ledger->model(id);
+  auto name = m.name;
   publish_usage(self);
   auto t0 = now_s();
-  log::debug("loading {} ({} bytes over {} devices)", name, m.total_bytes,
-             m.placement.devices.size());
-  auto end_transfers = [=] {
-    auto& st = self->state;
-    for (auto d : st.models.at(name).placement.devices)
-      --st.devices[static_cast<size_t>(d)].transfers;
-  };
+  log::debug("loading {} ({} bytes over {} devices)", name, m.total_bytes, m.where.devices.size());
   fan_out_all<transfer_report>(
-      self, workers_of(self, m), st.opts.load_timeout,
+      self, workers_of(self, id), self->state.opts.load_timeout,
       [=](std::vector<transfer_report> reports) {
-        end_transfers();
         auto& st = self->state;
-        auto& m = st.models.at(name);
-        m.state = residency::resident;
-        ++m.loads;
-        m.last_used_s = now_s();
+        st.ledger->load_done(id, now(self));
+        note_reports(self, reports);
         for (auto& r : reports)
           st.opts.obs->transfer_done(name, r.device, true, r.bytes, t0, r.seconds);
         publish_usage(self);
-        finish_waiters(m.waiters, nullptr);
+        finish(st.waiting[id].loads, nullptr);
         pump(self);
       },
       [=](caf::error err, size_t i) {
-        end_transfers();
         auto& st = self->state;
-        auto& m = st.models.at(name);
-        auto device = m.placement.devices[i];
+        auto device = st.ledger->model(id).where.devices[i];
         log::warn("loading {} failed on device {}: {}", name, device, render(err));
-        // Free whatever arrived elsewhere; each worker runs the evict after its load.
-        for (auto& w : workers_of(self, m))
-          self->request(w, st.opts.load_timeout, evict_atom_v, name)
-              .then([](transfer_report&) {}, [](caf::error&) {});
-        for (size_t k = 0; k < m.placement.devices.size(); ++k)
-          st.devices[static_cast<size_t>(m.placement.devices[k])].used_bytes -=
-              m.placement.bytes[k];
-        m.state = residency::offloaded;
+        // Free whatever arrived elsewhere.
+        evict_everywhere(self, id);
+        st.ledger->load_failed(id);
         publish_usage(self);
         auto code = is(err, ec::out_of_device_memory) ? ec::out_of_device_memory
                     : is(err, ec::unavailable)        ? ec::unavailable
                                                       : ec::device_error;
         auto e = make_error(code, "loading " + name + " failed on device " +
                                       std::to_string(device) + ": " + render(err));
-        finish_waiters(m.waiters, &e);
+        finish(st.waiting[id].loads, &e);
         pump(self);
       },
       load_atom_v, name);
 }
 
-/// What keeps a model from ever fitting, or an empty string.
-std::string never_fits(sched_pointer self, const scheduled_model& m) {
-  auto& st = self->state;
-  for (size_t i = 0; i < m.placement.devices.size(); ++i) {
-    auto d = static_cast<size_t>(m.placement.devices[i]);
-    uint64_t pinned = 0;
-    for (auto& [name, other] : st.models)
-      if (&other != &m && other.pinned && other.state != residency::offloaded) {
-        for (size_t k = 0; k < other.placement.devices.size(); ++k)
-          if (static_cast<size_t>(other.placement.devices[k]) == d)
-            pinned += other.placement.bytes[k];
-      }
-    if (m.placement.bytes[i] + pinned > st.devices[d].usable_bytes)
-      return "model " + m.placement.model + " needs " + std::to_string(m.placement.bytes[i]) +
-             " bytes on device " + std::to_string(d) + ", which has " +
-             std::to_string(st.devices[d].usable_bytes) + " usable bytes" +
-             (pinned > 0 ? " of which pinned models hold " + std::to_string(pinned) : "");
-  }
-  return {};
+/// Registers a caller waiting for `id`'s load.
+void wait_load(sched_pointer self, model_id id, load_waiter w) {
+  self->state.waiting[id].loads.push_back(std::move(w));
 }
 
-enum class plan { start, wait, evicting };
-
-/// Frees room for `m` if it can: evicts victims chosen by the policy when together they
-/// cover every short device; otherwise waits (leases end, loads finish).
-plan make_room(sched_pointer self, scheduled_model& m) {
-  auto& st = self->state;
-  std::map<size_t, int64_t> short_bytes;
-  for (size_t i = 0; i < m.placement.devices.size(); ++i) {
-    auto d = static_cast<size_t>(m.placement.devices[i]);
-    auto& acc = st.devices[d];
-    auto free_bytes = static_cast<int64_t>(acc.usable_bytes) - static_cast<int64_t>(acc.used_bytes);
-    auto need = static_cast<int64_t>(m.placement.bytes[i]) - free_bytes;
-    if (need > 0) short_bytes[d] = need;
-  }
-  if (short_bytes.empty()) return plan::start;
-  // Evictions already under way count as freed.
-  for (auto& [name, other] : st.models)
-    if (other.state == residency::evicting)
-      for (size_t k = 0; k < other.placement.devices.size(); ++k) {
-        auto it = short_bytes.find(static_cast<size_t>(other.placement.devices[k]));
-        if (it != short_bytes.end()) it->second -= static_cast<int64_t>(other.placement.bytes[k]);
-      }
-  bool covered = true;
-  for (auto& [d, b] : short_bytes) covered = covered && b <= 0;
-  if (covered) return plan::evicting;
-  // Victims by the policy among the lease-free models first (they can go now); when
-  // they do not cover, more among the leased ones, and then all of them drain (no new
-  // leases) so that this load gets its turn.
-  auto now = now_s();
-  std::vector<std::string> victims;
-  auto choose = [&](bool leased) {
-    std::vector<victim_candidate> cands;
-    for (auto& [name, other] : st.models) {
-      if (&other == &m || other.state != residency::resident || other.pinned ||
-          (other.leases > 0) != leased)
-        continue;
-      uint64_t freed = 0;
-      double slowest = 0;
-      for (size_t k = 0; k < other.placement.devices.size(); ++k) {
-        auto d = static_cast<size_t>(other.placement.devices[k]);
-        if (short_bytes.count(d) > 0) freed += other.placement.bytes[k];
-        auto gbps = st.devices[d].dev.link_gbps > 0 ? st.devices[d].dev.link_gbps : 10.0;
-        slowest = std::max(slowest, static_cast<double>(other.placement.bytes[k]) / (gbps * 1e9));
-      }
-      if (freed > 0)
-        cands.push_back({name, freed, now - other.last_used_s, slowest, other.demand.rate(now)});
-    }
-    for (auto i : st.policy->order(cands)) {
-      auto& v = st.models.at(cands[i].model);
-      bool helps = false;
-      for (size_t k = 0; k < v.placement.devices.size(); ++k) {
-        auto it = short_bytes.find(static_cast<size_t>(v.placement.devices[k]));
-        if (it != short_bytes.end() && it->second > 0) {
-          helps = true;
-          it->second -= static_cast<int64_t>(v.placement.bytes[k]);
-        }
-      }
-      if (helps) victims.push_back(cands[i].model);
-      covered = true;
-      for (auto& [d, b] : short_bytes) covered = covered && b <= 0;
-      if (covered) return;
-    }
-  };
-  choose(false);
-  if (covered) {
-    for (auto& v : victims) start_evict(self, v);
-    return plan::evicting;
-  }
-  choose(true);
-  if (covered)
-    for (auto& v : victims) st.models.at(v).draining = true;
-  return plan::wait;
-}
-
-/// Starts what can start among the models waiting to load, oldest first. A model that
-/// has to wait reserves its devices, so later models cannot take the room it waits for.
+/// Runs the ledger's pass and carries out what it decided, until nothing more follows
+/// (a drain called off may queue another load).
 void pump(sched_pointer self) {
   auto& st = self->state;
-  // Drains are decided afresh by this pass; leases held back for models no longer
-  // draining are handed out at its end.
-  for (auto& [name, m] : st.models) m.draining = false;
-  std::set<int32_t> reserved;
-  std::deque<std::string> still;
-  while (!st.pending.empty()) {
-    auto name = std::move(st.pending.front());
-    st.pending.pop_front();
-    auto& m = st.models.at(name);
-    if (m.state == residency::resident || m.state == residency::loading) {
-      m.queued = false;
-      continue;
+  for (;;) {
+    auto d = st.ledger->pump(now(self));
+    if (d.empty()) return;
+    for (auto id : d.evictions) start_evict(self, id);
+    for (auto id : d.loads) start_load(self, id);
+    for (auto& [id, why] : d.refused) {
+      auto e = to_error(why);
+      finish(st.waiting[id].loads, &e);
     }
-    if (m.waiters.empty()) {
-      m.queued = false;  // every waiter gave up
-      continue;
-    }
-    if (auto d = lost_device(st, m); d >= 0) {
-      m.queued = false;
-      auto e = unavailable_error(m, d);
-      finish_waiters(m.waiters, &e);
-      continue;
-    }
-    if (auto why = never_fits(self, m); !why.empty()) {
-      m.queued = false;
-      auto e = make_error(ec::out_of_device_memory, why);
-      finish_waiters(m.waiters, &e);
-      continue;
-    }
-    bool blocked = m.state == residency::evicting;
-    for (auto d : m.placement.devices)
-      blocked = blocked || reserved.count(d) > 0 ||
-                st.devices[static_cast<size_t>(d)].transfers >= st.opts.max_transfers_per_link;
-    if (!blocked && make_room(self, m) == plan::start) {
-      m.queued = false;
-      start_load(self, name);
-      continue;
-    }
-    for (auto d : m.placement.devices) reserved.insert(d);
-    still.push_back(std::move(name));
-  }
-  st.pending = std::move(still);
-  std::vector<std::pair<std::string, std::vector<held_lease>>> released;
-  for (auto& [name, m] : st.models)
-    if (!m.draining && !m.held.empty()) released.emplace_back(name, std::move(m.held));
-  for (auto& [name, held] : released) {
-    auto& m = st.models.at(name);
-    m.held.clear();
-    if (m.state == residency::resident) {
-      for (auto& h : held) h(nullptr, false);
-    } else {
+    bool again = false;
+    for (auto id : d.undrained) {
+      auto held = std::move(st.waiting[id].held);
+      st.waiting[id].held.clear();
+      if (st.ledger->model(id).state == model_state::resident) {
+        for (auto& h : held) {
+          st.ledger->grant(id, now(self));
+          h(nullptr, false);
+        }
+        continue;
+      }
       // Evicted meanwhile: these requests wait for it to come back, like any other.
-      for (auto& h : held) want_loaded(self, name, [h](const caf::error* err) { h(err, true); });
+      for (auto& h : held) wait_load(self, id, [h](const caf::error* err) { h(err, true); });
+      if (!st.ledger->want(id)) {
+        auto e = make_error(ec::unavailable, st.ledger->unavailable_reason(id));
+        finish(st.waiting[id].loads, &e);
+      }
+      again = true;
     }
+    if (!again) return;
   }
-}
-
-void want_loaded(sched_pointer self, const std::string& name, load_waiter w) {
-  auto& m = self->state.models.at(name);
-  m.waiters.push_back(std::move(w));
-  if (m.state == residency::loading || m.queued) return;
-  m.queued = true;
-  self->state.pending.push_back(name);
-  pump(self);
 }
 
 swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
-                                                   std::vector<scheduler_device> devices,
-                                                   swap_scheduler_options opts,
-                                                   std::shared_ptr<eviction_policy> policy) {
+                                                   std::shared_ptr<sched::ledger> ledger,
+                                                   std::vector<shard_worker_actor> workers,
+                                                   swap_scheduler_options opts) {
   auto& st = self->state;
-  for (auto& d : devices) st.devices.push_back({d, d.capacity_bytes - opts.workspace_bytes, 0, 0});
+  st.ledger = std::move(ledger);
+  st.workers = std::move(workers);
   st.opts = std::move(opts);
-  st.policy = std::move(policy);
   publish_usage(self);
-  auto find = [=](const std::string& name) -> scheduled_model* {
-    auto i = self->state.models.find(name);
-    return i == self->state.models.end() ? nullptr : &i->second;
-  };
+  auto find = [=](const std::string& name) { return self->state.ledger->find(name); };
   auto unknown = [](const std::string& name) {
     return make_error(ec::unknown_model, "no model named " + name);
+  };
+  auto unavailable = [=](model_id id) {
+    return make_error(ec::unavailable, self->state.ledger->unavailable_reason(id));
   };
   return {
       [=](register_atom, model_placement& p) -> caf::result<bool> {
         auto& st = self->state;
-        if (p.devices.empty() || p.devices.size() != p.bytes.size())
-          return make_error(ec::invalid_configuration, "placement of " + p.model + " is malformed");
-        for (auto d : p.devices)
-          if (d < 0 || static_cast<size_t>(d) >= st.devices.size())
-            return make_error(ec::invalid_configuration,
-                              "placement of " + p.model + " names device " + std::to_string(d));
-        if (auto i = st.models.find(p.model); i != st.models.end()) {
-          if (i->second.placement.devices == p.devices && i->second.placement.bytes == p.bytes)
-            return true;
-          return make_error(ec::invalid_state,
-                            "model " + p.model + " is registered with another placement");
-        }
-        auto& m = st.models[p.model];
-        m.placement = p;
-        m.pinned = p.pinned;
-        for (auto b : p.bytes) m.total_bytes += b;
+        sched::refusal why;
+        auto id = st.ledger->add(p.model, {p.devices, p.bytes, p.pinned, p.priority}, &why);
+        if (!id) return to_error(why);
+        if (st.waiting.size() <= *id) st.waiting.resize(*id + 1);
         return true;
       },
       [=](acquire_atom, std::string& name) -> caf::result<lease> {
-        auto m = find(name);
-        if (!m) return unknown(name);
-        if (auto d = lost_device(self->state, *m); d >= 0) return unavailable_error(*m, d);
-        if (m->state == residency::resident && !m->draining) {
-          ++m->leases;
-          m->last_used_s = now_s();
-          return lease{name, false, 0};
-        }
+        auto id = find(name);
+        if (!id) return unknown(name);
+        auto& st = self->state;
+        auto t0 = now(self);
+        auto result = st.ledger->acquire(*id, t0);
+        if (result == sched::acquire_result::granted) return lease{name, false, 0};
+        if (result == sched::acquire_result::unavailable) return unavailable(*id);
         auto rp = self->make_response_promise<lease>();
-        auto t0 = now_s();
+        auto m = *id;
         held_lease grant = [=](const caf::error* err, bool loaded) mutable {
           if (err) {
             rp.deliver(*err);
             return;
           }
-          auto& m = self->state.models.at(name);
-          ++m.leases;
-          m.last_used_s = now_s();
-          rp.deliver(lease{name, loaded, (now_s() - t0) * 1e3});
+          if (loaded) self->state.ledger->grant(m, now(self));
+          rp.deliver(lease{name, loaded, sched::seconds_between(t0, now(self)) * 1e3});
         };
-        if (m->state == residency::resident)  // draining: wait for the verdict
-          m->held.push_back(std::move(grant));
-        else
-          want_loaded(self, name, [grant](const caf::error* err) mutable { grant(err, true); });
+        if (result == sched::acquire_result::wait_drain) {
+          st.waiting[m].held.push_back(std::move(grant));
+        } else {
+          wait_load(self, m, [grant](const caf::error* err) mutable { grant(err, true); });
+          pump(self);
+        }
         return rp;
       },
       [=](release_atom, std::string& name) {
-        auto m = find(name);
-        if (!m || m->leases == 0) {
+        auto id = find(name);
+        bool last = false;
+        if (!id || !self->state.ledger->release(*id, now(self), &last)) {
           log::warn("release of {} without a lease", name);
           return;
         }
-        --m->leases;
-        m->last_used_s = now_s();
-        if (m->leases == 0) pump(self);
+        if (last) pump(self);
       },
       [=](load_atom, std::string& name) -> caf::result<residency_report> {
-        auto m = find(name);
-        if (!m) return unknown(name);
-        if (auto d = lost_device(self->state, *m); d >= 0) return unavailable_error(*m, d);
-        if (m->state == residency::resident) return report_of(self->state, *m);
+        auto id = find(name);
+        if (!id) return unknown(name);
+        auto& st = self->state;
+        auto state = st.ledger->state_of(*id);
+        if (state == model_state::unavailable) return unavailable(*id);
+        if (state == model_state::resident) return report_of(self, *id);
         auto rp = self->make_response_promise<residency_report>();
-        want_loaded(self, name, [=](const caf::error* err) mutable {
+        auto m = *id;
+        wait_load(self, m, [=](const caf::error* err) mutable {
           if (err)
             rp.deliver(*err);
           else
-            rp.deliver(report_of(self->state, self->state.models.at(name)));
+            rp.deliver(report_of(self, m));
         });
+        st.ledger->want(m);
+        pump(self);
         return rp;
       },
       [=](unload_atom, std::string& name) -> caf::result<residency_report> {
-        auto m = find(name);
-        if (!m) return unknown(name);
-        if (m->state == residency::offloaded) return report_of(self->state, *m);
-        if (m->leases > 0)
-          return make_error(ec::invalid_state, "model " + name + " has " +
-                                                   std::to_string(m->leases) +
-                                                   " batches in flight; retry when they end");
-        if (m->state == residency::loading)
-          return make_error(ec::invalid_state,
-                            "model " + name + " is loading; retry when it is resident");
+        auto id = find(name);
+        if (!id) return unknown(name);
+        auto& st = self->state;
+        if (st.ledger->model(*id).state == model_state::offloaded) return report_of(self, *id);
+        bool start = false;
+        if (auto why = st.ledger->begin_unload(*id, &start)) return to_error(*why);
         auto rp = self->make_response_promise<residency_report>();
-        m->evict_waiters.push_back([=](const caf::error* err) mutable {
+        auto m = *id;
+        st.waiting[m].evictions.push_back([=](const caf::error* err) mutable {
           if (err)
             rp.deliver(*err);
           else
-            rp.deliver(report_of(self->state, self->state.models.at(name)));
+            rp.deliver(report_of(self, m));
         });
-        if (m->state == residency::resident) start_evict(self, name);
+        if (start) start_evict(self, m);
         return rp;
       },
       [=](pin_atom, std::string& name, bool pinned) -> caf::result<residency_report> {
-        auto m = find(name);
-        if (!m) return unknown(name);
-        m->pinned = pinned;
+        auto id = find(name);
+        if (!id) return unknown(name);
+        self->state.ledger->pin(*id, pinned);
         if (!pinned) pump(self);
-        return report_of(self->state, *m);
+        return report_of(self, *id);
       },
       [=](demand_atom, std::string& name, uint32_t n) {
-        if (auto m = find(name)) m->demand.note(n, now_s());
+        if (auto id = find(name)) self->state.ledger->note_demand(*id, n, now(self));
       },
       [=](status_atom) {
         std::vector<residency_report> out;
-        for (auto& [name, m] : self->state.models) out.push_back(report_of(self->state, m));
+        for (model_id id = 0; id < self->state.ledger->model_count(); ++id)
+          out.push_back(report_of(self, id));
         return out;
       },
       [=](lost_atom, std::vector<int32_t>& devs) {
         auto& st = self->state;
-        for (auto d : devs) st.lost.insert(d);
-        std::vector<std::string> gone;
-        for (auto& [name, m] : st.models)
-          if (m.state == residency::resident && lost_device(st, m) >= 0) gone.push_back(name);
-        for (auto& name : gone) forget(self, name);
+        for (auto id : st.ledger->lose(devs)) {
+          // What it holds on the other devices is freed; it loads again once all are back.
+          evict_everywhere(self, id);
+          st.ledger->forget(id);
+          log::warn("model {} lost its residency: a device's node is gone",
+                    st.ledger->model(id).name);
+        }
+        publish_usage(self);
         // Loads and evictions in flight fail by themselves (the guards answer at once).
         pump(self);
       },
       [=](policy_atom, std::string& name) -> caf::result<std::string> {
         auto& st = self->state;
-        if (name.empty() || name == st.opts.policy) return st.opts.policy;
-        auto p = make_eviction_policy(name);
-        if (!p) return p.error();
-        st.policy = std::shared_ptr<eviction_policy>(std::move(*p));
+        if (name.empty() || name == st.ledger->options().policy) return st.ledger->options().policy;
+        if (auto why = st.ledger->set_policy(name)) return to_error(*why);
         st.opts.policy = name;
         log::info("eviction policy is now {}", name);
         return name;
       },
       [=](found_atom, std::vector<int32_t>& devs) {
-        auto& st = self->state;
-        for (auto d : devs) st.lost.erase(d);
+        self->state.ledger->find_devices(devs);
         pump(self);
       },
       [=](report_atom) {
-        auto& st = self->state;
+        auto& l = *self->state.ledger;
         caf::settings out;
-        out["policy"] = caf::config_value{st.opts.policy};
+        out["policy"] = caf::config_value{l.options().policy};
         caf::config_value::list models;
-        for (auto& [name, m] : st.models) {
-          auto r = report_of(st, m);
+        for (model_id id = 0; id < l.model_count(); ++id) {
+          auto r = report_of(self, id);
           caf::settings x;
-          x["model"] = caf::config_value{name};
+          x["model"] = caf::config_value{r.model};
           x["state"] = caf::config_value{r.state};
           x["bytes"] = caf::config_value{static_cast<int64_t>(r.bytes)};
           x["leases"] = caf::config_value{static_cast<int64_t>(r.leases)};
@@ -570,25 +380,29 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
         }
         out["models"] = caf::config_value{std::move(models)};
         caf::config_value::list devices;
-        for (size_t d = 0; d < st.devices.size(); ++d) {
+        for (size_t d = 0; d < l.device_count(); ++d) {
+          auto& a = l.device(d);
           caf::settings x;
           x["device"] = caf::config_value{static_cast<int64_t>(d)};
-          x["usable-bytes"] = caf::config_value{static_cast<int64_t>(st.devices[d].usable_bytes)};
-          x["used-bytes"] = caf::config_value{static_cast<int64_t>(st.devices[d].used_bytes)};
-          x["transfers"] = caf::config_value{static_cast<int64_t>(st.devices[d].transfers)};
-          x["lost"] = caf::config_value{st.lost.count(static_cast<int32_t>(d)) > 0};
+          x["usable-bytes"] = caf::config_value{static_cast<int64_t>(a.slot.usable_bytes)};
+          x["used-bytes"] = caf::config_value{static_cast<int64_t>(a.used_bytes)};
+          x["transfers"] = caf::config_value{static_cast<int64_t>(a.transfers)};
+          x["lost"] = caf::config_value{a.lost};
+          if (a.largest_free_bytes)
+            x["largest-free-bytes"] =
+                caf::config_value{static_cast<int64_t>(*a.largest_free_bytes)};
           devices.emplace_back(std::move(x));
         }
         out["devices"] = caf::config_value{std::move(devices)};
-        out["pending-loads"] = caf::config_value{static_cast<int64_t>(st.pending.size())};
+        out["pending-loads"] = caf::config_value{static_cast<int64_t>(l.pending_loads())};
         return out;
       },
       [=](devices_atom) {
         std::vector<device_usage> out;
-        auto& st = self->state;
-        for (size_t d = 0; d < st.devices.size(); ++d)
-          out.push_back({static_cast<int32_t>(d), st.devices[d].usable_bytes,
-                         st.devices[d].used_bytes, st.devices[d].transfers});
+        auto& l = *self->state.ledger;
+        for (size_t d = 0; d < l.device_count(); ++d)
+          out.push_back({static_cast<int32_t>(d), l.device(d).slot.usable_bytes,
+                         l.device(d).used_bytes, l.device(d).transfers});
         return out;
       },
   };
@@ -600,19 +414,24 @@ caf::expected<swap_scheduler_actor> spawn_swap_scheduler(caf::actor_system& sys,
                                                          std::vector<scheduler_device> devices,
                                                          swap_scheduler_options opts) {
   if (devices.empty()) return make_error(ec::invalid_configuration, "scheduler without devices");
-  auto policy = make_eviction_policy(opts.policy);
-  if (!policy) return policy.error();
-  if (opts.max_transfers_per_link == 0)
-    return make_error(ec::invalid_configuration, "max_transfers_per_link must be at least 1");
-  for (auto& d : devices)
+  std::vector<sched::device_slot> slots;
+  std::vector<shard_worker_actor> workers;
+  for (auto& d : devices) {
     if (opts.workspace_bytes >= d.capacity_bytes)
       return make_error(ec::invalid_configuration,
                         "workspace of " + std::to_string(opts.workspace_bytes) +
                             " bytes leaves nothing of a " + std::to_string(d.capacity_bytes) +
                             "-byte device");
+    slots.push_back({d.capacity_bytes - opts.workspace_bytes, d.link_gbps});
+    workers.push_back(d.worker);
+  }
+  sched::refusal why;
+  auto ledger =
+      sched::ledger::make(std::move(slots), {opts.policy, opts.max_transfers_per_link}, &why);
+  if (!ledger) return to_error(why);
   if (!opts.obs) opts.obs = null_observer();
-  return sys.spawn(swap_scheduler, std::move(devices), std::move(opts),
-                   std::shared_ptr<eviction_policy>(std::move(*policy)));
+  return sys.spawn(swap_scheduler, std::shared_ptr<sched::ledger>(std::move(ledger)),
+                   std::move(workers), std::move(opts));
 }
 
 }  // namespace computron::actors

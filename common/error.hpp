@@ -6,37 +6,16 @@
 #include <caf/atom.hpp>
 #include <caf/error.hpp>
 
+#include "common/error_code.hpp"
+
 namespace caf {
 class actor_system_config;
 }
 
 namespace computron {
 
-/// Every failure Computron reports. One category ("computron") registered with CAF so
-/// that errors render the same in logs, HTTP replies and across the network.
-enum class ec : uint8_t {
-  /// Never returned: CAF reserves 0 for "no error".
-  none = 0,
-  unspecified,
-  unknown_model,
-  not_resident,
-  out_of_device_memory,
-  out_of_host_memory,
-  overloaded,
-  deadline_exceeded,
-  device_error,
-  invalid_request,
-  invalid_configuration,
-  invalid_state,
-  io_error,
-  unavailable,
-};
-
 /// The CAF error category of `ec` (at most 10 characters, an atom in CAF 0.17).
 constexpr caf::atom_value error_category = caf::atom("computron");
-
-/// Name of an error code, e.g. "out_of_device_memory".
-const char* to_string(ec code);
 
 /// An error without context; lets CAF convert `ec` values implicitly.
 caf::error make_error(ec code);

@@ -32,4 +32,9 @@ struct experiment_options {
 int run_experiment1(const experiment_options& opts);
 int run_experiment2(const experiment_options& opts);
 
+/// `computron bench sim`: experiment 1 and every experiment-2 cell on the runtime (through
+/// bench exp1/exp2) and in the simulator with the same configs, arrivals and seeds, side
+/// by side: the simulator's fidelity.
+int run_sim_fidelity(const experiment_options& opts);
+
 }  // namespace computron::app

@@ -69,79 +69,65 @@ class progress_bar {
 
 }  // namespace
 
-int run_loadgen_cli(const loadgen_cli& cli) {
-  auto at = net::parse_url(cli.url);
-  if (!at) return usage(render(at.error()));
-  if (cli.prompt_len < 1) return usage("--prompt-len must be at least 1");
-  if (cli.max_tokens < 1) return usage("--max-tokens must be at least 1");
-  if (!(cli.slo_s >= 0) || !std::isfinite(cli.slo_s))
-    return usage("--slo must be 0 or more seconds");
-  if (cli.max_connections < 1) return usage("--max-connections must be at least 1");
-  if (!(cli.timeout_s > 0)) return usage("--timeout must be positive");
+std::string check_workload_flags(const loadgen_cli& cli) {
+  if (cli.prompt_len < 1) return "--prompt-len must be at least 1";
+  if (cli.max_tokens < 1) return "--max-tokens must be at least 1";
+  if (!(cli.slo_s >= 0) || !std::isfinite(cli.slo_s)) return "--slo must be 0 or more seconds";
   if (!cli.trace.empty() &&
       (!cli.models.empty() || !cli.rates.empty() || cli.power_law_alpha || cli.total_rate))
-    return usage(
-        "--trace replays a file: it takes no --models, --rates, --power-law or --total-rate");
+    return "--trace replays a file: it takes no --models, --rates, --power-law or --total-rate";
   if (!cli.rates.empty() && (cli.power_law_alpha || cli.total_rate))
-    return usage("give either --rates or --power-law/--total-rate, not both");
-  if (cli.power_law_alpha && !cli.total_rate) return usage("--power-law needs --total-rate");
+    return "give either --rates or --power-law/--total-rate, not both";
+  if (cli.power_law_alpha && !cli.total_rate) return "--power-law needs --total-rate";
+  if (!(cli.cv >= 0) || !std::isfinite(cli.cv)) return "--cv must be 0 or more";
+  if (!(cli.duration_s > 0) || !std::isfinite(cli.duration_s))
+    return "--duration must be a positive number of seconds";
+  return {};
+}
 
-  // Everything that can be checked without the server is checked first.
+caf::expected<workload::schedule> make_schedule(const loadgen_cli& cli,
+                                                const std::vector<std::string>& known,
+                                                std::string* described_json) {
+  auto bad = [](std::string why) { return make_error(ec::invalid_request, std::move(why)); };
+  if (auto why = check_workload_flags(cli); !why.empty()) return bad(why);
   workload::schedule sched;
   json described;
   if (!cli.trace.empty()) {
     auto s = workload::read_trace(cli.trace);
-    if (!s) return usage(render(s.error()));
+    if (!s) return s.error();
     sched = std::move(*s);
     described = {{"kind", "trace"}, {"file", cli.trace}, {"arrivals", sched.arrivals.size()}};
-  }
-  std::vector<double> rates;
-  if (!cli.rates.empty()) {
-    auto r = workload::parse_numbers(cli.rates, "--rates");
-    if (!r) return usage(render(r.error()));
-    rates = *r;
-    for (auto x : rates)
-      if (!(x >= 0)) return usage(fmt::format("--rates: {} is negative; rates are 0 or more", x));
-  }
-  if (!(cli.cv >= 0) || !std::isfinite(cli.cv)) return usage("--cv must be 0 or more");
-  if (!(cli.duration_s > 0) || !std::isfinite(cli.duration_s))
-    return usage("--duration must be a positive number of seconds");
-  std::vector<std::string> names;
-  if (!cli.models.empty()) {
-    auto m = workload::split_list(cli.models, "--models");
-    if (!m) return usage(render(m.error()));
-    names = *m;
-  }
-  if (!names.empty() && !rates.empty() && rates.size() != names.size())
-    return usage(
-        fmt::format("{} rates for {} models: give one rate per model", rates.size(), names.size()));
-
-  auto served =
-      net::discover(*at, std::chrono::milliseconds(static_cast<int64_t>(cli.wait_ready_s * 1000)));
-  if (!served) {
-    std::cerr << "computron loadgen: " << render(served.error()) << '\n';
-    return exit_unreachable;
-  }
-  std::vector<std::string> known;
-  for (auto& m : *served) known.push_back(m.name);
-
-  if (cli.trace.empty()) {
-    if (names.empty()) names = known;
-    if (names.empty()) {
-      std::cerr << "computron loadgen: the server has no models\n";
-      return exit_unreachable;
+  } else {
+    std::vector<double> rates;
+    if (!cli.rates.empty()) {
+      auto r = workload::parse_numbers(cli.rates, "--rates");
+      if (!r) return r.error();
+      rates = *r;
+      for (auto x : rates)
+        if (!(x >= 0)) return bad(fmt::format("--rates: {} is negative; rates are 0 or more", x));
     }
+    std::vector<std::string> names;
+    if (!cli.models.empty()) {
+      auto m = workload::split_list(cli.models, "--models");
+      if (!m) return m.error();
+      names = *m;
+    }
+    if (!names.empty() && !rates.empty() && rates.size() != names.size())
+      return bad(fmt::format("{} rates for {} models: give one rate per model", rates.size(),
+                             names.size()));
+    if (names.empty()) names = known;
+    if (names.empty()) return make_error(ec::unknown_model, "the server has no models");
     if (cli.total_rate) {
       auto r =
           workload::power_law_rates(names.size(), *cli.total_rate, cli.power_law_alpha.value_or(0));
-      if (!r) return usage(render(r.error()));
+      if (!r) return r.error();
       rates = *r;
     } else if (rates.empty()) {
       rates.assign(names.size(), 1.0);  // one request per second per model
     }
     workload::gamma_workload w{names, rates, cli.cv, cli.duration_s, cli.seed};
     auto s = workload::generate(w);
-    if (!s) return usage(render(s.error()));
+    if (!s) return s.error();
     sched = std::move(*s);
     described = {{"kind", "gamma"},
                  {"models", names},
@@ -151,7 +137,53 @@ int run_loadgen_cli(const loadgen_cli& cli) {
                  {"seed", cli.seed}};
     if (cli.power_law_alpha) described["power_law_alpha"] = *cli.power_law_alpha;
   }
-  if (auto err = workload::check_models(sched, known)) return usage(render(err));
+  if (auto err = workload::check_models(sched, known)) return err;
+  if (described_json) *described_json = described.dump();
+  return sched;
+}
+
+int run_loadgen_cli(const loadgen_cli& cli) {
+  auto at = net::parse_url(cli.url);
+  if (!at) return usage(render(at.error()));
+  if (auto why = check_workload_flags(cli); !why.empty()) return usage(why);
+  if (cli.max_connections < 1) return usage("--max-connections must be at least 1");
+  if (!(cli.timeout_s > 0)) return usage("--timeout must be positive");
+  // Everything that can be checked without the server is checked first.
+  if (!cli.trace.empty()) {
+    if (auto s = workload::read_trace(cli.trace); !s) return usage(render(s.error()));
+  } else if (!cli.rates.empty()) {
+    auto r = workload::parse_numbers(cli.rates, "--rates");
+    if (!r) return usage(render(r.error()));
+    for (auto x : *r)
+      if (!(x >= 0)) return usage(fmt::format("--rates: {} is negative; rates are 0 or more", x));
+  }
+  if (!cli.models.empty() && !cli.rates.empty()) {
+    auto m = workload::split_list(cli.models, "--models");
+    auto r = workload::parse_numbers(cli.rates, "--rates");
+    if (m && r && m->size() != r->size())
+      return usage(
+          fmt::format("{} rates for {} models: give one rate per model", r->size(), m->size()));
+  }
+
+  auto served =
+      net::discover(*at, std::chrono::milliseconds(static_cast<int64_t>(cli.wait_ready_s * 1000)));
+  if (!served) {
+    std::cerr << "computron loadgen: " << render(served.error()) << '\n';
+    return exit_unreachable;
+  }
+  std::vector<std::string> known;
+  for (auto& m : *served) known.push_back(m.name);
+  std::string described_text;
+  auto made = make_schedule(cli, known, &described_text);
+  if (!made) {
+    if (is(made.error(), ec::unknown_model) && cli.models.empty() && cli.trace.empty()) {
+      std::cerr << "computron loadgen: the server has no models\n";
+      return exit_unreachable;
+    }
+    return usage(render(made.error()));
+  }
+  auto sched = std::move(*made);
+  auto described = json::parse(described_text);
 
   net::loadgen_options o;
   o.server = *at;

@@ -3,6 +3,11 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
+
+#include <caf/expected.hpp>
+
+#include "workload/arrivals.hpp"
 
 /// `computron loadgen`: an open-loop workload against a running server, with a progress
 /// bar, a summary (table or JSON) and an optional report folder.
@@ -29,6 +34,16 @@ struct loadgen_cli {
   double timeout_s = 300;
   bool progress = true;
 };
+
+/// What is wrong with the workload flags, or empty (no server needed).
+std::string check_workload_flags(const loadgen_cli& cli);
+
+/// The workload the flags describe: a trace, or Gamma arrivals over the named models
+/// (all of `known` when none are named). `described_json` gets a JSON object describing
+/// it for reports. Shared with `computron sim`, so the same flags mean the same requests.
+caf::expected<workload::schedule> make_schedule(const loadgen_cli& cli,
+                                                const std::vector<std::string>& known,
+                                                std::string* described_json);
 
 /// Exit codes: 0 all requests answered 200; 1 the server cannot be reached or the run
 /// cannot start; 2 bad input (flags, trace, unknown models); 3 the run finished but some

@@ -18,6 +18,7 @@
 #include "apps/computron/experiments.hpp"
 #include "apps/computron/loadgen.hpp"
 #include "apps/computron/serve.hpp"
+#include "apps/computron/sim_cli.hpp"
 #include "bench/cluster_bench.hpp"
 #include "bench/forward_bench.hpp"
 #include "bench/runtime_bench.hpp"
@@ -211,7 +212,9 @@ int main(int argc, char** argv) {
       "exp1", "the original's experiment 1 (swap scaling over TP x PP) against a real server");
   auto exp2_cmd = bench_cmd->add_subcommand(
       "exp2", "the original's experiment 2 (18 Gamma workloads) against a real server");
-  for (auto* c : {exp1_cmd, exp2_cmd}) {
+  auto simfid_cmd = bench_cmd->add_subcommand(
+      "sim", "the simulator against the runtime: experiment 1 and every experiment-2 cell");
+  for (auto* c : {exp1_cmd, exp2_cmd, simfid_cmd}) {
     c->add_option("--factor", exp.factor, "model bytes and link bandwidth divided by this")
         ->capture_default_str();
     c->add_option("--seed", exp.seed, "seed of weights, arrivals and prompts")
@@ -219,11 +222,13 @@ int main(int argc, char** argv) {
     c->add_option("--out", exp.out_dir, "keep server configs and reports here");
     c->add_flag("--json", exp.json, "print one JSON object");
   }
-  exp2_cmd->add_option("--duration", exp.duration_s, "seconds of arrivals per cell")
-      ->capture_default_str();
-  exp2_cmd->add_option("--policy", exp.policy, "eviction policy of the server (lru, cost)")
-      ->capture_default_str();
-  exp2_cmd->add_option("--only", exp.only, "run only cells whose label contains this");
+  for (auto* c : {exp2_cmd, simfid_cmd}) {
+    c->add_option("--duration", exp.duration_s, "seconds of arrivals per cell")
+        ->capture_default_str();
+    c->add_option("--only", exp.only, "run only cells whose label contains this");
+    c->add_option("--policy", exp.policy, "eviction policy of the server (lru, cost)")
+        ->capture_default_str();
+  }
   exp2_cmd->add_option("--batch-window-ms", exp.batch_window_ms, "server's batch window")
       ->capture_default_str()
       ->check(CLI::Range(0, 1000));
@@ -360,6 +365,43 @@ int main(int argc, char** argv) {
   bool lg_no_progress = false;
   lg_cmd->add_flag("--no-progress", lg_no_progress, "no progress bar on stderr");
 
+  // sim
+  auto sim_cmd = app.add_subcommand(
+      "sim", "simulate a serve config under a loadgen workload (no server, no weights)");
+  app::sim_cli sim;
+  double sim_alpha = 0, sim_total = 0;
+  sim_cmd->add_option("--config", sim.config, "serve config (default: serve's built-in one)");
+  sim_cmd->add_option("--repository", sim.repository, "model repository folder");
+  sim_cmd->add_option("--models", sim.workload.models, "comma list of models (default: all)");
+  sim_cmd->add_option("--rates", sim.workload.rates, "requests/s per model, comma list");
+  sim_cmd->add_option("--cv", sim.workload.cv, "coefficient of variation of the gaps")
+      ->capture_default_str();
+  sim_cmd->add_option("--duration", sim.workload.duration_s, "seconds of arrivals")
+      ->capture_default_str();
+  sim_cmd->add_option("--seed", sim.workload.seed, "seed of arrivals")->capture_default_str();
+  sim_cmd->add_option("--trace", sim.workload.trace, "replay a CSV trace");
+  auto sim_alpha_opt =
+      sim_cmd->add_option("--power-law", sim_alpha, "skew rates as (i+1)^-ALPHA over the models");
+  auto sim_total_opt = sim_cmd->add_option("--total-rate", sim_total, "requests/s over all models");
+  sim_cmd->add_option("--prompt-len", sim.workload.prompt_len, "prompt tokens per request")
+      ->capture_default_str();
+  sim_cmd->add_option("--max-tokens", sim.workload.max_tokens, "tokens generated per request")
+      ->capture_default_str();
+  sim_cmd->add_option("--slo", sim.workload.slo_s, "latency SLO in seconds");
+  sim_cmd->add_flag("--json", sim.workload.json, "print the summary as one JSON object");
+  sim_cmd->add_option("--report", sim.workload.report_dir,
+                      "write summary.json, requests.csv and SVG plots into this folder");
+  sim_cmd->add_option("--profile", sim.profile, "cost model: emulated or a100")
+      ->capture_default_str();
+  sim_cmd->add_option("--cost", sim.cost_file, "JSON object of cost-model fields");
+  sim_cmd->add_option("--calibrate", sim.calibrate,
+                      "a running server's URL (its /metrics) or a bench exp1 --json file");
+  sim_cmd->add_option("--tflops", sim.tflops, "OPT compute per device, TFLOP/s");
+  sim_cmd->add_option("--capacity-gb", sim.capacity_gb, "GB per device (CUDA configs)");
+  sim_cmd->add_option("--link-gbps", sim.link_gbps, "link GB/s per device (CUDA configs)");
+  sim_cmd->add_flag("--warm-up", sim.warm_up,
+                    "one request per model, in order, before the arrivals (as bench exp2)");
+
   // generate
   auto gen_cmd = app.add_subcommand(
       "generate", "generate directly from one model (no server): the reference output");
@@ -459,6 +501,7 @@ int main(int argc, char** argv) {
   }
   if (*exp1_cmd) return app::run_experiment1(exp);
   if (*exp2_cmd) return app::run_experiment2(exp);
+  if (*simfid_cmd) return app::run_sim_fidelity(exp);
   if (*devices_cmd) return run_devices(dev_opts, devices_json);
   if (*serve_cmd) {
     auto cfg = serve_config_path.empty()
@@ -508,6 +551,11 @@ int main(int argc, char** argv) {
     if (lg_total_opt->count() > 0) lg.total_rate = lg_total;
     lg.progress = !lg_no_progress;
     return app::run_loadgen_cli(lg);
+  }
+  if (*sim_cmd) {
+    if (sim_alpha_opt->count() > 0) sim.workload.power_law_alpha = sim_alpha;
+    if (sim_total_opt->count() > 0) sim.workload.total_rate = sim_total;
+    return app::run_sim_cli(sim);
   }
   if (*gen_cmd) {
     auto repo = app::load_repository(std::filesystem::path{gen_model_dir}.parent_path().string());

@@ -73,7 +73,7 @@ caf::error read_model(const json& j, const std::string& where, const fs::path& b
                       actors::model_config& m) {
   if (auto e = check_keys(j, where,
                           {"name", "kind", "spec", "dtype", "tp", "pp", "devices", "seed",
-                           "weights", "toy_shard_bytes", "toy_compute_ms", "pinned"}))
+                           "weights", "toy_shard_bytes", "toy_compute_ms", "pinned", "priority"}))
     return e;
   std::string weights;
   caf::error e;
@@ -84,7 +84,7 @@ caf::error read_model(const json& j, const std::string& where, const fs::path& b
       (e = read(j, "weights", where, weights)) ||
       (e = read(j, "toy_shard_bytes", where, m.toy_shard_bytes)) ||
       (e = read(j, "toy_compute_ms", where, m.toy_compute_ms)) ||
-      (e = read(j, "pinned", where, m.pinned)))
+      (e = read(j, "pinned", where, m.pinned)) || (e = read(j, "priority", where, m.priority)))
     return e;
   if (!weights.empty()) {
     fs::path p{weights};
@@ -258,7 +258,6 @@ caf::expected<serve_config> load_serve_config(const std::string& path) {
     m.batch_window = std::chrono::milliseconds(window);
     m.max_wait = std::chrono::milliseconds(max_wait);
     m.default_deadline = std::chrono::milliseconds(deadline);
-    c.runtime.frontend.default_deadline = m.default_deadline;
   }
   if (auto f = j->find("frontend"); f != j->end()) {
     auto fw = w + " frontend";

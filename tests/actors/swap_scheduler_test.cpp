@@ -63,9 +63,12 @@ struct scheduler_fixture : deterministic_fixture {
     sched.run();
   }
 
+  /// A batch on the model; the scheduler's clock (the test coordinator's) then moves on
+  /// a millisecond, so recency is well defined.
   void use(const std::string& name) {
     REQUIRE(acquire(name));
     release(name);
+    sched.advance_time(std::chrono::milliseconds(1));
   }
 };
 
@@ -77,7 +80,6 @@ TEST_CASE("LRU evicts the least recently used model counted in bytes", "[actors]
   f.add("b");
   f.add("c");
   f.use("a");
-  f.sched.advance_time(std::chrono::milliseconds(1));
   f.use("b");
   f.use("a");  // a is now more recent than b
   f.use("c");

@@ -3,15 +3,17 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include <caf/expected.hpp>
+#include "sched/clock.hpp"
 
-/// Pluggable decisions, free of actors so that the simulator and tests use the same
-/// classes: which resident model to evict, and which model's queue to serve next.
-namespace computron::actors {
+/// Pluggable decisions: which resident model to evict, and which model's queue to serve
+/// next. Plain classes over plain views, so the runtime, the simulator and tests use the
+/// same ones.
+namespace computron::sched {
 
 /// A resident model that could make room.
 struct victim_candidate {
@@ -24,6 +26,8 @@ struct victim_candidate {
   double reload_s = 0;
   /// Recent arrivals per second.
   double demand_per_s = 0;
+  /// Priority class (config key `priority`): a lower class is always evicted first.
+  int32_t priority = 0;
 };
 
 /// Chooses eviction order.
@@ -31,7 +35,7 @@ class eviction_policy {
  public:
   virtual ~eviction_policy() = default;
   virtual const char* name() const = 0;
-  /// Indices into `c`, first victim first.
+  /// Indices into `c`, first victim first. Every policy honours priority classes first.
   virtual std::vector<size_t> order(const std::vector<victim_candidate>& c) const = 0;
 };
 
@@ -43,8 +47,8 @@ std::unique_ptr<eviction_policy> make_lru_policy();
 /// model goes before a large one that requests keep coming for; ties go to LRU.
 std::unique_ptr<eviction_policy> make_cost_aware_policy();
 
-/// "lru" or "cost"; errors name the accepted values.
-caf::expected<std::unique_ptr<eviction_policy>> make_eviction_policy(std::string_view name);
+/// "lru" or "cost"; a refusal (invalid_configuration) names the accepted values.
+std::unique_ptr<eviction_policy> make_eviction_policy(std::string_view name, refusal* why);
 
 /// A model's queue as the dispatcher sees it.
 struct queue_view {
@@ -53,6 +57,10 @@ struct queue_view {
   double head_age_s = 0;
   size_t queued = 0;
   bool resident = false;
+  /// Seconds until the earliest deadline among its queued requests.
+  double slack_s = 0;
+  /// Priority class: a higher class is served first.
+  int32_t priority = 0;
 };
 
 /// Chooses which model's batch goes next.
@@ -64,31 +72,36 @@ class dispatch_policy {
   virtual std::vector<size_t> order(const std::vector<queue_view>& q) const = 0;
 };
 
-/// Oldest head of queue first (the original's order).
+/// Highest priority class first, then the oldest head (the original's order).
 std::unique_ptr<dispatch_policy> make_fcfs_policy();
 
 /// Resident models first, so that a swap is paid only when no loaded model has work;
-/// a head that waited `max_wait_s` or longer goes first anyway (no starvation).
+/// a head that waited `max_wait_s` or longer goes first anyway (no starvation). Priority
+/// classes order the rest.
 std::unique_ptr<dispatch_policy> make_resident_first_policy(double max_wait_s);
 
-/// "fcfs" or "resident-first".
-caf::expected<std::unique_ptr<dispatch_policy>> make_dispatch_policy(std::string_view name,
-                                                                     double max_wait_s);
+/// Earliest deadline first (SLO-aware): the queue whose most urgent request has the least
+/// slack goes first; priority classes first.
+std::unique_ptr<dispatch_policy> make_edf_policy();
+
+/// "fcfs", "resident-first" or "edf".
+std::unique_ptr<dispatch_policy> make_dispatch_policy(std::string_view name, double max_wait_s,
+                                                      refusal* why);
 
 /// Arrivals per second with exponential decay (time constant `tau_s`): recent demand
 /// without keeping every timestamp.
 class demand_meter {
  public:
   explicit demand_meter(double tau_s = 10.0) : tau_s_(tau_s) {}
-  /// Notes `n` arrivals at time `now_s`.
-  void note(uint32_t n, double now_s);
-  /// The decayed rate at `now_s`.
-  double rate(double now_s) const;
+  /// Notes `n` arrivals at `now`.
+  void note(uint32_t n, time_point now);
+  /// The decayed rate at `now`.
+  double rate(time_point now) const;
 
  private:
   double tau_s_;
   double score_ = 0;
-  double last_s_ = 0;
+  time_point last_{};
 };
 
-}  // namespace computron::actors
+}  // namespace computron::sched

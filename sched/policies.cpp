@@ -1,12 +1,10 @@
-#include "actors/policies.hpp"
+#include "sched/policies.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 
-#include "common/error.hpp"
-
-namespace computron::actors {
+namespace computron::sched {
 
 namespace {
 
@@ -21,8 +19,10 @@ class lru final : public eviction_policy {
   const char* name() const override { return "lru"; }
   std::vector<size_t> order(const std::vector<victim_candidate>& c) const override {
     auto ix = indices(c.size());
-    std::stable_sort(ix.begin(), ix.end(),
-                     [&](size_t a, size_t b) { return c[a].idle_s > c[b].idle_s; });
+    std::stable_sort(ix.begin(), ix.end(), [&](size_t a, size_t b) {
+      if (c[a].priority != c[b].priority) return c[a].priority < c[b].priority;
+      return c[a].idle_s > c[b].idle_s;
+    });
     return ix;
   }
 };
@@ -34,6 +34,7 @@ class cost_aware final : public eviction_policy {
     auto ix = indices(c.size());
     auto cost = [&](size_t i) { return c[i].reload_s * c[i].demand_per_s; };
     std::stable_sort(ix.begin(), ix.end(), [&](size_t a, size_t b) {
+      if (c[a].priority != c[b].priority) return c[a].priority < c[b].priority;
       auto ca = cost(a);
       auto cb = cost(b);
       // Costs within 1% count as equal, so noise in the demand estimate falls back to LRU.
@@ -49,8 +50,10 @@ class fcfs final : public dispatch_policy {
   const char* name() const override { return "fcfs"; }
   std::vector<size_t> order(const std::vector<queue_view>& q) const override {
     auto ix = indices(q.size());
-    std::stable_sort(ix.begin(), ix.end(),
-                     [&](size_t a, size_t b) { return q[a].head_age_s > q[b].head_age_s; });
+    std::stable_sort(ix.begin(), ix.end(), [&](size_t a, size_t b) {
+      if (q[a].priority != q[b].priority) return q[a].priority > q[b].priority;
+      return q[a].head_age_s > q[b].head_age_s;
+    });
     return ix;
   }
 };
@@ -67,6 +70,7 @@ class resident_first final : public dispatch_policy {
     };
     std::stable_sort(ix.begin(), ix.end(), [&](size_t a, size_t b) {
       if (rank(a) != rank(b)) return rank(a) < rank(b);
+      if (q[a].priority != q[b].priority) return q[a].priority > q[b].priority;
       return q[a].head_age_s > q[b].head_age_s;
     });
     return ix;
@@ -74,6 +78,20 @@ class resident_first final : public dispatch_policy {
 
  private:
   double max_wait_s_;
+};
+
+class edf final : public dispatch_policy {
+ public:
+  const char* name() const override { return "edf"; }
+  std::vector<size_t> order(const std::vector<queue_view>& q) const override {
+    auto ix = indices(q.size());
+    std::stable_sort(ix.begin(), ix.end(), [&](size_t a, size_t b) {
+      if (q[a].priority != q[b].priority) return q[a].priority > q[b].priority;
+      if (q[a].slack_s != q[b].slack_s) return q[a].slack_s < q[b].slack_s;
+      return q[a].head_age_s > q[b].head_age_s;
+    });
+    return ix;
+  }
 };
 
 }  // namespace
@@ -86,11 +104,13 @@ std::unique_ptr<eviction_policy> make_cost_aware_policy() {
   return std::make_unique<cost_aware>();
 }
 
-caf::expected<std::unique_ptr<eviction_policy>> make_eviction_policy(std::string_view name) {
+std::unique_ptr<eviction_policy> make_eviction_policy(std::string_view name, refusal* why) {
   if (name == "lru") return make_lru_policy();
   if (name == "cost" || name == "cost-aware") return make_cost_aware_policy();
-  return make_error(ec::invalid_configuration,
-                    "eviction policy must be lru or cost, got '" + std::string{name} + "'");
+  if (why)
+    *why = {ec::invalid_configuration,
+            "eviction policy must be lru or cost, got '" + std::string{name} + "'"};
+  return nullptr;
 }
 
 std::unique_ptr<dispatch_policy> make_fcfs_policy() {
@@ -101,22 +121,28 @@ std::unique_ptr<dispatch_policy> make_resident_first_policy(double max_wait_s) {
   return std::make_unique<resident_first>(max_wait_s);
 }
 
-caf::expected<std::unique_ptr<dispatch_policy>> make_dispatch_policy(std::string_view name,
-                                                                     double max_wait_s) {
+std::unique_ptr<dispatch_policy> make_edf_policy() {
+  return std::make_unique<edf>();
+}
+
+std::unique_ptr<dispatch_policy> make_dispatch_policy(std::string_view name, double max_wait_s,
+                                                      refusal* why) {
   if (name == "fcfs") return make_fcfs_policy();
   if (name == "resident-first") return make_resident_first_policy(max_wait_s);
-  return make_error(
-      ec::invalid_configuration,
-      "dispatch policy must be fcfs or resident-first, got '" + std::string{name} + "'");
+  if (name == "edf") return make_edf_policy();
+  if (why)
+    *why = {ec::invalid_configuration,
+            "dispatch policy must be fcfs, resident-first or edf, got '" + std::string{name} + "'"};
+  return nullptr;
 }
 
-void demand_meter::note(uint32_t n, double now_s) {
-  score_ = score_ * std::exp(-(now_s - last_s_) / tau_s_) + n;
-  last_s_ = now_s;
+void demand_meter::note(uint32_t n, time_point now) {
+  score_ = score_ * std::exp(-seconds_between(last_, now) / tau_s_) + n;
+  last_ = now;
 }
 
-double demand_meter::rate(double now_s) const {
-  return score_ * std::exp(-(now_s - last_s_) / tau_s_) / tau_s_;
+double demand_meter::rate(time_point now) const {
+  return score_ * std::exp(-seconds_between(last_, now) / tau_s_) / tau_s_;
 }
 
-}  // namespace computron::actors
+}  // namespace computron::sched

@@ -1,0 +1,265 @@
+#include "apps/computron/sim_cli.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "actors/opt_engine.hpp"
+#include "common/error.hpp"
+#include "net/http_client.hpp"
+#include "net/loadgen.hpp"
+#include "workload/report.hpp"
+
+namespace computron::app {
+
+namespace {
+
+using json = nlohmann::json;
+
+constexpr int exit_failed = 1;
+constexpr int exit_usage = 2;
+constexpr int exit_some_failed = 3;
+
+int usage(const std::string& why) {
+  std::cerr << "computron sim: " << why << '\n';
+  return exit_usage;
+}
+
+caf::expected<std::string> read_text(const std::string& path) {
+  std::ifstream in{path};
+  if (!in) return make_error(ec::io_error, "cannot read " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+/// Link efficiency and eviction time measured by a running server (its /metrics), over
+/// the links `link_gbps` the sim config gives its devices.
+caf::expected<sim::cost_model> calibrate_from_server(const std::string& url,
+                                                     const sim::sim_config& cfg,
+                                                     sim::cost_model c) {
+  auto at = net::parse_url(url);
+  if (!at) return at.error();
+  auto client = net::http_client::connect(at->host, at->port, std::chrono::seconds(5));
+  if (!client) return client.error();
+  auto r = (*client)->request("GET", "/metrics", {}, std::chrono::seconds(10));
+  if (!r) return r.error();
+  if (r->status != 200)
+    return make_error(ec::io_error, fmt::format("GET {}/metrics answered {}", url, r->status));
+  double bytes = 0, load_s = 0, evictions = 0, evict_s = 0;
+  for (auto& [dev, t] : net::device_traffic(r->body)) {
+    bytes += t.bytes_loaded;
+    load_s += t.load_seconds;
+    evictions += t.evictions;
+    evict_s += t.evict_seconds;
+  }
+  if (load_s > 0 && !cfg.devices.empty()) {
+    double link = cfg.devices.front().link_gbps;
+    c.link_efficiency = std::min(1.0, bytes / load_s / 1e9 / link);
+  }
+  if (evictions > 0) c.evict_s = evict_s / evictions;
+  return c;
+}
+
+/// From `computron bench exp1 --json`: the link efficiency its loads achieved and its
+/// mean eviction time.
+caf::expected<sim::cost_model> calibrate_from_file(const std::string& path, sim::cost_model c) {
+  auto text = read_text(path);
+  if (!text) return text.error();
+  auto j = json::parse(*text, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    return make_error(ec::invalid_request, path + " is not a JSON object");
+  if (j.contains("cost")) return read_cost(j["cost"].dump(), c);
+  if (!j.contains("rows") || !j["rows"].is_array() || j["rows"].empty())
+    return make_error(ec::invalid_request,
+                      path + " has neither \"cost\" nor the \"rows\" of bench exp1 --json");
+  double eff = 0, off = 0;
+  size_t n = 0;
+  for (auto& row : j["rows"]) {
+    eff += row.value("link_efficiency", 0.0);
+    off += row.value("offload_s", 0.0);
+    ++n;
+  }
+  if (eff > 0) c.link_efficiency = std::min(1.0, eff / static_cast<double>(n));
+  if (off > 0) c.evict_s = off / static_cast<double>(n);
+  return c;
+}
+
+}  // namespace
+
+caf::expected<sim::cost_model> read_cost(const std::string& json_text, sim::cost_model c) {
+  auto j = json::parse(json_text, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    return make_error(ec::invalid_request, "the cost model must be a JSON object");
+  std::pair<const char*, double*> fields[] = {{"link_efficiency", &c.link_efficiency},
+                                              {"load_overhead_s", &c.load_overhead_s},
+                                              {"evict_s", &c.evict_s},
+                                              {"stage_overhead_s", &c.stage_overhead_s},
+                                              {"request_overhead_s", &c.request_overhead_s},
+                                              {"lease_overhead_s", &c.lease_overhead_s}};
+  for (auto& [key, value] : j.items()) {
+    bool known = false;
+    for (auto& [name, field] : fields)
+      if (key == name) {
+        if (!value.is_number())
+          return make_error(ec::invalid_request, "cost model: " + key + " must be a number");
+        *field = value.get<double>();
+        known = true;
+      }
+    if (!known) return make_error(ec::invalid_request, "cost model: unknown field '" + key + "'");
+  }
+  return c;
+}
+
+caf::expected<sim::sim_config> sim_config_from(const serve_config& cfg,
+                                               const actors::engine_registry& engines,
+                                               const sim::cost_model& cost, double tflops,
+                                               double capacity_gb, double link_gbps) {
+  auto bad = [](std::string why) { return make_error(ec::invalid_configuration, std::move(why)); };
+  sim::sim_config out;
+  auto& d = cfg.runtime.devices;
+  int count = d.count > 0 ? d.count : 1;
+  uint64_t capacity = d.emulated_capacity_bytes;
+  double link = d.emulated_link_gbps;
+  if (d.kind == "cuda") {
+    capacity = d.cuda_capacity_bytes;
+    link = 0;
+  }
+  if (capacity_gb > 0) capacity = static_cast<uint64_t>(capacity_gb * 1e9);
+  if (link_gbps > 0) link = link_gbps;
+  if (capacity == 0)
+    return bad(
+        "the simulator needs each device's capacity: set devices.capacity_mb or --capacity-gb");
+  if (!(link > 0)) return bad("the simulator needs each device's link rate: --link-gbps");
+  for (int i = 0; i < count; ++i) out.devices.push_back({capacity, link});
+  std::vector<gpu::device_kind> kinds(static_cast<size_t>(count), d.kind == "cuda"
+                                                                      ? gpu::device_kind::cuda
+                                                                      : gpu::device_kind::emulated);
+  out.workspace_bytes = cfg.runtime.scheduler.workspace_bytes;
+  out.scheduler = {cfg.runtime.scheduler.policy, cfg.runtime.scheduler.max_transfers_per_link};
+  out.batching = actors::batching_of(cfg.runtime.manager);
+  out.cost = cost;
+  const double flops = (tflops > 0 ? tflops : 0.05) * 1e12;
+  for (auto model : cfg.models) {
+    model = actors::resolve_dtype(std::move(model), kinds);
+    if (auto err = actors::validate_model(engines, model, kinds)) return err;
+    auto& eng = *engines.at(model.kind);
+    sim::sim_model m;
+    m.name = model.name;
+    m.tp = model.tp;
+    m.pp = model.pp;
+    m.devices = model.devices;
+    m.pinned = model.pinned;
+    m.priority = model.priority;
+    uint64_t total = 0;
+    for (int32_t k = 0; k < model.pp; ++k)
+      for (int32_t r = 0; r < model.tp; ++r) {
+        auto layout = eng.layout(actors::shard_spec{model, r, k, {}});
+        if (!layout) return layout.error();
+        m.shard_bytes.push_back(layout->total_bytes());
+        total += layout->total_bytes();
+      }
+    if (model.kind == "toy") {
+      m.step_s = model.toy_compute_ms / 1e3;
+    } else {
+      // Two flops per weight per token over every device of the model at once.
+      double bytes_per_weight = model.dtype == "f32" ? 4 : 2;
+      double weights = static_cast<double>(total) / bytes_per_weight;
+      m.step_per_token_s = 2 * weights / (flops * static_cast<double>(m.devices.size()));
+    }
+    out.models.push_back(std::move(m));
+  }
+  if (auto why = sim::check(out); !why.empty()) return bad(why);
+  return out;
+}
+
+int run_sim_cli(const sim_cli& cli) {
+  if (auto why = check_workload_flags(cli.workload); !why.empty()) return usage(why);
+  serve_config cfg = default_serve_config();
+  if (!cli.config.empty()) {
+    auto c = load_serve_config(cli.config);
+    if (!c) return usage(render(c.error()));
+    cfg = std::move(*c);
+  }
+  if (!cli.repository.empty()) {
+    auto models = load_repository(cli.repository);
+    if (!models) return usage(render(models.error()));
+    if (cli.config.empty()) cfg.models.clear();
+    for (auto& m : *models) cfg.models.push_back(m);
+  }
+  sim::cost_model cost;
+  if (cli.profile == "a100")
+    cost = sim::profile_a100_pcie4();
+  else if (cli.profile != "emulated")
+    return usage("--profile must be emulated or a100, got '" + cli.profile + "'");
+  double tflops = cli.tflops > 0 ? cli.tflops : cli.profile == "a100" ? 150.0 : 0.05;
+  if (!cli.cost_file.empty()) {
+    auto text = read_text(cli.cost_file);
+    if (!text) return usage(render(text.error()));
+    auto c = read_cost(*text, cost);
+    if (!c) return usage(cli.cost_file + ": " + render(c.error()));
+    cost = *c;
+  }
+  auto sc =
+      sim_config_from(cfg, actors::all_engines(), cost, tflops, cli.capacity_gb, cli.link_gbps);
+  if (!sc) return usage(render(sc.error()));
+  if (!cli.calibrate.empty()) {
+    auto c = cli.calibrate.rfind("http", 0) == 0 ? calibrate_from_server(cli.calibrate, *sc, cost)
+                                                 : calibrate_from_file(cli.calibrate, cost);
+    if (!c) return usage("--calibrate " + cli.calibrate + ": " + render(c.error()));
+    sc->cost = *c;
+  }
+  sc->prompt_len = cli.workload.prompt_len;
+  sc->max_tokens = cli.workload.max_tokens;
+  sc->warm_up = cli.warm_up;
+  std::vector<std::string> known;
+  for (auto& m : sc->models) known.push_back(m.name);
+  std::string described;
+  auto sched = make_schedule(cli.workload, known, &described);
+  if (!sched) return usage(render(sched.error()));
+  auto t0 = std::chrono::steady_clock::now();
+  std::string error;
+  auto result = sim::run(*sc, *sched, &error);
+  if (!error.empty()) return usage(error);
+  auto wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  auto summary =
+      workload::summarize_run(sched->models, result.records, cli.workload.slo_s, result.devices);
+  json extra{{"simulated", true},
+             {"workload", json::parse(described)},
+             {"profile", cli.profile},
+             {"cost",
+              {{"link_efficiency", sc->cost.link_efficiency},
+               {"load_overhead_s", sc->cost.load_overhead_s},
+               {"evict_s", sc->cost.evict_s},
+               {"stage_overhead_s", sc->cost.stage_overhead_s},
+               {"request_overhead_s", sc->cost.request_overhead_s},
+               {"lease_overhead_s", sc->cost.lease_overhead_s}}},
+             {"events", result.events},
+             {"simulator_wall_s", wall}};
+  if (cli.workload.json) {
+    std::cout << workload::to_json(summary, extra.dump()) << '\n';
+  } else {
+    std::cout << fmt::format(
+        "computron sim: {} requests to {} models, {:.1f} simulated s in {:.3f} s ({:.0f} "
+        "requests/s simulated)\n",
+        sched->arrivals.size(), sched->models.size(), result.simulated_s, wall,
+        wall > 0 ? static_cast<double>(sched->arrivals.size()) / wall : 0.0);
+    std::cout << workload::to_table(summary);
+  }
+  if (!cli.workload.report_dir.empty()) {
+    if (auto err = workload::write_report(cli.workload.report_dir, summary, result.records,
+                                          result.swaps, extra.dump())) {
+      std::cerr << "computron sim: " << render(err) << '\n';
+      return exit_failed;
+    }
+    if (!cli.workload.json) std::cout << "report written to " << cli.workload.report_dir << '\n';
+  }
+  return summary.overall.failed > 0 ? exit_some_failed : 0;
+}
+
+}  // namespace computron::app

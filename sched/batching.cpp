@@ -1,0 +1,150 @@
+#include "sched/batching.hpp"
+
+#include <algorithm>
+
+namespace computron::sched {
+
+time_point deadline_of(time_point arrival, int64_t deadline_ms, duration default_deadline) {
+  return arrival +
+         (deadline_ms > 0
+              ? std::chrono::duration_cast<duration>(std::chrono::milliseconds(deadline_ms))
+              : default_deadline);
+}
+
+std::unique_ptr<batcher> batcher::make(batching_options opts, refusal* why) {
+  if (opts.max_batch_size == 0 || opts.max_queue == 0) {
+    if (why) *why = {ec::invalid_configuration, "max_batch_size and max_queue must be at least 1"};
+    return nullptr;
+  }
+  if (opts.batch_window.count() < 0 || opts.max_wait.count() < 0 ||
+      opts.default_deadline.count() <= 0) {
+    if (why) *why = {ec::invalid_configuration, "batching times must be positive"};
+    return nullptr;
+  }
+  auto policy = make_dispatch_policy(opts.dispatch,
+                                     std::chrono::duration<double>(opts.max_wait).count(), why);
+  if (!policy) return nullptr;
+  return std::unique_ptr<batcher>(new batcher(std::move(opts), std::move(policy)));
+}
+
+batcher::batcher(batching_options opts, std::unique_ptr<dispatch_policy> policy)
+    : opts_(std::move(opts)), policy_(std::move(policy)) {}
+
+uint32_t batcher::add_model(std::string name, int32_t max_in_flight, int32_t priority) {
+  model_queue q;
+  q.name = std::move(name);
+  q.max_in_flight = std::max(1, max_in_flight);
+  q.priority = priority;
+  queues_.push_back(std::move(q));
+  return static_cast<uint32_t>(queues_.size() - 1);
+}
+
+std::optional<refusal> batcher::admit(uint32_t model, uint64_t key, time_point now,
+                                      int64_t deadline_ms, time_point* deadline) {
+  auto& q = queues_[model];
+  if (q.queue.size() >= opts_.max_queue)
+    return refusal{ec::overloaded, "the queue of " + q.name + " is full (" +
+                                       std::to_string(opts_.max_queue) + " requests)"};
+  auto d = deadline_of(now, deadline_ms, opts_.default_deadline);
+  q.queue.push_back({key, now, d});
+  if (deadline) *deadline = d;
+  return std::nullopt;
+}
+
+dispatch_decisions batcher::dispatch(time_point now) {
+  dispatch_decisions out;
+  auto want_tick = [&](time_point at) {
+    if (!out.next_tick || at < *out.next_tick) out.next_tick = at;
+  };
+  views_.clear();
+  view_models_.clear();
+  for (uint32_t i = 0; i < queues_.size(); ++i) {
+    auto& q = queues_[i];
+    std::optional<time_point> earliest;
+    for (auto it = q.queue.begin(); it != q.queue.end();) {
+      if (it->deadline <= now) {
+        out.expired.emplace_back(i, *it);
+        it = q.queue.erase(it);
+      } else {
+        if (!earliest || it->deadline < *earliest) earliest = it->deadline;
+        ++it;
+      }
+    }
+    if (earliest) want_tick(*earliest);
+    if (q.queue.empty() || q.in_flight >= q.max_in_flight) continue;
+    queue_view v;
+    v.head_age_s = seconds_between(q.queue.front().arrival, now);
+    v.queued = q.queue.size();
+    v.resident = q.resident;
+    v.slack_s = seconds_between(now, *earliest);
+    v.priority = q.priority;
+    views_.push_back(std::move(v));
+    view_models_.push_back(i);
+  }
+  if (views_.empty()) return out;
+  const double window = std::chrono::duration<double>(opts_.batch_window).count();
+  for (auto vi : policy_->order(views_)) {
+    auto& q = queues_[view_models_[vi]];
+    bool full = q.queue.size() >= opts_.max_batch_size;
+    if (!full && views_[vi].head_age_s < window) {
+      want_tick(q.queue.front().arrival + opts_.batch_window);
+      continue;
+    }
+    batch_plan b;
+    b.model = view_models_[vi];
+    auto n = std::min<size_t>(q.queue.size(), opts_.max_batch_size);
+    b.rows.assign(q.queue.begin(), q.queue.begin() + static_cast<std::ptrdiff_t>(n));
+    q.queue.erase(q.queue.begin(), q.queue.begin() + static_cast<std::ptrdiff_t>(n));
+    ++q.in_flight;
+    out.batches.push_back(std::move(b));
+  }
+  return out;
+}
+
+void batcher::batch_ended(uint32_t model) {
+  auto& q = queues_[model];
+  if (q.in_flight > 0) --q.in_flight;
+}
+
+void batcher::set_resident(uint32_t model, bool resident) {
+  queues_[model].resident = resident;
+}
+
+uint32_t device_gate::placement_key(int32_t tp, int32_t pp, const std::vector<int32_t>& devices) {
+  std::string text = std::to_string(tp) + "x" + std::to_string(pp) + ":";
+  for (auto d : devices) text += std::to_string(d) + ",";
+  for (auto& [t, k] : keys_)
+    if (t == text) return k;
+  auto k = static_cast<uint32_t>(keys_.size() + 1);  // 0 marks an idle device
+  keys_.emplace_back(std::move(text), k);
+  return k;
+}
+
+bool device_gate::try_start(std::vector<bool>& pass, uint32_t key,
+                            const std::vector<int32_t>& devices, int32_t pp) {
+  bool free = true;
+  for (auto d : devices) {
+    auto& u = use_[static_cast<size_t>(d)];
+    free = free && !pass[static_cast<size_t>(d)] &&
+           (u.batches == 0 || (u.key == key && u.batches < pp));
+  }
+  if (!free) {
+    for (auto d : devices) pass[static_cast<size_t>(d)] = true;
+    return false;
+  }
+  for (auto d : devices) {
+    auto& u = use_[static_cast<size_t>(d)];
+    u.key = key;
+    ++u.batches;
+  }
+  return true;
+}
+
+void device_gate::finish(const std::vector<int32_t>& devices) {
+  for (auto d : devices) {
+    auto& u = use_[static_cast<size_t>(d)];
+    if (--u.batches <= 0) u = {};
+  }
+}
+
+}  // namespace computron::sched

@@ -1,0 +1,138 @@
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sched/clock.hpp"
+#include "sched/policies.hpp"
+
+/// Queues, admission, batching and the device-sharing rule of the model manager, as
+/// plain code: the manager (and the simulator) feed requests and batch ends in and carry
+/// out the batches, expiries and ticks that come back.
+namespace computron::sched {
+
+struct batching_options {
+  /// Sequences per batch at most.
+  uint32_t max_batch_size = 8;
+  /// How long the head of a queue waits for company before its batch goes anyway.
+  duration batch_window = std::chrono::milliseconds(5);
+  /// Which model's batch goes next: "fcfs", "resident-first" or "edf".
+  std::string dispatch = "fcfs";
+  /// resident-first: a head older than this goes first anyway.
+  duration max_wait = std::chrono::seconds(1);
+  /// Requests queued per model at most; more are refused as overloaded.
+  uint32_t max_queue = 256;
+  /// Deadline of a request that names none.
+  duration default_deadline = std::chrono::seconds(60);
+};
+
+/// The deadline of a request that arrived at `arrival` asking for `deadline_ms` (0 or
+/// less: the default). The one rule every admitting actor uses.
+time_point deadline_of(time_point arrival, int64_t deadline_ms, duration default_deadline);
+
+/// A queued request: the caller's key (its own table holds the request) and its times.
+struct queued_entry {
+  uint64_t key = 0;
+  time_point arrival{};
+  time_point deadline{};
+};
+
+/// A batch to start: requests of one model, in queue order.
+struct batch_plan {
+  uint32_t model = 0;
+  std::vector<queued_entry> rows;
+};
+
+/// What a dispatch pass decided.
+struct dispatch_decisions {
+  /// Requests whose deadline passed in the queue: they fail with deadline_exceeded.
+  std::vector<std::pair<uint32_t, queued_entry>> expired;
+  /// Batches to start, in order (each counts as in flight until batch_ended).
+  std::vector<batch_plan> batches;
+  /// When to dispatch again (a batch window closes, a deadline passes), if ever.
+  std::optional<time_point> next_tick;
+};
+
+class batcher {
+ public:
+  /// Refusals: zero batch size or queue bound, an unknown dispatch policy.
+  static std::unique_ptr<batcher> make(batching_options opts, refusal* why);
+
+  /// Adds a model's queue; `max_in_flight` batches of it may run at once (its pipeline
+  /// depth, so every stage works). Returns its index.
+  uint32_t add_model(std::string name, int32_t max_in_flight, int32_t priority = 0);
+  size_t model_count() const { return queues_.size(); }
+
+  /// Admits a request into its model's queue, or refuses it (overloaded: the queue is
+  /// full). Returns the deadline it got.
+  std::optional<refusal> admit(uint32_t model, uint64_t key, time_point now, int64_t deadline_ms,
+                               time_point* deadline = nullptr);
+
+  /// Expires what passed its deadline, then forms batches in the dispatch policy's order:
+  /// a queue goes when it is full or its head waited a batch window.
+  dispatch_decisions dispatch(time_point now);
+
+  /// A batch of `model` ended (or never ran).
+  void batch_ended(uint32_t model);
+  /// The manager's belief about residency, for resident-first.
+  void set_resident(uint32_t model, bool resident);
+  bool resident(uint32_t model) const { return queues_[model].resident; }
+  size_t queued(uint32_t model) const { return queues_[model].queue.size(); }
+  int32_t in_flight(uint32_t model) const { return queues_[model].in_flight; }
+  const std::string& name(uint32_t model) const { return queues_[model].name; }
+  const batching_options& options() const { return opts_; }
+
+ private:
+  batcher(batching_options opts, std::unique_ptr<dispatch_policy> policy);
+
+  struct model_queue {
+    std::string name;
+    std::deque<queued_entry> queue;
+    int32_t max_in_flight = 1;
+    int32_t in_flight = 0;
+    int32_t priority = 0;
+    bool resident = false;
+  };
+  batching_options opts_;
+  std::unique_ptr<dispatch_policy> policy_;
+  std::vector<model_queue> queues_;
+  // Reused across passes (the simulator dispatches millions of times).
+  std::vector<queue_view> views_;
+  std::vector<uint32_t> view_models_;
+};
+
+/// Which batches may share devices. A device runs batches of one placement at a time, at
+/// most pp of them, so a pipeline's stages all work. Safe because such batches reach
+/// every worker in the same order, so their tensor-parallel collectives pair up; two
+/// placements could pair them crosswise and deadlock. A batch that must wait reserves its
+/// devices for the rest of the pass, so a later one cannot overtake it forever.
+class device_gate {
+ public:
+  explicit device_gate(size_t devices) : use_(devices) {}
+
+  /// The key of a placement (same tp, pp and devices in the same order: same key).
+  uint32_t placement_key(int32_t tp, int32_t pp, const std::vector<int32_t>& devices);
+
+  /// Starts a pass over the runnable batches, oldest first.
+  std::vector<bool> begin_pass() const { return std::vector<bool>(use_.size(), false); }
+  /// Whether a batch of placement `key` over `devices` may start now; if so its devices
+  /// are taken, else they are reserved in `pass`.
+  bool try_start(std::vector<bool>& pass, uint32_t key, const std::vector<int32_t>& devices,
+                 int32_t pp);
+  /// A started batch ended.
+  void finish(const std::vector<int32_t>& devices);
+
+ private:
+  struct device_use {
+    uint32_t key = 0;
+    int32_t batches = 0;
+  };
+  std::vector<device_use> use_;
+  std::vector<std::pair<std::string, uint32_t>> keys_;
+};
+
+}  // namespace computron::sched

@@ -1,0 +1,423 @@
+#include "sched/ledger.hpp"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+namespace computron::sched {
+
+const char* to_string(model_state s) {
+  switch (s) {
+    case model_state::offloaded:
+      return "offloaded";
+    case model_state::loading:
+      return "loading";
+    case model_state::resident:
+      return "resident";
+    case model_state::evicting:
+      return "evicting";
+    case model_state::unavailable:
+      return "unavailable";
+  }
+  return "unknown";
+}
+
+std::unique_ptr<ledger> ledger::make(std::vector<device_slot> devices, ledger_options opts,
+                                     refusal* why) {
+  auto fail = [&](std::string text) -> std::unique_ptr<ledger> {
+    if (why) *why = {ec::invalid_configuration, std::move(text)};
+    return nullptr;
+  };
+  if (devices.empty()) return fail("scheduler without devices");
+  if (opts.max_transfers_per_link == 0) return fail("max_transfers_per_link must be at least 1");
+  auto policy = make_eviction_policy(opts.policy, why);
+  if (!policy) return nullptr;
+  return std::unique_ptr<ledger>(
+      new ledger(std::move(devices), std::move(opts), std::move(policy)));
+}
+
+ledger::ledger(std::vector<device_slot> devices, ledger_options opts,
+               std::unique_ptr<eviction_policy> policy)
+    : opts_(std::move(opts)), policy_(std::move(policy)) {
+  for (auto& d : devices) devices_.push_back({d, 0, std::nullopt, 0, false});
+}
+
+std::optional<model_id> ledger::add(const std::string& name, const placement& p, refusal* why) {
+  auto fail = [&](ec code, std::string text) -> std::optional<model_id> {
+    if (why) *why = {code, std::move(text)};
+    return std::nullopt;
+  };
+  if (p.devices.empty() || p.devices.size() != p.bytes.size())
+    return fail(ec::invalid_configuration, "placement of " + name + " is malformed");
+  std::set<int32_t> seen;
+  for (auto d : p.devices) {
+    if (d < 0 || static_cast<size_t>(d) >= devices_.size())
+      return fail(ec::invalid_configuration,
+                  "placement of " + name + " names device " + std::to_string(d));
+    if (!seen.insert(d).second)
+      return fail(ec::invalid_configuration,
+                  "placement of " + name + " names device " + std::to_string(d) + " twice");
+  }
+  if (auto i = by_name_.find(name); i != by_name_.end()) {
+    auto& m = models_[i->second];
+    if (m.where.devices == p.devices && m.where.bytes == p.bytes) return i->second;
+    return fail(ec::invalid_state, "model " + name + " is registered with another placement");
+  }
+  model_entry m;
+  m.name = name;
+  m.where = p;
+  m.pinned = p.pinned;
+  for (auto b : p.bytes) m.total_bytes += b;
+  auto id = static_cast<model_id>(models_.size());
+  models_.push_back(std::move(m));
+  by_name_.emplace(name, id);
+  return id;
+}
+
+std::optional<model_id> ledger::find(const std::string& name) const {
+  auto i = by_name_.find(name);
+  if (i == by_name_.end()) return std::nullopt;
+  return i->second;
+}
+
+int32_t ledger::lost_device(const model_entry& m) const {
+  for (auto d : m.where.devices)
+    if (devices_[static_cast<size_t>(d)].lost) return d;
+  return -1;
+}
+
+model_state ledger::state_of(model_id id) const {
+  auto& m = models_[id];
+  return lost_device(m) >= 0 ? model_state::unavailable : m.state;
+}
+
+std::string ledger::unavailable_reason(model_id id) const {
+  auto& m = models_[id];
+  auto d = lost_device(m);
+  if (d < 0) return {};
+  return "model " + m.name + " is unavailable: device " + std::to_string(d) + " is unreachable";
+}
+
+std::vector<size_t> ledger::resident_per_device(size_t* resident_total) const {
+  std::vector<size_t> per(devices_.size(), 0);
+  size_t total = 0;
+  for (auto& m : models_) {
+    if (m.state != model_state::resident) continue;
+    ++total;
+    for (auto d : m.where.devices) ++per[static_cast<size_t>(d)];
+  }
+  if (resident_total) *resident_total = total;
+  return per;
+}
+
+uint64_t ledger::free_bytes(size_t d) const {
+  auto& a = devices_[d];
+  return a.slot.usable_bytes > a.used_bytes ? a.slot.usable_bytes - a.used_bytes : 0;
+}
+
+acquire_result ledger::acquire(model_id id, time_point now) {
+  auto& m = models_[id];
+  if (lost_device(m) >= 0) return acquire_result::unavailable;
+  if (m.state == model_state::resident && !m.draining) {
+    ++m.leases;
+    m.last_used = now;
+    return acquire_result::granted;
+  }
+  if (m.state == model_state::resident) {  // draining: wait for the verdict
+    ++m.held;
+    return acquire_result::wait_drain;
+  }
+  want(id);
+  return acquire_result::wait_load;
+}
+
+void ledger::grant(model_id id, time_point now) {
+  auto& m = models_[id];
+  ++m.leases;
+  m.last_used = now;
+}
+
+bool ledger::release(model_id id, time_point now, bool* last) {
+  auto& m = models_[id];
+  if (m.leases == 0) return false;
+  --m.leases;
+  m.last_used = now;
+  if (last) *last = m.leases == 0;
+  return true;
+}
+
+bool ledger::want(model_id id) {
+  auto& m = models_[id];
+  if (lost_device(m) >= 0) return false;
+  m.wanted = true;
+  if (m.state == model_state::loading || m.queued) return true;
+  m.queued = true;
+  pending_.push_back(id);
+  return true;
+}
+
+void ledger::note_demand(model_id id, uint32_t n, time_point now) {
+  models_[id].demand.note(n, now);
+}
+
+void ledger::pin(model_id id, bool pinned) {
+  models_[id].pinned = pinned;
+}
+
+std::optional<refusal> ledger::set_policy(const std::string& name) {
+  refusal why;
+  auto p = make_eviction_policy(name, &why);
+  if (!p) return why;
+  policy_ = std::move(p);
+  opts_.policy = name;
+  return std::nullopt;
+}
+
+std::optional<refusal> ledger::begin_unload(model_id id, bool* start_evict) {
+  auto& m = models_[id];
+  *start_evict = false;
+  if (m.state == model_state::offloaded || m.state == model_state::evicting) return std::nullopt;
+  if (m.leases > 0)
+    return refusal{ec::invalid_state, "model " + m.name + " has " + std::to_string(m.leases) +
+                                          " batches in flight; retry when they end"};
+  if (m.state == model_state::loading)
+    return refusal{ec::invalid_state, "model " + m.name + " is loading; retry when it is resident"};
+  begin_evict(id);
+  *start_evict = true;
+  return std::nullopt;
+}
+
+void ledger::begin_load(model_id id) {
+  auto& m = models_[id];
+  m.state = model_state::loading;
+  m.queued = false;
+  for (size_t i = 0; i < m.where.devices.size(); ++i) {
+    auto& d = devices_[static_cast<size_t>(m.where.devices[i])];
+    d.used_bytes += m.where.bytes[i];
+    ++d.transfers;
+    d.largest_free_bytes.reset();  // taken from it: unknown until the device reports again
+  }
+}
+
+void ledger::begin_evict(model_id id) {
+  models_[id].state = model_state::evicting;
+}
+
+void ledger::free_shards(model_entry& m) {
+  for (size_t k = 0; k < m.where.devices.size(); ++k) {
+    auto& d = devices_[static_cast<size_t>(m.where.devices[k])];
+    d.used_bytes -= std::min(d.used_bytes, m.where.bytes[k]);
+  }
+}
+
+void ledger::load_done(model_id id, time_point now) {
+  auto& m = models_[id];
+  for (auto d : m.where.devices) --devices_[static_cast<size_t>(d)].transfers;
+  m.state = model_state::resident;
+  m.wanted = false;
+  ++m.loads;
+  m.last_used = now;
+}
+
+void ledger::load_failed(model_id id) {
+  auto& m = models_[id];
+  for (auto d : m.where.devices) --devices_[static_cast<size_t>(d)].transfers;
+  free_shards(m);
+  m.state = model_state::offloaded;
+  m.wanted = false;
+}
+
+void ledger::evict_done(model_id id) {
+  auto& m = models_[id];
+  free_shards(m);
+  m.state = model_state::offloaded;
+  ++m.evictions;
+}
+
+void ledger::evict_failed(model_id id) {
+  models_[id].state = model_state::resident;
+}
+
+void ledger::forget(model_id id) {
+  auto& m = models_[id];
+  if (m.state == model_state::offloaded) return;
+  free_shards(m);
+  m.state = model_state::offloaded;
+}
+
+void ledger::note_largest_free(size_t device, uint64_t bytes) {
+  if (device < devices_.size()) devices_[device].largest_free_bytes = bytes;
+}
+
+std::vector<model_id> ledger::lose(const std::vector<int32_t>& devs) {
+  for (auto d : devs)
+    if (d >= 0 && static_cast<size_t>(d) < devices_.size())
+      devices_[static_cast<size_t>(d)].lost = true;
+  std::vector<model_id> gone;
+  for (model_id id = 0; id < models_.size(); ++id)
+    if (models_[id].state == model_state::resident && lost_device(models_[id]) >= 0)
+      gone.push_back(id);
+  return gone;
+}
+
+void ledger::find_devices(const std::vector<int32_t>& devs) {
+  for (auto d : devs)
+    if (d >= 0 && static_cast<size_t>(d) < devices_.size())
+      devices_[static_cast<size_t>(d)].lost = false;
+}
+
+std::string ledger::never_fits(model_id id) const {
+  auto& m = models_[id];
+  for (size_t i = 0; i < m.where.devices.size(); ++i) {
+    auto d = static_cast<size_t>(m.where.devices[i]);
+    uint64_t pinned = 0;
+    for (auto& other : models_)
+      if (&other != &m && other.pinned && other.state != model_state::offloaded)
+        for (size_t k = 0; k < other.where.devices.size(); ++k)
+          if (static_cast<size_t>(other.where.devices[k]) == d) pinned += other.where.bytes[k];
+    if (m.where.bytes[i] + pinned > devices_[d].slot.usable_bytes)
+      return "model " + m.name + " needs " + std::to_string(m.where.bytes[i]) +
+             " bytes on device " + std::to_string(d) + ", which has " +
+             std::to_string(devices_[d].slot.usable_bytes) + " usable bytes" +
+             (pinned > 0 ? " of which pinned models hold " + std::to_string(pinned) : "");
+  }
+  return {};
+}
+
+ledger::room ledger::make_room(model_id id, time_point now, decisions& out) {
+  auto& m = models_[id];
+  // Bytes each device is short by: of free bytes, or of one free block when the device
+  // reported fragmentation (evicting a neighbour is what joins blocks).
+  std::map<size_t, int64_t> short_bytes;
+  bool fits_in_bytes = true;
+  for (size_t i = 0; i < m.where.devices.size(); ++i) {
+    auto d = static_cast<size_t>(m.where.devices[i]);
+    auto have = free_bytes(d);
+    fits_in_bytes = fits_in_bytes && m.where.bytes[i] <= have;
+    if (auto lf = devices_[d].largest_free_bytes) have = std::min(have, *lf);
+    auto need = static_cast<int64_t>(m.where.bytes[i]) - static_cast<int64_t>(have);
+    if (need > 0) short_bytes[d] = need;
+  }
+  if (short_bytes.empty()) return room::start;
+  // Evictions already under way count as freed.
+  for (auto& other : models_)
+    if (other.state == model_state::evicting)
+      for (size_t k = 0; k < other.where.devices.size(); ++k) {
+        auto it = short_bytes.find(static_cast<size_t>(other.where.devices[k]));
+        if (it != short_bytes.end()) it->second -= static_cast<int64_t>(other.where.bytes[k]);
+      }
+  bool covered = true;
+  for (auto& [d, b] : short_bytes) covered = covered && b <= 0;
+  if (covered) return room::evicting;
+  // Victims by the policy among the lease-free models first (they can go now); when
+  // they do not cover, more among the leased ones, and then all of them drain (no new
+  // leases) so that this load gets its turn.
+  std::vector<model_id> victims;
+  auto choose = [&](bool leased) {
+    std::vector<victim_candidate> cands;
+    std::vector<model_id> ids;
+    for (model_id o = 0; o < models_.size(); ++o) {
+      auto& other = models_[o];
+      if (o == id || other.state != model_state::resident || other.pinned ||
+          (other.leases > 0) != leased)
+        continue;
+      uint64_t freed = 0;
+      double slowest = 0;
+      for (size_t k = 0; k < other.where.devices.size(); ++k) {
+        auto d = static_cast<size_t>(other.where.devices[k]);
+        if (short_bytes.count(d) > 0) freed += other.where.bytes[k];
+        auto gbps = devices_[d].slot.link_gbps > 0 ? devices_[d].slot.link_gbps : 10.0;
+        slowest = std::max(slowest, static_cast<double>(other.where.bytes[k]) / (gbps * 1e9));
+      }
+      if (freed == 0) continue;
+      double idle = other.last_used ? seconds_between(*other.last_used, now) : 1e18;
+      cands.push_back(
+          {other.name, freed, idle, slowest, other.demand.rate(now), other.where.priority});
+      ids.push_back(o);
+    }
+    for (auto i : policy_->order(cands)) {
+      auto& v = models_[ids[i]];
+      bool helps = false;
+      for (size_t k = 0; k < v.where.devices.size(); ++k) {
+        auto it = short_bytes.find(static_cast<size_t>(v.where.devices[k]));
+        if (it != short_bytes.end() && it->second > 0) {
+          helps = true;
+          it->second -= static_cast<int64_t>(v.where.bytes[k]);
+        }
+      }
+      if (helps) victims.push_back(ids[i]);
+      covered = true;
+      for (auto& [d, b] : short_bytes) covered = covered && b <= 0;
+      if (covered) return;
+    }
+  };
+  choose(false);
+  if (covered) {
+    for (auto v : victims) {
+      begin_evict(v);
+      out.evictions.push_back(v);
+    }
+    return room::evicting;
+  }
+  choose(true);
+  if (covered) {
+    for (auto v : victims) models_[v].draining = true;
+    return room::wait;
+  }
+  // Short only of a contiguous block and nothing left to evict: try anyway rather than
+  // wait for a report that may never come (a failed allocation fails the load clearly).
+  if (fits_in_bytes) return room::start;
+  return room::wait;
+}
+
+decisions ledger::pump(time_point now) {
+  decisions out;
+  // Drains are decided afresh by this pass; held leases of models no longer draining go
+  // ahead at its end.
+  for (auto& m : models_) m.draining = false;
+  std::vector<bool> reserved(devices_.size(), false);
+  std::deque<model_id> still;
+  while (!pending_.empty()) {
+    auto id = pending_.front();
+    pending_.pop_front();
+    auto& m = models_[id];
+    if (m.state == model_state::resident || m.state == model_state::loading || !m.wanted) {
+      m.queued = false;
+      continue;
+    }
+    if (lost_device(m) >= 0) {
+      m.queued = false;
+      m.wanted = false;
+      out.refused.push_back({id, {ec::unavailable, unavailable_reason(id)}});
+      continue;
+    }
+    if (auto why = never_fits(id); !why.empty()) {
+      m.queued = false;
+      m.wanted = false;
+      out.refused.push_back({id, {ec::out_of_device_memory, std::move(why)}});
+      continue;
+    }
+    bool blocked = m.state == model_state::evicting;
+    for (auto d : m.where.devices)
+      blocked = blocked || reserved[static_cast<size_t>(d)] ||
+                devices_[static_cast<size_t>(d)].transfers >= opts_.max_transfers_per_link;
+    if (!blocked && make_room(id, now, out) == room::start) {
+      begin_load(id);
+      out.loads.push_back(id);
+      continue;
+    }
+    for (auto d : m.where.devices) reserved[static_cast<size_t>(d)] = true;
+    still.push_back(id);
+  }
+  pending_ = std::move(still);
+  for (model_id id = 0; id < models_.size(); ++id) {
+    auto& m = models_[id];
+    if (!m.draining && m.held > 0) {
+      m.held = 0;
+      out.undrained.push_back(id);
+    }
+  }
+  return out;
+}
+
+}  // namespace computron::sched

@@ -1,0 +1,214 @@
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "sched/clock.hpp"
+#include "sched/policies.hpp"
+
+/// The residency ledger and room planning: what every device holds, what every model is
+/// doing, and what to load or evict next. The swap scheduler actor feeds it events (a
+/// request wants a model, a load finished, a lease ended) and carries out the decisions
+/// it returns; the simulator does the same against simulated links. No side effects, no
+/// actors, explicit time.
+namespace computron::sched {
+
+/// Where a model's weights are (Triton's lifecycle); `unavailable` is a model one of
+/// whose devices is unreachable (its reason says which).
+enum class model_state : uint8_t { offloaded, loading, resident, evicting, unavailable };
+
+const char* to_string(model_state s);
+
+/// One device as the ledger accounts it.
+struct device_slot {
+  /// Bytes weights may use (capacity less the activation workspace).
+  uint64_t usable_bytes = 0;
+  /// Host-to-device link, GB/s (reload cost estimates); 0: unknown (10 assumed).
+  double link_gbps = 0;
+};
+
+/// The shards of a model: device and bytes of each.
+struct placement {
+  std::vector<int32_t> devices;
+  std::vector<uint64_t> bytes;
+  bool pinned = false;
+  /// Priority class (higher: evicted last, served first).
+  int32_t priority = 0;
+};
+
+/// Dense index of a registered model.
+using model_id = uint32_t;
+
+struct model_entry {
+  std::string name;
+  placement where;
+  uint64_t total_bytes = 0;
+  /// Never `unavailable` here: that is derived from the devices (see state_of).
+  model_state state = model_state::offloaded;
+  uint32_t leases = 0;
+  bool pinned = false;
+  /// Some request waits for this model's load (cleared when it loads or is refused).
+  bool wanted = false;
+  /// In the pending loads.
+  bool queued = false;
+  /// Chosen as a victim for a waiting load but still leased: no new leases until it is
+  /// evicted or the drain is called off. Without this, a model whose batches overlap
+  /// (pipelining, steady traffic) would hold its lease forever and starve the load.
+  bool draining = false;
+  /// Lease requests held back while it drains.
+  uint32_t held = 0;
+  /// When a batch last used it; unset before the first.
+  std::optional<time_point> last_used;
+  demand_meter demand;
+  uint64_t loads = 0;
+  uint64_t evictions = 0;
+};
+
+struct device_account {
+  device_slot slot;
+  uint64_t used_bytes = 0;
+  /// The largest contiguous free block the device last reported (unset: none reported,
+  /// free bytes are contiguous). A shard needs a block, not just bytes.
+  std::optional<uint64_t> largest_free_bytes;
+  /// Loads copying over this device's link now.
+  uint32_t transfers = 0;
+  /// Its node is gone.
+  bool lost = false;
+};
+
+/// What a pass decided; the caller carries it out in this order.
+struct decisions {
+  /// Models whose evictions start now (already marked evicting).
+  std::vector<model_id> evictions;
+  /// Models whose loads start now (already marked loading, bytes and transfer slots
+  /// taken).
+  std::vector<model_id> loads;
+  /// Models whose waiting requests fail, and why.
+  std::vector<std::pair<model_id, refusal>> refused;
+  /// Models whose drain was called off: their held lease requests go ahead (granted if
+  /// resident, else waiting for a load like any other).
+  std::vector<model_id> undrained;
+
+  bool empty() const {
+    return evictions.empty() && loads.empty() && refused.empty() && undrained.empty();
+  }
+};
+
+/// The answer to a lease request.
+enum class acquire_result {
+  /// Leased: the model is resident and stays so until release.
+  granted,
+  /// Queued for a load: the caller waits for the load (call pump now).
+  wait_load,
+  /// The model drains for another's load: the caller waits for the pass that ends it.
+  wait_drain,
+  /// A device of the model is lost (see unavailable_reason).
+  unavailable,
+};
+
+struct ledger_options {
+  /// Victim choice: "lru" or "cost".
+  std::string policy = "lru";
+  /// Loads that may copy over one device's link at once; more queue.
+  uint32_t max_transfers_per_link = 1;
+};
+
+class ledger {
+ public:
+  /// Errors: no devices, an unknown policy, a zero transfer limit.
+  static std::unique_ptr<ledger> make(std::vector<device_slot> devices, ledger_options opts,
+                                      refusal* why);
+
+  /// Registers a model; the same name with the same placement is the same model.
+  /// Refusals: a malformed placement, an unknown device, another placement under the name.
+  std::optional<model_id> add(const std::string& name, const placement& p, refusal* why);
+
+  std::optional<model_id> find(const std::string& name) const;
+  const model_entry& model(model_id id) const { return models_[id]; }
+  size_t model_count() const { return models_.size(); }
+  const device_account& device(size_t d) const { return devices_[d]; }
+  size_t device_count() const { return devices_.size(); }
+  const ledger_options& options() const { return opts_; }
+  const eviction_policy& policy() const { return *policy_; }
+  size_t pending_loads() const { return pending_.size(); }
+
+  /// The state the outside world sees: unavailable while a device is lost.
+  model_state state_of(model_id id) const;
+  /// Why a model is unavailable, or empty.
+  std::string unavailable_reason(model_id id) const;
+  /// Models resident on each device, and resident anywhere.
+  std::vector<size_t> resident_per_device(size_t* resident_total) const;
+
+  /// A batch wants the model: leased now, queued for a load, or held while it drains.
+  acquire_result acquire(model_id id, time_point now);
+  /// A waiting lease request gets its lease (its load finished, or the drain ended).
+  void grant(model_id id, time_point now);
+  /// A batch is done with the model. False without a lease; true when the lease count
+  /// dropped to zero (a pass may now evict it: call pump).
+  bool release(model_id id, time_point now, bool* last);
+  /// An explicit load request: queues the model if it is not resident or loading.
+  /// Returns false when the model is unavailable.
+  bool want(model_id id);
+  /// Recent arrivals for the cost-aware policy.
+  void note_demand(model_id id, uint32_t n, time_point now);
+  void pin(model_id id, bool pinned);
+  /// Changes the victim policy; a refusal names the accepted values.
+  std::optional<refusal> set_policy(const std::string& name);
+
+  /// An explicit unload: refused while leased or loading; otherwise, if resident, its
+  /// eviction starts (returns true: carry it out).
+  std::optional<refusal> begin_unload(model_id id, bool* start_evict);
+
+  /// Loads and evictions end. A failed eviction leaves the model resident (its device
+  /// copy is in an unknown state, so it stays accounted).
+  void load_done(model_id id, time_point now);
+  void load_failed(model_id id);
+  void evict_done(model_id id);
+  void evict_failed(model_id id);
+  /// Gives up on a model's residency (a device's node is gone): bytes freed everywhere,
+  /// offloaded; loads again once all devices are back.
+  void forget(model_id id);
+  /// A device reported its largest free block (after a transfer).
+  void note_largest_free(size_t device, uint64_t bytes);
+
+  /// Devices lost (their resident models are returned: forget them and free what they
+  /// hold elsewhere) and found again.
+  std::vector<model_id> lose(const std::vector<int32_t>& devices);
+  void find_devices(const std::vector<int32_t>& devices);
+
+  /// What keeps a model from ever fitting (its shard plus pinned models exceed a device),
+  /// or empty.
+  std::string never_fits(model_id id) const;
+
+  /// Starts what can start among the models waiting to load, oldest first: a model that
+  /// fits starts; one that needs room gets victims by the policy (lease-free ones evict
+  /// now; leased ones drain); one that must wait reserves its devices so later models
+  /// cannot take the room it waits for.
+  decisions pump(time_point now);
+
+ private:
+  ledger(std::vector<device_slot> devices, ledger_options opts,
+         std::unique_ptr<eviction_policy> policy);
+
+  enum class room { start, wait, evicting };
+  room make_room(model_id id, time_point now, decisions& out);
+  int32_t lost_device(const model_entry& m) const;
+  uint64_t free_bytes(size_t d) const;
+  void begin_load(model_id id);
+  void begin_evict(model_id id);
+  void free_shards(model_entry& m);
+
+  std::vector<device_account> devices_;
+  std::vector<model_entry> models_;
+  std::unordered_map<std::string, model_id> by_name_;
+  std::deque<model_id> pending_;
+  ledger_options opts_;
+  std::unique_ptr<eviction_policy> policy_;
+};
+
+}  // namespace computron::sched
