@@ -133,6 +133,8 @@ class simulator {
     }
     origin_ = at(offset_s);
     first_measured_ = requests_.size();
+    // The warm-up's transfers are not part of the run (loadgen's figures start after it).
+    for (auto& t : traffic_) t = {t.device};
     requests_.reserve(requests_.size() + s_.arrivals.size());
     records_.reserve(s_.arrivals.size());
     for (auto& a : s_.arrivals) {
