@@ -92,6 +92,10 @@ using swap_scheduler_actor = caf::typed_actor<
     /// Status for operators.
     caf::replies_to<report_atom>::with<caf::settings>>;
 
+/// Receives a request's tokens as they are generated (infer_request::stream): (id,
+/// stream_row, token). The sender is the model manager, which takes (cancel_atom, id).
+using token_sink_actor = caf::typed_actor<caf::reacts_to<token_atom, uint64_t, uint32_t, int64_t>>;
+
 /// What serves requests: a model manager, or anything composed in front of managers
 /// (a router). The frontend talks to one of these.
 using serving_actor = caf::typed_actor<
@@ -116,6 +120,9 @@ using model_manager_actor = serving_actor::extend<
     caf::replies_to<register_atom, model_config>::with<model_info>,
     /// The batch-window timer (the manager sends it to itself).
     caf::reacts_to<tick_atom>,
+    /// Ends a request early (its client went away, or its stream receiver saw enough):
+    /// queued, it fails as cancelled; running, its row leaves the batch after this step.
+    caf::reacts_to<cancel_atom, uint64_t>,
     /// These devices' node rejoined: groups of ranks spanning nodes meet again.
     caf::reacts_to<found_atom, std::vector<int32_t>>>;
 

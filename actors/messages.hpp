@@ -54,13 +54,17 @@ struct model_config {
   /// Priority class: a higher class is evicted after every lower one and its queue is
   /// served first (0 by default).
   int32_t priority = 0;
+  /// Its tokenizer (models/tokenizer): a folder with tokenizer.json or vocab.json +
+  /// merges.txt, a tokenizer.json file, or "bytes" (the built-in byte-level one). Empty:
+  /// none, and the model takes token ids only.
+  std::string tokenizer;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, model_config& x) {
   return f(caf::meta::type_name("model_config"), x.name, x.kind, x.spec, x.shape, x.dtype,
            x.checkpoint_dtype, x.tp, x.pp, x.devices, x.seed, x.weights_path, x.toy_shard_bytes,
-           x.toy_compute_ms, x.pinned, x.priority);
+           x.toy_compute_ms, x.pinned, x.priority, x.tokenizer);
 }
 
 /// One shard of a model, as handed to the worker that will hold it.
@@ -153,12 +157,15 @@ struct step_request {
   /// The batch ends after this step: workers drop its caches.
   bool last = false;
   std::vector<caf::actor> route;
+  /// Decode steps: which rows of the previous step go on (their positions in it, in
+  /// order); rows that finished leave the caches and the samplers. Empty: all of them.
+  std::vector<int32_t> keep;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_request& x) {
   return f(caf::meta::type_name("step_request"), x.model, x.batch_id, x.step, x.stage, x.prompts,
-           x.tokens, x.sampling, x.hidden, x.last, x.route);
+           x.tokens, x.sampling, x.hidden, x.last, x.route, x.keep);
 }
 
 /// The tokens a step produced (rank 0 of the last stage; other ranks answer empty).
@@ -277,12 +284,19 @@ struct infer_request {
   uint32_t deadline_ms = 0;
   /// Set by the frontend.
   uint64_t id = 0;
+  /// Generation stops when this token is sampled (it is not returned); -1: never.
+  int64_t eos = -1;
+  /// Receives each token as soon as it exists (a token_sink_actor, actors/interfaces.hpp;
+  /// untyped here because that header includes this one). It may answer the sender, the
+  /// model manager, with (cancel_atom, id) to end the row early. Null: no streaming.
+  caf::actor stream;
+  uint32_t stream_row = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, infer_request& x) {
   return f(caf::meta::type_name("infer_request"), x.model, x.tokens, x.max_tokens, x.sampling,
-           x.deadline_ms, x.id);
+           x.deadline_ms, x.id, x.eos, x.stream, x.stream_row);
 }
 
 /// The generated tokens and where the time went.
@@ -297,12 +311,14 @@ struct infer_reply {
   double total_ms = 0;
   uint32_t batch_size = 0;
   bool swapped = false;
+  /// Why generation ended: "length" (max_tokens), "stop" (the EOS token) or "cancelled".
+  std::string finish_reason = "length";
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, infer_reply& x) {
   return f(caf::meta::type_name("infer_reply"), x.id, x.model, x.tokens, x.queue_ms, x.load_ms,
-           x.compute_ms, x.total_ms, x.batch_size, x.swapped);
+           x.compute_ms, x.total_ms, x.batch_size, x.swapped, x.finish_reason);
 }
 
 /// A registered model as clients see it.

@@ -34,6 +34,13 @@ struct batch {
   std::string model;
   std::vector<queued_request> rows;
   std::vector<std::vector<int64_t>> outputs;
+  /// The rows (indices into `rows`) the last step ran, in the workers' order: a row that
+  /// finished (max_tokens, EOS, cancelled) is answered at once and leaves this list.
+  std::vector<size_t> sent;
+  /// Request ids whose cancel arrived while they were in this batch.
+  std::set<uint64_t> cancelled;
+  /// The last step sent was marked last, so the workers dropped the batch's caches.
+  bool caches_dropped = false;
   sched::time_point dispatched{};
   /// When its first step started, on the trace clock (now_s) and the actor clock.
   double run_s = 0;
@@ -41,7 +48,6 @@ struct batch {
   double load_ms = 0;
   double compute_ms = 0;
   bool swapped = false;
-  int64_t steps = 1;
 };
 
 using batch_ptr = std::shared_ptr<batch>;
@@ -72,6 +78,8 @@ struct model_manager_state {
   std::unique_ptr<sched::device_gate> gate;
   std::vector<std::string> names;
   std::unordered_map<uint64_t, queued_request> waiting;
+  /// The batch of every request taken from the queue and not yet answered (for cancel).
+  std::unordered_map<uint64_t, batch_ptr> batch_of;
   uint64_t next_key = 1;
   std::deque<batch_ptr> runnable;
   uint64_t next_batch = 1;
@@ -103,6 +111,9 @@ caf::error check_request(const managed_model& m, const infer_request& r, int64_t
     if (t < 0 || t >= m.vocab)
       return bad("token id " + std::to_string(t) + " is outside the vocabulary of " + m.cfg.name +
                  " (0.." + std::to_string(m.vocab - 1) + ")");
+  if (r.eos < -1 || r.eos >= m.vocab)
+    return bad("eos token " + std::to_string(r.eos) + " is outside the vocabulary of " +
+               m.cfg.name);
   if (r.max_tokens < 1 || r.max_tokens > max_tokens_limit)
     return bad("max_tokens must be 1.." + std::to_string(max_tokens_limit) + ", got " +
                std::to_string(r.max_tokens));
@@ -147,12 +158,37 @@ void arm_tick(manager_pointer self, sched::time_point at) {
 }
 
 void reply_error(manager_pointer self, queued_request& q, const caf::error& err) {
+  self->state.batch_of.erase(q.req.id);
   q.rp.deliver(err);
   self->state.opts.obs->request_done(q.req.model,
                                      is(err, ec::deadline_exceeded) ? "deadline_exceeded" : "error",
                                      sched::seconds_between(q.arrival, now(self)));
 }
 
+/// Answers one row: its tokens so far and why it ended.
+void finish_row(manager_pointer self, const batch_ptr& b, size_t r, const std::string& reason) {
+  auto& st = self->state;
+  auto& q = b->rows[r];
+  st.batch_of.erase(q.req.id);
+  auto t = now(self);
+  infer_reply rep;
+  rep.id = q.req.id;
+  rep.model = b->model;
+  if (r < b->outputs.size()) rep.tokens = std::move(b->outputs[r]);
+  rep.queue_ms = sched::seconds_between(q.arrival, b->dispatched) * 1e3;
+  rep.load_ms = b->load_ms;
+  rep.compute_ms = b->compute_ms;
+  rep.total_ms = sched::seconds_between(q.arrival, t) * 1e3;
+  rep.batch_size = static_cast<uint32_t>(b->rows.size());
+  rep.swapped = b->swapped;
+  rep.finish_reason = reason;
+  q.rp.deliver(std::move(rep));
+  st.opts.obs->request_done(b->model, reason == "cancelled" ? "cancelled" : "ok",
+                            sched::seconds_between(q.arrival, t));
+}
+
+/// Ends a batch: on error every row still running fails with it; either way the model,
+/// its devices and (where the last step did not) the workers' caches are released.
 void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* err) {
   auto& st = self->state;
   auto& m = st.models.at(b->model);
@@ -160,36 +196,22 @@ void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* er
   self->send(st.scheduler, release_atom_v, b->model);
   st.batcher->batch_ended(m.index);
   auto t = now(self);
-  if (err) {
+  if (err || !b->caches_dropped)
     for (auto& w : m.cfg.devices)
       self->send(st.workers[static_cast<size_t>(w)], cancel_atom_v, b->model, b->id);
-    for (auto& q : b->rows) reply_error(self, q, *err);
-  } else {
-    for (size_t r = 0; r < b->rows.size(); ++r) {
-      auto& q = b->rows[r];
-      infer_reply rep;
-      rep.id = q.req.id;
-      rep.model = b->model;
-      rep.tokens = std::move(b->outputs[r]);
-      rep.tokens.resize(static_cast<size_t>(q.req.max_tokens));
-      rep.queue_ms = sched::seconds_between(q.arrival, b->dispatched) * 1e3;
-      rep.load_ms = b->load_ms;
-      rep.compute_ms = b->compute_ms;
-      rep.total_ms = sched::seconds_between(q.arrival, t) * 1e3;
-      rep.batch_size = static_cast<uint32_t>(b->rows.size());
-      rep.swapped = b->swapped;
-      q.rp.deliver(std::move(rep));
-      st.opts.obs->request_done(b->model, "ok", sched::seconds_between(q.arrival, t));
-    }
+  if (err)
+    for (auto r : b->sent) reply_error(self, b->rows[r], *err);
+  else
     m.served += b->rows.size();
-  }
   st.opts.obs->batch_done(b->model, m.cfg.devices, b->rows.size(), b->run_s,
                           sched::seconds_between(b->run_at, t));
   try_run(self);
   dispatch(self);
 }
 
-void run_step(manager_pointer self, const batch_ptr& b, int64_t step) {
+/// Runs step `step` of the rows in b->sent; `keep` says which rows of the previous step
+/// they are (empty: all).
+void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vector<int32_t> keep) {
   auto& st = self->state;
   auto& m = st.models.at(b->model);
   const auto tp = static_cast<size_t>(m.cfg.tp);
@@ -198,8 +220,14 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step) {
   req.model = b->model;
   req.batch_id = b->id;
   req.step = static_cast<int32_t>(step);
-  req.last = step + 1 == b->steps;
-  for (size_t r = 0; r < b->rows.size(); ++r) {
+  // The last step is the one no row can outlive (rows only ever finish earlier).
+  int64_t left = 0;
+  for (auto r : b->sent)
+    left = std::max(left, b->rows[r].req.max_tokens - static_cast<int64_t>(b->outputs[r].size()));
+  req.last = left <= 1;
+  b->caches_dropped = req.last;
+  req.keep = std::move(keep);
+  for (auto r : b->sent) {
     if (step == 0)
       req.prompts.push_back(b->rows[r].req.tokens);
     else
@@ -210,19 +238,49 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step) {
       tp,
       [=](std::vector<step_result> results) {
         auto& first = results[0];
-        if (first.tokens.size() != b->rows.size()) {
+        if (first.tokens.size() != b->sent.size()) {
           auto e = make_error(ec::invalid_state,
                               "step returned " + std::to_string(first.tokens.size()) +
-                                  " tokens for " + std::to_string(b->rows.size()) + " rows");
+                                  " tokens for " + std::to_string(b->sent.size()) + " rows");
           finish_batch(self, b, &e);
           return;
         }
-        for (size_t r = 0; r < b->rows.size(); ++r) b->outputs[r].push_back(first.tokens[r]);
         b->compute_ms += first.compute_ms;
-        if (step + 1 == b->steps)
+        // Each row goes on, or is answered now and leaves the batch: no decode step is
+        // spent on a row that is done.
+        std::vector<size_t> next;
+        std::vector<int32_t> keep;
+        for (size_t p = 0; p < b->sent.size(); ++p) {
+          auto r = b->sent[p];
+          auto& q = b->rows[r];
+          auto token = first.tokens[p];
+          if (b->cancelled.count(q.req.id) > 0) {
+            finish_row(self, b, r, "cancelled");
+            continue;
+          }
+          if (q.req.eos >= 0 && token == q.req.eos) {
+            finish_row(self, b, r, "stop");
+            continue;
+          }
+          b->outputs[r].push_back(token);
+          if (q.req.stream)
+            self->send(caf::actor_cast<token_sink_actor>(q.req.stream), token_atom_v, q.req.id,
+                       q.req.stream_row, token);
+          if (static_cast<int64_t>(b->outputs[r].size()) >= q.req.max_tokens) {
+            finish_row(self, b, r, "length");
+            continue;
+          }
+          next.push_back(r);
+          keep.push_back(static_cast<int32_t>(p));
+        }
+        if (next.empty()) {
+          b->sent.clear();
           finish_batch(self, b, nullptr);
-        else
-          run_step(self, b, step + 1);
+          return;
+        }
+        if (next.size() == b->sent.size()) keep.clear();
+        b->sent = std::move(next);
+        run_step(self, b, step + 1, std::move(keep));
       },
       [=](caf::error err, size_t rank) {
         log::warn("batch {} of {} failed at step {} (rank {}): {}", b->id, b->model, step, rank,
@@ -334,11 +392,16 @@ void try_run(manager_pointer self) {
       still.push_back(std::move(b));
       continue;
     }
-    // Requests whose deadline passed while the model loaded end here.
+    // Requests whose deadline passed while the model loaded end here, and those whose
+    // clients withdrew them.
     auto t = now(self);
     std::vector<queued_request> live;
     for (auto& q : b->rows) {
-      if (q.deadline <= t)
+      if (b->cancelled.count(q.req.id) > 0)
+        reply_error(self, q,
+                    make_error(ec::cancelled, "request " + std::to_string(q.req.id) +
+                                                  " was cancelled before it ran"));
+      else if (q.deadline <= t)
         reply_error(
             self, q,
             make_error(ec::deadline_exceeded, "request " + std::to_string(q.req.id) +
@@ -355,11 +418,11 @@ void try_run(manager_pointer self) {
       continue;
     }
     b->outputs.assign(b->rows.size(), {});
-    b->steps = 1;
-    for (auto& q : b->rows) b->steps = std::max(b->steps, q.req.max_tokens);
+    b->sent.clear();
+    for (size_t r = 0; r < b->rows.size(); ++r) b->sent.push_back(r);
     b->run_s = now_s();
     b->run_at = t;
-    run_step(self, b, 0);
+    run_step(self, b, 0, {});
   }
   st.runnable = std::move(still);
   // A model whose whole batch expired can take its next batch now.
@@ -413,8 +476,14 @@ void dispatch(manager_pointer self) {
     for (auto& e : plan.rows) {
       auto i = st.waiting.find(e.key);
       if (i == st.waiting.end()) continue;
+      st.batch_of[i->second.req.id] = b;
       b->rows.push_back(std::move(i->second));
       st.waiting.erase(i);
+    }
+    if (b->rows.empty()) {
+      // Every row of it was cancelled in the queue.
+      st.batcher->batch_ended(plan.model);
+      continue;
     }
     start_batch(self, b);
   }
@@ -473,6 +542,22 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
         st.waiting.emplace(key, std::move(q));
         dispatch(self);
         return rp;
+      },
+      [=](cancel_atom, uint64_t id) {
+        auto& st = self->state;
+        if (auto i = st.batch_of.find(id); i != st.batch_of.end()) {
+          i->second->cancelled.insert(id);
+          return;
+        }
+        for (auto i = st.waiting.begin(); i != st.waiting.end(); ++i)
+          if (i->second.req.id == id) {
+            // The batcher still lists its key; dispatch skips keys no longer waiting.
+            reply_error(self, i->second,
+                        make_error(ec::cancelled, "request " + std::to_string(id) +
+                                                      " was cancelled in the queue"));
+            st.waiting.erase(i);
+            return;
+          }
       },
       [=](register_atom, model_config& requested) -> caf::result<model_info> {
         auto& st = self->state;

@@ -55,6 +55,14 @@ class opt_program final : public shard_program {
   caf::expected<models::host_tensor> run(const step_request& req,
                                          const models::host_tensor* hidden) override {
     auto& cache = caches_[req.batch_id];
+    if (req.step > 0 && !req.keep.empty()) {
+      // Rows that finished left the batch: their keys and values go too.
+      std::vector<int64_t> rows(req.keep.begin(), req.keep.end());
+      if (auto err = cache.keep_rows(rows)) {
+        caches_.erase(req.batch_id);
+        return err;
+      }
+    }
     caf::expected<models::host_tensor> out = req.step == 0
                                                  ? stage_->prefill(req.prompts, hidden, cache)
                                                  : stage_->decode(req.tokens, hidden, cache);

@@ -338,6 +338,14 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
           auto r = program->run(*in, hp);
           if (!r) return r.error();
           if (sampling_rank) {
+            if (in->step > 0 && !in->keep.empty()) {
+              // Finished rows left the batch: their samplers go with them.
+              std::vector<models::sampler> kept;
+              for (auto k : in->keep)
+                if (k >= 0 && static_cast<size_t>(k) < ctx->samplers.size())
+                  kept.push_back(ctx->samplers[static_cast<size_t>(k)]);
+              ctx->samplers = std::move(kept);
+            }
             auto tokens = sample_rows(*r, ctx->samplers, in->sampling);
             if (!tokens) return tokens.error();
             out->tokens = std::move(*tokens);

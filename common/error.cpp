@@ -36,6 +36,8 @@ const char* to_string(ec code) {
       return "io_error";
     case ec::unavailable:
       return "unavailable";
+    case ec::cancelled:
+      return "cancelled";
   }
   return "unknown_error_code";
 }

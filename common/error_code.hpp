@@ -24,6 +24,8 @@ enum class ec : uint8_t {
   invalid_state,
   io_error,
   unavailable,
+  /// The client withdrew the request (it disconnected, or its stop string appeared).
+  cancelled,
 };
 
 /// Name of an error code, e.g. "out_of_device_memory".

@@ -60,6 +60,30 @@ int64_t kv_cache::length() const {
   return impl_->key_valid.defined() ? impl_->key_valid.size(1) : 0;
 }
 
+caf::error kv_cache::keep_rows(const std::vector<int64_t>& rows) {
+  auto& c = *impl_;
+  if (!c.key_valid.defined()) return {};
+  const auto b = c.key_valid.size(0);
+  for (auto r : rows)
+    if (r < 0 || r >= b)
+      return make_error(ec::invalid_request,
+                        fmt::format("keep row {} is outside the batch of {}", r, b));
+  try {
+    auto index = at::tensor(rows, at::kLong).to(c.key_valid.device());
+    c.key_valid = c.key_valid.index_select(0, index);
+    for (auto& k : c.keys)
+      if (k.defined()) k = k.index_select(0, index);
+    for (auto& v : c.values)
+      if (v.defined()) v = v.index_select(0, index);
+    std::vector<int64_t> next;
+    for (auto r : rows) next.push_back(c.next_position[static_cast<size_t>(r)]);
+    c.next_position = std::move(next);
+  } catch (const std::exception& e) {
+    return make_error(ec::device_error, std::string{"dropping finished rows: "} + e.what());
+  }
+  return {};
+}
+
 struct opt_stage::impl {
   opt_spec spec;
   parallel_config par;

@@ -36,6 +36,9 @@ class kv_cache {
   kv_cache& operator=(kv_cache&&) noexcept;
   /// Cached positions per sequence, padding included (0 before prefill).
   int64_t length() const;
+  /// Keeps only these sequences (their positions in the batch, in the order they go on);
+  /// the others left the batch. Errors: an index outside the batch.
+  caf::error keep_rows(const std::vector<int64_t>& rows);
 
  private:
   friend class opt_stage;

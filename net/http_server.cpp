@@ -1,7 +1,10 @@
 #include "net/http_server.hpp"
 
 #include <atomic>
+#include <deque>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -15,6 +18,8 @@
 #include "actors/join.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "models/tokenizer.hpp"
+#include "net/llm_api.hpp"
 #include "net/metrics.hpp"
 #include "net/trace.hpp"
 
@@ -44,9 +49,9 @@ response make_error_response(http::status status, const std::string& message) {
 }
 
 /// The HTTP status of an error, and whether a retry may succeed (Retry-After).
-response error_response(const caf::error& e) {
+http::status status_of(const caf::error& e, bool& retry) {
   auto status = http::status::internal_server_error;
-  bool retry = false;
+  retry = false;
   if (e.category() == error_category) {
     switch (static_cast<ec>(e.code())) {
       case ec::invalid_request:
@@ -79,9 +84,36 @@ response error_response(const caf::error& e) {
     status = http::status::service_unavailable;
     retry = true;
   }
-  auto res = make_error_response(status, render(e));
+  return status;
+}
+
+response error_response(const caf::error& e) {
+  bool retry = false;
+  auto res = make_error_response(status_of(e, retry), render(e));
   if (retry) res.set(http::field::retry_after, "1");
   return res;
+}
+
+/// The error's name as OpenAI's `code` ("model_not_found" as OpenAI calls it).
+std::string code_of(const caf::error& e) {
+  if (e.category() != error_category) return "server_error";
+  auto c = static_cast<ec>(e.code());
+  return c == ec::unknown_model ? "model_not_found" : to_string(c);
+}
+
+/// An error in OpenAI's shape, with the same HTTP status as the KServe routes.
+response openai_error_response(const caf::error& e, const std::string& param = {}) {
+  bool retry = false;
+  auto status = status_of(e, retry);
+  auto res =
+      make_json(status, openai_error(static_cast<int>(status), render(e), code_of(e), param));
+  if (retry) res.set(http::field::retry_after, "1");
+  return res;
+}
+
+response openai_bad_request(const request_error& e) {
+  return make_json(http::status::bad_request,
+                   openai_error(400, "invalid_request: " + e.message, "invalid_request", e.param));
 }
 
 json info_json(const actors::model_info& i) {
@@ -100,100 +132,258 @@ json info_json(const actors::model_info& i) {
               {"loads", i.loads},
               {"evictions", i.evictions},
               {"vocab", i.vocab},
-              {"max_positions", i.max_positions}};
+              {"max_positions", i.max_positions},
+              {"tokenizer", !i.config.tokenizer.empty()}};
 }
 
-/// Flattens nested JSON arrays of integers into `out`; false on anything else.
-bool flatten_ints(const json& j, std::vector<int64_t>& out) {
-  if (j.is_array()) {
-    for (auto& x : j)
-      if (!flatten_ints(x, out)) return false;
-    return true;
-  }
-  if (!j.is_number_integer()) return false;
-  out.push_back(j.get<int64_t>());
-  return true;
-}
-
-struct parsed_infer {
-  std::vector<std::vector<int64_t>> rows;
-  int64_t max_tokens = 1;
-  actors::row_sampling sampling;
-  uint32_t deadline_ms = 0;
-  std::string request_id;
+/// A response written in pieces: Server-Sent Events over chunked encoding. Any thread.
+class sse_channel {
+ public:
+  virtual ~sse_channel() = default;
+  /// Sends one event, "data: <payload>\n\n".
+  virtual void send(std::string payload) = 0;
+  /// Ends the response; the connection closes after it.
+  virtual void end() = 0;
+  /// `f` runs once, on an I/O thread, if the client goes away before end().
+  virtual void on_gone(std::function<void()> f) = 0;
 };
 
-/// Reads a KServe v2 infer body: one INT64/INT32 input of shape [batch, len] or [len]
-/// holding token ids; max_tokens, temperature, top_k, top_p, seed and deadline_ms as
-/// parameters. Errors name what is wrong.
-caf::expected<parsed_infer> parse_infer(const std::string& body, uint32_t max_rows) {
-  auto bad = [](std::string why) { return make_error(ec::invalid_request, std::move(why)); };
-  auto j = json::parse(body, nullptr, false);
-  if (j.is_discarded()) return bad("the body is not valid JSON");
-  if (!j.is_object()) return bad("the body must be a JSON object");
-  parsed_infer p;
-  if (auto id = j.find("id"); id != j.end() && id->is_string())
-    p.request_id = id->get<std::string>();
-  auto inputs = j.find("inputs");
-  if (inputs == j.end() || !inputs->is_array() || inputs->empty())
-    return bad("'inputs' must be a non-empty array");
-  auto& in = (*inputs)[0];
-  if (!in.is_object()) return bad("inputs[0] must be an object");
-  auto dt = in.find("datatype");
-  if (dt == in.end() || !dt->is_string() || (*dt != "INT64" && *dt != "INT32"))
-    return bad("inputs[0].datatype must be INT64 or INT32 (token ids)");
-  auto shape = in.find("shape");
-  if (shape == in.end() || !shape->is_array() || shape->empty() || shape->size() > 2)
-    return bad("inputs[0].shape must be [batch, length] or [length]");
-  std::vector<int64_t> dims;
-  for (auto& d : *shape) {
-    if (!d.is_number_integer() || d.get<int64_t>() < 0)
-      return bad("inputs[0].shape must hold non-negative integers");
-    dims.push_back(d.get<int64_t>());
+/// Starts a streamed response (200, text/event-stream) on the request's connection.
+using sse_opener = std::function<std::shared_ptr<sse_channel>()>;
+
+/// Which text API a generation answers in.
+enum class text_api { openai, triton };
+
+/// One prompt of a text request while it generates.
+struct gen_row {
+  std::vector<int64_t> prompt;
+  std::unique_ptr<models::stream_decoder> decoder;
+  /// The generated text, cut before a stop string once one appeared.
+  std::string text;
+  /// Bytes of `text` already streamed.
+  size_t emitted = 0;
+  size_t tokens = 0;
+  size_t completion_tokens = 0;
+  bool stopped = false;
+  bool done = false;
+  std::string finish;
+  /// The frontend's request id, known from the first token.
+  std::optional<uint64_t> id;
+};
+
+struct gen_state {
+  generation_request g;
+  text_api api = text_api::openai;
+  std::shared_ptr<const models::tokenizer> tok;
+  /// The model's vocabulary: the tokenizer's EOS stops generation only inside it.
+  int64_t vocab = 0;
+  models::stop_matcher stops;
+  std::vector<gen_row> rows;
+  size_t left = 0;
+  std::string completion_id;
+  int64_t created = 0;
+  responder reply;
+  sse_opener open_sse;
+  std::shared_ptr<sse_channel> sse;
+  /// The model manager that sends the tokens (it takes cancels).
+  caf::strong_actor_ptr manager;
+  bool gone = false;
+  bool failed = false;
+  /// The generation actor itself, told (cancel_atom) when the client goes away.
+  caf::actor self;
+};
+
+json chunk_json(const gen_state& st, size_t row, const std::string& text, const json& finish) {
+  if (st.api == text_api::triton) {
+    json j{{"model_name", st.g.model}, {"model_version", "1"}, {"text_output", text}};
+    if (!finish.is_null()) j["finish_reason"] = finish;
+    return j;
   }
-  if (dims.size() == 1) dims.insert(dims.begin(), 1);
-  if (dims[0] == 0 || dims[1] == 0) return bad("the batch is empty (shape has a zero)");
-  if (dims[0] > max_rows)
-    return bad("at most " + std::to_string(max_rows) + " sequences per request");
-  auto data = in.find("data");
-  std::vector<int64_t> flat;
-  if (data == in.end() || !flatten_ints(*data, flat))
-    return bad("inputs[0].data must hold integers");
-  if (static_cast<int64_t>(flat.size()) != dims[0] * dims[1])
-    return bad("inputs[0].data has " + std::to_string(flat.size()) + " elements; shape says " +
-               std::to_string(dims[0] * dims[1]));
-  for (int64_t r = 0; r < dims[0]; ++r)
-    p.rows.emplace_back(flat.begin() + r * dims[1], flat.begin() + (r + 1) * dims[1]);
-  if (auto params = j.find("parameters"); params != j.end()) {
-    if (!params->is_object()) return bad("'parameters' must be an object");
-    auto get_int = [&](const char* key, int64_t& out, int64_t lo, int64_t hi) -> caf::error {
-      auto v = params->find(key);
-      if (v == params->end()) return {};
-      if (!v->is_number_integer() || v->get<int64_t>() < lo || v->get<int64_t>() > hi)
-        return bad(std::string{"parameter "} + key + " must be an integer in " +
-                   std::to_string(lo) + ".." + std::to_string(hi));
-      out = v->get<int64_t>();
-      return {};
-    };
-    auto get_num = [&](const char* key, double& out) -> caf::error {
-      auto v = params->find(key);
-      if (v == params->end()) return {};
-      if (!v->is_number()) return bad(std::string{"parameter "} + key + " must be a number");
-      out = v->get<double>();
-      return {};
-    };
-    int64_t seed = 0;
-    int64_t deadline = 0;
-    if (auto e = get_int("max_tokens", p.max_tokens, 1, 1 << 20)) return e;
-    if (auto e = get_int("top_k", p.sampling.top_k, 0, 1 << 30)) return e;
-    if (auto e = get_int("seed", seed, 0, INT64_MAX)) return e;
-    if (auto e = get_int("deadline_ms", deadline, 0, 24 * 3600 * 1000)) return e;
-    if (auto e = get_num("temperature", p.sampling.temperature)) return e;
-    if (auto e = get_num("top_p", p.sampling.top_p)) return e;
-    p.sampling.seed = static_cast<uint64_t>(seed);
-    p.deadline_ms = static_cast<uint32_t>(deadline);
+  return json{
+      {"id", st.completion_id},
+      {"object", "text_completion"},
+      {"created", st.created},
+      {"model", st.g.model},
+      {"choices",
+       json::array({json{
+           {"index", row}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", finish}}})}};
+}
+
+json usage_json(const gen_state& st) {
+  size_t prompt = 0, completion = 0;
+  for (auto& r : st.rows) {
+    prompt += r.prompt.size();
+    completion += r.completion_tokens;
   }
-  return p;
+  return json{{"prompt_tokens", prompt},
+              {"completion_tokens", completion},
+              {"total_tokens", prompt + completion}};
+}
+
+void open_stream(gen_state& st) {
+  if (st.sse) return;
+  st.sse = st.open_sse();
+  st.sse->on_gone([who = st.self] { caf::anon_send(who, actors::cancel_atom_v); });
+}
+
+void send_event(gen_state& st, const json& j) {
+  open_stream(st);
+  st.sse->send(j.dump(-1, ' ', false, json::error_handler_t::replace));
+}
+
+/// Streams what of a row's text is safe to show (never the start of a stop string).
+void stream_text(gen_state& st, size_t row, bool all) {
+  auto& r = st.rows[row];
+  auto upto = all ? r.text.size() : st.stops.safe_prefix(r.text);
+  if (upto <= r.emitted) return;
+  send_event(st, chunk_json(st, row, r.text.substr(r.emitted, upto - r.emitted), nullptr));
+  r.emitted = upto;
+}
+
+/// Every row answered: the whole response, or the stream's end.
+void finish_generation(caf::event_based_actor* self, gen_state& st) {
+  if (st.g.stream) {
+    if (st.api == text_api::openai) {
+      if (st.g.stream_usage) {
+        auto j = chunk_json(st, 0, "", nullptr);
+        j["choices"] = json::array();
+        j["usage"] = usage_json(st);
+        send_event(st, j);
+      }
+      open_stream(st);
+      st.sse->send("[DONE]");
+    }
+    if (st.sse) st.sse->end();
+  } else if (st.api == text_api::triton) {
+    auto& r = st.rows[0];
+    json out{{"model_name", st.g.model},
+             {"model_version", "1"},
+             {"text_output", r.text},
+             {"finish_reason", r.finish},
+             {"usage", usage_json(st)}};
+    response res{http::status::ok, 11};
+    res.set(http::field::content_type, "application/json");
+    res.body() = out.dump(-1, ' ', false, json::error_handler_t::replace);
+    st.reply(std::move(res));
+  } else {
+    json choices = json::array();
+    for (size_t i = 0; i < st.rows.size(); ++i)
+      choices.push_back(json{{"index", i},
+                             {"text", st.rows[i].text},
+                             {"logprobs", nullptr},
+                             {"finish_reason", st.rows[i].finish}});
+    json out{{"id", st.completion_id}, {"object", "text_completion"}, {"created", st.created},
+             {"model", st.g.model},    {"choices", choices},          {"usage", usage_json(st)}};
+    response res{http::status::ok, 11};
+    res.set(http::field::content_type, "application/json");
+    res.body() = out.dump(-1, ' ', false, json::error_handler_t::replace);
+    st.reply(std::move(res));
+  }
+  self->quit();
+}
+
+void cancel_row(caf::event_based_actor* self, gen_state& st, const gen_row& r) {
+  if (st.manager && r.id)
+    self->send(caf::actor_cast<actors::model_manager_actor>(st.manager), actors::cancel_atom_v,
+               *r.id);
+}
+
+/// The actor behind one text request: sends one infer request per prompt with itself as
+/// the token sink, turns tokens into text as they come, cuts at stop strings (and
+/// cancels the row there, so no step is spent past it), streams or answers at the end.
+caf::behavior generation(caf::event_based_actor* self, std::shared_ptr<gen_state> sp,
+                         actors::frontend_actor fe, caf::timespan timeout) {
+  auto& st = *sp;
+  st.self = caf::actor_cast<caf::actor>(self);
+  st.left = st.rows.size();
+  st.stops.stops = st.g.stop;
+  for (size_t i = 0; i < st.rows.size(); ++i) {
+    st.rows[i].decoder = std::make_unique<models::stream_decoder>(st.tok);
+    actors::infer_request req;
+    req.model = st.g.model;
+    req.tokens = st.rows[i].prompt;
+    req.max_tokens = st.g.max_tokens;
+    req.sampling = st.g.sampling;
+    req.sampling.seed = st.g.sampling.seed + i;
+    req.deadline_ms = st.g.deadline_ms;
+    if (auto eos = st.tok->eos(); eos && *eos < st.vocab) req.eos = *eos;
+    req.stream = caf::actor_cast<caf::actor>(self);
+    req.stream_row = static_cast<uint32_t>(i);
+    self->request(fe, timeout, actors::infer_atom_v, std::move(req))
+        .then(
+            [=](actors::infer_reply& rep) {
+              auto& st = *sp;
+              auto& r = st.rows[i];
+              r.done = true;
+              if (!r.stopped) {
+                r.text += r.decoder->finish();
+                if (auto at = st.stops.find(r.text)) {
+                  r.text.resize(*at);
+                  r.stopped = true;
+                }
+                r.completion_tokens = rep.tokens.size();
+              }
+              r.finish = r.stopped || rep.finish_reason == "stop" ? "stop" : "length";
+              if (st.g.stream && !st.failed) {
+                stream_text(st, i, true);
+                send_event(st, chunk_json(st, i, "", r.finish));
+              }
+              if (--st.left == 0 && !st.failed) finish_generation(self, st);
+            },
+            [=](caf::error& e) {
+              auto& st = *sp;
+              st.rows[i].done = true;
+              --st.left;
+              if (st.failed) return;
+              st.failed = true;
+              for (auto& r : st.rows)
+                if (!r.done) cancel_row(self, st, r);
+              if (st.sse) {
+                // Mid-stream: the error is the last event.
+                bool retry = false;
+                auto status = static_cast<int>(status_of(e, retry));
+                send_event(st, openai_error(status, render(e), code_of(e)));
+                if (st.api == text_api::openai) st.sse->send("[DONE]");
+                st.sse->end();
+              } else {
+                st.reply(st.api == text_api::openai ? openai_error_response(e) : error_response(e));
+              }
+              self->quit();
+            });
+  }
+  return {
+      [=](actors::token_atom, uint64_t id, uint32_t row, int64_t token) {
+        auto& st = *sp;
+        if (row >= st.rows.size()) return;
+        st.manager = self->current_sender();
+        auto& r = st.rows[row];
+        bool first = !r.id;
+        r.id = id;
+        if (r.done || r.stopped || st.failed) return;
+        if (st.gone) {
+          if (first) cancel_row(self, st, r);
+          return;
+        }
+        ++r.tokens;
+        r.text += r.decoder->push(token);
+        if (auto at = st.stops.find(r.text)) {
+          r.text.resize(*at);
+          r.stopped = true;
+          r.completion_tokens = r.tokens;
+          cancel_row(self, st, r);
+          if (st.g.stream) stream_text(st, row, true);
+          return;
+        }
+        if (st.g.stream) stream_text(st, row, false);
+      },
+      // The client went away: every row still generating is cancelled.
+      [=](actors::cancel_atom) {
+        auto& st = *sp;
+        st.gone = true;
+        for (auto& r : st.rows)
+          if (!r.done) cancel_row(self, st, r);
+      },
+  };
 }
 
 }  // namespace
@@ -257,6 +447,9 @@ struct http_server::impl {
   std::vector<std::thread> threads;
   std::atomic<bool> stopped{false};
   uint16_t bound_port = 0;
+  /// Tokenizers by path, read once (a GPT-2 vocabulary takes a moment to parse).
+  std::mutex tokenizers_mtx;
+  std::map<std::string, std::shared_ptr<const models::tokenizer>> tokenizers;
 
   impl(caf::actor_system& s, actors::frontend_actor fe, std::shared_ptr<metrics> m,
        std::shared_ptr<trace_recorder> t, http_options o)
@@ -270,6 +463,19 @@ struct http_server::impl {
   /// a short-lived actor so that no I/O thread ever blocks on an actor.
   template <class T, class OnOk, class... Ts>
   void ask(responder reply, OnOk ok, Ts... xs) {
+    ask_with<T>(
+        reply, ok, [](const caf::error& e) { return error_response(e); }, xs...);
+  }
+
+  /// ask() with OpenAI's error shape.
+  template <class T, class OnOk, class... Ts>
+  void ask_openai(responder reply, OnOk ok, Ts... xs) {
+    ask_with<T>(
+        reply, ok, [](const caf::error& e) { return openai_error_response(e); }, xs...);
+  }
+
+  template <class T, class OnOk, class OnErr, class... Ts>
+  void ask_with(responder reply, OnOk ok, OnErr on_err, Ts... xs) {
     auto fe = frontend;
     auto timeout = caf::timespan{opts.request_timeout};
     sys.spawn([=](caf::event_based_actor* self) {
@@ -280,21 +486,24 @@ struct http_server::impl {
                 self->quit();
               },
               [=](caf::error& e) {
-                reply(error_response(e));
+                reply(on_err(e));
                 self->quit();
               });
     });
   }
 
   void infer(const std::string& model, const std::string& body, responder reply) {
-    auto p = parse_infer(body, opts.max_batch_rows);
-    if (!p) {
-      reply(error_response(p.error()));
-      return;
-    }
+    auto j = json::parse(body, nullptr, false);
+    if (j.is_discarded())
+      return reply(make_error_response(http::status::bad_request,
+                                       "invalid_request: the body is not valid JSON"));
+    auto p = parse_infer_body(j, opts.max_batch_rows);
+    if (auto e = std::get_if<request_error>(&p))
+      return reply(
+          make_error_response(http::status::bad_request, "invalid_request: " + e->message));
     auto fe = frontend;
     auto timeout = caf::timespan{opts.request_timeout};
-    auto parsed = std::make_shared<parsed_infer>(std::move(*p));
+    auto parsed = std::make_shared<infer_body>(std::move(std::get<infer_body>(p)));
     sys.spawn([=](caf::event_based_actor* self) {
       auto rows = parsed->rows.size();
       auto j = actors::make_join<actors::infer_reply>(
@@ -348,8 +557,84 @@ struct http_server::impl {
     });
   }
 
-  /// Routes one request; every path ends in exactly one call of `reply`.
-  void route(const request& req, responder reply) {
+  caf::expected<std::shared_ptr<const models::tokenizer>> tokenizer_of(
+      const actors::model_info& i) {
+    const auto& path = i.config.tokenizer;
+    if (path.empty())
+      return make_error(ec::invalid_request,
+                        "model " + i.config.name +
+                            " has no tokenizer, so it takes token ids only: send them to "
+                            "/v2/models/" +
+                            i.config.name +
+                            "/infer, or give the model a tokenizer (configs/README.md)");
+    if (path == "bytes") return models::tokenizer::bytes();
+    std::lock_guard<std::mutex> guard{tokenizers_mtx};
+    if (auto t = tokenizers.find(path); t != tokenizers.end()) return t->second;
+    auto t = models::tokenizer::open(path);
+    if (!t) return make_error(ec::unavailable, "model " + i.config.name + ": " + render(t.error()));
+    tokenizers.emplace(path, *t);
+    return *t;
+  }
+
+  /// A text request (OpenAI completions, Triton generate): read strictly, then the
+  /// model's tokenizer, then a generation actor does the rest.
+  void text_request(text_api api, const std::string& model, const std::string& body, bool stream,
+                    responder reply, sse_opener open_sse) {
+    auto bad = [&](const request_error& e) {
+      reply(api == text_api::openai
+                ? openai_bad_request(e)
+                : make_error_response(http::status::bad_request, "invalid_request: " + e.message));
+    };
+    auto j = json::parse(body, nullptr, false);
+    if (j.is_discarded()) return bad({"the body is not valid JSON", ""});
+    auto parsed = api == text_api::openai ? parse_completion(j, opts.max_batch_rows)
+                                          : parse_generate(j, model, stream);
+    if (auto e = std::get_if<request_error>(&parsed)) return bad(*e);
+    auto g = std::make_shared<generation_request>(std::move(std::get<generation_request>(parsed)));
+    auto fe = frontend;
+    auto timeout = caf::timespan{opts.request_timeout};
+    auto fail = [api, reply](const caf::error& e) {
+      reply(api == text_api::openai ? openai_error_response(e) : error_response(e));
+    };
+    sys.spawn([=](caf::event_based_actor* self) {
+      self->request(fe, caf::timespan{std::chrono::seconds(10)}, actors::info_atom_v, g->model)
+          .then(
+              [=](actors::model_info& info) {
+                self->quit();
+                auto tok = tokenizer_of(info);
+                if (!tok) return fail(tok.error());
+                auto st = std::make_shared<gen_state>();
+                st->g = std::move(*g);
+                st->api = api;
+                st->tok = *tok;
+                st->vocab = info.vocab;
+                st->reply = reply;
+                st->open_sse = open_sse;
+                st->created = std::chrono::duration_cast<std::chrono::seconds>(
+                                  std::chrono::system_clock::now().time_since_epoch())
+                                  .count();
+                static std::atomic<uint64_t> next_completion{1};
+                st->completion_id = "cmpl-" + std::to_string(next_completion++);
+                for (auto& p : st->g.prompts) {
+                  gen_row r;
+                  if (auto text = std::get_if<std::string>(&p))
+                    r.prompt = (*tok)->encode(*text);
+                  else
+                    r.prompt = std::get<std::vector<int64_t>>(p);
+                  st->rows.push_back(std::move(r));
+                }
+                self->home_system().spawn(generation, st, fe, timeout);
+              },
+              [=](caf::error& e) {
+                fail(e);
+                self->quit();
+              });
+    });
+  }
+
+  /// Routes one request; every path ends in exactly one call of `reply`, or in a stream
+  /// opened with `open_sse` and ended.
+  void route(const request& req, responder reply, sse_opener open_sse) {
     auto target = std::string{req.target()};
     if (auto q = target.find('?'); q != std::string::npos) target.resize(q);
     auto method = req.method();
@@ -406,6 +691,46 @@ struct http_server::impl {
             return make_json(http::status::ok, out);
           },
           actors::list_atom_v);
+    }
+    if (target == "/v1/models") {
+      if (!is_get) return wrong_method();
+      return ask_openai<std::vector<actors::model_info>>(
+          reply,
+          [](std::vector<actors::model_info>& ms) {
+            json data = json::array();
+            for (auto& m : ms)
+              data.push_back(json{{"id", m.config.name},
+                                  {"object", "model"},
+                                  {"created", 0},
+                                  {"owned_by", "computron"},
+                                  {"max_model_len", m.max_positions}});
+            return make_json(http::status::ok, json{{"object", "list"}, {"data", data}});
+          },
+          actors::list_atom_v);
+    }
+    if (target == "/v1/completions") {
+      if (!is_post) return wrong_method();
+      return text_request(text_api::openai, {}, req.body(), false, std::move(reply),
+                          std::move(open_sse));
+    }
+    if (target == "/v1/chat/completions") {
+      if (!is_post) return wrong_method();
+      // No model here declares a chat template (OPT has none): say so for a known model,
+      // 404 for an unknown one, as OpenAI would.
+      auto j = json::parse(req.body(), nullptr, false);
+      auto m = j.is_object() ? j.value("model", std::string{}) : std::string{};
+      if (m.empty()) return reply(openai_bad_request({"'model' must name a model", "model"}));
+      return ask_openai<actors::model_info>(
+          reply,
+          [](actors::model_info& i) {
+            return make_json(
+                http::status::bad_request,
+                openai_error(400,
+                             "invalid_request: model " + i.config.name +
+                                 " declares no chat template; send a prompt to /v1/completions",
+                             "invalid_request", "messages"));
+          },
+          actors::info_atom_v, m);
     }
     const std::string repo = "/v2/repository/models/";
     if (target.rfind(repo, 0) == 0) {
@@ -464,6 +789,11 @@ struct http_server::impl {
         if (!is_post) return wrong_method();
         return infer(model, req.body(), std::move(reply));
       }
+      if (verb == "generate" || verb == "generate_stream") {
+        if (!is_post) return wrong_method();
+        return text_request(text_api::triton, model, req.body(), verb == "generate_stream",
+                            std::move(reply), std::move(open_sse));
+      }
     }
     reply(make_error_response(http::status::not_found, "no route " + target));
   }
@@ -510,10 +840,109 @@ class session : public std::enable_shared_from_this<session> {
     // The connection waits for the answer without a read deadline.
     stream_.expires_never();
     auto self = shared_from_this();
-    srv_.route(req, [self](response res) {
-      asio::post(self->stream_.get_executor(),
-                 [self, res = std::move(res)]() mutable { self->write(std::move(res)); });
-    });
+    srv_.route(
+        req,
+        [self](response res) {
+          asio::post(self->stream_.get_executor(),
+                     [self, res = std::move(res)]() mutable { self->write(std::move(res)); });
+        },
+        [self]() -> std::shared_ptr<sse_channel> {
+          asio::post(self->stream_.get_executor(), [self] { self->start_sse(); });
+          return std::make_shared<channel>(self);
+        });
+  }
+
+  /// The session's side of a streamed response; its calls hop onto the session's strand.
+  class channel final : public sse_channel {
+   public:
+    explicit channel(std::shared_ptr<session> s) : s_(std::move(s)) {}
+    ~channel() override { end(); }
+    void send(std::string payload) override {
+      auto framed = std::make_shared<std::string>("data: " + std::move(payload) + "\n\n");
+      asio::post(s_->stream_.get_executor(), [s = s_, framed] {
+        s->sse_out_.push_back(framed);
+        s->pump_sse();
+      });
+    }
+    void end() override {
+      asio::post(s_->stream_.get_executor(), [s = s_] {
+        s->sse_ending_ = true;
+        s->pump_sse();
+      });
+    }
+    void on_gone(std::function<void()> f) override {
+      asio::post(s_->stream_.get_executor(), [s = s_, f = std::move(f)] {
+        if (s->sse_gone_)
+          f();
+        else
+          s->sse_on_gone_ = f;
+      });
+    }
+
+   private:
+    std::shared_ptr<session> s_;
+  };
+
+  /// Writes the stream's head (200, text/event-stream, chunked), then its events in
+  /// order. A read waits meanwhile: the client closing its side is how a disconnect shows.
+  void start_sse() {
+    keep_alive_ = false;
+    auto head = std::make_shared<http::response<http::empty_body>>(http::status::ok, version_);
+    head->set(http::field::server, "computron");
+    head->set(http::field::content_type, "text/event-stream");
+    head->set(http::field::cache_control, "no-cache");
+    head->keep_alive(false);
+    head->chunked(true);
+    auto sr = std::make_shared<http::response_serializer<http::empty_body>>(*head);
+    sse_writing_ = true;
+    http::async_write_header(stream_, *sr,
+                             [self = shared_from_this(), head, sr](beast::error_code ec, size_t) {
+                               self->sse_writing_ = false;
+                               if (ec) return self->sse_lost();
+                               self->watch_client();
+                               self->pump_sse();
+                             });
+  }
+
+  void watch_client() {
+    stream_.socket().async_read_some(asio::buffer(probe_),
+                                     [self = shared_from_this()](beast::error_code ec, size_t) {
+                                       if (self->sse_ended_) return;
+                                       if (ec) return self->sse_lost();
+                                       self->watch_client();  // bytes after the request: ignored
+                                     });
+  }
+
+  void pump_sse() {
+    if (sse_writing_ || sse_gone_ || sse_ended_) return;
+    if (!sse_out_.empty()) {
+      auto data = sse_out_.front();
+      sse_out_.pop_front();
+      sse_writing_ = true;
+      asio::async_write(stream_, http::make_chunk(asio::buffer(*data)),
+                        [self = shared_from_this(), data](beast::error_code ec, size_t) {
+                          self->sse_writing_ = false;
+                          if (ec) return self->sse_lost();
+                          self->pump_sse();
+                        });
+      return;
+    }
+    if (!sse_ending_) return;
+    sse_ended_ = true;
+    sse_writing_ = true;
+    asio::async_write(stream_, http::make_chunk_last(),
+                      [self = shared_from_this()](beast::error_code, size_t) {
+                        self->sse_writing_ = false;
+                        self->close();
+                      });
+  }
+
+  void sse_lost() {
+    if (sse_gone_ || sse_ended_) return;
+    sse_gone_ = true;
+    sse_out_.clear();
+    if (sse_on_gone_) sse_on_gone_();
+    close();
   }
 
   void write(response res) {
@@ -539,6 +968,14 @@ class session : public std::enable_shared_from_this<session> {
   http_server::impl& srv_;
   bool keep_alive_ = true;
   unsigned version_ = 11;
+  // A streamed response (Server-Sent Events), touched only on the strand.
+  std::deque<std::shared_ptr<std::string>> sse_out_;
+  bool sse_writing_ = false;
+  bool sse_ending_ = false;
+  bool sse_ended_ = false;
+  bool sse_gone_ = false;
+  std::function<void()> sse_on_gone_;
+  std::array<char, 512> probe_{};
 };
 
 void accept(http_server::impl& srv) {

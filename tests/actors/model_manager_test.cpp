@@ -112,3 +112,98 @@ TEST_CASE("a full batch goes at once and a request past its deadline fails in th
                             CHECK_THAT(render(e), Catch::Contains("in the queue of m"));
                           });
 }
+
+TEST_CASE("rows leave the batch as they finish: max_tokens per row, EOS, no wasted steps",
+          "[actors][manager]") {
+  manager_fixture f;
+  auto make = [](int64_t max_tokens, int64_t eos) {
+    infer_request r;
+    r.model = "m";
+    r.tokens = {1, 2, 3};
+    r.max_tokens = max_tokens;
+    r.eos = eos;
+    return r;
+  };
+  auto a = f.self->request(f.manager, caf::timespan{24h}, infer_atom_v, make(2, -1));
+  auto b = f.self->request(f.manager, caf::timespan{24h}, infer_atom_v, make(5, -1));
+  auto c = f.self->request(f.manager, caf::timespan{24h}, infer_atom_v, make(6, 9));
+  f.sched.run();
+  f.sched.advance_time(6ms);
+  f.sched.run();
+  std::vector<infer_reply> got;
+  for (auto* h : {&a, &b, &c})
+    std::move(*h).receive([&](infer_reply& r) { got.push_back(r); },
+                          [](caf::error& e) { FAIL(render(e)); });
+  REQUIRE(got.size() == 3);
+  CHECK(got[0].tokens == std::vector<int64_t>{7, 8});
+  CHECK(got[0].finish_reason == "length");
+  CHECK(got[1].tokens == std::vector<int64_t>{7, 8, 9, 10, 11});
+  CHECK(got[1].finish_reason == "length");
+  // EOS (9) ends the row and is not returned.
+  CHECK(got[2].tokens == std::vector<int64_t>{7, 8});
+  CHECK(got[2].finish_reason == "stop");
+  // a leaves after step 1 (two tokens), c on EOS at step 2, b runs alone to five.
+  CHECK(f.script.step_rows == std::vector<size_t>{3, 3, 2, 1, 1});
+  REQUIRE(f.script.keeps.size() == 5);
+  CHECK(f.script.keeps[1].empty());
+  CHECK(f.script.keeps[2] == std::vector<int32_t>{1, 2});
+  CHECK(f.script.keeps[3] == std::vector<int32_t>{0});
+  CHECK(f.script.keeps[4].empty());
+}
+
+namespace {
+
+/// Receives streamed tokens; after `cancel_after` of them it cancels its request.
+caf::behavior stream_listener(caf::event_based_actor* self, std::vector<int64_t>* seen,
+                              size_t cancel_after) {
+  return {
+      [=](token_atom, uint64_t id, uint32_t row, int64_t token) {
+        CHECK(row == 3u);
+        seen->push_back(token);
+        if (seen->size() == cancel_after)
+          self->send(caf::actor_cast<model_manager_actor>(self->current_sender()), cancel_atom_v,
+                     id);
+      },
+  };
+}
+
+}  // namespace
+
+TEST_CASE("streamed tokens come one by one, and a cancel ends the row after its step",
+          "[actors][manager]") {
+  manager_fixture f;
+  std::vector<int64_t> seen;
+  auto listener = f.sys.spawn(stream_listener, &seen, size_t{2});
+  infer_request r;
+  r.model = "m";
+  r.tokens = {1, 2, 3};
+  r.max_tokens = 50;
+  r.stream = listener;
+  r.stream_row = 3;
+  r.id = 41;
+  auto h = f.self->request(f.manager, caf::timespan{24h}, infer_atom_v, r);
+  f.sched.run();
+  f.sched.advance_time(6ms);
+  f.sched.run();
+  std::move(h).receive(
+      [&](infer_reply& rep) {
+        CHECK(rep.finish_reason == "cancelled");
+        // The cancel, sent on the second token, reaches the manager before the third
+        // step's result: two tokens, then the row ends.
+        CHECK(rep.tokens == std::vector<int64_t>{7, 8});
+      },
+      [](caf::error& e) { FAIL(render(e)); });
+  CHECK(seen == std::vector<int64_t>{7, 8});
+  CHECK(f.script.step_rows.size() == 3u);
+
+  // A cancel in the queue fails the request at once as cancelled.
+  r.stream = nullptr;
+  r.id = 42;
+  auto q = f.self->request(f.manager, caf::timespan{24h}, infer_atom_v, r);
+  f.sched.run();
+  f.self->send(f.manager, cancel_atom_v, uint64_t{42});
+  f.sched.run();
+  std::move(q).receive([](infer_reply&) { FAIL("a cancelled request was served"); },
+                       [](caf::error& e) { CHECK(is(e, ec::cancelled)); });
+  caf::anon_send_exit(listener, caf::exit_reason::user_shutdown);
+}

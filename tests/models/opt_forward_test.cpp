@@ -336,3 +336,28 @@ TEST_CASE("a stage refuses weights, groups and dtypes that do not fit",
   auto other = *find_spec("opt-mini");
   CHECK_FALSE(opt_stage::create(other, {1, 1}, {0, 0}, *full, *solo));
 }
+
+TEST_CASE("a row that leaves the cache leaves the others' decode unchanged", "[models][decode]") {
+  sharded_model m{"opt-tiny", gpu::dtype::f32, {1, 1}};
+  auto* stage = m.chain(0)[0];
+  REQUIRE(prompts.size() >= 3);
+  kv_cache all, kept;
+  REQUIRE(stage->prefill(prompts, nullptr, all));
+  REQUIRE(stage->prefill(prompts, nullptr, kept));
+  std::vector<int64_t> next(prompts.size(), 5);
+  auto full = stage->decode(next, nullptr, all);
+  REQUIRE(full);
+  // Rows 2 and 0 go on, in that order; row 1 finished.
+  REQUIRE_FALSE(kept.keep_rows({2, 0}));
+  auto part = stage->decode({5, 5}, nullptr, kept);
+  REQUIRE(part);
+  auto f = full->to_floats(), p = part->to_floats();
+  const auto vocab = full->shape[1];
+  REQUIRE(part->shape == std::vector<int64_t>{2, vocab});
+  auto row = [&](const std::vector<float>& v, int64_t r) {
+    return std::vector<float>(v.begin() + r * vocab, v.begin() + (r + 1) * vocab);
+  };
+  CHECK(relative_error(row(p, 0), row(f, 2)) <= 1e-5);
+  CHECK(relative_error(row(p, 1), row(f, 0)) <= 1e-5);
+  CHECK(kept.keep_rows({7}));  // outside the batch of 2
+}

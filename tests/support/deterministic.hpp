@@ -54,6 +54,9 @@ struct fake_worker_script {
   std::map<std::string, int> evictions;
   std::set<std::string> failing;
   std::set<std::string> hanging;
+  /// Rows of each step the worker ran, and its keep list.
+  std::vector<size_t> step_rows;
+  std::vector<std::vector<int32_t>> keeps;
   /// Holds hanging loads until it receives ok_atom (promises are delivered by their
   /// owner only, so the test releases them through this actor).
   caf::actor holder;
@@ -98,7 +101,14 @@ inline actors::shard_worker_actor::behavior_type fake_worker(
         return transfer_report{m, device, 0, 0};
       },
       [=](step_atom, step_request& r) {
-        return step_result{std::vector<int64_t>(r.prompts.size(), 7), 0};
+        // Prefill samples 7 for every row; each decode step samples the row's last
+        // token plus one. The steps' row counts and keep lists are recorded.
+        script->step_rows.push_back(r.step == 0 ? r.prompts.size() : r.tokens.size());
+        script->keeps.push_back(r.keep);
+        if (r.step == 0) return step_result{std::vector<int64_t>(r.prompts.size(), 7), 0};
+        std::vector<int64_t> next;
+        for (auto t : r.tokens) next.push_back(t + 1);
+        return step_result{next, 0};
       },
       [=](cancel_atom, std::string&, uint64_t) {},
       [=](devices_atom) { return device_report{}; },
