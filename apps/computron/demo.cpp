@@ -51,13 +51,15 @@ int run_demo(const demo_options& o) {
   struct target {
     std::string name;
     int64_t vocab;
+    bool text;  // it has a tokenizer: text prompts through /v1/completions
   };
   std::vector<target> models;
   for (auto& m : json::parse(index->body)) {
     auto name = m["name"].get<std::string>();
     auto info = client->request("GET", "/v2/models/" + name);
     if (!info || info->status != 200) continue;
-    models.push_back({name, json::parse(info->body)["parameters"]["vocab"].get<int64_t>()});
+    auto p = json::parse(info->body)["parameters"];
+    models.push_back({name, p["vocab"].get<int64_t>(), p.value("tokenizer", false)});
   }
   if (models.empty()) {
     std::cerr << "computron demo: the server has no models\n";
@@ -66,7 +68,13 @@ int run_demo(const demo_options& o) {
   std::cout << fmt::format(
       "computron demo: {} requests over {} models from {} clients, {} tokens each\n", o.requests,
       models.size(), o.clients, o.max_tokens);
+  // Prompts for models with a tokenizer; the demo models' weights are random, so what
+  // comes back is noise, but it goes in and comes out as text (README).
+  static const std::vector<std::string> prompts = {
+      "The capital of France is", "Once upon a time",
+      "def fibonacci(n):", "Model-parallel swapping moves", "The quick brown fox"};
   std::mutex mtx;
+  std::vector<std::string> samples;
   std::vector<double> latencies;
   std::map<int, size_t> statuses;
   size_t swapped = 0;
@@ -81,24 +89,45 @@ int run_demo(const demo_options& o) {
         std::vector<double> w;
         for (size_t k = 0; k < models.size(); ++k) w.push_back(1.0 / static_cast<double>(k + 1));
         auto& m = models[std::discrete_distribution<size_t>(w.begin(), w.end())(rng)];
-        json prompt = json::array();
-        for (int t = 0; t < 8; ++t)
-          prompt.push_back(std::uniform_int_distribution<int64_t>(0, m.vocab - 1)(rng));
-        json body{
-            {"inputs",
-             {{{"name", "input_ids"}, {"datatype", "INT64"}, {"shape", {1, 8}}, {"data", prompt}}}},
-            {"parameters", {{"max_tokens", o.max_tokens}}}};
+        json body;
+        std::string target;
+        const auto& text = prompts[i % prompts.size()];
+        if (m.text) {
+          target = "/v1/completions";
+          body = {{"model", m.name},
+                  {"prompt", text},
+                  {"max_tokens", o.max_tokens},
+                  {"temperature", 0.8},
+                  {"seed", o.seed + i}};
+        } else {
+          json prompt = json::array();
+          for (int t = 0; t < 8; ++t)
+            prompt.push_back(std::uniform_int_distribution<int64_t>(0, m.vocab - 1)(rng));
+          target = "/v2/models/" + m.name + "/infer";
+          body = {{"inputs",
+                   {{{"name", "input_ids"},
+                     {"datatype", "INT64"},
+                     {"shape", {1, 8}},
+                     {"data", prompt}}}},
+                  {"parameters", {{"max_tokens", o.max_tokens}}}};
+        }
         auto s = std::chrono::steady_clock::now();
-        auto r =
-            conn ? (*conn)->request("POST", "/v2/models/" + m.name + "/infer", body.dump(), 300s)
-                 : caf::expected<net::http_result>{make_error(ec::io_error, "no connection")};
+        auto r = conn ? (*conn)->request("POST", target, body.dump(), 300s)
+                      : caf::expected<net::http_result>{make_error(ec::io_error, "no connection")};
         auto ms =
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s).count();
         std::lock_guard<std::mutex> guard{mtx};
         statuses[r ? r->status : 0]++;
         if (r && r->status == 200) {
           latencies.push_back(ms);
-          if (json::parse(r->body)["parameters"]["swapped"].get<bool>()) ++swapped;
+          auto j = json::parse(r->body);
+          if (m.text) {
+            if (samples.size() < 3)
+              samples.push_back(fmt::format("  {}: \"{}\" -> \"{}\"", m.name, text,
+                                            j["choices"][0]["text"].get<std::string>()));
+          } else if (j["parameters"]["swapped"].get<bool>()) {
+            ++swapped;
+          }
         } else {
           std::cerr << "request failed: " << (r ? r->body : render(r.error())) << '\n';
         }
@@ -114,7 +143,12 @@ int run_demo(const demo_options& o) {
       "  latency ms: p50 {:.1f}  p90 {:.1f}  p99 {:.1f}  max {:.1f}\n",
       workload::percentile(latencies, 0.5), workload::percentile(latencies, 0.9),
       workload::percentile(latencies, 0.99), workload::percentile(latencies, 1.0));
-  std::cout << fmt::format("  requests that waited for a swap: {}\n", swapped);
+  if (swapped > 0)
+    std::cout << fmt::format("  token-id requests that waited for a swap: {}\n", swapped);
+  if (!samples.empty()) {
+    std::cout << "  sample completions (random weights: the words are noise):\n";
+    for (auto& line : samples) std::cout << line << '\n';
+  }
   if (metrics && metrics->status == 200) {
     auto bytes = net::prometheus_sum(metrics->body, "computron_bytes_loaded_total", "device");
     auto secs = net::prometheus_sum(metrics->body, "computron_load_seconds_sum", "device");

@@ -27,6 +27,7 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "gpu/backends.hpp"
+#include "net/loadgen.hpp"
 
 namespace {
 
@@ -318,8 +319,8 @@ int main(int argc, char** argv) {
   auto demo_cmd = app.add_subcommand(
       "demo", "send a short mixed workload to a running server; print a summary");
   app::demo_options demo;
-  demo_cmd->add_option("--host", demo.host, "server address")->capture_default_str();
-  demo_cmd->add_option("--port", demo.port, "server port")->capture_default_str();
+  std::string demo_url = "http://127.0.0.1:8000";
+  demo_cmd->add_option("--url", demo_url, "the server, http://HOST:PORT")->capture_default_str();
   demo_cmd->add_option("--requests", demo.requests, "requests in all")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
@@ -421,6 +422,11 @@ int main(int argc, char** argv) {
   gen_cmd->add_option("--seed", gen_sampling.seed, "row i uses seed + i")->capture_default_str();
   gen_cmd->add_option("--devices", gen_devices.count, "emulated devices")->capture_default_str();
 
+  // help [subcommand ...]: what --help prints, for the whole tool or one subcommand.
+  auto help_cmd = app.add_subcommand("help", "show the subcommands, or one subcommand's flags");
+  std::vector<std::string> help_path;
+  help_cmd->add_option("subcommand", help_path, "e.g. serve, or bench swap");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::RequiredError& e) {
@@ -435,6 +441,24 @@ int main(int argc, char** argv) {
   }
   log::level lvl;
   if (!log_level.empty() && log::parse_level(log_level, lvl)) log::set_level(lvl);
+
+  if (*help_cmd) {
+    CLI::App* level = &app;
+    for (auto& name : help_path) {
+      CLI::App* next = nullptr;
+      try {
+        next = level->get_subcommand(name);
+      } catch (const CLI::OptionNotFound&) {
+      }
+      if (!next || next == help_cmd) {
+        std::cerr << "computron help: no subcommand '" << name << "'\n\n" << level->help();
+        return exit_usage;
+      }
+      level = next;
+    }
+    std::cout << level->help();
+    return 0;
+  }
 
   if (*swap_cmd) {
     if (!(size_mb > 0) || !(chunk_mb > 0) || !std::isfinite(size_mb) || !std::isfinite(chunk_mb)) {
@@ -545,7 +569,16 @@ int main(int argc, char** argv) {
     return app::run_node(node);
   }
   if (*console_cmd) return app::run_console(console);
-  if (*demo_cmd) return app::run_demo(demo);
+  if (*demo_cmd) {
+    auto at = net::parse_url(demo_url);
+    if (!at) {
+      std::cerr << "computron demo: " << render(at.error()) << '\n';
+      return 2;
+    }
+    demo.host = at->host;
+    demo.port = at->port;
+    return app::run_demo(demo);
+  }
   if (*lg_cmd) {
     if (lg_alpha_opt->count() > 0) lg.power_law_alpha = lg_alpha;
     if (lg_total_opt->count() > 0) lg.total_rate = lg_total;

