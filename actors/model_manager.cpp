@@ -593,6 +593,7 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
                         m.gate_key = st.gate->placement_key(cfg.tp, cfg.pp, cfg.devices);
                         st.names.push_back(cfg.name);
                         st.models.emplace(cfg.name, std::move(m));
+                        st.opts.obs->model_registered(cfg.name, cfg.devices);
                         log::info("registered {} ({} {}, tp {} x pp {}, {} bytes)", cfg.name,
                                   cfg.kind, cfg.spec, cfg.tp, cfg.pp, st.models.at(cfg.name).bytes);
                         with_info(cfg.name, rp);

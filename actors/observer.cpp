@@ -27,6 +27,9 @@ class fan_out final : public observer {
   void resident_models(size_t n) override {
     for (auto& p : parts_) p->resident_models(n);
   }
+  void model_registered(const std::string& m, const std::vector<int32_t>& d) override {
+    for (auto& p : parts_) p->model_registered(m, d);
+  }
 
  private:
   std::vector<std::shared_ptr<observer>> parts_;

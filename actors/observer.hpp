@@ -34,6 +34,8 @@ class observer {
                             size_t resident_models) {}
   /// Models resident anywhere.
   virtual void resident_models(size_t count) {}
+  /// A model was registered with shards on `devices` (its per-model series start at 0).
+  virtual void model_registered(const std::string& model, const std::vector<int32_t>& devices) {}
 };
 
 /// An observer that records nothing.

@@ -74,6 +74,24 @@ struct metrics::impl {
                                          .Register(*reg);
   pm::Family<pm::Histogram>& batch_rows =
       pm::BuildHistogram().Name("computron_batch_size").Help("Sequences per batch").Register(*reg);
+  // Per model and device, so a dashboard shows which models thrash.
+  pm::Family<pm::Counter>& model_loads = pm::BuildCounter()
+                                             .Name("computron_model_loads_total")
+                                             .Help("Shard loads, by model and device")
+                                             .Register(*reg);
+  pm::Family<pm::Counter>& model_evictions = pm::BuildCounter()
+                                                 .Name("computron_model_evictions_total")
+                                                 .Help("Shard evictions, by model and device")
+                                                 .Register(*reg);
+  pm::Family<pm::Counter>& model_load_seconds =
+      pm::BuildCounter()
+          .Name("computron_model_load_seconds_total")
+          .Help("Seconds spent loading shards, by model and device")
+          .Register(*reg);
+  pm::Family<pm::Counter>& model_bytes = pm::BuildCounter()
+                                             .Name("computron_model_bytes_loaded_total")
+                                             .Help("Bytes loaded, by model and device")
+                                             .Register(*reg);
   pm::Gauge& resident_gauge = resident.Add({});
   pm::Histogram& rows_hist =
       batch_rows.Add({}, pm::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64});
@@ -108,10 +126,22 @@ void metrics::batch_done(const std::string& model, const std::vector<int32_t>&, 
   impl_->rows_hist.Observe(static_cast<double>(rows));
 }
 
-void metrics::transfer_done(const std::string&, int32_t device, bool load, uint64_t bytes, double,
-                            double seconds) {
+void metrics::model_registered(const std::string& model, const std::vector<int32_t>& devices) {
+  for (auto d : devices) {
+    pm::Labels l{{"model", model}, {"device", std::to_string(d)}};
+    impl_->model_loads.Add(l);
+    impl_->model_evictions.Add(l);
+    impl_->model_load_seconds.Add(l);
+    impl_->model_bytes.Add(l);
+  }
+}
+
+void metrics::transfer_done(const std::string& model, int32_t device, bool load, uint64_t bytes,
+                            double, double seconds) {
   pm::Labels l{{"device", std::to_string(device)}};
+  pm::Labels ml{{"model", model}, {"device", std::to_string(device)}};
   if (!load) {
+    impl_->model_evictions.Add(ml).Increment();
     impl_->evictions.Add(l).Increment();
     impl_->evict_seconds.Add(l, pm::Histogram::BucketBoundaries{1e-5, 1e-4, 0.001, 0.01, 0.1, 1})
         .Observe(seconds);
@@ -119,6 +149,9 @@ void metrics::transfer_done(const std::string&, int32_t device, bool load, uint6
   }
   impl_->loads.Add(l).Increment();
   impl_->bytes_loaded.Add(l).Increment(static_cast<double>(bytes));
+  impl_->model_loads.Add(ml).Increment();
+  impl_->model_bytes.Add(ml).Increment(static_cast<double>(bytes));
+  impl_->model_load_seconds.Add(ml).Increment(seconds);
   impl_->load_seconds
       .Add(l, pm::Histogram::BucketBoundaries{0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5})
       .Observe(seconds);

@@ -26,6 +26,7 @@ class metrics final : public actors::observer {
   void device_usage(int32_t device, uint64_t used_bytes, uint64_t capacity_bytes,
                     size_t resident_models) override;
   void resident_models(size_t count) override;
+  void model_registered(const std::string& model, const std::vector<int32_t>& devices) override;
 
  private:
   struct impl;

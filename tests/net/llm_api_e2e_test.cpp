@@ -257,3 +257,25 @@ TEST_CASE("a client that walks away from a stream cancels its row", "[net][e2e]"
   CHECK(s.post("/v1/completions", {{"model", "slow"}, {"prompt", "a"}, {"max_tokens", 2}}).status ==
         200);
 }
+
+TEST_CASE("swap metrics per model and device, zero from the start", "[net][e2e][metrics]") {
+  server s;
+  auto loads = [&](const std::string& model) {
+    return s.metric("computron_model_loads_total{device=\"0\",model=\"" + model + "\"}");
+  };
+  auto c = std::move(net::http_client::connect("127.0.0.1", s.port, 5s).value());
+  auto body = c->request("GET", "/metrics").value().body;
+  for (auto m : {"toy", "slow", "raw"}) {
+    INFO(m);
+    CHECK(body.find("computron_model_loads_total{device=\"0\",model=\"" + std::string{m} +
+                    "\"} 0") != std::string::npos);
+    CHECK(body.find("computron_model_evictions_total{device=\"0\",model=\"" + std::string{m} +
+                    "\"} 0") != std::string::npos);
+  }
+  REQUIRE(
+      s.post("/v1/completions", {{"model", "toy"}, {"prompt", "a"}, {"max_tokens", 1}}).status ==
+      200);
+  CHECK(loads("toy") == 1);
+  CHECK(loads("raw") == 0);
+  CHECK(s.metric("computron_model_bytes_loaded_total{device=\"0\",model=\"toy\"}") == 1048576);
+}
