@@ -94,7 +94,9 @@ caf::expected<runtime_bench_result> run_runtime_bench(const runtime_bench_option
     // Added latency: one request at a time; what the actors add on top of the compute.
     std::vector<double> added;
     for (int i = 0; i < o.latency_requests; ++i) {
-      infer_request r{"m", {1, 2, 3}, 1, {}, 0, 0};
+      infer_request r;
+      r.model = "m";
+      r.tokens = {1, 2, 3};
       auto t0 = clock_type::now();
       caf::error err;
       double compute_ms = 0;
@@ -117,7 +119,9 @@ caf::expected<runtime_bench_result> run_runtime_bench(const runtime_bench_option
       ts.emplace_back([&, c] {
         caf::scoped_actor me{sys};
         while (!stop) {
-          infer_request r{"m", {c + 1, 2}, 1, {}, 0, 0};
+          infer_request r;
+          r.model = "m";
+          r.tokens = {c + 1, 2};
           me->request(rt->frontend, 10s, infer_atom_v, r)
               .receive(
                   [&](infer_reply& rep) {
