@@ -194,6 +194,9 @@ caf::expected<std::vector<int64_t>> sample_rows(const models::host_tensor& logit
       samplers.emplace_back(models::sampling_params{s.temperature, s.top_k, s.top_p, s.seed});
   std::vector<int64_t> out(rows);
   auto* data = reinterpret_cast<const float*>(logits.bytes.data());
+  if (samplers.size() != rows)
+    return make_error(ec::invalid_state, "the batch has " + std::to_string(samplers.size()) +
+                                             " samplers for " + std::to_string(rows) + " rows");
   for (size_t r = 0; r < rows; ++r) out[r] = samplers[r].next(data + r * vocab, vocab);
   return out;
 }

@@ -42,9 +42,10 @@ struct batch {
   /// The last step sent was marked last, so the workers dropped the batch's caches.
   bool caches_dropped = false;
   sched::time_point dispatched{};
-  /// When its first step started, on the trace clock (now_s) and the actor clock.
+  /// When its first step started, on the trace clock (now_s): the span it reports is
+  /// measured on that one clock, so that spans of batches that follow each other never
+  /// overlap (mixing in the actor clock skewed their ends by the time between readings).
   double run_s = 0;
-  sched::time_point run_at{};
   double load_ms = 0;
   double compute_ms = 0;
   bool swapped = false;
@@ -195,7 +196,6 @@ void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* er
   st.gate->finish(m.cfg.devices);
   self->send(st.scheduler, release_atom_v, b->model);
   st.batcher->batch_ended(m.index);
-  auto t = now(self);
   if (err || !b->caches_dropped)
     for (auto& w : m.cfg.devices)
       self->send(st.workers[static_cast<size_t>(w)], cancel_atom_v, b->model, b->id);
@@ -203,8 +203,7 @@ void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* er
     for (auto r : b->sent) reply_error(self, b->rows[r], *err);
   else
     m.served += b->rows.size();
-  st.opts.obs->batch_done(b->model, m.cfg.devices, b->rows.size(), b->run_s,
-                          sched::seconds_between(b->run_at, t));
+  st.opts.obs->batch_done(b->model, m.cfg.devices, b->rows.size(), b->run_s, now_s() - b->run_s);
   try_run(self);
   dispatch(self);
 }
@@ -421,7 +420,6 @@ void try_run(manager_pointer self) {
     b->sent.clear();
     for (size_t r = 0; r < b->rows.size(); ++r) b->sent.push_back(r);
     b->run_s = now_s();
-    b->run_at = t;
     run_step(self, b, 0, {});
   }
   st.runnable = std::move(still);

@@ -341,9 +341,13 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
             if (in->step > 0 && !in->keep.empty()) {
               // Finished rows left the batch: their samplers go with them.
               std::vector<models::sampler> kept;
-              for (auto k : in->keep)
-                if (k >= 0 && static_cast<size_t>(k) < ctx->samplers.size())
-                  kept.push_back(ctx->samplers[static_cast<size_t>(k)]);
+              for (auto k : in->keep) {
+                if (k < 0 || static_cast<size_t>(k) >= ctx->samplers.size())
+                  return make_error(ec::invalid_request, "keep row " + std::to_string(k) +
+                                                             " is outside the batch of " +
+                                                             std::to_string(ctx->samplers.size()));
+                kept.push_back(ctx->samplers[static_cast<size_t>(k)]);
+              }
               ctx->samplers = std::move(kept);
             }
             auto tokens = sample_rows(*r, ctx->samplers, in->sampling);

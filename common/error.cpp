@@ -51,6 +51,19 @@ caf::error make_error(ec code, std::string context) {
                     caf::make_message(std::move(context))};
 }
 
+caf::error with_context(const caf::error& err, const std::string& prefix) {
+  if (!err) return err;
+  std::string text;
+  if (err.category() != error_category)
+    text = caf::to_string(err);
+  else if (err.context().match_elements<std::string>())
+    text = err.context().get_as<std::string>(0);
+  else if (!err.context().empty())
+    text = caf::to_string(err.context());
+  return caf::error{err.code(), err.category(),
+                    caf::make_message(text.empty() ? prefix : prefix + ": " + text)};
+}
+
 bool is(const caf::error& err, ec code) {
   return err && err.category() == error_category && err.code() == static_cast<uint8_t>(code);
 }

@@ -23,6 +23,10 @@ caf::error make_error(ec code);
 /// An error with a human-readable context: what was asked, and why it failed.
 caf::error make_error(ec code, std::string context);
 
+/// `err` with `prefix` before its context ("prefix: context"); the code stays, so the
+/// caller's HTTP status and retry decisions still see what went wrong.
+caf::error with_context(const caf::error& err, const std::string& prefix);
+
 /// True when `err` is a Computron error with this code.
 bool is(const caf::error& err, ec code);
 

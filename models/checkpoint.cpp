@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
+#include "models/json_file.hpp"
 #include "models/weights.hpp"
 
 namespace computron::models {
@@ -26,15 +27,6 @@ std::string our_name(const std::string& name) {
     if (name.rfind(prefix, 0) == 0) return name.substr(prefix.size());
   if (name == "lm_head.weight" || name == "model.lm_head.weight") return {};  // tied
   return name;
-}
-
-caf::expected<json> read_json(const fs::path& path) {
-  std::ifstream in{path};
-  if (!in) return make_error(ec::io_error, "cannot read " + path.string());
-  auto j = json::parse(in, nullptr, false);
-  if (j.is_discarded())
-    return make_error(ec::invalid_request, path.string() + " is not valid JSON");
-  return j;
 }
 
 bool is_float(gpu::dtype t) {
@@ -67,7 +59,7 @@ caf::expected<checkpoint> checkpoint::open(const std::string& path) {
   }
   auto dir = fs::path{path};
   if (fs::exists(dir / index_file)) {
-    auto idx = read_json(dir / index_file);
+    auto idx = read_json_file(dir / index_file);
     if (!idx) return std::move(idx.error());
     auto where = (dir / index_file).string();
     auto map = idx->find("weight_map");
@@ -116,13 +108,13 @@ const safetensor* checkpoint::find(std::string_view name) const {
 }
 
 bool is_hf_folder(const std::string& folder) {
-  auto j = read_json(fs::path{folder} / "config.json");
+  auto j = read_json_file(fs::path{folder} / "config.json");
   return j && j->is_object() && (j->contains("architectures") || j->contains("model_type"));
 }
 
 caf::expected<hf_opt_config> read_hf_opt_config(const std::string& folder) {
   auto path = (fs::path{folder} / "config.json").string();
-  auto j = read_json(path);
+  auto j = read_json_file(path);
   if (!j) return std::move(j.error());
   auto bad = [&](const std::string& why) {
     return make_error(ec::invalid_configuration, path + ": " + why);

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
+#include "models/json_file.hpp"
 
 namespace computron::models {
 
@@ -238,14 +239,6 @@ caf::error bad_file(const fs::path& p, const std::string& why) {
   return make_error(ec::invalid_configuration, "tokenizer " + p.string() + ": " + why);
 }
 
-caf::expected<json> read_json(const fs::path& p) {
-  std::ifstream in{p};
-  if (!in) return make_error(ec::io_error, "cannot read " + p.string());
-  auto j = json::parse(in, nullptr, false);
-  if (j.is_discarded()) return bad_file(p, "not valid JSON");
-  return j;
-}
-
 caf::expected<std::unordered_map<std::string, int64_t>> vocab_of(const json& j,
                                                                  const fs::path& where) {
   if (!j.is_object()) return bad_file(where, "the vocabulary must be an object of ids");
@@ -336,7 +329,7 @@ caf::expected<std::shared_ptr<const tokenizer>> tokenizer::open(const std::strin
   std::vector<std::string> merges;
   std::set<std::string> specials;
   if (fs::is_regular_file(tj, err)) {
-    auto j = read_json(tj);
+    auto j = read_json_file(tj);
     if (!j) return j.error();
     auto model = j->find("model");
     if (model == j->end() || !model->is_object()) return bad_file(tj, "no 'model' object");
@@ -377,7 +370,7 @@ caf::expected<std::shared_ptr<const tokenizer>> tokenizer::open(const std::strin
     if (!fs::exists(vj))
       return make_error(ec::io_error, "tokenizer: " + path +
                                           " has no tokenizer.json, vocab.json or encoder.json");
-    auto j = read_json(vj);
+    auto j = read_json_file(vj);
     if (!j) return j.error();
     auto got = vocab_of(*j, vj);
     if (!got) return got.error();
@@ -392,11 +385,11 @@ caf::expected<std::shared_ptr<const tokenizer>> tokenizer::open(const std::strin
     }
   }
   auto t = make(std::move(vocab), merges, std::move(specials));
-  if (!t) return make_error(ec::invalid_configuration, path + ": " + render(t.error()));
+  if (!t) return with_context(t.error(), path);
   // tokenizer_config.json may say whether prompts start with BOS.
   auto tc = (fs::is_directory(p, err) ? p : p.parent_path()) / "tokenizer_config.json";
   if (fs::exists(tc)) {
-    auto j = read_json(tc);
+    auto j = read_json_file(tc);
     if (j && j->is_object())
       if (auto a = j->find("add_bos_token"); a != j->end() && a->is_boolean()) {
         auto copy = std::shared_ptr<tokenizer>{new tokenizer(**t)};
@@ -494,11 +487,14 @@ std::string stream_decoder::finish() {
   return out;
 }
 
-std::optional<size_t> stop_matcher::find(std::string_view text) const {
+std::optional<size_t> stop_matcher::find(std::string_view text, size_t grown_from) const {
   std::optional<size_t> best;
   for (auto& s : stops) {
     if (s.empty()) continue;
-    auto at = text.find(s);
+    // A match new since `grown_from` ends past it, so it starts at most s.size() - 1
+    // bytes before it.
+    auto from = grown_from >= s.size() ? grown_from - (s.size() - 1) : 0;
+    auto at = text.find(s, std::min(from, text.size()));
     if (at != std::string_view::npos && (!best || at < *best)) best = at;
   }
   return best;

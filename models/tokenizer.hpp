@@ -87,8 +87,10 @@ class stream_decoder {
 /// much of the text is safe to show (not the start of a stop string that may complete).
 struct stop_matcher {
   std::vector<std::string> stops;
-  /// Where the earliest stop string starts in `text`, if one is there.
-  std::optional<size_t> find(std::string_view text) const;
+  /// Where the earliest stop string starts in `text`, if one is there. `grown_from`: the
+  /// text's length when it was last searched (no stop string in it then), so that a
+  /// growing text is searched only where a new match can start.
+  std::optional<size_t> find(std::string_view text, size_t grown_from = 0) const;
   /// How many leading bytes of `text` can be sent now: all but the longest tail that is
   /// a proper prefix of a stop string, cut back to a whole UTF-8 character.
   size_t safe_prefix(std::string_view text) const;

@@ -297,6 +297,10 @@ caf::behavior generation(caf::event_based_actor* self, std::shared_ptr<gen_state
   st.self = caf::actor_cast<caf::actor>(self);
   st.left = st.rows.size();
   st.stops.stops = st.g.stop;
+  // Tokens come one by one only where something acts on them before the end: a stream,
+  // or stop strings (the row is cancelled where one appears). Otherwise the reply's
+  // tokens are decoded once.
+  const bool watch = st.g.stream || !st.g.stop.empty();
   for (size_t i = 0; i < st.rows.size(); ++i) {
     st.rows[i].decoder = std::make_unique<models::stream_decoder>(st.tok);
     actors::infer_request req;
@@ -307,8 +311,10 @@ caf::behavior generation(caf::event_based_actor* self, std::shared_ptr<gen_state
     req.sampling.seed = st.g.sampling.seed + i;
     req.deadline_ms = st.g.deadline_ms;
     if (auto eos = st.tok->eos(); eos && *eos < st.vocab) req.eos = *eos;
-    req.stream = caf::actor_cast<caf::actor>(self);
-    req.stream_row = static_cast<uint32_t>(i);
+    if (watch) {
+      req.stream = caf::actor_cast<caf::actor>(self);
+      req.stream_row = static_cast<uint32_t>(i);
+    }
     self->request(fe, timeout, actors::infer_atom_v, std::move(req))
         .then(
             [=](actors::infer_reply& rep) {
@@ -316,8 +322,11 @@ caf::behavior generation(caf::event_based_actor* self, std::shared_ptr<gen_state
               auto& r = st.rows[i];
               r.done = true;
               if (!r.stopped) {
+                auto grown_from = r.text.size();
+                if (!watch)
+                  for (auto t : rep.tokens) r.text += r.decoder->push(t);
                 r.text += r.decoder->finish();
-                if (auto at = st.stops.find(r.text)) {
+                if (auto at = st.stops.find(r.text, grown_from)) {
                   r.text.resize(*at);
                   r.stopped = true;
                 }
@@ -365,8 +374,9 @@ caf::behavior generation(caf::event_based_actor* self, std::shared_ptr<gen_state
           return;
         }
         ++r.tokens;
+        auto grown_from = r.text.size();
         r.text += r.decoder->push(token);
-        if (auto at = st.stops.find(r.text)) {
+        if (auto at = st.stops.find(r.text, grown_from)) {
           r.text.resize(*at);
           r.stopped = true;
           r.completion_tokens = r.tokens;
@@ -571,7 +581,7 @@ struct http_server::impl {
     std::lock_guard<std::mutex> guard{tokenizers_mtx};
     if (auto t = tokenizers.find(path); t != tokenizers.end()) return t->second;
     auto t = models::tokenizer::open(path);
-    if (!t) return make_error(ec::unavailable, "model " + i.config.name + ": " + render(t.error()));
+    if (!t) return with_context(t.error(), "model " + i.config.name);
     tokenizers.emplace(path, *t);
     return *t;
   }

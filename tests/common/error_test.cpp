@@ -39,3 +39,11 @@ TEST_CASE("every error code has a distinct name", "[error]") {
   CHECK(names.size() == static_cast<size_t>(ec::cancelled) + 1);
   CHECK(names.count("unknown_error_code") == 0);
 }
+
+TEST_CASE("context added to an error keeps its code", "[error]") {
+  auto e = with_context(make_error(ec::io_error, "cannot read vocab.json"), "model m");
+  CHECK(is(e, ec::io_error));
+  CHECK(render(e) == "io_error: model m: cannot read vocab.json");
+  CHECK(render(with_context(make_error(ec::unavailable), "model m")) == "unavailable: model m");
+  CHECK_FALSE(with_context(caf::error{}, "nothing"));
+}

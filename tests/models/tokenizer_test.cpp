@@ -188,6 +188,11 @@ TEST_CASE("stop strings: the first match, and text held back while a stop may co
   CHECK_FALSE(m.find("no stop here"));
   CHECK(m.find("one\n\ntwo END") == 3u);
   CHECK(m.find("oneEND\n\n") == 3u);
+  // A growing text is searched only where a new match can start: "END" completed by the
+  // last byte is found, and so is one that started before the old end.
+  CHECK(m.find("abcEND", 5) == 3u);
+  CHECK(m.find("abcEND", 6) == std::nullopt);
+  CHECK(m.find("ab\n\n", 3) == 2u);
   CHECK(m.safe_prefix("hello") == 5u);
   CHECK(m.safe_prefix("hello E") == 6u);
   CHECK(m.safe_prefix("hello EN") == 6u);
