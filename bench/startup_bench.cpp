@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
+#include "common/files.hpp"
 #include "models/checkpoint.hpp"
 #include "models/weights.hpp"
 
@@ -107,10 +108,7 @@ caf::expected<startup_bench_result> run_startup_bench(const startup_bench_option
                        .string()
                  : o.dir;
   auto cleanup = [&] {
-    if (o.dir.empty()) {
-      std::error_code ec;
-      fs::remove_all(dir, ec);
-    }
+    if (o.dir.empty()) remove_tree(dir);
   };
   for (auto [ckpt_type, out] : {std::pair{*type, &r.checkpoint_gbps},
                                 std::pair{gpu::dtype::f32, &r.checkpoint_convert_gbps}}) {

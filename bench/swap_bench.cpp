@@ -194,15 +194,21 @@ caf::expected<swap_bench_result> run_swap_bench(const swap_bench_options& o) {
   if (auto err = validate(o)) return err;
   auto shard_bytes = o.size_bytes / static_cast<uint64_t>(o.devices) / 256 * 256;
   auto total = shard_bytes * static_cast<uint64_t>(o.devices);
-  // Emulated devices hold their "device memory" in host memory too: the run needs two
-  // copies of the model at once. Refuse up front rather than be killed half-way.
-  auto need = 2 * total + (256ull << 20);
+  // The host copies need `total` bytes of host memory, and emulated devices hold their
+  // "device memory" in host memory too (two copies at once). Refuse up front rather than
+  // be killed half-way. Emulated is what "auto" means only where no GPU is.
+  bool emulated =
+      o.device_kind == "emulated" || (o.device_kind != "cuda" && gpu::cuda_device_count() == 0);
+  auto need = (emulated ? 2 : 1) * total + (256ull << 20);
   auto avail = available_host_bytes();
-  if (o.device_kind != "cuda" && gpu::cuda_device_count() == 0 && avail > 0 && need > avail)
-    return make_error(ec::out_of_host_memory,
-                      fmt::format("a {:.0f} MiB model needs about {:.0f} MiB of host memory "
-                                  "(host copies plus emulated device memory); {:.0f} MiB free",
-                                  total / 1048576.0, need / 1048576.0, avail / 1048576.0));
+  if (avail > 0 && need > avail)
+    return make_error(
+        ec::out_of_host_memory,
+        fmt::format("a {:.0f} MiB model needs about {:.0f} MiB of host memory "
+                    "({}); {:.0f} MiB free",
+                    total / 1048576.0, need / 1048576.0,
+                    emulated ? "host copies plus emulated device memory" : "its pinned host copies",
+                    avail / 1048576.0));
 
   swap_bench_result res;
   res.devices = o.devices;

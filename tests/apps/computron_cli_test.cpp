@@ -17,8 +17,10 @@
 using computron::test::run;
 
 TEST_CASE("bench swap --json reports a verified model-parallel swap", "[cli][bench]") {
-  auto r = run("bench swap --devices 2 --size-mb 64 --link-gbps 4 --chunk-mb 8 --repeats 1 --json",
-               false);
+  auto r =
+      run("bench swap --device-kind emulated --devices 2 --size-mb 64 --link-gbps 4 --chunk-mb 8 "
+          "--repeats 1 --json",
+          false);
   REQUIRE(r.exit_code == 0);
   auto j = nlohmann::json::parse(r.out);
   CHECK(j.at("device_kind") == "emulated");
@@ -40,7 +42,7 @@ TEST_CASE("bench swap --json reports a verified model-parallel swap", "[cli][ben
 }
 
 TEST_CASE("bench swap prints a table by default", "[cli][bench]") {
-  auto r = run("bench swap --devices 1 --size-mb 16 --repeats 1", false);
+  auto r = run("bench swap --device-kind emulated --devices 1 --size-mb 16 --repeats 1", false);
   REQUIRE(r.exit_code == 0);
   CHECK_THAT(r.out, Catch::Contains("model-parallel swap: 16 MiB over 1 emulated device"));
   CHECK_THAT(r.out, Catch::Contains("efficiency"));
@@ -49,7 +51,7 @@ TEST_CASE("bench swap prints a table by default", "[cli][bench]") {
 }
 
 TEST_CASE("bench swap rejects bad options with a clear message", "[cli][bench]") {
-  auto zero = run("bench swap --devices 0", true);
+  auto zero = run("bench swap --device-kind emulated --devices 0", true);
   CHECK(zero.exit_code == 1);
   CHECK_THAT(zero.all, Catch::Contains("--devices must be 1..64"));
   auto negative = run("bench swap --size-mb -5", true);
@@ -60,7 +62,7 @@ TEST_CASE("bench swap rejects bad options with a clear message", "[cli][bench]")
   CHECK_THAT(kind.all, Catch::Contains("device-kind"));
   auto unknown = run("bench swap --frobnicate", true);
   CHECK(unknown.exit_code == 2);
-  auto rate = run("bench swap --link-gbps 0", true);
+  auto rate = run("bench swap --device-kind emulated --link-gbps 0", true);
   CHECK(rate.exit_code == 1);
   CHECK_THAT(rate.all, Catch::Contains("--link-gbps"));
   auto huge = run("bench swap --size-mb 100000000 --device-kind emulated", true);
@@ -94,7 +96,8 @@ TEST_CASE("no subcommand prints usage and fails", "[cli]") {
 
 TEST_CASE("bench forward reports latency of a zero-copy model", "[cli][bench]") {
   auto r =
-      run("bench forward --model opt-tiny --dtype f32 --batch 2 --seq 8 --decode-tokens 2 "
+      run("bench forward --device-kind emulated --model opt-tiny --dtype f32 --batch 2 --seq 8 "
+          "--decode-tokens 2 "
           "--repeats 1 --threads 1 --json",
           false);
   REQUIRE(r.exit_code == 0);

@@ -136,3 +136,41 @@ TEST_CASE("load, forward, evict, load, forward is bitwise identical on the GPU",
     CHECK(dev->stats().native_frees == 0);
   }
 }
+
+TEST_CASE("a row that leaves the cache leaves the others' decode unchanged on the GPU",
+          "[cuda][opt][decode]") {
+  auto dev = cuda_device();
+  auto spec = *find_spec("opt-125m");
+  for (auto type : {gpu::dtype::f16, gpu::dtype::f32}) {
+    single m{spec, type, dev};
+    kv_cache all, kept;
+    REQUIRE(m.stage->prefill(prompts, nullptr, all));
+    REQUIRE(m.stage->prefill(prompts, nullptr, kept));
+    auto full = m.stage->decode({5, 5, 5}, nullptr, all);
+    REQUIRE(full);
+    // Rows 2 and 0 go on, in that order; row 1 finished (the manager's keep list).
+    REQUIRE_FALSE(kept.keep_rows({2, 0}));
+    auto part = m.stage->decode({5, 5}, nullptr, kept);
+    REQUIRE(part);
+    const auto vocab = full->shape[1];
+    REQUIRE(part->shape == std::vector<int64_t>{2, vocab});
+    auto row = [&](const host_tensor& t, int64_t r) {
+      host_tensor one;
+      one.type = t.type;
+      one.shape = {1, vocab};
+      auto width = static_cast<int64_t>(gpu::size_of(t.type));
+      one.bytes.assign(t.bytes.begin() + r * vocab * width,
+                       t.bytes.begin() + (r + 1) * vocab * width);
+      return one;
+    };
+    // A batch of 2 may take other GEMM kernels than a batch of 3: equal within the
+    // dtype's rounding, not bitwise.
+    double bound = type == gpu::dtype::f16 ? 0.01 : 1e-4;
+    auto e0 = relative_error(row(*full, 2), row(*part, 0));
+    auto e1 = relative_error(row(*full, 0), row(*part, 1));
+    INFO(gpu::to_string(type) << ": " << e0 << ", " << e1);
+    CHECK(e0 <= bound);
+    CHECK(e1 <= bound);
+    CHECK(kept.keep_rows({7}));  // outside the batch of 2
+  }
+}
