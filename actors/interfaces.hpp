@@ -40,6 +40,9 @@ using shard_worker_actor = caf::typed_actor<
     caf::replies_to<load_atom, std::string>::with<transfer_report>,
     /// Frees the model's shard on the device; copies nothing back.
     caf::replies_to<evict_atom, std::string>::with<transfer_report>,
+    /// Forgets the model's shard: its device copy and its host copy (the pinned host
+    /// memory goes back). Replies whether it held one.
+    caf::replies_to<unregister_atom, std::string>::with<bool>,
     /// Runs one forward step of a batch here and on the following stages.
     caf::replies_to<step_atom, step_request>::with<step_result>,
     /// Drops the caches of a batch that ended early (model, batch id).
@@ -73,6 +76,9 @@ using swap_scheduler_actor = caf::typed_actor<
     caf::replies_to<load_atom, std::string>::with<residency_report>,
     /// Evicts the model now; refused while batches hold leases on it.
     caf::replies_to<unload_atom, std::string>::with<residency_report>,
+    /// Forgets an offloaded model (refused otherwise): its name may then be registered
+    /// again, with any placement.
+    caf::replies_to<unregister_atom, std::string>::with<bool>,
     /// Pins (never a victim) or unpins the model.
     caf::replies_to<pin_atom, std::string, bool>::with<residency_report>,
     /// Notes arrivals for the model (the cost-aware policy's demand estimate).
@@ -116,8 +122,13 @@ using serving_actor = caf::typed_actor<
 
 /// The model registry, per-model queues, batching and dispatch.
 using model_manager_actor = serving_actor::extend<
-    /// Registers a model: its shards are prepared on their workers.
+    /// Registers a model: its shards are prepared on their workers. A registration that
+    /// fails stays listed as "failed" with its reason (until registered again or
+    /// unregistered), so operators see why a model is missing.
     caf::replies_to<register_atom, model_config>::with<model_info>,
+    /// Evicts the model, frees its host copies on every worker and forgets it (or drops a
+    /// failed registration). Refused while requests of it are queued or running.
+    caf::replies_to<unregister_atom, std::string>::with<model_info>,
     /// The batch-window timer (the manager sends it to itself).
     caf::reacts_to<tick_atom>,
     /// Ends a request early (its client went away, or its stream receiver saw enough):
@@ -125,6 +136,18 @@ using model_manager_actor = serving_actor::extend<
     caf::reacts_to<cancel_atom, uint64_t>,
     /// These devices' node rejoined: groups of ranks spanning nodes meet again.
     caf::reacts_to<found_atom, std::vector<int32_t>>>;
+
+/// Model control over a model repository (Triton's explicit mode): the index of every
+/// registered model and every folder, and load and unload that register and unregister.
+using repository_actor = caf::typed_actor<
+    /// Every registered model (including failed registrations) and every repository
+    /// folder not registered ("unloaded", or "failed" with the reason it cannot be read).
+    caf::replies_to<list_atom>::with<std::vector<model_info>>,
+    /// Makes a model resident; a folder not registered yet is read and registered first.
+    caf::replies_to<load_atom, std::string>::with<model_info>,
+    /// Evicts a model; with true also unregisters it (its host memory is freed; a load
+    /// registers it again from its folder).
+    caf::replies_to<unload_atom, std::string, bool>::with<model_info>>;
 
 /// Admission in front of a serving actor: request ids, per-model queue bounds
 /// (overloaded, never unbounded memory), replies.

@@ -251,12 +251,14 @@ struct residency_report {
   double demand_per_s = 0;
   /// Seconds since a batch last used it (-1: never).
   double idle_s = -1;
+  /// Why it cannot serve (state "unavailable"); else empty.
+  std::string reason;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, residency_report& x) {
   return f(caf::meta::type_name("residency_report"), x.model, x.state, x.bytes, x.leases, x.pinned,
-           x.loads, x.evictions, x.demand_per_s, x.idle_s);
+           x.loads, x.evictions, x.demand_per_s, x.idle_s, x.reason);
 }
 
 /// The scheduler's accounting of one device.
@@ -324,6 +326,11 @@ typename Inspector::result_type inspect(Inspector& f, infer_reply& x) {
 /// A registered model as clients see it.
 struct model_info {
   model_config config;
+  /// Its residency ("offloaded", "loading", "resident", "evicting"), "unavailable" (a
+  /// device's node is gone), "registering", "failed" (registration failed: `reason`
+  /// says why; it holds nothing and is listed until registered again or unregistered),
+  /// "unregistering", "unregistered" (the reply to an unregister), or "unloaded" (a
+  /// repository folder that is not registered).
   std::string state;
   uint64_t bytes = 0;
   uint32_t queued = 0;
@@ -335,12 +342,14 @@ struct model_info {
   int64_t max_positions = 0;
   /// Seconds since a batch last used it (-1: never).
   double idle_s = -1;
+  /// Why it cannot serve, where it cannot (state "failed", "unavailable"); else empty.
+  std::string reason;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, model_info& x) {
   return f(caf::meta::type_name("model_info"), x.config, x.state, x.bytes, x.queued, x.busy,
-           x.served, x.loads, x.evictions, x.vocab, x.max_positions, x.idle_s);
+           x.served, x.loads, x.evictions, x.vocab, x.max_positions, x.idle_s, x.reason);
 }
 
 }  // namespace computron::actors

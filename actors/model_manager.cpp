@@ -63,6 +63,8 @@ struct managed_model {
   uint32_t index = 0;
   uint32_t gate_key = 0;
   uint64_t served = 0;
+  /// Being unregistered: new requests are refused.
+  bool unregistering = false;
 };
 
 struct model_manager_state {
@@ -72,7 +74,10 @@ struct model_manager_state {
   std::vector<shard_worker_actor> workers;
   swap_scheduler_actor scheduler;
   std::map<std::string, managed_model> models;
-  std::set<std::string> registering;
+  /// Registrations under way, and those that failed (with why): both are listed, so
+  /// that operators see a model that is missing and the reason.
+  std::map<std::string, model_config> registering;
+  std::map<std::string, std::pair<model_config, std::string>> failed;
   /// Queues, admission, batch formation and dispatch order (sched/), and which batches
   /// may share devices; the requests themselves wait in `waiting` under their keys.
   std::shared_ptr<sched::batcher> batcher;
@@ -142,6 +147,8 @@ model_info info_of(const sched::batcher& b, const managed_model& m, const reside
   i.max_positions = m.max_positions;
   if (r) i.config.pinned = r->pinned;
   if (r) i.idle_s = r->idle_s;
+  if (r) i.reason = r->reason;
+  if (m.unregistering) i.state = "unregistering";
   return i;
 }
 
@@ -332,9 +339,9 @@ void prepare_shards(manager_pointer self, const model_config& cfg, std::vector<s
   auto j = make_join<shard_report>(
       positions.size(), [=](std::vector<shard_report> reports) { done(std::move(reports)); },
       [=](caf::error err, size_t i) {
-        fail(make_error(ec::invalid_configuration, "preparing " + cfg.name + " on device " +
-                                                       std::to_string(cfg.devices[positions[i]]) +
-                                                       " failed: " + render(err)));
+        // The worker's code stays (a device error is a 5xx, a bad config a 400).
+        fail(with_context(err, "preparing " + cfg.name + " on device " +
+                                   std::to_string(cfg.devices[positions[i]]) + " failed"));
       });
   auto timeout = st.opts.prepare_timeout;
   auto send_prepares = [=](std::vector<std::string> addresses) {
@@ -365,9 +372,8 @@ void prepare_shards(manager_pointer self, const model_config& cfg, std::vector<s
         send_prepares(std::move(addresses));
       },
       [=](caf::error err, size_t k) {
-        fail(make_error(ec::invalid_configuration,
-                        "stage " + std::to_string(split[k]) + " of " + cfg.name +
-                            " spans nodes, and its rendezvous failed: " + render(err)));
+        fail(with_context(err, "stage " + std::to_string(split[k]) + " of " + cfg.name +
+                                   " spans nodes, and its rendezvous failed"));
       });
   for (size_t k = 0; k < split.size(); ++k)
     self->request(st.workers[static_cast<size_t>(cfg.devices[split[k] * tp])], 30s, group_atom_v,
@@ -505,6 +511,25 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
   auto unknown = [](const std::string& name) {
     return make_error(ec::unknown_model, "no model named '" + name + "'");
   };
+  // A name that is not serving: why, or unknown_model.
+  auto not_serving = [=](const std::string& name) {
+    auto& st = self->state;
+    if (auto f = st.failed.find(name); f != st.failed.end())
+      return make_error(ec::unavailable,
+                        "model " + name + " failed to register: " + f->second.second);
+    if (st.registering.count(name) > 0)
+      return make_error(ec::unavailable, "model " + name + " is being registered");
+    if (auto m = st.models.find(name); m != st.models.end() && m->second.unregistering)
+      return make_error(ec::unavailable, "model " + name + " is being unregistered");
+    return unknown(name);
+  };
+  auto listed_only = [](const model_config& cfg, const std::string& state, std::string reason) {
+    model_info i;
+    i.config = cfg;
+    i.state = state;
+    i.reason = std::move(reason);
+    return i;
+  };
   // Replies with the model's info once the scheduler said where it stands.
   auto with_info = [=](const std::string& name, caf::typed_response_promise<model_info> rp) {
     self->request(self->state.scheduler, 10s, status_atom_v)
@@ -526,7 +551,7 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
       [=](infer_atom, infer_request& req) -> caf::result<infer_reply> {
         auto& st = self->state;
         auto i = st.models.find(req.model);
-        if (i == st.models.end()) return unknown(req.model);
+        if (i == st.models.end() || i->second.unregistering) return not_serving(req.model);
         auto& m = i->second;
         if (auto err = check_request(m, req, st.opts.max_tokens_limit)) return err;
         auto t = now(self);
@@ -562,12 +587,21 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
         auto kinds = st.opts.device_kinds;
         kinds.resize(st.workers.size(), gpu::device_kind::emulated);
         auto cfg = resolve_dtype(std::move(requested), kinds);
-        if (auto err = validate_model(st.engines, cfg, kinds)) return err;
         if (auto i = st.models.find(cfg.name); i != st.models.end())
           return make_error(ec::invalid_state, "model " + cfg.name + " is already registered");
         if (st.registering.count(cfg.name) > 0)
           return make_error(ec::invalid_state, "model " + cfg.name + " is being registered");
-        st.registering.insert(cfg.name);
+        if (auto err = validate_model(st.engines, cfg, kinds)) {
+          if (!cfg.name.empty()) st.failed[cfg.name] = {cfg, render(err)};
+          return err;
+        }
+        st.registering.emplace(cfg.name, cfg);
+        // Stays listed as failed, with the reason, until it registers or is unregistered.
+        auto fail = [=](const caf::error& err) {
+          self->state.registering.erase(cfg.name);
+          self->state.failed[cfg.name] = {cfg, render(err)};
+          log::error("model {} failed to register: {}", cfg.name, render(err));
+        };
         auto rp = self->make_response_promise<model_info>();
         std::vector<size_t> all_stages;
         for (size_t k = 0; k < static_cast<size_t>(cfg.pp); ++k) all_stages.push_back(k);
@@ -581,6 +615,7 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
                       [=](bool) mutable {
                         auto& st = self->state;
                         st.registering.erase(cfg.name);
+                        st.failed.erase(cfg.name);
                         auto& eng = *st.engines.at(cfg.kind);
                         managed_model m;
                         m.cfg = cfg;
@@ -597,12 +632,12 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
                         with_info(cfg.name, rp);
                       },
                       [=](caf::error& e) mutable {
-                        self->state.registering.erase(cfg.name);
+                        fail(e);
                         rp.deliver(std::move(e));
                       });
             },
             [=](caf::error err) mutable {
-              self->state.registering.erase(cfg.name);
+              fail(err);
               rp.deliver(std::move(err));
             });
         return rp;
@@ -645,20 +680,32 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
                       if (x.model == name) r = &x;
                     out.push_back(info_of(*self->state.batcher, m, r));
                   }
+                  for (auto& [name, cfg] : self->state.registering)
+                    out.push_back(listed_only(cfg, "registering", {}));
+                  for (auto& [name, f] : self->state.failed)
+                    out.push_back(listed_only(f.first, "failed", f.second));
+                  std::sort(out.begin(), out.end(),
+                            [](auto& a, auto& b) { return a.config.name < b.config.name; });
                   rp.deliver(std::move(out));
                 },
                 [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
         return rp;
       },
       [=](info_atom, std::string& name) -> caf::result<model_info> {
-        if (self->state.models.count(name) == 0) return unknown(name);
+        auto& st = self->state;
+        if (auto f = st.failed.find(name); f != st.failed.end())
+          return listed_only(f->second.first, "failed", f->second.second);
+        if (auto r = st.registering.find(name); r != st.registering.end())
+          return listed_only(r->second, "registering", {});
+        if (st.models.count(name) == 0) return unknown(name);
         auto rp = self->make_response_promise<model_info>();
         with_info(name, rp);
         return rp;
       },
       [=](load_atom, std::string& name) -> caf::result<model_info> {
         auto& st = self->state;
-        if (st.models.count(name) == 0) return unknown(name);
+        if (auto i = st.models.find(name); i == st.models.end() || i->second.unregistering)
+          return not_serving(name);
         auto rp = self->make_response_promise<model_info>();
         self->request(st.scheduler, st.opts.acquire_timeout, load_atom_v, name)
             .then(
@@ -671,7 +718,8 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
       },
       [=](unload_atom, std::string& name) -> caf::result<model_info> {
         auto& st = self->state;
-        if (st.models.count(name) == 0) return unknown(name);
+        if (auto i = st.models.find(name); i == st.models.end() || i->second.unregistering)
+          return not_serving(name);
         auto rp = self->make_response_promise<model_info>();
         self->request(st.scheduler, st.opts.acquire_timeout, unload_atom_v, name)
             .then(
@@ -681,6 +729,76 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
                   with_info(name, rp);
                 },
                 [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      },
+      [=](unregister_atom, std::string& name) -> caf::result<model_info> {
+        auto& st = self->state;
+        if (auto f = st.failed.find(name); f != st.failed.end()) {
+          auto info = listed_only(f->second.first, "unregistered", {});
+          st.failed.erase(f);
+          return info;
+        }
+        auto i = st.models.find(name);
+        if (i == st.models.end()) return not_serving(name);
+        auto& m = i->second;
+        if (m.unregistering)
+          return make_error(ec::invalid_state, "model " + name + " is being unregistered");
+        auto queued = st.batcher->queued(m.index);
+        auto running = st.batcher->in_flight(m.index);
+        if (queued > 0 || running > 0)
+          return make_error(ec::invalid_state,
+                            "model " + name + " has " + std::to_string(queued) +
+                                " requests queued and " + std::to_string(running) +
+                                " batches running; unregister it when they are done");
+        // From here new requests are refused. Evict, let the scheduler forget it, then
+        // every worker frees its shard's host copy; the name is free once all did.
+        m.unregistering = true;
+        auto rp = self->make_response_promise<model_info>();
+        auto fail = [=](const caf::error& e) mutable {
+          if (auto j = self->state.models.find(name); j != self->state.models.end())
+            j->second.unregistering = false;
+          rp.deliver(with_context(e, "unregistering " + name));
+        };
+        auto timeout = st.opts.acquire_timeout;
+        self->request(st.scheduler, timeout, unload_atom_v, name)
+            .then(
+                [=](residency_report&) mutable {
+                  self->request(self->state.scheduler, timeout, unregister_atom_v, name)
+                      .then(
+                          [=](bool) mutable {
+                            auto& st = self->state;
+                            auto cfg = st.models.at(name).cfg;
+                            std::vector<shard_worker_actor> holders;
+                            for (auto d : cfg.devices)
+                              holders.push_back(st.workers.at(static_cast<size_t>(d)));
+                            auto forget = [=]() mutable {
+                              auto& st = self->state;
+                              auto j = st.models.find(name);
+                              // Its batcher queue (empty) and its entry in `names` stay:
+                              // both are indexed by the queue's index.
+                              if (j != st.models.end()) {
+                                st.batcher->set_resident(j->second.index, false);
+                                st.models.erase(j);
+                              }
+                              log::info("unregistered {}", name);
+                              rp.deliver(listed_only(cfg, "unregistered", {}));
+                            };
+                            fan_out_all<bool>(
+                                self, holders, caf::timespan{timeout},
+                                [=](std::vector<bool>) mutable { forget(); },
+                                [=](caf::error e, size_t k) mutable {
+                                  // The scheduler has forgotten it already: the name is
+                                  // free; what a worker could not free is logged.
+                                  log::error(
+                                      "unregistering {}: device {} did not free its shard: {}",
+                                      name, cfg.devices[k], render(e));
+                                  forget();
+                                },
+                                unregister_atom_v, name);
+                          },
+                          [=](caf::error& e) mutable { fail(e); });
+                },
+                [=](caf::error& e) mutable { fail(e); });
         return rp;
       },
       [=](devices_atom) -> caf::result<std::vector<device_report>> {

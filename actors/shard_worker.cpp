@@ -295,6 +295,38 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
                 [=](caf::error& err) mutable { rp.deliver(std::move(err)); });
         return rp;
       },
+      [=](unregister_atom, std::string& model) -> caf::result<bool> {
+        auto& st = self->state;
+        if (st.preparing.count(model) > 0)
+          return make_error(ec::invalid_state, "model " + model + " is being prepared on device " +
+                                                   std::to_string(index));
+        auto i = st.shards.find(model);
+        if (i == st.shards.end()) return false;
+        auto entry = std::make_shared<shard_entry>(std::move(i->second));
+        st.shards.erase(i);
+        for (auto b = st.batches.begin(); b != st.batches.end();)
+          b = b->first.first == model ? st.batches.erase(b) : std::next(b);
+        // Behind any copy in flight, on the copy lane: the device copy goes, then the
+        // program and the host copy with their last references (freeing pinned memory
+        // can block, so not on a scheduler thread).
+        lane_job job{[entry]() -> caf::error {
+          if (entry->weights && entry->weights->state() != gpu::residency::offloaded)
+            if (auto err = entry->weights->evict()) return err;
+          entry->program.reset();
+          entry->group.reset();
+          entry->weights.reset();
+          return {};
+        }};
+        auto rp = self->make_response_promise<bool>();
+        self->request(st.copy_lane, st.opts.load_timeout + 5s, run_atom_v, std::move(job))
+            .then(
+                [=](bool) mutable {
+                  log::info("device {}: forgot {} (host copy freed)", index, model);
+                  rp.deliver(true);
+                },
+                [=](caf::error& err) mutable { rp.deliver(std::move(err)); });
+        return rp;
+      },
       [=](step_atom, step_request& req) -> caf::result<step_result> {
         auto& st = self->state;
         auto i = st.shards.find(req.model);

@@ -64,6 +64,7 @@ residency_report report_of(sched_pointer self, model_id id) {
   r.evictions = m.evictions;
   r.demand_per_s = m.demand.rate(t);
   r.idle_s = m.leases > 0 ? 0 : m.last_used ? sched::seconds_between(*m.last_used, t) : -1;
+  r.reason = l.unavailable_reason(id);
   return r;
 }
 
@@ -320,6 +321,13 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
         if (start) start_evict(self, m);
         return rp;
       },
+      [=](unregister_atom, std::string& name) -> caf::result<bool> {
+        auto id = find(name);
+        if (!id) return unknown(name);
+        if (auto why = self->state.ledger->remove(*id)) return to_error(*why);
+        self->state.waiting[*id] = {};
+        return true;
+      },
       [=](pin_atom, std::string& name, bool pinned) -> caf::result<residency_report> {
         auto id = find(name);
         if (!id) return unknown(name);
@@ -333,7 +341,7 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
       [=](status_atom) {
         std::vector<residency_report> out;
         for (model_id id = 0; id < self->state.ledger->model_count(); ++id)
-          out.push_back(report_of(self, id));
+          if (!self->state.ledger->model(id).removed) out.push_back(report_of(self, id));
         return out;
       },
       [=](lost_atom, std::vector<int32_t>& devs) {
@@ -367,6 +375,7 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
         out["policy"] = caf::config_value{l.options().policy};
         caf::config_value::list models;
         for (model_id id = 0; id < l.model_count(); ++id) {
+          if (l.model(id).removed) continue;
           auto r = report_of(self, id);
           caf::settings x;
           x["model"] = caf::config_value{r.model};

@@ -123,6 +123,15 @@ worker_guard_actor::behavior_type worker_guard(guard_pointer self, shard_worker_
       [=](evict_atom, std::string& m) -> caf::result<transfer_report> {
         return relay<transfer_report>(self, renumber, evict_atom_v, std::move(m));
       },
+      [=](unregister_atom, std::string& m) -> caf::result<bool> {
+        // Never replayed on a restarted node from now on; a node that is gone holds
+        // nothing of it any more.
+        auto& st = self->state;
+        bool had = st.prepared.erase(m) > 0;
+        st.stale.erase(m);
+        if (!st.online) return had;
+        return relay<bool>(self, same, unregister_atom_v, std::move(m));
+      },
       [=](step_atom, step_request& r) -> caf::result<step_result> {
         return relay<step_result>(self, same, step_atom_v, std::move(r));
       },

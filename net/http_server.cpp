@@ -7,6 +7,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include <boost/asio.hpp>
@@ -133,7 +134,43 @@ json info_json(const actors::model_info& i) {
               {"evictions", i.evictions},
               {"vocab", i.vocab},
               {"max_positions", i.max_positions},
-              {"tokenizer", !i.config.tokenizer.empty()}};
+              {"tokenizer", !i.config.tokenizer.empty()},
+              {"reason", i.reason}};
+}
+
+/// Triton's model state (READY, LOADING, UNLOADING, UNAVAILABLE) and its reason, from
+/// ours. A registered model is READY whether or not it is resident: it is swapped in on
+/// demand.
+std::pair<std::string, std::string> triton_state(const actors::model_info& i) {
+  if (i.state == "registering") return {"LOADING", ""};
+  if (i.state == "unregistering") return {"UNLOADING", ""};
+  if (i.state == "failed") return {"UNAVAILABLE", i.reason};
+  if (i.state == "unloaded" || i.state == "unregistered") return {"UNAVAILABLE", "unloaded"};
+  if (i.state == "unavailable")
+    return {"UNAVAILABLE", i.reason.empty() ? "a device of it is unreachable" : i.reason};
+  return {"READY", ""};
+}
+
+/// Model control bodies: an object whose only key is "parameters", itself an object of
+/// `allowed` booleans. Empty bodies are fine. Returns the parameters or the 400 text.
+std::variant<json, std::string> control_parameters(const std::string& body,
+                                                   std::initializer_list<const char*> allowed) {
+  if (body.empty()) return json::object();
+  auto j = json::parse(body, nullptr, false);
+  if (!j.is_object()) return std::string{"the body must be a JSON object"};
+  for (auto& [k, v] : j.items())
+    if (k != "parameters") return "unknown key '" + k + "' (only 'parameters')";
+  auto p = j.value("parameters", json::object());
+  if (!p.is_object()) return std::string{"'parameters' must be an object"};
+  for (auto& [k, v] : p.items()) {
+    bool known = false;
+    for (auto* a : allowed) known = known || k == a;
+    if (!known)
+      return "parameter '" + k + "' is not supported" +
+             (allowed.size() > 0 ? std::string{} : " (a model's settings come from its folder)");
+    if (!v.is_boolean()) return "parameter '" + k + "' must be true or false";
+  }
+  return p;
 }
 
 /// A response written in pieces: Server-Sent Events over chunked encoding. Any thread.
@@ -452,6 +489,8 @@ struct http_server::impl {
   std::shared_ptr<metrics> metrics_;
   std::shared_ptr<trace_recorder> trace;
   http_options opts;
+  /// Model control (index, load, unload, unregister); null: over the frontend only.
+  actors::repository_actor repository;
   asio::io_context ioc;
   tcp::acceptor acceptor{ioc};
   std::vector<std::thread> threads;
@@ -462,12 +501,13 @@ struct http_server::impl {
   std::map<std::string, std::shared_ptr<const models::tokenizer>> tokenizers;
 
   impl(caf::actor_system& s, actors::frontend_actor fe, std::shared_ptr<metrics> m,
-       std::shared_ptr<trace_recorder> t, http_options o)
+       std::shared_ptr<trace_recorder> t, http_options o, actors::repository_actor r)
       : sys(s),
         frontend(std::move(fe)),
         metrics_(std::move(m)),
         trace(std::move(t)),
-        opts(std::move(o)) {}
+        opts(std::move(o)),
+        repository(std::move(r)) {}
 
   /// Asks the frontend and answers with `ok(result)` or the error's response. Runs in
   /// a short-lived actor so that no I/O thread ever blocks on an actor.
@@ -486,10 +526,15 @@ struct http_server::impl {
 
   template <class T, class OnOk, class OnErr, class... Ts>
   void ask_with(responder reply, OnOk ok, OnErr on_err, Ts... xs) {
-    auto fe = frontend;
+    ask_actor<T>(frontend, reply, ok, on_err, xs...);
+  }
+
+  /// ask() of any actor (the frontend, the repository).
+  template <class T, class Handle, class OnOk, class OnErr, class... Ts>
+  void ask_actor(Handle target, responder reply, OnOk ok, OnErr on_err, Ts... xs) {
     auto timeout = caf::timespan{opts.request_timeout};
     sys.spawn([=](caf::event_based_actor* self) {
-      self->request(fe, timeout, xs...)
+      self->request(target, timeout, xs...)
           .then(
               [=](T& r) {
                 reply(ok(r));
@@ -655,10 +700,33 @@ struct http_server::impl {
           http::status::method_not_allowed,
           "method " + std::string{req.method_string()} + " is not allowed on " + target));
     };
-    if (target == "/v2/health/live" || target == "/v2/health/ready") {
+    if (target == "/v2/health/live") {
       if (!is_get) return wrong_method();
-      auto key = target == "/v2/health/live" ? "live" : "ready";
-      return reply(make_json(http::status::ok, json{{key, !stopped.load()}}));
+      return reply(make_json(http::status::ok, json{{"live", !stopped.load()}}));
+    }
+    if (target == "/v2/health/ready") {
+      // Ready when every model the server was asked to serve can: none is registering,
+      // failed to register, or has a device out of reach. Models only in the repository
+      // (never loaded, or unregistered) do not count. 503 otherwise, with the reasons.
+      if (!is_get) return wrong_method();
+      if (stopped.load())
+        return reply(make_json(http::status::service_unavailable,
+                               json{{"ready", false}, {"reason", "the server is stopping"}}));
+      return ask<std::vector<actors::model_info>>(
+          reply,
+          [](std::vector<actors::model_info>& ms) {
+            json not_ready = json::array();
+            for (auto& m : ms) {
+              auto [state, reason] = triton_state(m);
+              if (state != "READY")
+                not_ready.push_back(
+                    {{"name", m.config.name}, {"state", state}, {"reason", reason}});
+            }
+            if (not_ready.empty()) return make_json(http::status::ok, json{{"ready", true}});
+            return make_json(http::status::service_unavailable,
+                             json{{"ready", false}, {"not_ready", not_ready}});
+          },
+          actors::list_atom_v);
     }
     if (target == "/v2") {
       if (!is_get) return wrong_method();
@@ -689,18 +757,40 @@ struct http_server::impl {
     }
     if (target == "/v2/repository/index") {
       if (!is_post) return wrong_method();
-      return ask<std::vector<actors::model_info>>(
-          reply,
-          [](std::vector<actors::model_info>& ms) {
-            json out = json::array();
-            for (auto& m : ms)
-              out.push_back({{"name", m.config.name},
-                             {"version", "1"},
-                             {"state", "READY"},
-                             {"residency", m.state}});
-            return make_json(http::status::ok, out);
-          },
-          actors::list_atom_v);
+      // Body: nothing, or {"ready": true} for the READY ones only (Triton's filter).
+      bool only_ready = false;
+      if (!req.body().empty()) {
+        auto j = json::parse(req.body(), nullptr, false);
+        if (!j.is_object())
+          return reply(make_error_response(http::status::bad_request,
+                                           "invalid_request: the body must be a JSON object"));
+        for (auto& [k, v] : j.items()) {
+          if (k != "ready")
+            return reply(
+                make_error_response(http::status::bad_request,
+                                    "invalid_request: unknown key '" + k + "' (only 'ready')"));
+          if (!v.is_boolean())
+            return reply(make_error_response(http::status::bad_request,
+                                             "invalid_request: 'ready' must be true or false"));
+          only_ready = v.get<bool>();
+        }
+      }
+      auto ok = [only_ready](std::vector<actors::model_info>& ms) {
+        json out = json::array();
+        for (auto& m : ms) {
+          auto [state, reason] = triton_state(m);
+          if (only_ready && state != "READY") continue;
+          json e{{"name", m.config.name}, {"version", "1"}, {"state", state}, {"reason", reason}};
+          if (state == "READY" || state == "UNLOADING") e["residency"] = m.state;
+          out.push_back(std::move(e));
+        }
+        return make_json(http::status::ok, out);
+      };
+      if (repository)
+        return ask_actor<std::vector<actors::model_info>>(
+            repository, reply, ok, [](const caf::error& e) { return error_response(e); },
+            actors::list_atom_v);
+      return ask<std::vector<actors::model_info>>(reply, ok, actors::list_atom_v);
     }
     if (target == "/v1/models") {
       if (!is_get) return wrong_method();
@@ -754,6 +844,27 @@ struct http_server::impl {
         return reply(make_error_response(http::status::not_found, "no route " + target));
       if (!is_post) return wrong_method();
       auto ok = [](actors::model_info& i) { return make_json(http::status::ok, info_json(i)); };
+      auto fail = [](const caf::error& e) { return error_response(e); };
+      // load: no parameters (a model's settings come from its folder). unload:
+      // "unregister" also frees its host memory and forgets it until the next load;
+      // "unload_dependents" is accepted and has nothing to do (no ensembles here).
+      auto params = verb == "load"
+                        ? control_parameters(req.body(), {})
+                        : control_parameters(req.body(), {"unregister", "unload_dependents"});
+      if (auto why = std::get_if<std::string>(&params))
+        return reply(make_error_response(http::status::bad_request, "invalid_request: " + *why));
+      bool unregister = std::get<json>(params).value("unregister", false);
+      if (repository) {
+        if (verb == "load")
+          return ask_actor<actors::model_info>(repository, reply, ok, fail, actors::load_atom_v,
+                                               model);
+        return ask_actor<actors::model_info>(repository, reply, ok, fail, actors::unload_atom_v,
+                                             model, unregister);
+      }
+      if (unregister)
+        return reply(make_error_response(http::status::bad_request,
+                                         "invalid_request: this server has no model control "
+                                         "(unregister needs a repository actor)"));
       if (verb == "load") return ask<actors::model_info>(reply, ok, actors::load_atom_v, model);
       return ask<actors::model_info>(reply, ok, actors::unload_atom_v, model);
     }
@@ -786,12 +897,16 @@ struct http_server::impl {
         if (!is_get) return wrong_method();
         // Every registered model can serve (an offloaded one is swapped in on demand)
         // unless a device of it is on a node that is gone.
+        // 200 when it can serve, else 503 with the reason (Kubernetes probes read the
+        // status).
         return ask<actors::model_info>(
             reply,
             [](actors::model_info& i) {
-              return make_json(http::status::ok, json{{"name", i.config.name},
-                                                      {"ready", i.state != "unavailable"},
-                                                      {"state", i.state}});
+              auto [state, reason] = triton_state(i);
+              bool ready = state == "READY";
+              json j{{"name", i.config.name}, {"ready", ready}, {"state", i.state}};
+              if (!ready) j["reason"] = reason;
+              return make_json(ready ? http::status::ok : http::status::service_unavailable, j);
             },
             actors::info_atom_v, model);
       }
@@ -1026,10 +1141,10 @@ void http_server::stop() {
 
 caf::expected<std::unique_ptr<http_server>> http_server::start(
     caf::actor_system& sys, actors::frontend_actor frontend, std::shared_ptr<metrics> m,
-    std::shared_ptr<trace_recorder> trace, http_options opts) {
+    std::shared_ptr<trace_recorder> trace, http_options opts, actors::repository_actor repository) {
   if (opts.threads < 1) return make_error(ec::invalid_configuration, "http: at least one thread");
   auto p = std::make_unique<impl>(sys, std::move(frontend), std::move(m), std::move(trace),
-                                  std::move(opts));
+                                  std::move(opts), std::move(repository));
   auto& o = p->opts;
   beast::error_code ec;
   auto addr = asio::ip::make_address(o.host, ec);

@@ -35,13 +35,14 @@ struct http_options {
 
 class http_server {
  public:
-  /// Binds and starts serving. Errors: the address cannot be bound (io_error, with the
+  /// Binds and starts serving. Model control (the repository index, load, unload and
+  /// unregister) goes to `repository` where there is one, else to the frontend (no
+  /// unregister). Errors: the address cannot be bound (io_error, with the
   /// reason).
-  static caf::expected<std::unique_ptr<http_server>> start(caf::actor_system& sys,
-                                                           actors::frontend_actor frontend,
-                                                           std::shared_ptr<metrics> metrics,
-                                                           std::shared_ptr<trace_recorder> trace,
-                                                           http_options opts);
+  static caf::expected<std::unique_ptr<http_server>> start(
+      caf::actor_system& sys, actors::frontend_actor frontend, std::shared_ptr<metrics> metrics,
+      std::shared_ptr<trace_recorder> trace, http_options opts,
+      actors::repository_actor repository = {});
   ~http_server();
 
   /// The bound port.

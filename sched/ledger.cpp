@@ -245,6 +245,23 @@ void ledger::forget(model_id id) {
   m.state = model_state::offloaded;
 }
 
+std::optional<refusal> ledger::remove(model_id id) {
+  auto& m = models_[id];
+  if (m.removed) return std::nullopt;
+  if (m.state != model_state::offloaded || m.leases > 0 || m.queued || m.held > 0)
+    return refusal{ec::invalid_state,
+                   "model " + m.name + " is " +
+                       (m.state != model_state::offloaded ? std::string{"still on its devices"}
+                                                          : std::string{"in use"}) +
+                       ": unload it and let its requests finish first"};
+  by_name_.erase(m.name);
+  m.removed = true;
+  m.pinned = false;
+  m.wanted = false;
+  m.draining = false;
+  return std::nullopt;
+}
+
 void ledger::note_largest_free(size_t device, uint64_t bytes) {
   if (device < devices_.size()) devices_[device].largest_free_bytes = bytes;
 }

@@ -67,6 +67,9 @@ struct model_entry {
   demand_meter demand;
   uint64_t loads = 0;
   uint64_t evictions = 0;
+  /// Unregistered: its name is free again and its id is never used again (ids stay
+  /// dense, so the entry stays, offloaded and unpinned).
+  bool removed = false;
 };
 
 struct device_account {
@@ -173,6 +176,9 @@ class ledger {
   /// Gives up on a model's residency (a device's node is gone): bytes freed everywhere,
   /// offloaded; loads again once all devices are back.
   void forget(model_id id);
+  /// Unregisters an offloaded model with no leases and no load waiting; refused
+  /// (invalid_state) otherwise. Its name may be registered again, with any placement.
+  std::optional<refusal> remove(model_id id);
   /// A device reported its largest free block (after a transfer).
   void note_largest_free(size_t device, uint64_t bytes);
 

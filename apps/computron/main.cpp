@@ -588,12 +588,12 @@ int main(int argc, char** argv) {
       return exit_usage;
     }
     if (!serve_repository.empty()) {
-      auto models = app::load_repository(serve_repository);
-      if (!models) {
-        std::cerr << "computron serve: " << render(models.error()) << '\n';
+      // The repository replaces the configured models.
+      cfg->models.clear();
+      if (auto err = app::add_repository(*cfg, serve_repository)) {
+        std::cerr << "computron serve: " << render(err) << '\n';
         return exit_usage;
       }
-      cfg->models = std::move(*models);
     }
     if (!serve_host.empty()) cfg->http.host = serve_host;
     if (serve_port >= 0) cfg->http.port = static_cast<uint16_t>(serve_port);
@@ -643,13 +643,18 @@ int main(int argc, char** argv) {
     return app::run_sim_cli(sim);
   }
   if (*gen_cmd) {
-    auto repo = app::load_repository(std::filesystem::path{gen_model_dir}.parent_path().string());
+    // Only this folder is read: a broken sibling is not this model's problem.
+    auto name = std::filesystem::path{gen_model_dir}.filename().string();
+    auto repo =
+        app::read_repository(std::filesystem::path{gen_model_dir}.parent_path().string(), name);
     if (!repo) {
       std::cerr << "computron generate: " << render(repo.error()) << '\n';
       return exit_usage;
     }
-    auto name = std::filesystem::path{gen_model_dir}.filename().string();
-    auto it = std::find_if(repo->begin(), repo->end(), [&](auto& m) { return m.name == name; });
+    if (!repo->empty() && repo->front().error) {
+      std::cerr << "computron generate: " << render(repo->front().error) << '\n';
+      return exit_usage;
+    }
     auto prompts = nlohmann::json::parse(gen_prompts, nullptr, false);
     std::vector<std::vector<int64_t>> rows;
     try {
@@ -658,14 +663,15 @@ int main(int argc, char** argv) {
       std::cerr << "computron generate: --prompts must be a JSON array of integer arrays\n";
       return exit_usage;
     }
-    if (it == repo->end()) {
+    if (repo->empty()) {
       std::cerr << "computron generate: no model in " << gen_model_dir << '\n';
       return exit_usage;
     }
+    auto& model = repo->front().config;
     if (gen_devices.count == 0) {
-      for (auto d : it->devices) gen_devices.count = std::max(gen_devices.count, d + 1);
+      for (auto d : model.devices) gen_devices.count = std::max(gen_devices.count, d + 1);
     }
-    return app::run_generate(*it, gen_devices, rows, gen_max_tokens, gen_sampling);
+    return app::run_generate(model, gen_devices, rows, gen_max_tokens, gen_sampling);
   }
   return exit_usage;
 }

@@ -165,58 +165,108 @@ serve_config default_serve_config() {
   return c;
 }
 
-caf::expected<std::vector<actors::model_config>> load_repository(const std::string& dir) {
+namespace {
+
+/// One repository folder as a model, or the error that keeps it from being one.
+caf::expected<actors::model_config> read_folder(const fs::path& f) {
+  auto cfg_path = f / "config.json";
+  actors::model_config m;
+  m.name = f.filename().string();
+  if (models::is_hf_folder(f.string())) {
+    // A Hugging Face OPT folder as downloaded: its config.json gives the shape and
+    // dtype; our settings, if any, sit beside it in computron.json.
+    auto hf = models::read_hf_opt_config(f.string());
+    if (!hf) return hf.error();
+    m.kind = "opt";
+    m.spec = hf->spec.name;
+    m.shape = {hf->spec.hidden, hf->spec.layers, hf->spec.heads,
+               hf->spec.ffn,    hf->spec.vocab,  hf->spec.max_positions};
+    m.checkpoint_dtype = hf->dtype;
+    m.dtype = "auto";
+    m.weights_path = f.string();
+    if (has_tokenizer_files(f)) m.tokenizer = f.string();
+    auto ours = f / "computron.json";
+    json settings = json::object();
+    if (fs::exists(ours)) {
+      auto j = read_json_file(ours);
+      if (!j) return j.error();
+      settings = *j;
+    }
+    if (auto e = read_model(settings, ours.string(), f, m)) return e;
+    if (m.name != f.filename().string())
+      return bad(ours.string(), "name '" + m.name + "' differs from its folder's");
+    return m;
+  }
+  auto j = read_json_file(cfg_path);
+  if (!j) return j.error();
+  if (auto e = read_model(*j, cfg_path.string(), f, m)) return e;
+  if (m.name != f.filename().string())
+    return bad(cfg_path.string(), "name '" + m.name + "' differs from its folder's");
+  if (m.weights_path.empty() && fs::exists(f / "weights.safetensors"))
+    m.weights_path = (f / "weights.safetensors").string();
+  if (m.tokenizer.empty() && has_tokenizer_files(f)) m.tokenizer = f.string();
+  return m;
+}
+
+}  // namespace
+
+caf::expected<std::vector<actors::repository_folder>> read_repository(const std::string& dir,
+                                                                      const std::string& only) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     return make_error(ec::io_error, "model repository " + dir + " is not a folder");
   std::vector<fs::path> folders;
-  for (auto& entry : fs::directory_iterator(dir, ec))
-    if (entry.is_directory()) folders.push_back(entry.path());
+  if (!only.empty()) {
+    // A name is a folder name, never a path.
+    if (only.find('/') == std::string::npos && only != "." && only != ".." &&
+        fs::is_directory(fs::path{dir} / only, ec))
+      folders.push_back(fs::path{dir} / only);
+  } else {
+    for (auto& entry : fs::directory_iterator(dir, ec))
+      if (entry.is_directory(ec)) folders.push_back(entry.path());
+    if (ec) return make_error(ec::io_error, "cannot list " + dir + ": " + ec.message());
+  }
   std::sort(folders.begin(), folders.end());
-  std::vector<actors::model_config> out;
+  std::vector<actors::repository_folder> out;
   for (auto& f : folders) {
     // Hidden folders (.git, editors' caches) are never models.
     if (f.filename().string().rfind('.', 0) == 0) continue;
-    auto cfg_path = f / "config.json";
-    actors::model_config m;
-    m.name = f.filename().string();
-    if (models::is_hf_folder(f.string())) {
-      // A Hugging Face OPT folder as downloaded: its config.json gives the shape and
-      // dtype; our settings, if any, sit beside it in computron.json.
-      auto hf = models::read_hf_opt_config(f.string());
-      if (!hf) return hf.error();
-      m.kind = "opt";
-      m.spec = hf->spec.name;
-      m.shape = {hf->spec.hidden, hf->spec.layers, hf->spec.heads,
-                 hf->spec.ffn,    hf->spec.vocab,  hf->spec.max_positions};
-      m.checkpoint_dtype = hf->dtype;
-      m.dtype = "auto";
-      m.weights_path = f.string();
-      if (has_tokenizer_files(f)) m.tokenizer = f.string();
-      auto ours = f / "computron.json";
-      json settings = json::object();
-      if (fs::exists(ours)) {
-        auto j = read_json_file(ours);
-        if (!j) return j.error();
-        settings = *j;
-      }
-      if (auto e = read_model(settings, ours.string(), f, m)) return e;
-      if (m.name != f.filename().string())
-        return bad(ours.string(), "name '" + m.name + "' differs from its folder's");
-      out.push_back(std::move(m));
-      continue;
-    }
-    auto j = read_json_file(cfg_path);
-    if (!j) return j.error();
-    if (auto e = read_model(*j, cfg_path.string(), f, m)) return e;
-    if (m.name != f.filename().string())
-      return bad(cfg_path.string(), "name '" + m.name + "' differs from its folder's");
-    if (m.weights_path.empty() && fs::exists(f / "weights.safetensors"))
-      m.weights_path = (f / "weights.safetensors").string();
-    if (m.tokenizer.empty() && has_tokenizer_files(f)) m.tokenizer = f.string();
-    out.push_back(std::move(m));
+    actors::repository_folder rf;
+    rf.name = f.filename().string();
+    auto m = read_folder(f);
+    if (m)
+      rf.config = std::move(*m);
+    else
+      rf.error = std::move(m.error());
+    out.push_back(std::move(rf));
   }
   return out;
+}
+
+caf::expected<std::vector<actors::model_config>> load_repository(const std::string& dir) {
+  auto folders = read_repository(dir);
+  if (!folders) return folders.error();
+  std::vector<actors::model_config> out;
+  for (auto& f : *folders) {
+    if (f.error) return f.error;
+    out.push_back(std::move(f.config));
+  }
+  return out;
+}
+
+caf::error add_repository(serve_config& c, const std::string& dir) {
+  auto folders = read_repository(dir);
+  if (!folders) return folders.error();
+  c.repository = dir;
+  for (auto& f : *folders) {
+    if (f.error) {
+      // Listed by the repository index as failed, with this reason; the rest serve.
+      log::warn("repository folder {} is not served: {}", f.name, render(f.error));
+      continue;
+    }
+    c.models.push_back(std::move(f.config));
+  }
+  return {};
 }
 
 caf::expected<serve_config> load_serve_config(const std::string& path) {
@@ -355,9 +405,7 @@ caf::expected<serve_config> load_serve_config(const std::string& path) {
   if ((e = read(*j, "repository", w, repo))) return e;
   if (!repo.empty()) {
     fs::path p{repo};
-    auto models = load_repository((p.is_absolute() ? p : base / p).string());
-    if (!models) return models.error();
-    for (auto& m : *models) c.models.push_back(std::move(m));
+    if (auto err = add_repository(c, (p.is_absolute() ? p : base / p).string())) return err;
   }
   return c;
 }
@@ -438,16 +486,36 @@ int run_serve(serve_config cfg) {
   }
   auto reg_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - reg_start).count();
-  if (registered == 0 && !cfg.models.empty()) {
+  // With a repository the operator can fix a folder and load it: start anyway.
+  if (registered == 0 && !cfg.models.empty() && cfg.repository.empty()) {
     std::cerr << "computron serve: none of the " << cfg.models.size()
               << " models could be registered\n";
     rt->shutdown();
     nodes.shutdown();
     return 1;
   }
-  auto srv = net::http_server::start(sys, rt->frontend, metrics, trace, cfg.http);
+  actors::repository_options ro;
+  if (!cfg.repository.empty())
+    ro.scan = [dir = cfg.repository](const std::string& only) {
+      auto folders = read_repository(dir, only);
+      if (folders) return std::move(*folders);
+      // The folder itself went away: one entry that says so.
+      actors::repository_folder f;
+      f.name = only.empty() ? dir : only;
+      f.error = folders.error();
+      return std::vector<actors::repository_folder>{f};
+    };
+  auto repo = actors::spawn_repository(sys, rt->manager, std::move(ro));
+  if (!repo) {
+    std::cerr << "computron serve: " << render(repo.error()) << '\n';
+    rt->shutdown();
+    nodes.shutdown();
+    return 1;
+  }
+  auto srv = net::http_server::start(sys, rt->frontend, metrics, trace, cfg.http, *repo);
   if (!srv) {
     std::cerr << "computron serve: " << render(srv.error()) << '\n';
+    caf::anon_send_exit(*repo, caf::exit_reason::user_shutdown);
     rt->shutdown();
     nodes.shutdown();
     return 1;
@@ -492,6 +560,7 @@ int run_serve(serve_config cfg) {
   if (!cfg.trace_file.empty() && !trace->write(cfg.trace_file))
     log::error("cannot write the trace to {}", cfg.trace_file);
   if (ctrl) caf::anon_send_exit(ctrl, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(*repo, caf::exit_reason::user_shutdown);
   nodes.shutdown();
   rt->shutdown();
   return 0;

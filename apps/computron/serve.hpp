@@ -6,6 +6,7 @@
 #include <caf/expected.hpp>
 
 #include "actors/node.hpp"
+#include "actors/repository.hpp"
 #include "net/cluster.hpp"
 #include "net/http_server.hpp"
 
@@ -31,6 +32,9 @@ struct serve_config {
   /// turns it off, 0 picks a free one. Not binding it is a warning, not a failure.
   std::string console_host = "127.0.0.1";
   int console_port = 4242;
+  /// The model repository (`repository` key or --repository): loading a folder of it
+  /// registers the model; empty: model control over the configured models only.
+  std::string repository;
 };
 
 /// `computron node`: devices and shard workers, published for a controller.
@@ -56,8 +60,19 @@ caf::expected<serve_config> load_serve_config(const std::string& path);
 serve_config default_serve_config();
 
 /// Reads a model repository: one folder per model holding config.json (the model_config
-/// fields) and optionally weights.safetensors. Errors name the folder and the problem.
+/// fields) and optionally weights.safetensors, or a Hugging Face OPT folder. Every
+/// folder (or only the one named `only`; hidden ones never) comes back with its model or
+/// the error that names the folder and the problem. Error: `dir` is not a folder.
+caf::expected<std::vector<actors::repository_folder>> read_repository(const std::string& dir,
+                                                                      const std::string& only = {});
+
+/// read_repository, strict: the first folder that cannot be read is the error.
 caf::expected<std::vector<actors::model_config>> load_repository(const std::string& dir);
+
+/// Serves `dir` as the model repository: its readable folders join `c.models`, the
+/// others are logged (the repository index lists them with their reason), and the
+/// server gets model control over it. Error: `dir` is not a folder.
+caf::error add_repository(serve_config& c, const std::string& dir);
 
 /// Runs the server until SIGINT or SIGTERM; prints "listening on http://HOST:PORT" on
 /// stdout once ready. Returns the process exit code.

@@ -207,3 +207,128 @@ TEST_CASE("streamed tokens come one by one, and a cancel ends the row after its 
                        [](caf::error& e) { CHECK(is(e, ec::cancelled)); });
   caf::anon_send_exit(listener, caf::exit_reason::user_shutdown);
 }
+
+TEST_CASE("a failed registration stays listed with its reason until registered again",
+          "[actors][manager][control]") {
+  manager_fixture f;
+  f.script.failing_prepare.insert("broken");
+  model_config b;
+  b.name = "broken";
+  b.kind = "toy";
+  b.devices = {0};
+  auto first = f.ask<model_info>(f.manager, register_atom_v, b);
+  REQUIRE_FALSE(first);
+  CHECK(is(first.error(), ec::io_error));  // the worker's code, not re-wrapped
+  auto listed = f.ask<std::vector<model_info>>(f.manager, list_atom_v);
+  REQUIRE(listed);
+  REQUIRE(listed->size() == 2);
+  CHECK(listed->at(0).config.name == "broken");
+  CHECK(listed->at(0).state == "failed");
+  CHECK_THAT(listed->at(0).reason, Catch::Contains("injected: cannot read the weights"));
+  auto info = f.ask<model_info>(f.manager, info_atom_v, std::string{"broken"});
+  REQUIRE(info);
+  CHECK(info->state == "failed");
+  // Requests and loads of it say why, with a code that maps to 503, not 404.
+  infer_request r;
+  r.model = "broken";
+  r.tokens = {1};
+  auto served = f.ask<infer_reply>(f.manager, infer_atom_v, r);
+  REQUIRE_FALSE(served);
+  CHECK(is(served.error(), ec::unavailable));
+  CHECK_THAT(render(served.error()), Catch::Contains("failed to register: io_error"));
+  CHECK(is(f.ask<model_info>(f.manager, load_atom_v, std::string{"broken"}).error(),
+           ec::unavailable));
+  // Fixed, it registers and is served; the failure is gone from the list.
+  f.script.failing_prepare.clear();
+  auto second = f.ask<model_info>(f.manager, register_atom_v, b);
+  REQUIRE(second);
+  CHECK(second->state == "offloaded");
+  CHECK(second->reason.empty());
+  r.max_tokens = 1;
+  auto fut = f.self->request(f.manager, caf::timespan{24h}, infer_atom_v, r);
+  f.sched.run();
+  f.sched.advance_time(6ms);
+  f.sched.run();
+  REQUIRE(f.replied());
+  std::move(fut).receive([](infer_reply& x) { CHECK(x.tokens.size() == 1); },
+                         [](caf::error& e) { FAIL(render(e)); });
+  // A failed registration that is unregistered is gone.
+  f.script.failing_prepare.insert("other");
+  b.name = "other";
+  REQUIRE_FALSE(f.ask<model_info>(f.manager, register_atom_v, b));
+  auto gone = f.ask<model_info>(f.manager, unregister_atom_v, std::string{"other"});
+  REQUIRE(gone);
+  CHECK(gone->state == "unregistered");
+  CHECK(is(f.ask<model_info>(f.manager, info_atom_v, std::string{"other"}).error(),
+           ec::unknown_model));
+  // A config the manager refuses is listed too.
+  model_config bad;
+  bad.name = "bad";
+  bad.kind = "toy";
+  bad.devices = {7};
+  REQUIRE_FALSE(f.ask<model_info>(f.manager, register_atom_v, bad));
+  auto bad_info = f.ask<model_info>(f.manager, info_atom_v, std::string{"bad"});
+  REQUIRE(bad_info);
+  CHECK(bad_info->state == "failed");
+  CHECK_FALSE(bad_info->reason.empty());
+}
+
+TEST_CASE("unregister evicts, frees every worker's shard and frees the name",
+          "[actors][manager][control]") {
+  manager_fixture f;
+  auto loaded = f.ask<model_info>(f.manager, load_atom_v, std::string{"m"});
+  REQUIRE(loaded);
+  CHECK(loaded->state == "resident");
+  auto gone = f.ask<model_info>(f.manager, unregister_atom_v, std::string{"m"});
+  REQUIRE(gone);
+  CHECK(gone->state == "unregistered");
+  CHECK(f.script.evictions["m"] == 1);
+  CHECK(f.script.unregistered["m"] == 1);
+  CHECK(is(f.ask<model_info>(f.manager, info_atom_v, std::string{"m"}).error(), ec::unknown_model));
+  auto listed = f.ask<std::vector<model_info>>(f.manager, list_atom_v);
+  REQUIRE(listed);
+  CHECK(listed->empty());
+  // The scheduler forgot it too: it lists no residency and takes the name back, even
+  // with another placement.
+  auto status = f.ask<std::vector<residency_report>>(f.scheduler, status_atom_v);
+  REQUIRE(status);
+  CHECK(status->empty());
+  model_config again;
+  again.name = "m";
+  again.kind = "toy";
+  again.devices = {0};
+  again.toy_shard_bytes = 2 << 20;
+  auto back = f.ask<model_info>(f.manager, register_atom_v, again);
+  REQUIRE(back);
+  auto out = f.send();
+  f.sched.run();
+  f.sched.advance_time(6ms);
+  f.sched.run();
+  REQUIRE(f.replied());
+  std::move(out).receive([](infer_reply& x) { CHECK(x.tokens.size() == 1); },
+                         [](caf::error& e) { FAIL(render(e)); });
+  CHECK(is(f.ask<model_info>(f.manager, unregister_atom_v, std::string{"nope"}).error(),
+           ec::unknown_model));
+}
+
+TEST_CASE("unregister is refused while requests of the model are in flight",
+          "[actors][manager][control]") {
+  manager_fixture f;
+  f.script.hanging.insert("m");
+  auto pending = f.send();
+  f.sched.run();
+  f.sched.advance_time(6ms);
+  f.sched.run();
+  CHECK_FALSE(f.replied());  // its load hangs
+  auto refused = f.ask<model_info>(f.manager, unregister_atom_v, std::string{"m"});
+  REQUIRE_FALSE(refused);
+  CHECK(is(refused.error(), ec::invalid_state));
+  CHECK_THAT(render(refused.error()), Catch::Contains("batches running"));
+  CHECK(f.script.unregistered["m"] == 0);
+  // Released, the request is served; afterwards the model can go.
+  caf::anon_send(f.script.holder, caf::ok_atom_v);
+  f.sched.run();
+  REQUIRE(f.replied());
+  std::move(pending).receive([](infer_reply&) {}, [](caf::error& e) { FAIL(render(e)); });
+  CHECK(f.ask<model_info>(f.manager, unregister_atom_v, std::string{"m"}));
+}

@@ -137,18 +137,26 @@ TEST_CASE("serve refuses bad configs with a clear error before listening", "[cli
   auto missing = run("serve --config " + dir + "/absent.json --port 0", true);
   CHECK(missing.exit_code == 2);
   CHECK_THAT(missing.all, Catch::Contains("cannot read"));
-  write("repo/m/config.json", R"({"kind": "toy", "tp": 2, "devices": [0, 0]})");
-  auto dup = run("serve --repository " + dir + "/repo --devices 2 --port 0", true);
+  // Without a repository, a config whose only model cannot register stops the server.
+  write(
+      "dup.json",
+      R"({"devices": {"kind": "emulated", "count": 2}, "console_port": -1, "models": [{"name": "m", "kind": "toy", "tp": 2, "devices": [0, 0]}]})");
+  auto dup = run("serve --config " + dir + "/dup.json --port 0", true);
   CHECK(dup.exit_code == 1);
   CHECK_THAT(dup.all, Catch::Contains("holds two shards"));
-  write("repo/m/config.json", R"({"kind": "toy", "tp": "two"})");
-  auto type = run("serve --repository " + dir + "/repo --port 0", true);
+  write("types.json", R"({"models": [{"name": "m", "kind": "toy", "tp": "two"}]})");
+  auto type = run("serve --config " + dir + "/types.json --port 0", true);
   CHECK(type.exit_code == 2);
   CHECK_THAT(type.all, Catch::Contains("tp must be a number"));
-  write("repo/m/config.json", R"({"kind": "toy", "tokenizer": "no-such-folder"})");
-  auto tok = run("serve --repository " + dir + "/repo --port 0", true);
+  write("tok.json", R"({"models": [{"name": "m", "kind": "toy", "tokenizer": "no-such-folder"}]})");
+  auto tok = run("serve --config " + dir + "/tok.json --port 0", true);
   CHECK(tok.exit_code == 2);
   CHECK_THAT(tok.all, Catch::Contains("no-such-folder does not exist"));
+  // A repository that is not a folder is a usage error; bad folders inside one are not
+  // (the model control test serves such a repository).
+  auto absent = run("serve --repository " + dir + "/no-repo --port 0", true);
+  CHECK(absent.exit_code == 2);
+  CHECK_THAT(absent.all, Catch::Contains("is not a folder"));
   std::system(("rm -rf " + dir).c_str());
 }
 

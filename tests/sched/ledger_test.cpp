@@ -293,3 +293,31 @@ TEST_CASE("registration refuses malformed placements and a second placement unde
   CHECK_FALSE(ledger::make({{1, 1}}, {"mru", 1}, &why));
   CHECK_FALSE(ledger::make({{1, 1}}, {"lru", 0}, &why));
 }
+
+TEST_CASE("a removed model frees its name for any placement and never counts again",
+          "[sched][ledger]") {
+  ledger_fixture f;
+  auto a = f.add("a", 40 * mb, true);  // pinned
+  f.use(a);
+  REQUIRE(f.l->model(a).state == model_state::resident);
+  // Resident or leased: refused.
+  auto busy = f.l->remove(a);
+  REQUIRE(busy);
+  CHECK(busy->code == ec::invalid_state);
+  bool start = false;
+  f.l->pin(a, false);
+  REQUIRE_FALSE(f.l->begin_unload(a, &start));
+  REQUIRE(start);
+  f.l->evict_done(a);
+  REQUIRE_FALSE(f.l->remove(a));
+  CHECK(f.l->model(a).removed);
+  CHECK_FALSE(f.l->find("a"));
+  CHECK_FALSE(f.l->remove(a));  // twice is fine
+  // The name comes back with another placement and size: a new model.
+  refusal why;
+  auto again = f.l->add("a", {{1}, {90 * mb}, false, 0}, &why);
+  REQUIRE(again);
+  CHECK(*again != a);
+  f.use(*again);
+  CHECK(f.l->model(*again).state == model_state::resident);
+}

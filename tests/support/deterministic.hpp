@@ -54,6 +54,9 @@ struct fake_worker_script {
   std::map<std::string, int> evictions;
   std::set<std::string> failing;
   std::set<std::string> hanging;
+  /// Models whose prepare fails (a registration that fails on a worker).
+  std::set<std::string> failing_prepare;
+  std::map<std::string, int> unregistered;
   /// Rows of each step the worker ran, and its keep list.
   std::vector<size_t> step_rows;
   std::vector<std::vector<int32_t>> keeps;
@@ -80,7 +83,9 @@ inline actors::shard_worker_actor::behavior_type fake_worker(
     actors::shard_worker_actor::pointer self, fake_worker_script* script, int32_t device) {
   using namespace actors;
   return {
-      [=](prepare_atom, shard_spec& s) {
+      [=](prepare_atom, shard_spec& s) -> caf::result<shard_report> {
+        if (script->failing_prepare.count(s.model.name) > 0)
+          return make_error(ec::io_error, "injected: cannot read the weights of " + s.model.name);
         return shard_report{s.model.name, device, 0, false};
       },
       [=](load_atom, std::string& m) -> caf::result<transfer_report> {
@@ -99,6 +104,10 @@ inline actors::shard_worker_actor::behavior_type fake_worker(
       [=](evict_atom, std::string& m) {
         ++script->evictions[m];
         return transfer_report{m, device, 0, 0};
+      },
+      [=](unregister_atom, std::string& m) {
+        ++script->unregistered[m];
+        return true;
       },
       [=](step_atom, step_request& r) {
         // Prefill samples 7 for every row; each decode step samples the row's last
