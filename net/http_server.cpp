@@ -552,7 +552,7 @@ struct http_server::impl {
     if (j.is_discarded())
       return reply(make_error_response(http::status::bad_request,
                                        "invalid_request: the body is not valid JSON"));
-    auto p = parse_infer_body(j, opts.max_batch_rows);
+    auto p = parse_infer_body(j, opts.max_batch_rows, opts.max_tokens);
     if (auto e = std::get_if<request_error>(&p))
       return reply(
           make_error_response(http::status::bad_request, "invalid_request: " + e->message));
@@ -642,8 +642,9 @@ struct http_server::impl {
     };
     auto j = json::parse(body, nullptr, false);
     if (j.is_discarded()) return bad({"the body is not valid JSON", ""});
-    auto parsed = api == text_api::openai ? parse_completion(j, opts.max_batch_rows)
-                                          : parse_generate(j, model, stream);
+    auto parsed = api == text_api::openai
+                      ? parse_completion(j, opts.max_batch_rows, opts.max_tokens)
+                      : parse_generate(j, model, stream, opts.max_tokens);
     if (auto e = std::get_if<request_error>(&parsed)) return bad(*e);
     auto g = std::make_shared<generation_request>(std::move(std::get<generation_request>(parsed)));
     auto fe = frontend;

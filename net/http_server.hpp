@@ -25,6 +25,9 @@ struct http_options {
   uint64_t max_body_bytes = 1 << 20;
   /// Sequences one infer request may carry.
   uint32_t max_batch_rows = 256;
+  /// The largest max_tokens (the manager's; serve copies batching.max_tokens here, so
+  /// every route and the manager state one range).
+  int64_t max_tokens = 512;
   /// I/O threads.
   int threads = 2;
   /// Idle keep-alive connections close after this.

@@ -101,8 +101,8 @@ bool int_list(const json& j) {
 }
 
 /// Sampling and length settings shared by the text APIs.
-void read_generation(reader& r, generation_request& g) {
-  r.integer("max_tokens", g.max_tokens, 1, max_tokens_limit);
+void read_generation(reader& r, generation_request& g, int64_t max_tokens) {
+  r.integer("max_tokens", g.max_tokens, 1, max_tokens);
   r.number("temperature", g.sampling.temperature, 0, 100);
   r.number("top_p", g.sampling.top_p, 1e-9, 1);
   r.integer("top_k", g.sampling.top_k, 0, 1 << 30);
@@ -118,7 +118,8 @@ void read_generation(reader& r, generation_request& g) {
 }  // namespace
 
 std::variant<generation_request, request_error> parse_completion(const json& body,
-                                                                 uint32_t max_prompts) {
+                                                                 uint32_t max_prompts,
+                                                                 int64_t max_tokens) {
   if (!body.is_object()) return request_error{"the body must be a JSON object", ""};
   reader r{body};
   r.only({"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stop", "seed",
@@ -158,7 +159,7 @@ std::variant<generation_request, request_error> parse_completion(const json& bod
     if (!r.error && g.prompts.size() > max_prompts)
       r.fail("prompt", "at most " + std::to_string(max_prompts) + " prompts per request");
   }
-  read_generation(r, g);
+  read_generation(r, g, max_tokens);
   int64_t n = 1;
   r.integer("n", n, 1, 1);
   int64_t best_of = 1;
@@ -187,7 +188,7 @@ std::variant<generation_request, request_error> parse_completion(const json& bod
 
 std::variant<generation_request, request_error> parse_generate(const json& body,
                                                                const std::string& model,
-                                                               bool stream) {
+                                                               bool stream, int64_t max_tokens) {
   if (!body.is_object()) return request_error{"the body must be a JSON object", ""};
   static const std::set<std::string> settings = {"max_tokens", "temperature", "top_p",      "top_k",
                                                  "seed",       "stop",        "deadline_ms"};
@@ -203,7 +204,7 @@ std::variant<generation_request, request_error> parse_generate(const json& body,
     r.fail("text_input", "'text_input' must be a string");
   else if (!r.error)
     g.prompts.emplace_back(text->get<std::string>());
-  read_generation(r, g);
+  read_generation(r, g, max_tokens);
   if (auto p = r.find("parameters"); p && !r.error) {
     if (!p->is_object()) {
       r.fail("parameters", "'parameters' must be an object");
@@ -212,7 +213,7 @@ std::variant<generation_request, request_error> parse_generate(const json& body,
       auto allowed = settings;
       allowed.insert("stream");
       pr.only(allowed);
-      read_generation(pr, g);
+      read_generation(pr, g, max_tokens);
       if (pr.error) r.error = pr.error;
     }
   }
@@ -220,7 +221,8 @@ std::variant<generation_request, request_error> parse_generate(const json& body,
   return g;
 }
 
-std::variant<infer_body, request_error> parse_infer_body(const json& j, uint32_t max_rows) {
+std::variant<infer_body, request_error> parse_infer_body(const json& j, uint32_t max_rows,
+                                                         int64_t max_tokens) {
   auto bad = [](std::string why, std::string param = {}) {
     return request_error{std::move(why), std::move(param)};
   };
@@ -286,7 +288,7 @@ std::variant<infer_body, request_error> parse_infer_body(const json& j, uint32_t
     if (!params->is_object()) return bad("'parameters' must be an object", "parameters");
     reader r{*params, "parameters."};
     r.only({"max_tokens", "temperature", "top_k", "top_p", "seed", "deadline_ms"});
-    r.integer("max_tokens", p.max_tokens, 1, max_tokens_limit);
+    r.integer("max_tokens", p.max_tokens, 1, max_tokens);
     r.integer("top_k", p.sampling.top_k, 0, 1 << 30);
     int64_t seed = 0, deadline = 0;
     r.integer("seed", seed, 0, INT64_MAX);

@@ -17,7 +17,6 @@
 namespace computron::net {
 
 /// The one range of max_tokens in every API.
-inline constexpr int64_t max_tokens_limit = 1 << 20;
 
 /// A prompt as text or as token ids.
 using prompt = std::variant<std::string, std::vector<int64_t>>;
@@ -46,14 +45,15 @@ struct request_error {
 /// stop (a string or up to 4), seed, stream, stream_options, echo (false), logprobs (null),
 /// best_of (1), presence/frequency_penalty (0), user, suffix (null), deadline_ms.
 std::variant<generation_request, request_error> parse_completion(const nlohmann::json& body,
-                                                                 uint32_t max_prompts);
+                                                                 uint32_t max_prompts,
+                                                                 int64_t max_tokens);
 
 /// POST /v2/models/{m}/generate[_stream]: text_input, and max_tokens, temperature,
 /// top_p, top_k, seed, stop, deadline_ms at the top level or under "parameters" (greedy
 /// unless a temperature is given, as Triton's backends do).
 std::variant<generation_request, request_error> parse_generate(const nlohmann::json& body,
                                                                const std::string& model,
-                                                               bool stream);
+                                                               bool stream, int64_t max_tokens);
 
 /// KServe v2 infer: one INT64/INT32 input named `input_ids`, [batch, length] or [length];
 /// parameters max_tokens (default 1), temperature, top_k, top_p, seed, deadline_ms.
@@ -66,7 +66,7 @@ struct infer_body {
 };
 
 std::variant<infer_body, request_error> parse_infer_body(const nlohmann::json& body,
-                                                         uint32_t max_rows);
+                                                         uint32_t max_rows, int64_t max_tokens);
 
 /// OpenAI's error object: {"error": {"message", "type", "param", "code"}}; `code` is
 /// Computron's error name ("model_not_found" for an unknown model, as OpenAI says it).

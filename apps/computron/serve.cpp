@@ -427,6 +427,8 @@ sigset_t block_stop_signals() {
 
 int run_serve(serve_config cfg) {
   auto stop_signals = block_stop_signals();
+  // One max_tokens range: what the manager enforces, the HTTP routes say.
+  cfg.http.max_tokens = cfg.runtime.manager.max_tokens_limit;
   if (cfg.compute_threads > 0) models::set_compute_threads(cfg.compute_threads);
 
   auto metrics = std::make_shared<net::metrics>();

@@ -181,12 +181,14 @@ TEST_CASE("strict requests: unknown parameters, input names, models without a to
   r = s.post("/v2/models/raw/infer", name);
   CHECK(r.status == 400);
   CHECK_THAT(r.body, Catch::Contains("input_ids"));
-  // One range for max_tokens everywhere.
+  // One range for max_tokens everywhere: the configured batching.max_tokens (4000).
   auto big = infer;
-  big["parameters"]["max_tokens"] = (1 << 20) + 1;
-  CHECK_THAT(s.post("/v2/models/raw/infer", big).body, Catch::Contains("1..1048576"));
+  big["parameters"]["max_tokens"] = 4001;
+  CHECK_THAT(s.post("/v2/models/raw/infer", big).body, Catch::Contains("1..4000"));
   CHECK_THAT(s.post("/v1/completions", {{"model", "toy"}, {"prompt", "a"}, {"max_tokens", 0}}).body,
-             Catch::Contains("1..1048576"));
+             Catch::Contains("1..4000"));
+  CHECK_THAT(s.post("/v2/models/toy/generate", {{"text_input", "a"}, {"max_tokens", 4001}}).body,
+             Catch::Contains("1..4000"));
   // Text to a model without a tokenizer: a clear 400; token ids still work there.
   r = s.post("/v1/completions", {{"model", "raw"}, {"prompt", "hello"}});
   CHECK(r.status == 400);
