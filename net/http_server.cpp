@@ -1,6 +1,7 @@
 #include "net/http_server.hpp"
 
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <map>
@@ -951,12 +952,14 @@ class session : public std::enable_shared_from_this<session> {
       return close();
     if (ec == http::error::body_limit) {
       keep_alive_ = false;
+      linger_ = true;
       return write(make_error_response(
           http::status::payload_too_large,
           "the body exceeds " + std::to_string(srv_.opts.max_body_bytes) + " bytes"));
     }
     if (ec) {
       keep_alive_ = false;
+      linger_ = true;
       return write(make_error_response(http::status::bad_request,
                                        "malformed HTTP request: " + ec.message()));
     }
@@ -1078,9 +1081,32 @@ class session : public std::enable_shared_from_this<session> {
     res.prepare_payload();
     auto sp = std::make_shared<response>(std::move(res));
     http::async_write(stream_, *sp, [self = shared_from_this(), sp](beast::error_code ec, size_t) {
+      if (!ec && self->linger_) {
+        self->close();
+        self->linger_since_ = std::chrono::steady_clock::now();
+        return self->drain();
+      }
       if (ec || sp->need_eof()) return self->close();
       self->read();
     });
+  }
+
+  /// A lingering close, as nginx does after refusing a request early: the client may
+  /// still be sending the body we refused, and closing with unread bytes makes the
+  /// kernel reset the connection, which can discard our reply before the client reads
+  /// it. So the write side is shut and what arrives is read and dropped until the client
+  /// closes, for at most 30 s and 1 GiB; then the session ends and the socket closes.
+  void drain() {
+    constexpr uint64_t max_bytes = 1ull << 30;
+    auto elapsed = std::chrono::steady_clock::now() - linger_since_;
+    if (drained_ > max_bytes || elapsed > std::chrono::seconds(30)) return;
+    if (drain_buf_.empty()) drain_buf_.resize(64 * 1024);
+    stream_.expires_after(std::chrono::seconds(5));
+    stream_.async_read_some(asio::buffer(drain_buf_),
+                            [self = shared_from_this()](beast::error_code ec, size_t n) {
+                              self->drained_ += n;
+                              if (!ec) self->drain();
+                            });
   }
 
   void close() {
@@ -1094,6 +1120,11 @@ class session : public std::enable_shared_from_this<session> {
   http_server::impl& srv_;
   bool keep_alive_ = true;
   unsigned version_ = 11;
+  // A lingering close after an early refusal (413, malformed request).
+  bool linger_ = false;
+  std::chrono::steady_clock::time_point linger_since_{};
+  uint64_t drained_ = 0;
+  std::vector<char> drain_buf_;
   // A streamed response (Server-Sent Events), touched only on the strand.
   std::deque<std::shared_ptr<std::string>> sse_out_;
   bool sse_writing_ = false;
