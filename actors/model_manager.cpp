@@ -240,6 +240,7 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vecto
       req.tokens.push_back(b->outputs[r].back());
     req.sampling.push_back(b->rows[r].req.sampling);
   }
+  auto timeout = st.opts.step_timeout * static_cast<int>(pp);
   auto j = make_join<step_result>(
       tp,
       [=](std::vector<step_result> results) {
@@ -289,11 +290,15 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vecto
         run_step(self, b, step + 1, std::move(keep));
       },
       [=](caf::error err, size_t rank) {
-        log::warn("batch {} of {} failed at step {} (rank {}): {}", b->id, b->model, step, rank,
-                  render(err));
+        // The code stays (a device error is a 500, a timed-out join a 503); the text says
+        // which model, step and rank.
+        auto where = fmt::format("model {} step {} (rank {})", b->model, step, rank);
+        if (err == caf::sec::request_timeout)
+          where += fmt::format(": no answer within {} ms", timeout.count());
+        err = with_context(err, where);
+        log::warn("batch {} failed: {}", b->id, render(err));
         finish_batch(self, b, &err);
       });
-  auto timeout = st.opts.step_timeout * static_cast<int>(pp);
   for (size_t rank = 0; rank < tp; ++rank) {
     auto r = req;
     for (size_t stage = 0; stage < pp; ++stage)

@@ -86,8 +86,7 @@ class opt_engine final : public engine {
   caf::error validate(const model_config& cfg,
                       const std::vector<gpu::device_kind>& placed) const override {
     auto s = shape_of(cfg);
-    if (!s)
-      return make_error(ec::invalid_configuration, "model " + cfg.name + ": " + render(s.error()));
+    if (!s) return with_context(s.error(), "model " + cfg.name);
     if (!dtype_runs_on(cfg.dtype, placed)) {
       std::string kinds;
       for (auto k : placed)
@@ -98,8 +97,7 @@ class opt_engine final : public engine {
                             ": f16 runs only on CUDA devices, and it is placed on " + kinds +
                             " devices; use bf16 or f32 there (or \"auto\")");
     }
-    if (auto err = models::validate(s->spec, s->par))
-      return make_error(ec::invalid_configuration, "model " + cfg.name + ": " + render(err));
+    if (auto err = models::validate(s->spec, s->par)) return with_context(err, "model " + cfg.name);
     return {};
   }
 

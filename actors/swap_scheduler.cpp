@@ -140,7 +140,8 @@ void start_evict(sched_pointer self, model_id id) {
         }
         // The device copy is in an unknown state: it stays accounted as resident.
         st.ledger->evict_failed(id);
-        auto e = make_error(ec::device_error, "evicting " + name + " failed: " + render(err));
+        // The worker's code stays (a device error is a 500, a timed-out request a 503).
+        auto e = with_context(err, "evicting " + name + " failed");
         finish(st.waiting[id].evictions, &e);
       },
       evict_atom_v, name);

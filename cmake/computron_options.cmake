@@ -19,3 +19,21 @@ if(COMPUTRON_SANITIZE)
   target_sources(computron_flags INTERFACE
     "$<$<STREQUAL:$<TARGET_PROPERTY:TYPE>,EXECUTABLE>:${computron_sanitizer_options}>")
 endif()
+if(COMPUTRON_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "COMPUTRON_FUZZ needs clang (scripts/fuzz sets CXX=clang++)")
+  endif()
+  # Libraries get coverage counters without libFuzzer's main; every UB report aborts, so
+  # libFuzzer keeps the input that caused it.
+  target_compile_options(computron_flags INTERFACE
+    -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
+    -fno-omit-frame-pointer)
+  target_link_options(computron_flags INTERFACE -fsanitize=address,undefined)
+endif()
+if(COMPUTRON_TSAN)
+  target_compile_options(computron_flags INTERFACE
+    $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=thread -fno-omit-frame-pointer -Wno-tsan>)
+  # -Wno-tsan: gcc warns that TSan does not model std::atomic_thread_fence, once per
+  # translation unit that includes a header using it (CAF's); CI's -Werror would stop there.
+  target_link_options(computron_flags INTERFACE -fsanitize=thread)
+endif()

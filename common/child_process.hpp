@@ -104,22 +104,34 @@ class child_process {
     return -1;
   }
 
-  /// Resident memory of the child in KiB (0 when unknown).
-  long rss_kib() const {
-    std::ifstream in{"/proc/" + std::to_string(pid_) + "/status"};
-    std::string key;
-    while (in >> key) {
-      if (key == "VmRSS:") {
-        long v = 0;
-        in >> v;
-        return v;
+  /// Resident memory of the child and its descendants in KiB (0 when unknown). The tree,
+  /// because tests start servers under /usr/bin/timeout, whose own RSS is 2 MiB.
+  long rss_kib() const { return tree_rss_kib(pid_); }
+
+ private:
+  static long tree_rss_kib(pid_t pid) {
+    long total = 0;
+    {
+      std::ifstream in{"/proc/" + std::to_string(pid) + "/status"};
+      std::string key;
+      while (in >> key) {
+        if (key == "VmRSS:") {
+          in >> total;
+          break;
+        }
+        std::string rest;
+        std::getline(in, rest);
       }
-      std::string rest;
-      std::getline(in, rest);
     }
-    return 0;
+    // Children of the main thread (the only thread that forks here).
+    std::ifstream kids{"/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) +
+                       "/children"};
+    pid_t kid = 0;
+    while (kids >> kid) total += tree_rss_kib(kid);
+    return total;
   }
 
+ public:
  private:
   pid_t pid_ = -1;
   int out_ = -1;

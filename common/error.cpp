@@ -3,6 +3,7 @@
 #include <caf/actor_system_config.hpp>
 #include <caf/make_message.hpp>
 #include <caf/message.hpp>
+#include <caf/sec.hpp>
 
 namespace computron {
 
@@ -54,7 +55,11 @@ caf::error make_error(ec code, std::string context) {
 caf::error with_context(const caf::error& err, const std::string& prefix) {
   if (!err) return err;
   std::string text;
-  if (err.category() != error_category)
+  if (err.category() == caf::atom("system"))
+    // CAF's own errors (timeouts, a peer gone) keep their code, which render() names.
+    text = err.context().match_elements<std::string>() ? err.context().get_as<std::string>(0)
+                                                       : std::string{};
+  else if (err.category() != error_category)
     text = caf::to_string(err);
   else if (err.context().match_elements<std::string>())
     text = err.context().get_as<std::string>(0);
@@ -90,6 +95,13 @@ std::string render_ours(uint8_t code, const caf::message& context) {
 std::string render(const caf::error& err) {
   if (!err) return "no error";
   if (err.category() == error_category) return render_ours(err.code(), err.context());
+  if (err.category() == caf::atom("system") &&
+      (err.context().empty() || err.context().match_elements<std::string>())) {
+    auto out = caf::to_string(static_cast<caf::sec>(err.code()));
+    if (!err.context().empty() && !err.context().get_as<std::string>(0).empty())
+      out += ": " + err.context().get_as<std::string>(0);
+    return out;
+  }
   return caf::to_string(err);
 }
 

@@ -114,10 +114,8 @@ struct opt_stage::impl {
   caf::error bind() {
     auto p = weights->device_data();
     if (!p)
-      return make_error(ec::not_resident,
-                        fmt::format("{} stage {} tp rank {}: weights are not "
-                                    "loaded ({})",
-                                    spec.name, shard.pp_rank, shard.tp_rank, render(p.error())));
+      return with_context(p.error(), fmt::format("{} stage {} tp rank {}: weights are not loaded",
+                                                 spec.name, shard.pp_rank, shard.tp_rank));
     base = *p;
     return {};
   }

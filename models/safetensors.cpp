@@ -134,8 +134,10 @@ caf::expected<safetensors_file> safetensors_file::open(const std::string& path) 
       }
       continue;
     }
+    // A copy: a lambda may not capture a structured binding in C++17 (clang refuses).
+    const std::string& tensor = name;
     auto where = [&](const std::string& why) {
-      return corrupt(path, fmt::format("tensor '{}': {}", name, why));
+      return corrupt(path, fmt::format("tensor '{}': {}", tensor, why));
     };
     if (!entry.is_object()) return where("entry is not an object");
     auto dt = entry.find("dtype");

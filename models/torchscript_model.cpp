@@ -23,9 +23,7 @@ struct torchscript_model::impl {
   /// Points every parameter and buffer of the module at the shard's device copy.
   caf::error bind() {
     auto base = shard->device_data();
-    if (!base)
-      return make_error(ec::not_resident, fmt::format("TorchScript weights are not loaded ({})",
-                                                      render(base.error())));
+    if (!base) return with_context(base.error(), "TorchScript weights are not loaded");
     if (auto err = shard->wait_loaded(std::chrono::minutes{10})) return err;
     for (auto& e : shard->table().entries()) {
       auto view = at::from_blob(*base + e.offset_bytes, e.shape,

@@ -8,6 +8,7 @@
 #include <vector>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -233,7 +234,14 @@ __attribute__((target("avx,f16c"))) void f32_to_f16_hw(uint16_t* dst, const floa
   }
   for (; i < count; ++i) dst[i] = to_f16(src[i]);
 }
-const bool have_f16c = __builtin_cpu_supports("f16c");
+// CPUID leaf 1, ECX bit 29: F16C (clang 14's __builtin_cpu_supports does not know "f16c";
+// "avx" also checks that the OS saves the YMM registers).
+bool cpu_has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return false;
+  return __builtin_cpu_supports("avx") && (ecx & (1u << 29)) != 0;
+}
+const bool have_f16c = cpu_has_f16c();
 #endif
 
 void f32_to_f16(uint16_t* dst, const float* src, uint64_t count) {
@@ -333,7 +341,10 @@ caf::error fill_seeded(const opt_spec& spec, const parallel_config& par, const s
     auto& t = tasks[k];
     auto& p = params[t.param];
     auto* e = entries[t.param];
-    auto [a, b] = seeded_scale(p.init);
+    // Plain copies: a lambda may not capture structured bindings in C++17 (clang refuses).
+    auto [scale_a, scale_b] = seeded_scale(p.init);
+    auto a = scale_a;
+    auto b = scale_b;
     auto* dst = host + e->offset_bytes;
     for_runs(p, par.tp, shard.tp_rank, t.begin, t.end, [&](const run& r) {
       seeded_run(dst + r.local * gpu::size_of(e->type), e->type, bases[t.param], r.global, r.count,

@@ -23,6 +23,7 @@
 #include "models/tokenizer.hpp"
 #include "net/llm_api.hpp"
 #include "net/metrics.hpp"
+#include "net/routes.hpp"
 #include "net/trace.hpp"
 
 namespace computron::net {
@@ -150,28 +151,6 @@ std::pair<std::string, std::string> triton_state(const actors::model_info& i) {
   if (i.state == "unavailable")
     return {"UNAVAILABLE", i.reason.empty() ? "a device of it is unreachable" : i.reason};
   return {"READY", ""};
-}
-
-/// Model control bodies: an object whose only key is "parameters", itself an object of
-/// `allowed` booleans. Empty bodies are fine. Returns the parameters or the 400 text.
-std::variant<json, std::string> control_parameters(const std::string& body,
-                                                   std::initializer_list<const char*> allowed) {
-  if (body.empty()) return json::object();
-  auto j = json::parse(body, nullptr, false);
-  if (!j.is_object()) return std::string{"the body must be a JSON object"};
-  for (auto& [k, v] : j.items())
-    if (k != "parameters") return "unknown key '" + k + "' (only 'parameters')";
-  auto p = j.value("parameters", json::object());
-  if (!p.is_object()) return std::string{"'parameters' must be an object"};
-  for (auto& [k, v] : p.items()) {
-    bool known = false;
-    for (auto* a : allowed) known = known || k == a;
-    if (!known)
-      return "parameter '" + k + "' is not supported" +
-             (allowed.size() > 0 ? std::string{} : " (a model's settings come from its folder)");
-    if (!v.is_boolean()) return "parameter '" + k + "' must be true or false";
-  }
-  return p;
 }
 
 /// A response written in pieces: Server-Sent Events over chunked encoding. Any thread.
@@ -692,194 +671,147 @@ struct http_server::impl {
   /// Routes one request; every path ends in exactly one call of `reply`, or in a stream
   /// opened with `open_sse` and ended.
   void route(const request& req, responder reply, sse_opener open_sse) {
-    auto target = std::string{req.target()};
-    if (auto q = target.find('?'); q != std::string::npos) target.resize(q);
-    auto method = req.method();
-    auto is_get = method == http::verb::get;
-    auto is_post = method == http::verb::post;
-    auto wrong_method = [&] {
-      reply(make_error_response(
-          http::status::method_not_allowed,
-          "method " + std::string{req.method_string()} + " is not allowed on " + target));
-    };
-    if (target == "/v2/health/live") {
-      if (!is_get) return wrong_method();
-      return reply(make_json(http::status::ok, json{{"live", !stopped.load()}}));
-    }
-    if (target == "/v2/health/ready") {
-      // Ready when every model the server was asked to serve can: none is registering,
-      // failed to register, or has a device out of reach. Models only in the repository
-      // (never loaded, or unregistered) do not count. 503 otherwise, with the reasons.
-      if (!is_get) return wrong_method();
-      if (stopped.load())
-        return reply(make_json(http::status::service_unavailable,
-                               json{{"ready", false}, {"reason", "the server is stopping"}}));
-      return ask<std::vector<actors::model_info>>(
-          reply,
-          [](std::vector<actors::model_info>& ms) {
-            json not_ready = json::array();
-            for (auto& m : ms) {
-              auto [state, reason] = triton_state(m);
-              if (state != "READY")
-                not_ready.push_back(
-                    {{"name", m.config.name}, {"state", state}, {"reason", reason}});
-            }
-            if (not_ready.empty()) return make_json(http::status::ok, json{{"ready", true}});
-            return make_json(http::status::service_unavailable,
-                             json{{"ready", false}, {"not_ready", not_ready}});
-          },
-          actors::list_atom_v);
-    }
-    if (target == "/v2") {
-      if (!is_get) return wrong_method();
-      return reply(make_json(
-          http::status::ok,
-          json{{"name", "computron"}, {"version", "0.1.0"}, {"extensions", {"model_repository"}}}));
-    }
-    if (target == "/v2/status") {
-      if (!is_get) return wrong_method();
-      return ask<caf::settings>(
-          reply, [](caf::settings& s) { return make_json(http::status::ok, status_json(s)); },
-          actors::report_atom_v);
-    }
-    if (target == "/metrics") {
-      if (!is_get) return wrong_method();
-      response res{http::status::ok, 11};
-      res.set(http::field::content_type, "text/plain; version=0.0.4");
-      res.body() = metrics_ ? metrics_->render() : std::string{};
-      return reply(std::move(res));
-    }
-    if (target == "/v2/trace") {
-      if (!is_get) return wrong_method();
-      if (!trace) return reply(make_error_response(http::status::not_found, "tracing is off"));
-      response res{http::status::ok, 11};
-      res.set(http::field::content_type, "application/json");
-      res.body() = trace->to_json();
-      return reply(std::move(res));
-    }
-    if (target == "/v2/repository/index") {
-      if (!is_post) return wrong_method();
-      // Body: nothing, or {"ready": true} for the READY ones only (Triton's filter).
-      bool only_ready = false;
-      if (!req.body().empty()) {
-        auto j = json::parse(req.body(), nullptr, false);
-        if (!j.is_object())
-          return reply(make_error_response(http::status::bad_request,
-                                           "invalid_request: the body must be a JSON object"));
-        for (auto& [k, v] : j.items()) {
-          if (k != "ready")
-            return reply(
-                make_error_response(http::status::bad_request,
-                                    "invalid_request: unknown key '" + k + "' (only 'ready')"));
-          if (!v.is_boolean())
-            return reply(make_error_response(http::status::bad_request,
-                                             "invalid_request: 'ready' must be true or false"));
-          only_ready = v.get<bool>();
-        }
-      }
-      auto ok = [only_ready](std::vector<actors::model_info>& ms) {
-        json out = json::array();
-        for (auto& m : ms) {
-          auto [state, reason] = triton_state(m);
-          if (only_ready && state != "READY") continue;
-          json e{{"name", m.config.name}, {"version", "1"}, {"state", state}, {"reason", reason}};
-          if (state == "READY" || state == "UNLOADING") e["residency"] = m.state;
-          out.push_back(std::move(e));
-        }
-        return make_json(http::status::ok, out);
-      };
-      if (repository)
-        return ask_actor<std::vector<actors::model_info>>(
-            repository, reply, ok, [](const caf::error& e) { return error_response(e); },
+    auto method = req.method_string();
+    auto target_in = req.target();
+    auto matched = match_route(std::string_view{method.data(), method.size()},
+                               std::string_view{target_in.data(), target_in.size()});
+    if (auto no = std::get_if<route_refusal>(&matched))
+      return reply(make_error_response(static_cast<http::status>(no->status), no->message));
+    auto& m = std::get<route_match>(matched);
+    const auto& model = m.model;
+    switch (m.id) {
+      case route_id::live:
+        return reply(make_json(http::status::ok, json{{"live", !stopped.load()}}));
+      case route_id::ready:
+        // Ready when every model the server was asked to serve can: none is registering,
+        // failed to register, or has a device out of reach. Models only in the repository
+        // (never loaded, or unregistered) do not count. 503 otherwise, with the reasons.
+        if (stopped.load())
+          return reply(make_json(http::status::service_unavailable,
+                                 json{{"ready", false}, {"reason", "the server is stopping"}}));
+        return ask<std::vector<actors::model_info>>(
+            reply,
+            [](std::vector<actors::model_info>& ms) {
+              json not_ready = json::array();
+              for (auto& i : ms) {
+                auto [state, reason] = triton_state(i);
+                if (state != "READY")
+                  not_ready.push_back(
+                      {{"name", i.config.name}, {"state", state}, {"reason", reason}});
+              }
+              if (not_ready.empty()) return make_json(http::status::ok, json{{"ready", true}});
+              return make_json(http::status::service_unavailable,
+                               json{{"ready", false}, {"not_ready", not_ready}});
+            },
             actors::list_atom_v);
-      return ask<std::vector<actors::model_info>>(reply, ok, actors::list_atom_v);
-    }
-    if (target == "/v1/models") {
-      if (!is_get) return wrong_method();
-      return ask_openai<std::vector<actors::model_info>>(
-          reply,
-          [](std::vector<actors::model_info>& ms) {
-            json data = json::array();
-            for (auto& m : ms)
-              data.push_back(json{{"id", m.config.name},
-                                  {"object", "model"},
-                                  {"created", 0},
-                                  {"owned_by", "computron"},
-                                  {"max_model_len", m.max_positions}});
-            return make_json(http::status::ok, json{{"object", "list"}, {"data", data}});
-          },
-          actors::list_atom_v);
-    }
-    if (target == "/v1/completions") {
-      if (!is_post) return wrong_method();
-      return text_request(text_api::openai, {}, req.body(), false, std::move(reply),
-                          std::move(open_sse));
-    }
-    if (target == "/v1/chat/completions") {
-      if (!is_post) return wrong_method();
-      // No model here declares a chat template (OPT has none): say so for a known model,
-      // 404 for an unknown one, as OpenAI would.
-      auto j = json::parse(req.body(), nullptr, false);
-      auto m = j.is_object() ? j.value("model", std::string{}) : std::string{};
-      if (m.empty()) return reply(openai_bad_request({"'model' must name a model", "model"}));
-      return ask_openai<actors::model_info>(
-          reply,
-          [](actors::model_info& i) {
-            return make_json(
-                http::status::bad_request,
-                openai_error(400,
-                             "invalid_request: model " + i.config.name +
-                                 " declares no chat template; send a prompt to /v1/completions",
-                             "invalid_request", "messages"));
-          },
-          actors::info_atom_v, m);
-    }
-    const std::string repo = "/v2/repository/models/";
-    if (target.rfind(repo, 0) == 0) {
-      auto rest = target.substr(repo.size());
-      auto slash = rest.find('/');
-      if (slash == std::string::npos)
-        return reply(make_error_response(http::status::not_found, "no route " + target));
-      auto model = rest.substr(0, slash);
-      auto verb = rest.substr(slash + 1);
-      if (verb != "load" && verb != "unload")
-        return reply(make_error_response(http::status::not_found, "no route " + target));
-      if (!is_post) return wrong_method();
-      auto ok = [](actors::model_info& i) { return make_json(http::status::ok, info_json(i)); };
-      auto fail = [](const caf::error& e) { return error_response(e); };
-      // load: no parameters (a model's settings come from its folder). unload:
-      // "unregister" also frees its host memory and forgets it until the next load;
-      // "unload_dependents" is accepted and has nothing to do (no ensembles here).
-      auto params = verb == "load"
-                        ? control_parameters(req.body(), {})
-                        : control_parameters(req.body(), {"unregister", "unload_dependents"});
-      if (auto why = std::get_if<std::string>(&params))
-        return reply(make_error_response(http::status::bad_request, "invalid_request: " + *why));
-      bool unregister = std::get<json>(params).value("unregister", false);
-      if (repository) {
-        if (verb == "load")
-          return ask_actor<actors::model_info>(repository, reply, ok, fail, actors::load_atom_v,
-                                               model);
-        return ask_actor<actors::model_info>(repository, reply, ok, fail, actors::unload_atom_v,
-                                             model, unregister);
+      case route_id::server:
+        return reply(make_json(http::status::ok, json{{"name", "computron"},
+                                                      {"version", "0.1.0"},
+                                                      {"extensions", {"model_repository"}}}));
+      case route_id::status:
+        return ask<caf::settings>(
+            reply, [](caf::settings& s) { return make_json(http::status::ok, status_json(s)); },
+            actors::report_atom_v);
+      case route_id::metrics: {
+        response res{http::status::ok, 11};
+        res.set(http::field::content_type, "text/plain; version=0.0.4");
+        res.body() = metrics_ ? metrics_->render() : std::string{};
+        return reply(std::move(res));
       }
-      if (unregister)
-        return reply(make_error_response(http::status::bad_request,
-                                         "invalid_request: this server has no model control "
-                                         "(unregister needs a repository actor)"));
-      if (verb == "load") return ask<actors::model_info>(reply, ok, actors::load_atom_v, model);
-      return ask<actors::model_info>(reply, ok, actors::unload_atom_v, model);
-    }
-    const std::string models = "/v2/models/";
-    if (target.rfind(models, 0) == 0) {
-      auto rest = target.substr(models.size());
-      auto slash = rest.find('/');
-      auto model = rest.substr(0, slash);
-      auto verb = slash == std::string::npos ? std::string{} : rest.substr(slash + 1);
-      if (model.empty())
-        return reply(make_error_response(http::status::not_found, "no model named in " + target));
-      if (verb.empty()) {
-        if (!is_get) return wrong_method();
+      case route_id::trace: {
+        if (!trace) return reply(make_error_response(http::status::not_found, "tracing is off"));
+        response res{http::status::ok, 11};
+        res.set(http::field::content_type, "application/json");
+        res.body() = trace->to_json();
+        return reply(std::move(res));
+      }
+      case route_id::repository_index: {
+        // Body: nothing, or {"ready": true} for the READY ones only (Triton's filter).
+        auto filter = index_filter(req.body());
+        if (auto why = std::get_if<std::string>(&filter))
+          return reply(make_error_response(http::status::bad_request, "invalid_request: " + *why));
+        auto ok = [only_ready = std::get<bool>(filter)](std::vector<actors::model_info>& ms) {
+          json out = json::array();
+          for (auto& i : ms) {
+            auto [state, reason] = triton_state(i);
+            if (only_ready && state != "READY") continue;
+            json e{{"name", i.config.name}, {"version", "1"}, {"state", state}, {"reason", reason}};
+            if (state == "READY" || state == "UNLOADING") e["residency"] = i.state;
+            out.push_back(std::move(e));
+          }
+          return make_json(http::status::ok, out);
+        };
+        if (repository)
+          return ask_actor<std::vector<actors::model_info>>(
+              repository, reply, ok, [](const caf::error& e) { return error_response(e); },
+              actors::list_atom_v);
+        return ask<std::vector<actors::model_info>>(reply, ok, actors::list_atom_v);
+      }
+      case route_id::models_list:
+        return ask_openai<std::vector<actors::model_info>>(
+            reply,
+            [](std::vector<actors::model_info>& ms) {
+              json data = json::array();
+              for (auto& i : ms)
+                data.push_back(json{{"id", i.config.name},
+                                    {"object", "model"},
+                                    {"created", 0},
+                                    {"owned_by", "computron"},
+                                    {"max_model_len", i.max_positions}});
+              return make_json(http::status::ok, json{{"object", "list"}, {"data", data}});
+            },
+            actors::list_atom_v);
+      case route_id::completions:
+        return text_request(text_api::openai, {}, req.body(), false, std::move(reply),
+                            std::move(open_sse));
+      case route_id::chat_completions: {
+        // No model here declares a chat template (OPT has none): say so for a known model,
+        // 404 for an unknown one, as OpenAI would.
+        auto j = json::parse(req.body(), nullptr, false);
+        auto name = j.is_object() && j.contains("model") && j["model"].is_string()
+                        ? j["model"].get<std::string>()
+                        : std::string{};
+        if (name.empty()) return reply(openai_bad_request({"'model' must name a model", "model"}));
+        return ask_openai<actors::model_info>(
+            reply,
+            [](actors::model_info& i) {
+              return make_json(
+                  http::status::bad_request,
+                  openai_error(400,
+                               "invalid_request: model " + i.config.name +
+                                   " declares no chat template; send a prompt to /v1/completions",
+                               "invalid_request", "messages"));
+            },
+            actors::info_atom_v, name);
+      }
+      case route_id::repository_load:
+      case route_id::repository_unload: {
+        bool load = m.id == route_id::repository_load;
+        auto ok = [](actors::model_info& i) { return make_json(http::status::ok, info_json(i)); };
+        auto fail = [](const caf::error& e) { return error_response(e); };
+        // load: no parameters (a model's settings come from its folder). unload:
+        // "unregister" also frees its host memory and forgets it until the next load;
+        // "unload_dependents" is accepted and has nothing to do (no ensembles here).
+        auto params = load ? control_parameters(req.body(), {})
+                           : control_parameters(req.body(), {"unregister", "unload_dependents"});
+        if (auto why = std::get_if<std::string>(&params))
+          return reply(make_error_response(http::status::bad_request, "invalid_request: " + *why));
+        bool unregister = std::get<json>(params).value("unregister", false);
+        if (repository) {
+          if (load)
+            return ask_actor<actors::model_info>(repository, reply, ok, fail, actors::load_atom_v,
+                                                 model);
+          return ask_actor<actors::model_info>(repository, reply, ok, fail, actors::unload_atom_v,
+                                               model, unregister);
+        }
+        if (unregister)
+          return reply(make_error_response(http::status::bad_request,
+                                           "invalid_request: this server has no model control "
+                                           "(unregister needs a repository actor)"));
+        if (load) return ask<actors::model_info>(reply, ok, actors::load_atom_v, model);
+        return ask<actors::model_info>(reply, ok, actors::unload_atom_v, model);
+      }
+      case route_id::model_metadata:
         return ask<actors::model_info>(
             reply,
             [](actors::model_info& i) {
@@ -894,13 +826,10 @@ struct http_server::impl {
               return make_json(http::status::ok, j);
             },
             actors::info_atom_v, model);
-      }
-      if (verb == "ready") {
-        if (!is_get) return wrong_method();
+      case route_id::model_ready:
         // Every registered model can serve (an offloaded one is swapped in on demand)
-        // unless a device of it is on a node that is gone.
-        // 200 when it can serve, else 503 with the reason (Kubernetes probes read the
-        // status).
+        // unless a device of it is on a node that is gone. 200 when it can serve, else 503
+        // with the reason (Kubernetes probes read the status).
         return ask<actors::model_info>(
             reply,
             [](actors::model_info& i) {
@@ -911,18 +840,14 @@ struct http_server::impl {
               return make_json(ready ? http::status::ok : http::status::service_unavailable, j);
             },
             actors::info_atom_v, model);
-      }
-      if (verb == "infer") {
-        if (!is_post) return wrong_method();
+      case route_id::infer:
         return infer(model, req.body(), std::move(reply));
-      }
-      if (verb == "generate" || verb == "generate_stream") {
-        if (!is_post) return wrong_method();
-        return text_request(text_api::triton, model, req.body(), verb == "generate_stream",
+      case route_id::generate:
+      case route_id::generate_stream:
+        return text_request(text_api::triton, model, req.body(), m.id == route_id::generate_stream,
                             std::move(reply), std::move(open_sse));
-      }
     }
-    reply(make_error_response(http::status::not_found, "no route " + target));
+    reply(make_error_response(http::status::internal_server_error, "unrouted " + m.target));
   }
 };
 

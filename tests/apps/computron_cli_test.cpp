@@ -148,6 +148,12 @@ TEST_CASE("serve refuses bad configs with a clear error before listening", "[cli
   auto type = run("serve --config " + dir + "/types.json --port 0", true);
   CHECK(type.exit_code == 2);
   CHECK_THAT(type.all, Catch::Contains("tp must be a number"));
+  // A number past double's range is not JSON to the reader (so no config carries an
+  // infinity to the nodes: CAF 0.17 hangs serializing one).
+  write("inf.json", R"({"models": [{"name": "m", "kind": "toy", "toy_compute_ms": 1e400}]})");
+  auto inf = run("serve --config " + dir + "/inf.json --port 0", true);
+  CHECK(inf.exit_code == 2);
+  CHECK_THAT(inf.all, Catch::Contains("inf.json is not valid JSON"));
   write("tok.json", R"({"models": [{"name": "m", "kind": "toy", "tokenizer": "no-such-folder"}]})");
   auto tok = run("serve --config " + dir + "/tok.json --port 0", true);
   CHECK(tok.exit_code == 2);

@@ -24,6 +24,16 @@ TEST_CASE("CAF's own errors render through CAF", "[error]") {
   CHECK_THAT(render(e), Catch::Contains("request_timeout"));
 }
 
+TEST_CASE("context added to CAF's errors keeps their code and reads as ours do", "[error]") {
+  caf::error e = caf::sec::request_timeout;
+  auto once = with_context(e, "model a step 0");
+  CHECK(once == caf::sec::request_timeout);
+  CHECK(render(once) == "request_timeout: model a step 0");
+  auto twice = with_context(once, "batch 3");
+  CHECK(twice == caf::sec::request_timeout);
+  CHECK(render(twice) == "request_timeout: batch 3: model a step 0");
+}
+
 TEST_CASE("an actor system renders registered computron errors", "[error]") {
   caf::actor_system_config cfg;
   register_errors(cfg);

@@ -300,8 +300,16 @@ TEST_CASE("a burst of ten times the queue bound gets 429s and memory stays bound
   CHECK(ok + overloaded == 40);
   CHECK(ok >= 4);
   CHECK(overloaded >= 1);
+  // Every request was answered (above); once the burst has drained, the server's memory is
+  // back within 10% of its level before it (polled: the last replies may still be
+  // freeing their buffers).
   auto rss_after = s.proc->rss_kib();
-  CHECK(rss_after - rss_before < 64 * 1024);  // less than 64 MiB for a 40-request burst
+  for (int i = 0; i < 50 && rss_after > rss_before + rss_before / 10; ++i) {
+    std::this_thread::sleep_for(100ms);
+    rss_after = s.proc->rss_kib();
+  }
+  INFO("RSS before " << rss_before << " KiB, after " << rss_after << " KiB");
+  CHECK(rss_after <= rss_before + rss_before / 10);
   CHECK(
       c->request("POST", "/v2/models/toy1/infer", infer_body({{3, 4}}, 2).dump()).value().status ==
       200);

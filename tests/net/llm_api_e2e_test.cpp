@@ -211,6 +211,10 @@ TEST_CASE("strict requests: unknown parameters, input names, models without a to
   CHECK_THAT(r.body, Catch::Contains("chat template"));
   CHECK(s.post("/v1/chat/completions", {{"model", "nope"}, {"messages", json::array()}}).status ==
         404);
+  // A model that is not a string is a 400 naming it (it once threw inside the route).
+  r = s.post("/v1/chat/completions", {{"model", 5}, {"messages", json::array()}});
+  CHECK(r.status == 400);
+  CHECK(json::parse(r.body)["error"]["param"] == "model");
   // A list of prompts (text and ids) gets one choice each.
   r = s.post("/v1/completions",
              {{"model", "toy"}, {"prompt", {"a b", "c"}}, {"max_tokens", 2}, {"temperature", 0}});
