@@ -12,7 +12,9 @@ seconds=${1:-600}
 bin=${2:-build/apps/computron/computron}
 tmp=$(mktemp -d)
 server=0
+bad=0
 cleanup() {
+  [ "$bad" -gt 0 ] && kill "$bad" 2>/dev/null || true
   [ "$server" -gt 0 ] && kill "$server" 2>/dev/null && wait "$server" 2>/dev/null || true
   rm -rf "$tmp"
 }

@@ -55,11 +55,9 @@ caf::error make_error(ec code, std::string context) {
 caf::error with_context(const caf::error& err, const std::string& prefix) {
   if (!err) return err;
   std::string text;
-  if (err.category() == caf::atom("system"))
-    // CAF's own errors (timeouts, a peer gone) keep their code, which render() names.
-    text = err.context().match_elements<std::string>() ? err.context().get_as<std::string>(0)
-                                                       : std::string{};
-  else if (err.category() != error_category)
+  // Ours and CAF's own errors (timeouts, a peer gone) keep code and category, which render()
+  // names; the text of their context follows the new prefix.
+  if (err.category() != error_category && err.category() != caf::atom("system"))
     text = caf::to_string(err);
   else if (err.context().match_elements<std::string>())
     text = err.context().get_as<std::string>(0);

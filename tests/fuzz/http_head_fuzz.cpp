@@ -20,7 +20,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   parser.eager(true);
   parser.body_limit(1 << 20);
   boost::beast::error_code ec;
-  size_t used = 0;
   // Fed in two pieces where the input allows, as a socket delivers it.
   auto put = [&](size_t from, size_t to) {
     while (!ec && from < to && !parser.is_done()) {
@@ -31,14 +30,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       if (n == 0) break;
       from += n;
-      used = from;
     }
     return from;
   };
   auto from = put(0, size / 2);
   put(from, size);
   if (!ec && !parser.is_done()) parser.put_eof(ec);
-  (void)used;
   if (ec || !parser.is_done()) return 0;
   auto req = parser.release();
   auto method = req.method_string();
