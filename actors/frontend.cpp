@@ -1,6 +1,7 @@
 #include "actors/frontend.hpp"
 
 #include <map>
+#include <set>
 
 #include <caf/all.hpp>
 
@@ -18,6 +19,9 @@ struct frontend_state {
   std::map<std::string, uint32_t> outstanding;
   uint32_t total = 0;
   uint64_t next_id = 1;
+  /// The unanswered requests of each requester that can end (a monitored actor); when
+  /// it ends first, they are cancelled at the backend.
+  std::map<caf::actor_addr, std::set<uint64_t>> asked_by;
 };
 
 using frontend_pointer = frontend_actor::stateful_pointer<frontend_state>;
@@ -26,6 +30,15 @@ frontend_actor::behavior_type frontend(frontend_pointer self, serving_actor back
                                        frontend_options opts) {
   self->state.backend = std::move(backend);
   self->state.opts = std::move(opts);
+  // A requester ended before its answers: nobody will read them, so the backend stops
+  // working on them (a queued request leaves at once, a running row after its step).
+  self->set_down_handler([=](caf::down_msg& dm) {
+    auto& st = self->state;
+    auto i = st.asked_by.find(dm.source);
+    if (i == st.asked_by.end()) return;
+    for (auto id : i->second) self->send(st.backend, cancel_atom_v, id);
+    st.asked_by.erase(i);
+  });
   return {
       [=](infer_atom, infer_request& req) -> caf::result<infer_reply> {
         auto& st = self->state;
@@ -40,11 +53,31 @@ frontend_actor::behavior_type frontend(frontend_pointer self, serving_actor back
         ++st.total;
         req.id = st.next_id++;
         auto model = req.model;
+        auto id = req.id;
+        // Watched: local requesters (the HTTP server's actors). Anonymous requests have
+        // nobody to watch, and a remote one (a console over CAF) is not monitored: a
+        // monitor across nodes is state on both ends, and under LeakSanitizer the console
+        // process then exited with CAF's broker and proxies unreleased.
+        auto requester = caf::actor_cast<caf::actor_addr>(self->current_sender());
+        if (requester && requester.node() != self->node()) requester = caf::actor_addr{};
+        if (requester) {
+          auto& ids = st.asked_by[requester];
+          if (ids.empty()) self->monitor(requester);
+          ids.insert(id);
+        }
         auto done = [=] {
           auto& st = self->state;
           --st.total;
           auto i = st.outstanding.find(model);
           if (i != st.outstanding.end() && --i->second == 0) st.outstanding.erase(i);
+          if (!requester) return;
+          auto a = st.asked_by.find(requester);
+          if (a == st.asked_by.end()) return;
+          a->second.erase(id);
+          if (a->second.empty()) {
+            self->demonitor(requester);
+            st.asked_by.erase(a);
+          }
         };
         auto t = self->clock().now();
         auto deadline = sched::deadline_of(t, req.deadline_ms, st.opts.default_deadline) - t;
@@ -61,6 +94,7 @@ frontend_actor::behavior_type frontend(frontend_pointer self, serving_actor back
                 });
         return rp;
       },
+      [=](cancel_atom a, uint64_t id) { self->send(self->state.backend, a, id); },
       [=](list_atom a) { return self->delegate(self->state.backend, a); },
       [=](info_atom a, std::string& m) {
         return self->delegate(self->state.backend, a, std::move(m));

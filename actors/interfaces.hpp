@@ -117,6 +117,10 @@ using serving_actor = caf::typed_actor<
     caf::replies_to<unload_atom, std::string>::with<model_info>,
     /// Every device's report.
     caf::replies_to<devices_atom>::with<std::vector<device_report>>,
+    /// Ends a request early (its client went away, or its stream receiver saw enough):
+    /// queued, it fails as cancelled; running, its row leaves the batch after this step.
+    /// Ids are the frontend's (infer_request::id); an unknown id is ignored.
+    caf::reacts_to<cancel_atom, uint64_t>,
     /// Status for operators: this actor's and everything behind it, merged.
     caf::replies_to<report_atom>::with<caf::settings>>;
 
@@ -131,9 +135,6 @@ using model_manager_actor = serving_actor::extend<
     caf::replies_to<unregister_atom, std::string>::with<model_info>,
     /// The batch-window timer (the manager sends it to itself).
     caf::reacts_to<tick_atom>,
-    /// Ends a request early (its client went away, or its stream receiver saw enough):
-    /// queued, it fails as cancelled; running, its row leaves the batch after this step.
-    caf::reacts_to<cancel_atom, uint64_t>,
     /// These devices' node rejoined: groups of ranks spanning nodes meet again.
     caf::reacts_to<found_atom, std::vector<int32_t>>>;
 
@@ -150,7 +151,9 @@ using repository_actor = caf::typed_actor<
     caf::replies_to<unload_atom, std::string, bool>::with<model_info>>;
 
 /// Admission in front of a serving actor: request ids, per-model queue bounds
-/// (overloaded, never unbounded memory), replies.
+/// (overloaded, never unbounded memory), replies. It watches who asks: when a requester
+/// ends before its answer (an HTTP client went away and the actor serving it quit), its
+/// requests are cancelled behind it, so abandoned work leaves the queues.
 using frontend_actor = serving_actor;
 
 /// One per machine: its shard workers and devices.

@@ -168,8 +168,10 @@ void arm_tick(manager_pointer self, sched::time_point at) {
 void reply_error(manager_pointer self, queued_request& q, const caf::error& err) {
   self->state.batch_of.erase(q.req.id);
   q.rp.deliver(err);
-  self->state.opts.obs->request_done(q.req.model,
-                                     is(err, ec::deadline_exceeded) ? "deadline_exceeded" : "error",
+  auto outcome = is(err, ec::deadline_exceeded) ? "deadline_exceeded"
+                 : is(err, ec::cancelled)       ? "cancelled"
+                                                : "error";
+  self->state.opts.obs->request_done(q.req.model, outcome,
                                      sched::seconds_between(q.arrival, now(self)));
 }
 

@@ -98,7 +98,9 @@ class child_process {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling a child
     }
-    kill(pid_, SIGKILL);
+    // The group too: a program under `timeout` would otherwise outlive it, orphaned,
+    // and keep the test's pipe (and ctest) waiting.
+    kill(getpgid(pid_) == pid_ ? -pid_ : pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);
     exited_ = true;
     return -1;

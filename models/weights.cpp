@@ -186,7 +186,9 @@ std::pair<float, float> seeded_scale(init_kind kind) {
 // The hot loops of start-up: plain loops over local blocks (no aliasing questions) that
 // the compiler vectorizes, built for AVX-512 and AVX2 as well as the baseline and picked
 // at load time (target_clones), so one binary runs everywhere and fast where it can.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// Not under ThreadSanitizer: the clones' ifunc resolver is instrumented and runs during
+// relocation, before TSan's runtime exists (the binary crashed before main).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define COMPUTRON_FILL_CLONES \
   __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default"), optimize("O3")))
 #else

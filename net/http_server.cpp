@@ -162,11 +162,19 @@ class sse_channel {
   /// Ends the response; the connection closes after it.
   virtual void end() = 0;
   /// `f` runs once, on an I/O thread, if the client goes away before end().
-  virtual void on_gone(std::function<void()> f) = 0;
 };
 
 /// Starts a streamed response (200, text/event-stream) on the request's connection.
 using sse_opener = std::function<std::shared_ptr<sse_channel>()>;
+/// Registers what to do if the client goes away before its answer is written (called
+/// at most once, from an I/O thread; at once if it is already gone). Work that takes a
+/// while registers one, so nobody keeps computing an answer nobody will read.
+using gone_hook = std::function<void(std::function<void()>)>;
+
+/// Makes an actor that serves one request exit; the frontend then cancels its requests.
+std::function<void()> exit_on_gone(caf::actor a) {
+  return [a = std::move(a)] { caf::anon_send_exit(a, caf::exit_reason::user_shutdown); };
+}
 
 /// Which text API a generation answers in.
 enum class text_api { openai, triton };
@@ -202,12 +210,9 @@ struct gen_state {
   responder reply;
   sse_opener open_sse;
   std::shared_ptr<sse_channel> sse;
-  /// The model manager that sends the tokens (it takes cancels).
-  caf::strong_actor_ptr manager;
-  bool gone = false;
+  /// Takes cancels of rows cut at a stop string.
+  actors::frontend_actor frontend;
   bool failed = false;
-  /// The generation actor itself, told (cancel_atom) when the client goes away.
-  caf::actor self;
 };
 
 json chunk_json(const gen_state& st, size_t row, const std::string& text, const json& finish) {
@@ -240,7 +245,6 @@ json usage_json(const gen_state& st) {
 void open_stream(gen_state& st) {
   if (st.sse) return;
   st.sse = st.open_sse();
-  st.sse->on_gone([who = st.self] { caf::anon_send(who, actors::cancel_atom_v); });
 }
 
 void send_event(gen_state& st, const json& j) {
@@ -300,18 +304,18 @@ void finish_generation(caf::event_based_actor* self, gen_state& st) {
 }
 
 void cancel_row(caf::event_based_actor* self, gen_state& st, const gen_row& r) {
-  if (st.manager && r.id)
-    self->send(caf::actor_cast<actors::model_manager_actor>(st.manager), actors::cancel_atom_v,
-               *r.id);
+  if (r.id) self->send(st.frontend, actors::cancel_atom_v, *r.id);
 }
 
 /// The actor behind one text request: sends one infer request per prompt with itself as
 /// the token sink, turns tokens into text as they come, cuts at stop strings (and
 /// cancels the row there, so no step is spent past it), streams or answers at the end.
+/// When the client goes away the session makes it exit, and the frontend, which watches
+/// its requesters, cancels every row still queued or running.
 caf::behavior generation(caf::event_based_actor* self, std::shared_ptr<gen_state> sp,
                          actors::frontend_actor fe, caf::timespan timeout) {
   auto& st = *sp;
-  st.self = caf::actor_cast<caf::actor>(self);
+  st.frontend = fe;
   st.left = st.rows.size();
   st.stops.stops = st.g.stop;
   // Tokens come one by one only where something acts on them before the end: a stream,
@@ -381,15 +385,9 @@ caf::behavior generation(caf::event_based_actor* self, std::shared_ptr<gen_state
       [=](actors::token_atom, uint64_t id, uint32_t row, int64_t token) {
         auto& st = *sp;
         if (row >= st.rows.size()) return;
-        st.manager = self->current_sender();
         auto& r = st.rows[row];
-        bool first = !r.id;
         r.id = id;
         if (r.done || r.stopped || st.failed) return;
-        if (st.gone) {
-          if (first) cancel_row(self, st, r);
-          return;
-        }
         ++r.tokens;
         auto grown_from = r.text.size();
         r.text += r.decoder->push(token);
@@ -402,13 +400,6 @@ caf::behavior generation(caf::event_based_actor* self, std::shared_ptr<gen_state
           return;
         }
         if (st.g.stream) stream_text(st, row, false);
-      },
-      // The client went away: every row still generating is cancelled.
-      [=](actors::cancel_atom) {
-        auto& st = *sp;
-        st.gone = true;
-        for (auto& r : st.rows)
-          if (!r.done) cancel_row(self, st, r);
       },
   };
 }
@@ -527,7 +518,8 @@ struct http_server::impl {
     });
   }
 
-  void infer(const std::string& model, const std::string& body, responder reply) {
+  void infer(const std::string& model, const std::string& body, responder reply,
+             gone_hook on_gone) {
     auto j = json::parse(body, nullptr, false);
     if (j.is_discarded())
       return reply(make_error_response(http::status::bad_request,
@@ -539,7 +531,7 @@ struct http_server::impl {
     auto fe = frontend;
     auto timeout = caf::timespan{opts.request_timeout};
     auto parsed = std::make_shared<infer_body>(std::move(std::get<infer_body>(p)));
-    sys.spawn([=](caf::event_based_actor* self) {
+    auto asker = sys.spawn([=](caf::event_based_actor* self) {
       auto rows = parsed->rows.size();
       auto j = actors::make_join<actors::infer_reply>(
           rows,
@@ -590,6 +582,7 @@ struct http_server::impl {
                   [=](caf::error& e) { j->failed(std::move(e), r); });
       }
     });
+    on_gone(exit_on_gone(asker));
   }
 
   caf::expected<std::shared_ptr<const models::tokenizer>> tokenizer_of(
@@ -614,7 +607,7 @@ struct http_server::impl {
   /// A text request (OpenAI completions, Triton generate): read strictly, then the
   /// model's tokenizer, then a generation actor does the rest.
   void text_request(text_api api, const std::string& model, const std::string& body, bool stream,
-                    responder reply, sse_opener open_sse) {
+                    responder reply, sse_opener open_sse, gone_hook on_gone) {
     auto bad = [&](const request_error& e) {
       reply(api == text_api::openai
                 ? openai_bad_request(e)
@@ -659,7 +652,7 @@ struct http_server::impl {
                     r.prompt = std::get<std::vector<int64_t>>(p);
                   st->rows.push_back(std::move(r));
                 }
-                self->home_system().spawn(generation, st, fe, timeout);
+                on_gone(exit_on_gone(self->home_system().spawn(generation, st, fe, timeout)));
               },
               [=](caf::error& e) {
                 fail(e);
@@ -669,8 +662,8 @@ struct http_server::impl {
   }
 
   /// Routes one request; every path ends in exactly one call of `reply`, or in a stream
-  /// opened with `open_sse` and ended.
-  void route(const request& req, responder reply, sse_opener open_sse) {
+  /// opened with `open_sse` and ended. Inference registers with `on_gone`.
+  void route(const request& req, responder reply, sse_opener open_sse, gone_hook on_gone) {
     auto method = req.method_string();
     auto target_in = req.target();
     auto matched = match_route(std::string_view{method.data(), method.size()},
@@ -763,7 +756,7 @@ struct http_server::impl {
             actors::list_atom_v);
       case route_id::completions:
         return text_request(text_api::openai, {}, req.body(), false, std::move(reply),
-                            std::move(open_sse));
+                            std::move(open_sse), std::move(on_gone));
       case route_id::chat_completions: {
         // No model here declares a chat template (OPT has none): say so for a known model,
         // 404 for an unknown one, as OpenAI would.
@@ -841,11 +834,11 @@ struct http_server::impl {
             },
             actors::info_atom_v, model);
       case route_id::infer:
-        return infer(model, req.body(), std::move(reply));
+        return infer(model, req.body(), std::move(reply), std::move(on_gone));
       case route_id::generate:
       case route_id::generate_stream:
         return text_request(text_api::triton, model, req.body(), m.id == route_id::generate_stream,
-                            std::move(reply), std::move(open_sse));
+                            std::move(reply), std::move(open_sse), std::move(on_gone));
     }
     reply(make_error_response(http::status::internal_server_error, "unrouted " + m.target));
   }
@@ -891,9 +884,11 @@ class session : public std::enable_shared_from_this<session> {
     auto req = parser_->release();
     keep_alive_ = req.keep_alive();
     version_ = req.version();
+    answered_ = false;
     // The connection waits for the answer without a read deadline.
     stream_.expires_never();
     auto self = shared_from_this();
+    auto seq = ++requests_;
     srv_.route(
         req,
         [self](response res) {
@@ -903,7 +898,56 @@ class session : public std::enable_shared_from_this<session> {
         [self]() -> std::shared_ptr<sse_channel> {
           asio::post(self->stream_.get_executor(), [self] { self->start_sse(); });
           return std::make_shared<channel>(self);
+        },
+        [self, seq](std::function<void()> f) {
+          asio::post(self->stream_.get_executor(),
+                     [self, seq, f = std::move(f)]() mutable { self->on_gone(seq, std::move(f)); });
         });
+  }
+
+  /// Request `seq`'s gone hook. A hook that comes after its answer was written (or for
+  /// an earlier request of this connection) has nothing left to stop.
+  void on_gone(uint64_t seq, std::function<void()> f) {
+    if (seq != requests_ || answered_) return;
+    if (gone_) return f();
+    on_gone_ = std::move(f);
+    watch();
+  }
+
+  /// Reads while an answer is being worked on: end of stream or an error is the client
+  /// gone (as nginx's 499: a client that half-closes its side counts as gone). Bytes are
+  /// the next request (pipelining): they are kept for read(), and the watch ends.
+  void watch() {
+    if (watching_ || gone_) return;
+    watching_ = true;
+    stream_.socket().async_read_some(
+        buffer_.prepare(4096),
+        [self = shared_from_this()](beast::error_code ec, size_t n) { self->on_watch(ec, n); });
+  }
+
+  void on_watch(beast::error_code ec, size_t n) {
+    watching_ = false;
+    buffer_.commit(n);
+    if (sse_started_) {
+      buffer_.consume(buffer_.size());  // bytes after a streamed request: ignored
+      if (sse_ended_ || ec == asio::error::operation_aborted) return;
+      if (ec) return client_gone();
+      return watch();
+    }
+    if (after_watch_ != after::nothing) {
+      // The answer was written meanwhile, and the watch cancelled to go on.
+      auto next = std::exchange(after_watch_, after::nothing);
+      if (next == after::read && (!ec || ec == asio::error::operation_aborted)) return read();
+      return close();
+    }
+    if (ec && ec != asio::error::operation_aborted) client_gone();
+  }
+
+  void client_gone() {
+    if (gone_) return;
+    gone_ = true;
+    if (sse_started_) return sse_lost();
+    if (auto f = std::exchange(on_gone_, nullptr)) f();
   }
 
   /// The session's side of a streamed response; its calls hop onto the session's strand.
@@ -924,14 +968,6 @@ class session : public std::enable_shared_from_this<session> {
         s->pump_sse();
       });
     }
-    void on_gone(std::function<void()> f) override {
-      asio::post(s_->stream_.get_executor(), [s = s_, f = std::move(f)] {
-        if (s->sse_gone_)
-          f();
-        else
-          s->sse_on_gone_ = f;
-      });
-    }
 
    private:
     std::shared_ptr<session> s_;
@@ -949,22 +985,14 @@ class session : public std::enable_shared_from_this<session> {
     head->chunked(true);
     auto sr = std::make_shared<http::response_serializer<http::empty_body>>(*head);
     sse_writing_ = true;
+    sse_started_ = true;
     http::async_write_header(stream_, *sr,
                              [self = shared_from_this(), head, sr](beast::error_code ec, size_t) {
                                self->sse_writing_ = false;
                                if (ec) return self->sse_lost();
-                               self->watch_client();
+                               self->watch();
                                self->pump_sse();
                              });
-  }
-
-  void watch_client() {
-    stream_.socket().async_read_some(asio::buffer(probe_),
-                                     [self = shared_from_this()](beast::error_code ec, size_t) {
-                                       if (self->sse_ended_) return;
-                                       if (ec) return self->sse_lost();
-                                       self->watch_client();  // bytes after the request: ignored
-                                     });
   }
 
   void pump_sse() {
@@ -995,11 +1023,13 @@ class session : public std::enable_shared_from_this<session> {
     if (sse_gone_ || sse_ended_) return;
     sse_gone_ = true;
     sse_out_.clear();
-    if (sse_on_gone_) sse_on_gone_();
+    if (auto f = std::exchange(on_gone_, nullptr)) f();
     close();
   }
 
   void write(response res) {
+    answered_ = true;
+    on_gone_ = nullptr;
     res.version(version_);
     res.keep_alive(keep_alive_);
     res.set(http::field::server, "computron");
@@ -1011,7 +1041,16 @@ class session : public std::enable_shared_from_this<session> {
         self->linger_since_ = std::chrono::steady_clock::now();
         return self->drain();
       }
-      if (ec || sp->need_eof()) return self->close();
+      bool next = !ec && !sp->need_eof();
+      if (self->watching_) {
+        // The watch's read must end before the next one starts: cancel it and go on from
+        // its handler (the only operation left on the socket is that read).
+        self->after_watch_ = next ? after::read : after::close;
+        beast::error_code ignored;
+        self->stream_.socket().cancel(ignored);
+        return;
+      }
+      if (!next) return self->close();
       self->read();
     });
   }
@@ -1056,8 +1095,14 @@ class session : public std::enable_shared_from_this<session> {
   bool sse_ending_ = false;
   bool sse_ended_ = false;
   bool sse_gone_ = false;
-  std::function<void()> sse_on_gone_;
-  std::array<char, 512> probe_{};
+  bool sse_started_ = false;
+  // The client's side while an answer is worked on (watch()).
+  uint64_t requests_ = 0;
+  bool answered_ = false;
+  bool watching_ = false;
+  bool gone_ = false;
+  std::function<void()> on_gone_;
+  enum class after { nothing, read, close } after_watch_ = after::nothing;
 };
 
 void accept(http_server::impl& srv) {

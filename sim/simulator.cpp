@@ -22,6 +22,7 @@ cost_model profile_a100_pcie4() {
   c.stage_overhead_s = 0.0002;
   c.request_overhead_s = 0.001;
   c.lease_overhead_s = 0.0001;
+  c.tflops = 150.0;
   return c;
 }
 

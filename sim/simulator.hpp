@@ -55,6 +55,9 @@ struct cost_model {
   /// Between a batch's dispatch and its lease when the model is resident (a round trip
   /// to the scheduler).
   double lease_overhead_s = 0.0001;
+  /// Effective compute per device for OPT models, TFLOP/s: two flops per weight per
+  /// token. 0.05 is the torch CPU forward on emulated devices; the A100 profile says 150.
+  double tflops = 0.05;
 };
 
 /// The original's 4 x A100 PCIe 4 machine: about 25 GB/s practical per link, a load

@@ -482,7 +482,7 @@ caf::expected<json> run_self_json(const std::vector<std::string>& args) {
 caf::expected<sim::sim_config> sim_of(const fs::path& config) {
   auto c = load_serve_config(config.string());
   if (!c) return c.error();
-  return sim_config_from(*c, actors::all_engines(), sim::cost_model{}, 0);
+  return sim_config_from(*c, actors::all_engines(), sim::cost_model{});
 }
 
 double mean(const std::vector<double>& xs) {

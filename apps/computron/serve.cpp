@@ -8,6 +8,7 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <thread>
 
 #include <fmt/format.h>
 #include <caf/all.hpp>
@@ -42,6 +43,23 @@ sigset_t block_stop_signals() {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   return stop_signals;
 }
+
+/// Bounds a graceful stop: once stopping, the process ends after `grace` at the latest
+/// (exit status 2), with a line that says so. A stop can hang: once, under a loaded
+/// test run, a controller waited forever in ~actor_system for a detached actor (CAF
+/// 0.17's await_self_destroyed) after its node had gone, and, orphaned, held its port
+/// and its test's pipe for 20 minutes. This ends such a stop as an orchestrator's
+/// SIGKILL would, and says why. (Not a second signal: `timeout` and process-group
+/// signals deliver one stop signal twice.)
+void bound_the_stop(std::chrono::seconds grace) {
+  std::thread([grace] {
+    std::this_thread::sleep_for(grace);
+    log::error("the stop took over {} s: exiting without waiting for it", grace.count());
+    std::_Exit(2);
+  }).detach();
+}
+
+constexpr std::chrono::seconds stop_grace{15};
 
 }  // namespace
 
@@ -178,6 +196,7 @@ int run_serve(serve_config cfg) {
   int sig = 0;
   sigwait(&stop_signals, &sig);
   log::info("signal {}: stopping", sig);
+  bound_the_stop(stop_grace);
   (*srv)->stop();
   if (!cfg.trace_file.empty() && !trace->write(cfg.trace_file))
     log::error("cannot write the trace to {}", cfg.trace_file);
@@ -233,6 +252,7 @@ int run_node(node_options opts) {
   int sig = 0;
   sigwait(&stop_signals, &sig);
   log::info("signal {}: stopping", sig);
+  bound_the_stop(stop_grace);
   stop();
   return 0;
 }

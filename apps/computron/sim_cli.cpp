@@ -101,13 +101,15 @@ caf::expected<sim::cost_model> read_cost(const std::string& json_text, sim::cost
                                               {"evict_s", &c.evict_s},
                                               {"stage_overhead_s", &c.stage_overhead_s},
                                               {"request_overhead_s", &c.request_overhead_s},
-                                              {"lease_overhead_s", &c.lease_overhead_s}};
+                                              {"lease_overhead_s", &c.lease_overhead_s},
+                                              {"tflops", &c.tflops}};
   for (auto& [key, value] : j.items()) {
     bool known = false;
     for (auto& [name, field] : fields)
       if (key == name) {
-        if (!value.is_number())
-          return make_error(ec::invalid_request, "cost model: " + key + " must be a number");
+        if (!value.is_number() || !(value.get<double>() >= 0))
+          return make_error(ec::invalid_request,
+                            "cost model: " + key + " must be a number, 0 or more");
         *field = value.get<double>();
         known = true;
       }
@@ -118,8 +120,8 @@ caf::expected<sim::cost_model> read_cost(const std::string& json_text, sim::cost
 
 caf::expected<sim::sim_config> sim_config_from(const serve_config& cfg,
                                                const actors::engine_registry& engines,
-                                               const sim::cost_model& cost, double tflops,
-                                               double capacity_gb, double link_gbps) {
+                                               const sim::cost_model& cost, double capacity_gb,
+                                               double link_gbps) {
   auto bad = [](std::string why) { return make_error(ec::invalid_configuration, std::move(why)); };
   sim::sim_config out;
   auto& d = cfg.runtime.devices;
@@ -144,7 +146,8 @@ caf::expected<sim::sim_config> sim_config_from(const serve_config& cfg,
   out.scheduler = {cfg.runtime.scheduler.policy, cfg.runtime.scheduler.max_transfers_per_link};
   out.batching = actors::batching_of(cfg.runtime.manager);
   out.cost = cost;
-  const double flops = (tflops > 0 ? tflops : 0.05) * 1e12;
+  if (!(cost.tflops > 0)) return bad("the simulator needs a compute rate: tflops above 0");
+  const double flops = cost.tflops * 1e12;
   for (auto model : cfg.models) {
     model = actors::resolve_dtype(std::move(model), kinds);
     if (auto err = actors::validate_model(engines, model, kinds)) return err;
@@ -180,6 +183,11 @@ caf::expected<sim::sim_config> sim_config_from(const serve_config& cfg,
 
 int run_sim_cli(const sim_cli& cli) {
   if (auto why = check_workload_flags(cli.workload); !why.empty()) return usage(why);
+  // 0 (or absent) means the default; a negative or NaN value is a mistake, not a default.
+  for (auto [flag, v] :
+       {std::pair{"--tflops", cli.tflops}, std::pair{"--capacity-gb", cli.capacity_gb},
+        std::pair{"--link-gbps", cli.link_gbps}})
+    if (!(v >= 0)) return usage(fmt::format("{} must be above 0 (or absent), got {}", flag, v));
   serve_config cfg = default_serve_config();
   if (!cli.config.empty()) {
     auto c = load_serve_config(cli.config);
@@ -197,7 +205,6 @@ int run_sim_cli(const sim_cli& cli) {
     cost = sim::profile_a100_pcie4();
   else if (cli.profile != "emulated")
     return usage("--profile must be emulated or a100, got '" + cli.profile + "'");
-  double tflops = cli.tflops > 0 ? cli.tflops : cli.profile == "a100" ? 150.0 : 0.05;
   if (!cli.cost_file.empty()) {
     auto text = read_text(cli.cost_file);
     if (!text) return usage(render(text.error()));
@@ -205,8 +212,8 @@ int run_sim_cli(const sim_cli& cli) {
     if (!c) return usage(cli.cost_file + ": " + render(c.error()));
     cost = *c;
   }
-  auto sc =
-      sim_config_from(cfg, actors::all_engines(), cost, tflops, cli.capacity_gb, cli.link_gbps);
+  if (cli.tflops > 0) cost.tflops = cli.tflops;
+  auto sc = sim_config_from(cfg, actors::all_engines(), cost, cli.capacity_gb, cli.link_gbps);
   if (!sc) return usage(render(sc.error()));
   if (!cli.calibrate.empty()) {
     auto c = cli.calibrate.rfind("http", 0) == 0 ? calibrate_from_server(cli.calibrate, *sc, cost)
@@ -238,7 +245,8 @@ int run_sim_cli(const sim_cli& cli) {
                {"evict_s", sc->cost.evict_s},
                {"stage_overhead_s", sc->cost.stage_overhead_s},
                {"request_overhead_s", sc->cost.request_overhead_s},
-               {"lease_overhead_s", sc->cost.lease_overhead_s}}},
+               {"lease_overhead_s", sc->cost.lease_overhead_s},
+               {"tflops", sc->cost.tflops}}},
              {"events", result.events},
              {"simulator_wall_s", wall}};
   if (cli.workload.json) {

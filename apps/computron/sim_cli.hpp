@@ -27,7 +27,7 @@ struct sim_cli {
   std::string cost_file;
   /// A running server's URL (its /metrics), or a JSON written by `computron bench exp1`.
   std::string calibrate;
-  /// Compute of OPT models: effective TFLOP/s per device (0: the profile's).
+  /// Compute of OPT models: effective TFLOP/s per device (0: the cost model's).
   double tflops = 0;
   /// Devices of a CUDA config (the simulator opens none): GB per device and link GB/s.
   double capacity_gb = 0;
@@ -40,8 +40,8 @@ struct sim_cli {
 /// (their bytes from the engines' layouts; nothing is allocated) and compute cost.
 caf::expected<sim::sim_config> sim_config_from(const serve_config& cfg,
                                                const actors::engine_registry& engines,
-                                               const sim::cost_model& cost, double tflops,
-                                               double capacity_gb = 0, double link_gbps = 0);
+                                               const sim::cost_model& cost, double capacity_gb = 0,
+                                               double link_gbps = 0);
 
 /// Reads cost-model fields from a JSON object over `base`; errors name the field.
 caf::expected<sim::cost_model> read_cost(const std::string& json_text, sim::cost_model base);

@@ -2,6 +2,7 @@
 // says, so batch windows, queue times and deadlines are exact, with no sleeps.
 #include <catch2/catch.hpp>
 
+#include "actors/frontend.hpp"
 #include "actors/model_manager.hpp"
 #include "actors/swap_scheduler.hpp"
 #include "common/error.hpp"
@@ -331,4 +332,69 @@ TEST_CASE("unregister is refused while requests of the model are in flight",
   REQUIRE(f.replied());
   std::move(pending).receive([](infer_reply&) {}, [](caf::error& e) { FAIL(render(e)); });
   CHECK(f.ask<model_info>(f.manager, unregister_atom_v, std::string{"m"}));
+}
+
+namespace {
+
+/// Asks the frontend for completions and notes any answer. Tests make it exit before
+/// the answers, as the HTTP server makes the actor serving a request exit when its
+/// client goes away.
+caf::behavior requester(caf::event_based_actor* self, frontend_actor fe,
+                        std::vector<infer_request> rs, int* answers) {
+  for (auto& r : rs)
+    self->request(fe, caf::timespan{24h}, infer_atom_v, r)
+        .then([=](infer_reply&) { ++*answers; }, [=](caf::error&) { ++*answers; });
+  return {[](caf::ok_atom) {}};
+}
+
+}  // namespace
+
+TEST_CASE("the frontend cancels the requests of a requester that ends before its answers",
+          "[actors][frontend]") {
+  manager_fixture f;
+  auto fe = spawn_frontend(f.sys, caf::actor_cast<serving_actor>(f.manager), {}).value();
+  auto outstanding = [&] {
+    auto s = f.ask<caf::settings>(fe, report_atom_v);
+    REQUIRE(s);
+    return caf::get_or(*s, "frontend.outstanding", int64_t{-1});
+  };
+  infer_request r;
+  r.model = "m";
+  r.tokens = {1, 2, 3};
+  r.max_tokens = 1;
+  int answers = 0;
+  // Two requests wait in the manager's queue (its 5 ms window has not passed).
+  auto gone = f.sys.spawn(requester, fe, std::vector<infer_request>{r, r}, &answers);
+  f.sched.run();
+  CHECK(outstanding() == 2);
+  caf::anon_send_exit(gone, caf::exit_reason::user_shutdown);
+  f.sched.run();
+  // Both left the queue at once: admission counts them no more, and no step ran.
+  CHECK(outstanding() == 0);
+  f.sched.advance_time(10ms);
+  f.sched.run();
+  CHECK(f.script.step_rows.empty());
+  CHECK(answers == 0);
+
+  // A requester that stays is served; once answered, its end cancels nothing.
+  auto stays = f.sys.spawn(requester, fe, std::vector<infer_request>{r}, &answers);
+  f.sched.run();
+  f.sched.advance_time(6ms);
+  f.sched.run();
+  CHECK(answers == 1);
+  CHECK(f.script.step_rows == std::vector<size_t>{1});
+  caf::anon_send_exit(stays, caf::exit_reason::user_shutdown);
+  f.sched.run();
+  CHECK(outstanding() == 0);
+
+  // The frontend passes a cancel by id on to its backend: a queued request fails.
+  auto queued = f.self->request(fe, caf::timespan{24h}, infer_atom_v, r);
+  f.sched.run();
+  CHECK(outstanding() == 1);
+  f.self->send(fe, cancel_atom_v, uint64_t{4});  // ids 1..3 went above
+  f.sched.run();
+  std::move(queued).receive([](infer_reply&) { FAIL("a cancelled request was served"); },
+                            [](caf::error& e) { CHECK(is(e, ec::cancelled)); });
+  CHECK(outstanding() == 0);
+  caf::anon_send_exit(fe, caf::exit_reason::user_shutdown);
 }

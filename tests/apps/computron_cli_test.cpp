@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/support/run_binary.hpp"
+#include "tests/support/temp_files.hpp"
 
 using computron::test::run;
 
@@ -182,4 +184,40 @@ TEST_CASE("generate prints the tokens of a direct run", "[cli][serve]") {
   auto bad = run("generate --model-dir " + dir + "/toy --prompts 'nope'", true);
   CHECK(bad.exit_code == 2);
   std::system(("rm -rf " + dir).c_str());
+}
+
+TEST_CASE("sim runs a config's workload and reports the cost model it used", "[cli][sim]") {
+  const std::string config = std::string{COMPUTRON_SOURCE_DIR} + "/configs/sim/exp2-3-models.json";
+  auto sim = [&](const std::string& flags) {
+    return run("sim --config " + config + " --rates 2,1,1 --duration 5 --seed 1 --json " + flags,
+               false);
+  };
+  auto emulated = sim("");
+  INFO(emulated.all);
+  REQUIRE(emulated.exit_code == 0);
+  auto j = nlohmann::json::parse(emulated.out);
+  CHECK(j.at("simulated") == true);
+  CHECK(j.at("cost").at("tflops") == 0.05);  // one default, in the cost model
+  auto a100 = sim("--profile a100");
+  REQUIRE(a100.exit_code == 0);
+  CHECK(nlohmann::json::parse(a100.out).at("cost").at("tflops") == 150.0);
+  auto given = sim("--profile a100 --tflops 20");
+  REQUIRE(given.exit_code == 0);
+  CHECK(nlohmann::json::parse(given.out).at("cost").at("tflops") == 20.0);
+}
+
+TEST_CASE("sim refuses negative figures instead of using its defaults", "[cli][sim]") {
+  const std::string config = std::string{COMPUTRON_SOURCE_DIR} + "/configs/sim/exp2-3-models.json";
+  for (auto flag : {"--tflops", "--capacity-gb", "--link-gbps"}) {
+    auto r = run("sim --config " + config + " --duration 5 " + flag + " -1", true);
+    INFO(r.all);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.all, Catch::Contains(std::string{flag} + " must be above 0"));
+  }
+  auto cost = computron::test::temp_path("sim-cost.json");
+  std::ofstream{cost} << R"({"evict_s": -0.5})";
+  auto r = run("sim --config " + config + " --duration 5 --cost " + cost, true);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.all, Catch::Contains("evict_s must be a number, 0 or more"));
+  std::remove(cost.c_str());
 }

@@ -225,25 +225,44 @@ TEST_CASE("strict requests: unknown parameters, input names, models without a to
   CHECK(json::parse(r.body)["usage"]["prompt_tokens"] == 2);
 }
 
-TEST_CASE("a client that walks away from a stream cancels its row", "[net][e2e]") {
-  server s;
-  // 4000 tokens at 20 ms a step would take 80 s.
-  json body{{"model", "slow"}, {"prompt", "a"}, {"max_tokens", 4000}, {"stream", true}};
+namespace {
+
+/// A raw client: sends one POST in one write and keeps the socket (closed by the test,
+/// without reading the answer, to walk away).
+int send_post(uint16_t port, const std::string& target, const json& body) {
   auto payload = body.dump();
-  auto req =
-      "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-      "Content-Length: " +
-      std::to_string(payload.size()) + "\r\n\r\n" + payload;
+  auto req = "POST " + target +
+             " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+             "Content-Length: " +
+             std::to_string(payload.size()) + "\r\n\r\n" + payload;
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   REQUIRE(fd >= 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_port = htons(s.port);
+  addr.sin_port = htons(port);
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   timeval tv{10, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
   REQUIRE(::send(fd, req.data(), req.size(), 0) == static_cast<ssize_t>(req.size()));
+  return fd;
+}
+
+/// Waits (at most 10 s) until the series reaches `n`, and returns its value.
+double await_metric(server& s, const std::string& series, double n) {
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (s.metric(series) < n && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(50ms);
+  return s.metric(series);
+}
+
+}  // namespace
+
+TEST_CASE("a client that walks away from a stream cancels its row", "[net][e2e]") {
+  server s;
+  // 4000 tokens at 20 ms a step would take 80 s.
+  int fd = send_post(s.port, "/v1/completions",
+                     {{"model", "slow"}, {"prompt", "a"}, {"max_tokens", 4000}, {"stream", true}});
   std::string got;
   char buf[4096];
   while (got.find("data: ") == std::string::npos) {
@@ -254,12 +273,35 @@ TEST_CASE("a client that walks away from a stream cancels its row", "[net][e2e]"
   CHECK_THAT(got, Catch::Contains("text/event-stream"));
   ::close(fd);
   // The row ends within a few steps, not after 4000.
-  auto series = "computron_requests_total{model=\"slow\",outcome=\"cancelled\"}";
-  auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (s.metric(series) < 1 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(50ms);
-  CHECK(s.metric(series) == 1);
+  CHECK(await_metric(s, "computron_requests_total{model=\"slow\",outcome=\"cancelled\"}", 1) == 1);
   // And the model serves the next request.
+  CHECK(s.post("/v1/completions", {{"model", "slow"}, {"prompt", "a"}, {"max_tokens", 2}}).status ==
+        200);
+}
+
+TEST_CASE("clients that walk away from unstreamed requests cancel them, queued or running",
+          "[net][e2e]") {
+  server s;
+  // Each would take 80 s (4000 steps of 20 ms). The KServe request has two rows; the
+  // batch holds four, so the text requests wait in the queue behind it and the first.
+  json infer{
+      {"inputs",
+       {{{"name", "input_ids"}, {"datatype", "INT64"}, {"shape", {2, 1}}, {"data", {5, 6}}}}},
+      {"parameters", {{"max_tokens", 4000}}}};
+  json text{{"model", "slow"}, {"prompt", "a"}, {"max_tokens", 4000}};
+  json generate{{"text_input", "a"}, {"max_tokens", 4000}};
+  std::vector<int> fds{send_post(s.port, "/v2/models/slow/infer", infer),
+                       send_post(s.port, "/v1/completions", text),
+                       send_post(s.port, "/v1/completions", text),
+                       send_post(s.port, "/v2/models/slow/generate", generate)};
+  // Under way: the first batch is generating (a client gone earlier cancels all the same).
+  auto cancelled = "computron_requests_total{model=\"slow\",outcome=\"cancelled\"}";
+  std::this_thread::sleep_for(300ms);
+  for (auto fd : fds) ::close(fd);
+  // All five rows end, the queued ones at once and the running ones after their step.
+  CHECK(await_metric(s, cancelled, 5) == 5);
+  // Nothing is left behind them: the next request is served within the client's 60 s,
+  // where it would otherwise wait 80 s behind them.
   CHECK(s.post("/v1/completions", {{"model", "slow"}, {"prompt", "a"}, {"max_tokens", 2}}).status ==
         200);
 }
