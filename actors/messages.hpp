@@ -230,11 +230,22 @@ struct lease {
   /// True when this acquire waited for a load (a swap).
   bool loaded = false;
   double wait_ms = 0;
+  /// What a load of this model costs unhindered: its slowest shard's bytes over that
+  /// link's nominal rate (sched::ledger::load_seconds), for service estimates. Not a
+  /// measurement: the first loads on a fresh emulated device run at half speed (page
+  /// faults), and a measured estimate that high made the manager drop every drop_late
+  /// request of a model that was not resident, so it never loaded again to learn better.
+  double load_estimate_ms = 0;
+  /// Every model resident when the lease was granted: the manager's view of residency
+  /// (dispatch order, service estimates), which it cannot see change otherwise, as
+  /// evictions happen behind it.
+  std::vector<std::string> resident;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, lease& x) {
-  return f(caf::meta::type_name("lease"), x.model, x.loaded, x.wait_ms);
+  return f(caf::meta::type_name("lease"), x.model, x.loaded, x.wait_ms, x.load_estimate_ms,
+           x.resident);
 }
 
 /// The scheduler's view of one model.
@@ -284,6 +295,9 @@ struct infer_request {
   row_sampling sampling;
   /// Time the request may take from admission, 0 for the server's default.
   uint32_t deadline_ms = 0;
+  /// Refuse it (deadline_exceeded) at its turn when the model's expected service time
+  /// would end past its deadline, rather than serve it late.
+  bool drop_late = false;
   /// Set by the frontend.
   uint64_t id = 0;
   /// Generation stops when this token is sampled (it is not returned); -1: never.
@@ -298,7 +312,7 @@ struct infer_request {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, infer_request& x) {
   return f(caf::meta::type_name("infer_request"), x.model, x.tokens, x.max_tokens, x.sampling,
-           x.deadline_ms, x.id, x.eos, x.stream, x.stream_row);
+           x.deadline_ms, x.drop_late, x.id, x.eos, x.stream, x.stream_row);
 }
 
 /// The generated tokens and where the time went.

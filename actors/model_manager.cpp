@@ -49,6 +49,8 @@ struct batch {
   double load_ms = 0;
   double compute_ms = 0;
   bool swapped = false;
+  /// Steps run: the batcher's service estimate learns per step.
+  int64_t steps = 0;
 };
 
 using batch_ptr = std::shared_ptr<batch>;
@@ -100,14 +102,11 @@ sched::time_point now(manager_pointer self) {
 
 /// The manager's belief, for resident-first: `name` is resident now, and a load on its
 /// devices may have evicted every other model there.
-void note_loaded(manager_pointer self, const std::string& name) {
+/// Residency as the scheduler saw it when it granted a lease.
+void note_resident(manager_pointer self, const std::vector<std::string>& resident) {
   auto& st = self->state;
-  auto& m = st.models.at(name);
-  std::set<int32_t> devs(m.cfg.devices.begin(), m.cfg.devices.end());
-  for (auto& [other_name, other] : st.models)
-    for (auto d : other.cfg.devices)
-      if (devs.count(d) > 0) st.batcher->set_resident(other.index, false);
-  st.batcher->set_resident(m.index, true);
+  std::set<std::string> in(resident.begin(), resident.end());
+  for (auto& [name, m] : st.models) st.batcher->set_resident(m.index, in.count(name) > 0);
 }
 
 caf::error check_request(const managed_model& m, const infer_request& r, int64_t max_tokens_limit) {
@@ -205,6 +204,8 @@ void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* er
   st.gate->finish(m.cfg.devices);
   self->send(st.scheduler, release_atom_v, b->model);
   st.batcher->batch_ended(m.index);
+  if (!err && b->steps > 0)
+    st.batcher->note_steps(m.index, b->compute_ms / 1e3, b->steps);
   if (err || !b->caches_dropped)
     for (auto& w : m.cfg.devices)
       self->send(st.workers[static_cast<size_t>(w)], cancel_atom_v, b->model, b->id);
@@ -234,6 +235,7 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vecto
     left = std::max(left, b->rows[r].req.max_tokens - static_cast<int64_t>(b->outputs[r].size()));
   req.last = left <= 1;
   b->caches_dropped = req.last;
+  ++b->steps;
   req.keep = std::move(keep);
   for (auto r : b->sent) {
     if (step == 0)
@@ -448,10 +450,9 @@ void start_batch(manager_pointer self, const batch_ptr& b) {
             auto& st = self->state;
             b->load_ms = l.wait_ms;
             b->swapped = l.loaded;
-            if (l.loaded)
-              note_loaded(self, b->model);
-            else
-              st.batcher->set_resident(st.models.at(b->model).index, true);
+            st.batcher->note_load(st.models.at(b->model).index, l.load_estimate_ms / 1e3);
+            note_resident(self, l.resident);
+            st.batcher->set_resident(st.models.at(b->model).index, true);
             st.runnable.push_back(b);
             try_run(self);
           },
@@ -477,6 +478,18 @@ void dispatch(manager_pointer self) {
                 make_error(ec::deadline_exceeded, "request " + std::to_string(i->second.req.id) +
                                                       " passed its deadline in the queue of " +
                                                       st.names[model]));
+    st.waiting.erase(i);
+  }
+  for (auto& [model, e] : d.dropped) {
+    auto i = st.waiting.find(e.key);
+    if (i == st.waiting.end()) continue;
+    auto est = st.batcher->estimate_s(model, e.steps).value_or(0);
+    auto left = std::max(0.0, sched::seconds_between(t, e.deadline));
+    reply_error(self, i->second,
+                make_error(ec::deadline_exceeded,
+                           fmt::format("request {} would miss its deadline: {} expects about "
+                                       "{:.0f} ms of work, {:.0f} ms are left (drop_late)",
+                                       i->second.req.id, st.names[model], est * 1e3, left * 1e3)));
     st.waiting.erase(i);
   }
   for (auto& plan : d.batches) {
@@ -564,7 +577,8 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
         auto t = now(self);
         auto key = st.next_key++;
         sched::time_point deadline;
-        if (auto why = st.batcher->admit(m.index, key, t, req.deadline_ms, &deadline))
+        if (auto why = st.batcher->admit(m.index, key, t, req.deadline_ms, &deadline,
+                                         req.max_tokens, req.drop_late))
           return make_error(why->code, why->reason);
         queued_request q{std::move(req), self->make_response_promise<infer_reply>(), t, deadline};
         auto rp = q.rp;
@@ -717,7 +731,9 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
         self->request(st.scheduler, st.opts.acquire_timeout, load_atom_v, name)
             .then(
                 [=](residency_report&) mutable {
-                  note_loaded(self, name);
+                  auto& st = self->state;
+                  if (auto i = st.models.find(name); i != st.models.end())
+                    st.batcher->set_resident(i->second.index, true);
                   with_info(name, rp);
                 },
                 [=](caf::error& e) mutable { rp.deliver(std::move(e)); });

@@ -100,6 +100,16 @@ void note_reports(sched_pointer self, const std::vector<transfer_report>& report
 
 void pump(sched_pointer self);
 
+/// The models resident now (for lease::resident).
+std::vector<std::string> resident_names(sched_pointer self) {
+  auto& l = *self->state.ledger;
+  std::vector<std::string> out;
+  for (model_id id = 0; id < l.model_count(); ++id)
+    if (!l.model(id).removed && l.state_of(id) == model_state::resident)
+      out.push_back(l.model(id).name);
+  return out;
+}
+
 /// Frees what a model's shards hold on every worker, ignoring the answers (after a failed
 /// load, or when a device of the model is gone); each worker runs it after its transfers.
 void evict_everywhere(sched_pointer self, model_id id) {
@@ -256,7 +266,8 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
         auto& st = self->state;
         auto t0 = now(self);
         auto result = st.ledger->acquire(*id, t0);
-        if (result == sched::acquire_result::granted) return lease{name, false, 0};
+        if (result == sched::acquire_result::granted)
+          return lease{name, false, 0, st.ledger->load_seconds(*id) * 1e3, resident_names(self)};
         if (result == sched::acquire_result::unavailable) return unavailable(*id);
         auto rp = self->make_response_promise<lease>();
         auto m = *id;
@@ -266,7 +277,9 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
             return;
           }
           if (loaded) self->state.ledger->grant(m, now(self));
-          rp.deliver(lease{name, loaded, sched::seconds_between(t0, now(self)) * 1e3});
+          rp.deliver(lease{name, loaded, sched::seconds_between(t0, now(self)) * 1e3,
+                           self->state.ledger->load_seconds(m) * 1e3,
+                           resident_names(self)});
         };
         if (result == sched::acquire_result::wait_drain) {
           st.waiting[m].held.push_back(std::move(grant));
@@ -374,6 +387,7 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
         auto& l = *self->state.ledger;
         caf::settings out;
         out["policy"] = caf::config_value{l.options().policy};
+        out["prefetch"] = caf::config_value{l.options().prefetch};
         caf::config_value::list models;
         for (model_id id = 0; id < l.model_count(); ++id) {
           if (l.model(id).removed) continue;
@@ -386,6 +400,9 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
           x["pinned"] = caf::config_value{r.pinned};
           x["loads"] = caf::config_value{static_cast<int64_t>(r.loads)};
           x["evictions"] = caf::config_value{static_cast<int64_t>(r.evictions)};
+          auto& e = l.model(id);
+          x["prefetches"] = caf::config_value{static_cast<int64_t>(e.prefetches)};
+          x["prefetch-hits"] = caf::config_value{static_cast<int64_t>(e.prefetch_hits)};
           models.emplace_back(std::move(x));
         }
         out["models"] = caf::config_value{std::move(models)};
@@ -437,7 +454,7 @@ caf::expected<swap_scheduler_actor> spawn_swap_scheduler(caf::actor_system& sys,
   }
   sched::refusal why;
   auto ledger =
-      sched::ledger::make(std::move(slots), {opts.policy, opts.max_transfers_per_link}, &why);
+      sched::ledger::make(std::move(slots), {opts.policy, opts.max_transfers_per_link, opts.prefetch}, &why);
   if (!ledger) return to_error(why);
   if (!opts.obs) opts.obs = null_observer();
   return sys.spawn(swap_scheduler, std::shared_ptr<sched::ledger>(std::move(ledger)),

@@ -29,6 +29,9 @@ struct swap_scheduler_options {
   std::string policy = "lru";
   /// Loads that may copy over one device's link at once; more queue.
   uint32_t max_transfers_per_link = 1;
+  /// Load the model most in demand into idle links ahead of its requests
+  /// (sched::ledger_options::prefetch).
+  bool prefetch = false;
   /// Longest a model's load (all shards joined) may take.
   std::chrono::milliseconds load_timeout{std::chrono::minutes(5)};
   /// Bytes per device kept free for activations (never given to weights).

@@ -331,6 +331,7 @@ caf::behavior generation(caf::event_based_actor* self, std::shared_ptr<gen_state
     req.sampling = st.g.sampling;
     req.sampling.seed = st.g.sampling.seed + i;
     req.deadline_ms = st.g.deadline_ms;
+    req.drop_late = st.g.drop_late;
     if (auto eos = st.tok->eos(); eos && *eos < st.vocab) req.eos = *eos;
     if (watch) {
       req.stream = caf::actor_cast<caf::actor>(self);
@@ -577,6 +578,7 @@ struct http_server::impl {
         req.sampling = parsed->sampling;
         req.sampling.seed = parsed->sampling.seed + r;
         req.deadline_ms = parsed->deadline_ms;
+        req.drop_late = parsed->drop_late;
         self->request(fe, timeout, actors::infer_atom_v, std::move(req))
             .then([=](actors::infer_reply& rep) { j->ok(r, std::move(rep)); },
                   [=](caf::error& e) { j->failed(std::move(e), r); });

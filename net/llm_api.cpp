@@ -112,6 +112,7 @@ void read_generation(reader& r, generation_request& g, int64_t max_tokens) {
   int64_t deadline = 0;
   r.integer("deadline_ms", deadline, 0, 24 * 3600 * 1000);
   g.deadline_ms = static_cast<uint32_t>(deadline);
+  r.boolean("drop_late", g.drop_late);
   r.stops("stop", g.stop);
 }
 
@@ -124,7 +125,7 @@ std::variant<generation_request, request_error> parse_completion(const json& bod
   reader r{body};
   r.only({"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stop", "seed",
           "stream", "stream_options", "echo", "logprobs", "best_of", "presence_penalty",
-          "frequency_penalty", "user", "suffix", "deadline_ms"});
+          "frequency_penalty", "user", "suffix", "deadline_ms", "drop_late"});
   generation_request g;
   g.sampling.temperature = 1.0;  // OpenAI's default
   auto model = r.find("model");
@@ -191,7 +192,8 @@ std::variant<generation_request, request_error> parse_generate(const json& body,
                                                                bool stream, int64_t max_tokens) {
   if (!body.is_object()) return request_error{"the body must be a JSON object", ""};
   static const std::set<std::string> settings = {"max_tokens", "temperature", "top_p",      "top_k",
-                                                 "seed",       "stop",        "deadline_ms"};
+                                                 "seed",       "stop",        "deadline_ms",
+                                                 "drop_late"};
   auto top = settings;
   top.insert({"text_input", "parameters", "id", "stream"});
   reader r{body};
@@ -287,7 +289,7 @@ std::variant<infer_body, request_error> parse_infer_body(const json& j, uint32_t
   if (auto params = j.find("parameters"); params != j.end()) {
     if (!params->is_object()) return bad("'parameters' must be an object", "parameters");
     reader r{*params, "parameters."};
-    r.only({"max_tokens", "temperature", "top_k", "top_p", "seed", "deadline_ms"});
+    r.only({"max_tokens", "temperature", "top_k", "top_p", "seed", "deadline_ms", "drop_late"});
     r.integer("max_tokens", p.max_tokens, 1, max_tokens);
     r.integer("top_k", p.sampling.top_k, 0, 1 << 30);
     int64_t seed = 0, deadline = 0;
@@ -295,6 +297,7 @@ std::variant<infer_body, request_error> parse_infer_body(const json& j, uint32_t
     r.integer("deadline_ms", deadline, 0, 24 * 3600 * 1000);
     r.number("temperature", p.sampling.temperature, 0, 100);
     r.number("top_p", p.sampling.top_p, 1e-9, 1);
+    r.boolean("drop_late", p.drop_late);
     if (r.error) return *r.error;
     p.sampling.seed = static_cast<uint64_t>(seed);
     p.deadline_ms = static_cast<uint32_t>(deadline);

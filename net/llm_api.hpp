@@ -32,6 +32,8 @@ struct generation_request {
   /// OpenAI's stream_options.include_usage: a last chunk with the counts.
   bool stream_usage = false;
   uint32_t deadline_ms = 0;
+  /// Refused rather than answered late (infer_request::drop_late).
+  bool drop_late = false;
 };
 
 /// A 400 (invalid_request) that names the offending field, OpenAI's `param`.
@@ -43,25 +45,27 @@ struct request_error {
 /// POST /v1/completions. Accepts model, prompt (text, list of texts, token ids, list of
 /// token-id lists), max_tokens (default 16), temperature (default 1), top_p, top_k, n (1),
 /// stop (a string or up to 4), seed, stream, stream_options, echo (false), logprobs (null),
-/// best_of (1), presence/frequency_penalty (0), user, suffix (null), deadline_ms.
+/// best_of (1), presence/frequency_penalty (0), user, suffix (null), deadline_ms, drop_late.
 std::variant<generation_request, request_error> parse_completion(const nlohmann::json& body,
                                                                  uint32_t max_prompts,
                                                                  int64_t max_tokens);
 
 /// POST /v2/models/{m}/generate[_stream]: text_input, and max_tokens, temperature,
-/// top_p, top_k, seed, stop, deadline_ms at the top level or under "parameters" (greedy
+/// top_p, top_k, seed, stop, deadline_ms, drop_late at the top level or under "parameters" (greedy
 /// unless a temperature is given, as Triton's backends do).
 std::variant<generation_request, request_error> parse_generate(const nlohmann::json& body,
                                                                const std::string& model,
                                                                bool stream, int64_t max_tokens);
 
 /// KServe v2 infer: one INT64/INT32 input named `input_ids`, [batch, length] or [length];
-/// parameters max_tokens (default 1), temperature, top_k, top_p, seed, deadline_ms.
+/// parameters max_tokens (default 1), temperature, top_k, top_p, seed, deadline_ms,
+/// drop_late.
 struct infer_body {
   std::vector<std::vector<int64_t>> rows;
   int64_t max_tokens = 1;
   actors::row_sampling sampling;
   uint32_t deadline_ms = 0;
+  bool drop_late = false;
   std::string request_id;
 };
 

@@ -156,10 +156,15 @@ caf::expected<loadgen_run> run_loadgen(const workload::schedule& s,
     std::uniform_int_distribution<int64_t> token(0, vocab[a.model] - 1);
     json ids = json::array();
     for (int64_t t = 0; t < len; ++t) ids.push_back(token(rng));
+    json params{{"max_tokens", a.max_tokens > 0 ? a.max_tokens : opts.max_tokens}};
+    if (opts.deadline_ms > 0) {
+      params["deadline_ms"] = opts.deadline_ms;
+      params["drop_late"] = true;
+    }
     json body{
         {"inputs",
          {{{"name", "input_ids"}, {"datatype", "INT64"}, {"shape", {1, len}}, {"data", ids}}}},
-        {"parameters", {{"max_tokens", a.max_tokens > 0 ? a.max_tokens : opts.max_tokens}}}};
+        {"parameters", std::move(params)}};
     reqs.push_back({a.time_s, "POST", "/v2/models/" + s.models[a.model] + "/infer", body.dump()});
   }
   auto side = http_client::connect(opts.server.host, opts.server.port, 5s);

@@ -43,6 +43,8 @@ struct loadgen_options {
   /// Defaults of arrivals that do not say (traces may).
   int64_t prompt_len = 8;
   int64_t max_tokens = 1;
+  /// Non-zero: each request's deadline, and it asks to be dropped rather than served late.
+  uint32_t deadline_ms = 0;
   /// Seeds the prompts' token ids.
   uint64_t seed = 1;
   size_t max_connections = 256;

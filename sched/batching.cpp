@@ -1,6 +1,7 @@
 #include "sched/batching.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 namespace computron::sched {
 
@@ -40,15 +41,43 @@ uint32_t batcher::add_model(std::string name, int32_t max_in_flight, int32_t pri
 }
 
 std::optional<refusal> batcher::admit(uint32_t model, uint64_t key, time_point now,
-                                      int64_t deadline_ms, time_point* deadline) {
+                                      int64_t deadline_ms, time_point* deadline, int64_t steps,
+                                      bool drop_late) {
   auto& q = queues_[model];
-  if (q.queue.size() >= opts_.max_queue)
+  if (q.live >= opts_.max_queue)
     return refusal{ec::overloaded, "the queue of " + q.name + " is full (" +
                                        std::to_string(opts_.max_queue) + " requests)"};
   auto d = deadline_of(now, deadline_ms, opts_.default_deadline);
-  q.queue.push_back({key, now, d});
+  auto seq = q.next_seq++;
+  q.queue.push_back({key, now, d, std::max<int64_t>(1, steps), drop_late, seq});
+  q.dead.push_back(false);
+  ++q.live;
+  q.deadlines.emplace(d, seq);
   if (deadline) *deadline = d;
   return std::nullopt;
+}
+
+void batcher::model_queue::tidy() {
+  while (!queue.empty() && dead.front()) {
+    queue.pop_front();
+    dead.pop_front();
+    ++front_seq;
+  }
+  while (!deadlines.empty() && is_dead(deadlines.top().second)) deadlines.pop();
+  // Entries that left from the front stay in the heap until they reach its top; with
+  // deadlines out of arrival order that could be many. Rebuilt once they outnumber the
+  // live ones, so the heap stays O(live) at amortized O(1) per entry.
+  if (deadlines.size() > 2 * live + 64) {
+    decltype(deadlines) fresh;
+    for (size_t i = 0; i < queue.size(); ++i)
+      if (!dead[i]) fresh.emplace(queue[i].deadline, front_seq + i);
+    deadlines = std::move(fresh);
+  }
+}
+
+void batcher::bury(model_queue& q, uint64_t seq) {
+  q.dead[seq - q.front_seq] = true;
+  --q.live;
 }
 
 dispatch_decisions batcher::dispatch(time_point now) {
@@ -60,23 +89,24 @@ dispatch_decisions batcher::dispatch(time_point now) {
   view_models_.clear();
   for (uint32_t i = 0; i < queues_.size(); ++i) {
     auto& q = queues_[i];
-    std::optional<time_point> earliest;
-    for (auto it = q.queue.begin(); it != q.queue.end();) {
-      if (it->deadline <= now) {
-        out.expired.emplace_back(i, *it);
-        it = q.queue.erase(it);
-      } else {
-        if (!earliest || it->deadline < *earliest) earliest = it->deadline;
-        ++it;
-      }
+    q.tidy();
+    while (!q.deadlines.empty() && q.deadlines.top().first <= now) {
+      auto seq = q.deadlines.top().second;
+      q.deadlines.pop();
+      if (q.is_dead(seq)) continue;
+      out.expired.emplace_back(i, q.queue[seq - q.front_seq]);
+      bury(q, seq);
     }
-    if (earliest) want_tick(*earliest);
-    if (q.queue.empty() || q.in_flight >= q.max_in_flight) continue;
+    q.tidy();
+    if (q.live == 0) continue;
+    auto earliest = q.deadlines.top().first;
+    want_tick(earliest);
+    if (q.in_flight >= q.max_in_flight) continue;
     queue_view v;
     v.head_age_s = seconds_between(q.queue.front().arrival, now);
-    v.queued = q.queue.size();
+    v.queued = q.live;
     v.resident = q.resident;
-    v.slack_s = seconds_between(now, *earliest);
+    v.slack_s = seconds_between(now, earliest);
     v.priority = q.priority;
     views_.push_back(std::move(v));
     view_models_.push_back(i);
@@ -84,17 +114,33 @@ dispatch_decisions batcher::dispatch(time_point now) {
   if (views_.empty()) return out;
   const double window = std::chrono::duration<double>(opts_.batch_window).count();
   for (auto vi : policy_->order(views_)) {
-    auto& q = queues_[view_models_[vi]];
-    bool full = q.queue.size() >= opts_.max_batch_size;
+    auto model = view_models_[vi];
+    auto& q = queues_[model];
+    bool full = q.live >= opts_.max_batch_size;
     if (!full && views_[vi].head_age_s < window) {
       want_tick(q.queue.front().arrival + opts_.batch_window);
       continue;
     }
     batch_plan b;
-    b.model = view_models_[vi];
-    auto n = std::min<size_t>(q.queue.size(), opts_.max_batch_size);
-    b.rows.assign(q.queue.begin(), q.queue.begin() + static_cast<std::ptrdiff_t>(n));
-    q.queue.erase(q.queue.begin(), q.queue.begin() + static_cast<std::ptrdiff_t>(n));
+    b.model = model;
+    while (b.rows.size() < opts_.max_batch_size && q.live > 0) {
+      q.tidy();
+      auto e = q.queue.front();
+      q.queue.pop_front();
+      q.dead.pop_front();
+      ++q.front_seq;
+      --q.live;
+      if (e.drop_late) {
+        auto est = estimate_s(model, e.steps);
+        if (est && now + from_seconds(*est) > e.deadline) {
+          out.dropped.emplace_back(model, e);
+          continue;
+        }
+      }
+      b.rows.push_back(e);
+    }
+    q.tidy();
+    if (b.rows.empty()) continue;  // every one of them was dropped
     ++q.in_flight;
     out.batches.push_back(std::move(b));
   }
@@ -104,6 +150,34 @@ dispatch_decisions batcher::dispatch(time_point now) {
 void batcher::batch_ended(uint32_t model) {
   auto& q = queues_[model];
   if (q.in_flight > 0) --q.in_flight;
+}
+
+namespace {
+
+/// A moving average that starts at its first sample.
+void average_into(double& avg, double sample) {
+  if (!(sample >= 0) || !std::isfinite(sample)) return;
+  avg = avg <= 0 ? sample : avg + 0.25 * (sample - avg);
+}
+
+}  // namespace
+
+void batcher::note_steps(uint32_t model, double seconds, int64_t steps) {
+  if (steps < 1) return;
+  average_into(queues_[model].step_s, seconds / static_cast<double>(steps));
+}
+
+void batcher::note_load(uint32_t model, double seconds) {
+  average_into(queues_[model].load_s, seconds);
+}
+
+std::optional<double> batcher::estimate_s(uint32_t model, int64_t steps) const {
+  auto& q = queues_[model];
+  if (q.step_s <= 0) return std::nullopt;
+  // A batch of the model in flight is loading it already (or runs on it): a later batch
+  // does not pay a whole load again.
+  bool load = !q.resident && q.in_flight == 0;
+  return (load ? q.load_s : 0.0) + q.step_s * static_cast<double>(std::max<int64_t>(1, steps));
 }
 
 void batcher::set_resident(uint32_t model, bool resident) {

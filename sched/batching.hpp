@@ -4,6 +4,7 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <queue>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,12 @@ struct queued_entry {
   uint64_t key = 0;
   time_point arrival{};
   time_point deadline{};
+  /// Forward steps it needs (its max_tokens): the service estimate scales with them.
+  int64_t steps = 1;
+  /// The client asked for a refusal rather than a late answer (SLO-aware dispatch).
+  bool drop_late = false;
+  /// Position in its model's queue (the batcher's; callers leave it alone).
+  uint64_t seq = 0;
 };
 
 /// A batch to start: requests of one model, in queue order.
@@ -51,6 +58,11 @@ struct batch_plan {
 struct dispatch_decisions {
   /// Requests whose deadline passed in the queue: they fail with deadline_exceeded.
   std::vector<std::pair<uint32_t, queued_entry>> expired;
+  /// Requests that asked to be dropped rather than served late and would be: at their
+  /// turn, the model's expected service time (its load if it is not resident, then its
+  /// steps) runs past their deadline. They fail with deadline_exceeded and `estimate_s`
+  /// of the model says why.
+  std::vector<std::pair<uint32_t, queued_entry>> dropped;
   /// Batches to start, in order (each counts as in flight until batch_ended).
   std::vector<batch_plan> batches;
   /// When to dispatch again (a batch window closes, a deadline passes), if ever.
@@ -68,9 +80,10 @@ class batcher {
   size_t model_count() const { return queues_.size(); }
 
   /// Admits a request into its model's queue, or refuses it (overloaded: the queue is
-  /// full). Returns the deadline it got.
+  /// full). Returns the deadline it got. `steps` and `drop_late` as in queued_entry.
   std::optional<refusal> admit(uint32_t model, uint64_t key, time_point now, int64_t deadline_ms,
-                               time_point* deadline = nullptr);
+                               time_point* deadline = nullptr, int64_t steps = 1,
+                               bool drop_late = false);
 
   /// Expires what passed its deadline, then forms batches in the dispatch policy's order:
   /// a queue goes when it is full or its head waited a batch window.
@@ -78,10 +91,22 @@ class batcher {
 
   /// A batch of `model` ended (or never ran).
   void batch_ended(uint32_t model);
+  /// Measured service, for the estimates drop_late requests are judged by: a batch of
+  /// `steps` forward steps computed for `seconds`; a load takes `seconds` at the links'
+  /// nominal rates. Both are the work alone, moving averages: waits (for room, a link, a busy pipeline stage)
+  /// are no property of the model, and counting them fed back (under load the estimates
+  /// grew, more was dropped, and a model whose requests were all dropped never loaded
+  /// again). So a request is dropped when it cannot make its deadline even unhindered.
+  void note_steps(uint32_t model, double seconds, int64_t steps);
+  void note_load(uint32_t model, double seconds);
+  /// Seconds a request of `steps` steps is expected to take from its dispatch now (a load
+  /// first if the model is not resident and no batch of it is in flight, which would be
+  /// loading it); unset before the model's first measured batch.
+  std::optional<double> estimate_s(uint32_t model, int64_t steps) const;
   /// The manager's belief about residency, for resident-first.
   void set_resident(uint32_t model, bool resident);
   bool resident(uint32_t model) const { return queues_[model].resident; }
-  size_t queued(uint32_t model) const { return queues_[model].queue.size(); }
+  size_t queued(uint32_t model) const { return queues_[model].live; }
   int32_t in_flight(uint32_t model) const { return queues_[model].in_flight; }
   const std::string& name(uint32_t model) const { return queues_[model].name; }
   const batching_options& options() const { return opts_; }
@@ -89,14 +114,36 @@ class batcher {
  private:
   batcher(batching_options opts, std::unique_ptr<dispatch_policy> policy);
 
+  /// A queue whose every operation costs O(log n) or less: entries that leave from the
+  /// middle (expired) stay as tombstones until they reach the front, and deadlines sit in
+  /// a heap that forgets entries lazily, so a pass never scans the whole queue (the
+  /// simulator runs queues of 10^5).
   struct model_queue {
     std::string name;
     std::deque<queued_entry> queue;
+    std::deque<bool> dead;
+    /// seq of queue.front(); entries are numbered in admission order.
+    uint64_t front_seq = 0;
+    uint64_t next_seq = 0;
+    size_t live = 0;
+    std::priority_queue<std::pair<time_point, uint64_t>,
+                        std::vector<std::pair<time_point, uint64_t>>,
+                        std::greater<std::pair<time_point, uint64_t>>>
+        deadlines;
     int32_t max_in_flight = 1;
     int32_t in_flight = 0;
     int32_t priority = 0;
     bool resident = false;
+    /// Moving averages of seconds per forward step and per load (0: none measured).
+    double step_s = 0;
+    double load_s = 0;
+
+    bool is_dead(uint64_t seq) const { return seq < front_seq || dead[seq - front_seq]; }
+    /// Drops tombstones from the front and stale heap entries from the top.
+    void tidy();
   };
+  /// Ends entry `seq` of a queue (it expired or was dropped).
+  static void bury(model_queue& q, uint64_t seq);
   batching_options opts_;
   std::unique_ptr<dispatch_policy> policy_;
   std::vector<model_queue> queues_;

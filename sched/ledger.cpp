@@ -118,6 +118,10 @@ uint64_t ledger::free_bytes(size_t d) const {
 acquire_result ledger::acquire(model_id id, time_point now) {
   auto& m = models_[id];
   if (lost_device(m) >= 0) return acquire_result::unavailable;
+  if (m.prefetched) {
+    m.prefetched = false;
+    ++m.prefetch_hits;
+  }
   if (m.state == model_state::resident && !m.draining) {
     ++m.leases;
     m.last_used = now;
@@ -225,10 +229,12 @@ void ledger::load_failed(model_id id) {
   free_shards(m);
   m.state = model_state::offloaded;
   m.wanted = false;
+  m.prefetched = false;
 }
 
 void ledger::evict_done(model_id id) {
   auto& m = models_[id];
+  m.prefetched = false;
   free_shards(m);
   m.state = model_state::offloaded;
   ++m.evictions;
@@ -283,6 +289,17 @@ void ledger::find_devices(const std::vector<int32_t>& devs) {
       devices_[static_cast<size_t>(d)].lost = false;
 }
 
+double ledger::load_seconds(model_id id) const {
+  auto& m = models_[id];
+  double slowest = 0;
+  for (size_t k = 0; k < m.where.devices.size(); ++k) {
+    auto gbps = devices_[static_cast<size_t>(m.where.devices[k])].slot.link_gbps;
+    if (!(gbps > 0)) gbps = 10.0;  // unknown: as the victim policies assume
+    slowest = std::max(slowest, static_cast<double>(m.where.bytes[k]) / (gbps * 1e9));
+  }
+  return slowest;
+}
+
 std::string ledger::never_fits(model_id id) const {
   auto& m = models_[id];
   for (size_t i = 0; i < m.where.devices.size(); ++i) {
@@ -301,20 +318,64 @@ std::string ledger::never_fits(model_id id) const {
   return {};
 }
 
-ledger::room ledger::make_room(model_id id, time_point now, decisions& out) {
-  auto& m = models_[id];
-  // Bytes each device is short by: of free bytes, or of one free block when the device
-  // reported fragmentation (evicting a neighbour is what joins blocks).
+std::map<size_t, int64_t> ledger::shortfall(const model_entry& m, bool* fits_in_bytes) const {
   std::map<size_t, int64_t> short_bytes;
-  bool fits_in_bytes = true;
+  *fits_in_bytes = true;
   for (size_t i = 0; i < m.where.devices.size(); ++i) {
     auto d = static_cast<size_t>(m.where.devices[i]);
     auto have = free_bytes(d);
-    fits_in_bytes = fits_in_bytes && m.where.bytes[i] <= have;
+    *fits_in_bytes = *fits_in_bytes && m.where.bytes[i] <= have;
     if (auto lf = devices_[d].largest_free_bytes) have = std::min(have, *lf);
     auto need = static_cast<int64_t>(m.where.bytes[i]) - static_cast<int64_t>(have);
     if (need > 0) short_bytes[d] = need;
   }
+  return short_bytes;
+}
+
+bool ledger::cover(const std::vector<model_id>& candidates, std::map<size_t, int64_t>& short_bytes,
+                   time_point now, std::vector<model_id>& victims) const {
+  auto covered = [&] {
+    for (auto& [d, b] : short_bytes)
+      if (b > 0) return false;
+    return true;
+  };
+  std::vector<victim_candidate> cands;
+  std::vector<model_id> ids;
+  for (auto o : candidates) {
+    auto& other = models_[o];
+    uint64_t freed = 0;
+    double slowest = 0;
+    for (size_t k = 0; k < other.where.devices.size(); ++k) {
+      auto d = static_cast<size_t>(other.where.devices[k]);
+      if (short_bytes.count(d) > 0) freed += other.where.bytes[k];
+      auto gbps = devices_[d].slot.link_gbps > 0 ? devices_[d].slot.link_gbps : 10.0;
+      slowest = std::max(slowest, static_cast<double>(other.where.bytes[k]) / (gbps * 1e9));
+    }
+    if (freed == 0) continue;
+    double idle = other.last_used ? seconds_between(*other.last_used, now) : 1e18;
+    cands.push_back({other.name, freed, idle, slowest, other.demand.rate(now), other.where.priority});
+    ids.push_back(o);
+  }
+  for (auto i : policy_->order(cands)) {
+    auto& v = models_[ids[i]];
+    bool helps = false;
+    for (size_t k = 0; k < v.where.devices.size(); ++k) {
+      auto it = short_bytes.find(static_cast<size_t>(v.where.devices[k]));
+      if (it != short_bytes.end() && it->second > 0) {
+        helps = true;
+        it->second -= static_cast<int64_t>(v.where.bytes[k]);
+      }
+    }
+    if (helps) victims.push_back(ids[i]);
+    if (covered()) return true;
+  }
+  return covered();
+}
+
+ledger::room ledger::make_room(model_id id, time_point now, decisions& out) {
+  auto& m = models_[id];
+  bool fits_in_bytes = true;
+  auto short_bytes = shortfall(m, &fits_in_bytes);
   if (short_bytes.empty()) return room::start;
   // Evictions already under way count as freed.
   for (auto& other : models_)
@@ -329,55 +390,25 @@ ledger::room ledger::make_room(model_id id, time_point now, decisions& out) {
   // Victims by the policy among the lease-free models first (they can go now); when
   // they do not cover, more among the leased ones, and then all of them drain (no new
   // leases) so that this load gets its turn.
-  std::vector<model_id> victims;
-  auto choose = [&](bool leased) {
-    std::vector<victim_candidate> cands;
+  auto resident_others = [&](bool leased) {
     std::vector<model_id> ids;
     for (model_id o = 0; o < models_.size(); ++o) {
       auto& other = models_[o];
-      if (o == id || other.state != model_state::resident || other.pinned ||
-          (other.leases > 0) != leased)
-        continue;
-      uint64_t freed = 0;
-      double slowest = 0;
-      for (size_t k = 0; k < other.where.devices.size(); ++k) {
-        auto d = static_cast<size_t>(other.where.devices[k]);
-        if (short_bytes.count(d) > 0) freed += other.where.bytes[k];
-        auto gbps = devices_[d].slot.link_gbps > 0 ? devices_[d].slot.link_gbps : 10.0;
-        slowest = std::max(slowest, static_cast<double>(other.where.bytes[k]) / (gbps * 1e9));
-      }
-      if (freed == 0) continue;
-      double idle = other.last_used ? seconds_between(*other.last_used, now) : 1e18;
-      cands.push_back(
-          {other.name, freed, idle, slowest, other.demand.rate(now), other.where.priority});
-      ids.push_back(o);
+      if (o != id && other.state == model_state::resident && !other.pinned &&
+          (other.leases > 0) == leased)
+        ids.push_back(o);
     }
-    for (auto i : policy_->order(cands)) {
-      auto& v = models_[ids[i]];
-      bool helps = false;
-      for (size_t k = 0; k < v.where.devices.size(); ++k) {
-        auto it = short_bytes.find(static_cast<size_t>(v.where.devices[k]));
-        if (it != short_bytes.end() && it->second > 0) {
-          helps = true;
-          it->second -= static_cast<int64_t>(v.where.bytes[k]);
-        }
-      }
-      if (helps) victims.push_back(ids[i]);
-      covered = true;
-      for (auto& [d, b] : short_bytes) covered = covered && b <= 0;
-      if (covered) return;
-    }
+    return ids;
   };
-  choose(false);
-  if (covered) {
+  std::vector<model_id> victims;
+  if (cover(resident_others(false), short_bytes, now, victims)) {
     for (auto v : victims) {
       begin_evict(v);
       out.evictions.push_back(v);
     }
     return room::evicting;
   }
-  choose(true);
-  if (covered) {
+  if (cover(resident_others(true), short_bytes, now, victims)) {
     for (auto v : victims) models_[v].draining = true;
     return room::wait;
   }
@@ -385,6 +416,69 @@ ledger::room ledger::make_room(model_id id, time_point now, decisions& out) {
   // wait for a report that may never come (a failed allocation fails the load clearly).
   if (fits_in_bytes) return room::start;
   return room::wait;
+}
+
+void ledger::prefetch(time_point now, decisions& out) {
+  // Candidates: offloaded models in demand whose every link is idle, highest priority
+  // class first, then most in demand.
+  std::vector<std::pair<double, model_id>> cands;
+  std::vector<bool> busy(devices_.size(), false);
+  for (size_t d = 0; d < devices_.size(); ++d) busy[d] = devices_[d].transfers > 0;
+  for (auto& m : models_)
+    if (m.state == model_state::evicting)
+      for (auto d : m.where.devices) busy[static_cast<size_t>(d)] = true;
+  for (model_id id = 0; id < models_.size(); ++id) {
+    auto& m = models_[id];
+    if (m.removed || m.state != model_state::offloaded || m.queued || lost_device(m) >= 0)
+      continue;
+    bool idle = true;
+    for (auto d : m.where.devices) idle = idle && !busy[static_cast<size_t>(d)];
+    auto rate = m.demand.rate(now);
+    if (idle && rate > 0) cands.emplace_back(rate, id);
+  }
+  std::sort(cands.begin(), cands.end(), [&](auto& a, auto& b) {
+    auto pa = models_[a.second].where.priority, pb = models_[b.second].where.priority;
+    if (pa != pb) return pa > pb;
+    if (a.first != b.first) return a.first > b.first;
+    return a.second < b.second;
+  });
+  for (auto& [rate, id] : cands) {
+    auto& m = models_[id];
+    if (!never_fits(id).empty()) continue;
+    bool fits_in_bytes = true;
+    auto short_bytes = shortfall(m, &fits_in_bytes);
+    std::vector<model_id> victims;
+    if (!short_bytes.empty()) {
+      // Only what is less likely to be used goes: lease-free, unpinned, of no higher
+      // class, and clearly less in demand.
+      std::vector<model_id> allowed;
+      for (model_id o = 0; o < models_.size(); ++o) {
+        auto& other = models_[o];
+        if (o != id && other.state == model_state::resident && !other.pinned &&
+            other.leases == 0 && !other.draining && other.where.priority <= m.where.priority &&
+            other.demand.rate(now) * prefetch_margin < rate)
+          allowed.push_back(o);
+      }
+      if (!cover(allowed, short_bytes, now, victims)) continue;
+    }
+    ++m.prefetches;
+    m.prefetched = true;
+    if (victims.empty()) {
+      begin_load(id);
+      out.loads.push_back(id);
+      return;
+    }
+    // Room first: the load waits in the queue, as a requested one would, until the
+    // evictions are done.
+    for (auto v : victims) {
+      begin_evict(v);
+      out.evictions.push_back(v);
+    }
+    m.wanted = true;
+    m.queued = true;
+    pending_.push_back(id);
+    return;
+  }
 }
 
 decisions ledger::pump(time_point now) {
@@ -434,6 +528,7 @@ decisions ledger::pump(time_point now) {
       out.undrained.push_back(id);
     }
   }
+  if (opts_.prefetch && pending_.empty() && out.empty()) prefetch(now, out);
   return out;
 }
 

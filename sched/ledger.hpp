@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -67,6 +68,12 @@ struct model_entry {
   demand_meter demand;
   uint64_t loads = 0;
   uint64_t evictions = 0;
+  /// Loads started by prefetch, and how many of those a batch used before the model
+  /// was evicted again (a prefetch that paid off).
+  uint64_t prefetches = 0;
+  uint64_t prefetch_hits = 0;
+  /// Loaded (or loading) by a prefetch and not used since.
+  bool prefetched = false;
   /// Unregistered: its name is free again and its id is never used again (ids stay
   /// dense, so the entry stays, offloaded and unpinned).
   bool removed = false;
@@ -119,7 +126,15 @@ struct ledger_options {
   std::string policy = "lru";
   /// Loads that may copy over one device's link at once; more queue.
   uint32_t max_transfers_per_link = 1;
+  /// Prefetch: when nothing waits to load and a model's links are idle, load the model
+  /// most in demand that is not resident, if room can be made without evicting a leased,
+  /// pinned or higher-priority model or one nearly as much in demand (see prefetch_margin).
+  bool prefetch = false;
 };
+
+/// A prefetch evicts only models whose demand is below the candidate's divided by this:
+/// with two models of about equal demand, each would otherwise evict the other in turn.
+inline constexpr double prefetch_margin = 2;
 
 class ledger {
  public:
@@ -187,6 +202,9 @@ class ledger {
   std::vector<model_id> lose(const std::vector<int32_t>& devices);
   void find_devices(const std::vector<int32_t>& devices);
 
+  /// Seconds a load of the model takes at its links' nominal rates (its slowest shard):
+  /// what it costs unhindered, for service estimates.
+  double load_seconds(model_id id) const;
   /// What keeps a model from ever fitting (its shard plus pinned models exceed a device),
   /// or empty.
   std::string never_fits(model_id id) const;
@@ -203,6 +221,16 @@ class ledger {
 
   enum class room { start, wait, evicting };
   room make_room(model_id id, time_point now, decisions& out);
+  /// Bytes each of the model's devices is short by (of free bytes, or of one free block
+  /// where a device reported fragmentation); `fits_in_bytes` says whether free bytes alone
+  /// would do.
+  std::map<size_t, int64_t> shortfall(const model_entry& m, bool* fits_in_bytes) const;
+  /// Takes victims in the policy's order from `candidates` until `short_bytes` is covered;
+  /// returns whether it is.
+  bool cover(const std::vector<model_id>& candidates, std::map<size_t, int64_t>& short_bytes,
+             time_point now, std::vector<model_id>& victims) const;
+  /// The prefetch pass (ledger_options::prefetch), at the end of pump.
+  void prefetch(time_point now, decisions& out);
   int32_t lost_device(const model_entry& m) const;
   uint64_t free_bytes(size_t d) const;
   void begin_load(model_id id);

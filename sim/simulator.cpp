@@ -82,6 +82,7 @@ struct batch {
   std::vector<sched::queued_entry> rows;
   time_point dispatched{};
   time_point leased{};
+  int64_t steps = 1;
   bool swapped = false;
   double compute_s = 0;
 };
@@ -105,6 +106,8 @@ class simulator {
       auto id = ledger_->add(m.name, {m.devices, m.shard_bytes, m.pinned, m.priority}, &why);
       if (!id) return why.reason;
       batcher_->add_model(m.name, m.pp, m.priority);
+      // The unhindered load, as the runtime's leases tell its manager.
+      batcher_->note_load(*id, ledger_->load_seconds(*id));
       keys_.push_back(gate_->placement_key(m.tp, m.pp, m.devices));
       stage_free_.emplace_back(static_cast<size_t>(m.pp), time_point{});
     }
@@ -158,6 +161,10 @@ class simulator {
     out.devices = traffic_;
     out.events = events_;
     out.simulated_s = std::max(0.0, sched::seconds_between(origin_, last_done_));
+    for (sched::model_id m = 0; m < ledger_->model_count(); ++m) {
+      out.prefetches += ledger_->model(m).prefetches;
+      out.prefetch_hits += ledger_->model(m).prefetch_hits;
+    }
     return out;
   }
 
@@ -218,7 +225,9 @@ class simulator {
   void arrive(uint32_t key) {
     auto& r = requests_[key];
     ledger_->note_demand(r.model, 1, now_);
-    if (batcher_->admit(r.model, key, now_, 0)) {
+    const bool drop_late = cfg_.drop_late_deadline_ms > 0 && r.measured;
+    if (batcher_->admit(r.model, key, now_, drop_late ? cfg_.drop_late_deadline_ms : 0, nullptr,
+                        r.max_tokens, drop_late)) {
       fail(key, 429, "http_429");
       return;
     }
@@ -234,6 +243,7 @@ class simulator {
   void dispatch() {
     auto d = batcher_->dispatch(now_);
     for (auto& [m, e] : d.expired) fail(static_cast<uint32_t>(e.key), 503, "http_503");
+    for (auto& [m, e] : d.dropped) fail(static_cast<uint32_t>(e.key), 503, "http_503");
     for (auto& plan : d.batches) {
       batch b;
       b.model = plan.model;
@@ -258,7 +268,7 @@ class simulator {
     switch (ledger_->acquire(m, now_)) {
       case sched::acquire_result::granted:
         batches_[id].leased = now_ + sched::from_seconds(cfg_.cost.lease_overhead_s);
-        batcher_->set_resident(m, true);
+        sync_resident();
         runnable_.push_back(id);
         try_run();
         break;
@@ -301,6 +311,7 @@ class simulator {
         auto held = std::move(held_[m]);
         held_[m].clear();
         if (ledger_->model(m).state == model_state::resident) {
+          if (!held.empty()) sync_resident();
           for (auto id : held) {
             ledger_->grant(m, now_);
             batches_[id].leased = now_;
@@ -343,12 +354,8 @@ class simulator {
 
   void load_done(model_id m) {
     ledger_->load_done(m, now_);
-    // The manager's belief: this model is resident, the others on its devices may not be.
-    std::set<int32_t> devs(cfg_.models[m].devices.begin(), cfg_.models[m].devices.end());
-    for (uint32_t o = 0; o < cfg_.models.size(); ++o)
-      for (auto d : cfg_.models[o].devices)
-        if (devs.count(d) > 0) batcher_->set_resident(o, false);
-    batcher_->set_resident(m, true);
+    // A lease granted: the manager learns residency from it (lease::resident).
+    if (!waiting_[m].empty()) sync_resident();
     auto ws = std::move(waiting_[m]);
     waiting_[m].clear();
     for (auto id : ws) {
@@ -426,7 +433,14 @@ class simulator {
       }
     }
     b.compute_s = busy;
+    b.steps = steps;
     return t;
+  }
+
+  /// The manager's view of residency, as a granted lease tells it.
+  void sync_resident() {
+    for (model_id o = 0; o < ledger_->model_count(); ++o)
+      batcher_->set_resident(o, ledger_->state_of(o) == model_state::resident);
   }
 
   void release(model_id m) {
@@ -440,6 +454,7 @@ class simulator {
     gate_->finish(sm.devices);
     release(b.model);
     batcher_->batch_ended(b.model);
+    batcher_->note_steps(b.model, b.compute_s, b.steps);
     for (auto& e : b.rows) {
       auto& r = requests_[e.key];
       if (!r.measured) continue;

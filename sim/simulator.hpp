@@ -80,6 +80,9 @@ struct sim_config {
   /// does this against the runtime), so the models resident at the start are the last
   /// ones that fit. Not part of the results.
   bool warm_up = false;
+  /// Above 0: every request has this deadline and asks to be dropped rather than served
+  /// late (loadgen --drop-late with --slo).
+  int64_t drop_late_deadline_ms = 0;
 };
 
 struct sim_result {
@@ -89,6 +92,9 @@ struct sim_result {
   /// Events processed, and the simulated seconds from the first arrival to the last answer.
   uint64_t events = 0;
   double simulated_s = 0;
+  /// Loads started by prefetch (scheduler.prefetch) and those a batch then used.
+  uint64_t prefetches = 0;
+  uint64_t prefetch_hits = 0;
 };
 
 /// Checks a config: devices, placements (devices exist, one per shard), options.

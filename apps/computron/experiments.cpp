@@ -327,6 +327,10 @@ int run_experiment1(const experiment_options& o) {
 }
 
 int run_experiment2(const experiment_options& o) {
+  if (o.drop_late && !(o.slo_s >= 0.001)) {
+    std::cerr << "computron bench exp2: --drop-late needs --slo (of at least 0.001 s)\n";
+    return 2;
+  }
   auto dir = output_dir(o, "exp2");
   if (!dir) {
     std::cerr << "computron bench exp2: " << render(dir.error()) << '\n';
@@ -349,6 +353,7 @@ int run_experiment2(const experiment_options& o) {
               << std::flush;
   json cells = json::array();
   size_t cell = 0;
+  double slo_sum = 0;
   for (auto& g : exp2_groups) {
     for (size_t ri = 0; ri < g.rate_lists.size(); ++ri) {
       for (size_t ci = 0; ci < 3; ++ci, ++cell) {
@@ -393,13 +398,15 @@ int run_experiment2(const experiment_options& o) {
         lo.server = srv->at;
         lo.seed = o.seed + cell;
         lo.max_connections = 1024;
+        if (o.drop_late) lo.deadline_ms = static_cast<uint32_t>(std::lround(o.slo_s * 1000));
         auto run = net::run_loadgen(*sched, srv->models, lo);
         srv->proc->stop(30s);
         if (!run) {
           std::cerr << "computron bench exp2: " << render(run.error()) << '\n';
           return 1;
         }
-        auto s = workload::summarize_run(names, run->records, 0, run->devices);
+        auto s = workload::summarize_run(names, run->records, o.slo_s, run->devices);
+        slo_sum += s.overall.slo_attainment;
         json extra{{"cell", label}, {"config", name + ".json"}};
         if (auto err = workload::write_report((*dir / name).string(), s, run->records, run->swaps,
                                               extra.dump()))
@@ -422,6 +429,7 @@ int run_experiment2(const experiment_options& o) {
                          {"original_mean_s", orig},
                          {"ratio", s.overall.latency.mean / orig},
                          {"model_loads", loads},
+                         {"slo_attainment", s.overall.slo_attainment},
                          {"report", (*dir / name).string()}});
         if (!o.json)
           std::cout << fmt::format(
@@ -443,10 +451,16 @@ int run_experiment2(const experiment_options& o) {
                       {"seed", o.seed},
                       {"duration_s", o.duration_s},
                       {"batch_window_ms", o.batch_window_ms},
+                      {"slo_s", o.slo_s},
+                      {"drop_late", o.drop_late},
                       {"cells", cells}}
                      .dump()
               << '\n';
   } else {
+    if (o.slo_s > 0 && !cells.empty())
+      std::cout << fmt::format("\nSLO {} s{}: attainment {:.4f} (mean over {} cells)\n", o.slo_s,
+                               o.drop_late ? ", drop_late" : "",
+                               slo_sum / static_cast<double>(cells.size()), cells.size());
     std::cout << "\nratio: our mean / the original's (target <= 0.5). swaps: model loads (per "
                  "device). Reports and configs in "
               << dir->string() << '\n';

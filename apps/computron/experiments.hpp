@@ -21,6 +21,10 @@ struct experiment_options {
   /// Experiment 2: how long the server waits to fill a batch (the original ticked every
   /// 10 ms).
   int batch_window_ms = 5;
+  /// Experiment 2: an SLO in seconds (0: none) for the attainment figure, and whether
+  /// each request carries it as its deadline with drop_late (loadgen --drop-late).
+  double slo_s = 0;
+  bool drop_late = false;
   /// Experiment 2: only the cells whose label contains this (e.g. "(10,1,1)").
   std::string only;
   /// Keep each run's server config and loadgen report here (empty: a temporary folder).

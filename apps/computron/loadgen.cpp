@@ -73,6 +73,8 @@ std::string check_workload_flags(const loadgen_cli& cli) {
   if (cli.prompt_len < 1) return "--prompt-len must be at least 1";
   if (cli.max_tokens < 1) return "--max-tokens must be at least 1";
   if (!(cli.slo_s >= 0) || !std::isfinite(cli.slo_s)) return "--slo must be 0 or more seconds";
+  if (cli.drop_late && !(cli.slo_s >= 0.001))
+    return "--drop-late needs --slo (of at least 0.001 s): it becomes each request's deadline";
   if (!cli.trace.empty() &&
       (!cli.models.empty() || !cli.rates.empty() || cli.power_law_alpha || cli.total_rate))
     return "--trace replays a file: it takes no --models, --rates, --power-law or --total-rate";
@@ -189,6 +191,7 @@ int run_loadgen_cli(const loadgen_cli& cli) {
   o.server = *at;
   o.prompt_len = cli.prompt_len;
   o.max_tokens = cli.max_tokens;
+  if (cli.drop_late) o.deadline_ms = static_cast<uint32_t>(std::lround(cli.slo_s * 1000));
   o.seed = cli.seed;
   o.max_connections = cli.max_connections;
   o.request_timeout = std::chrono::milliseconds(static_cast<int64_t>(cli.timeout_s * 1000));

@@ -27,6 +27,9 @@ struct loadgen_cli {
   int64_t prompt_len = 8;
   int64_t max_tokens = 1;
   double slo_s = 0;
+  /// Requests carry the SLO as their deadline and ask to be refused rather than served
+  /// late (infer_request::drop_late).
+  bool drop_late = false;
   bool json = false;
   std::string report_dir;
   size_t max_connections = 256;

@@ -285,6 +285,10 @@ int main(int argc, char** argv) {
   exp2_cmd->add_option("--batch-window-ms", exp.batch_window_ms, "server's batch window")
       ->capture_default_str()
       ->check(CLI::Range(0, 1000));
+  exp2_cmd->add_option("--slo", exp.slo_s, "latency SLO in seconds: attainment per cell")
+      ->check(CLI::Range(0.0, 3600.0));
+  exp2_cmd->add_flag("--drop-late", exp.drop_late,
+                     "requests carry the SLO as their deadline with drop_late (needs --slo)");
 
   // devices
   auto devices_cmd = app.add_subcommand("devices", "list the devices this process would use");
@@ -406,6 +410,9 @@ int main(int argc, char** argv) {
   lg_cmd->add_option("--max-tokens", lg.max_tokens, "tokens generated per request")
       ->capture_default_str();
   lg_cmd->add_option("--slo", lg.slo_s, "latency SLO in seconds for the attainment figure");
+  lg_cmd->add_flag("--drop-late", lg.drop_late,
+                   "send the SLO as each request's deadline, asking to be refused rather than "
+                   "answered late (needs --slo)");
   lg_cmd->add_flag("--json", lg.json, "print the summary as one JSON object");
   lg_cmd->add_option("--report", lg.report_dir,
                      "write summary.json, requests.csv and SVG plots into this folder");
@@ -441,6 +448,9 @@ int main(int argc, char** argv) {
   sim_cmd->add_option("--max-tokens", sim.workload.max_tokens, "tokens generated per request")
       ->capture_default_str();
   sim_cmd->add_option("--slo", sim.workload.slo_s, "latency SLO in seconds");
+  sim_cmd->add_flag("--drop-late", sim.workload.drop_late,
+                    "the SLO is each request's deadline, refused rather than served late "
+                    "(needs --slo)");
   sim_cmd->add_flag("--json", sim.workload.json, "print the summary as one JSON object");
   sim_cmd->add_option("--report", sim.workload.report_dir,
                       "write summary.json, requests.csv and SVG plots into this folder");

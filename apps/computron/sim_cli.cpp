@@ -143,7 +143,8 @@ caf::expected<sim::sim_config> sim_config_from(const serve_config& cfg,
                                                                       ? gpu::device_kind::cuda
                                                                       : gpu::device_kind::emulated);
   out.workspace_bytes = cfg.runtime.scheduler.workspace_bytes;
-  out.scheduler = {cfg.runtime.scheduler.policy, cfg.runtime.scheduler.max_transfers_per_link};
+  out.scheduler = {cfg.runtime.scheduler.policy, cfg.runtime.scheduler.max_transfers_per_link,
+                   cfg.runtime.scheduler.prefetch};
   out.batching = actors::batching_of(cfg.runtime.manager);
   out.cost = cost;
   if (!(cost.tflops > 0)) return bad("the simulator needs a compute rate: tflops above 0");
@@ -224,6 +225,8 @@ int run_sim_cli(const sim_cli& cli) {
   sc->prompt_len = cli.workload.prompt_len;
   sc->max_tokens = cli.workload.max_tokens;
   sc->warm_up = cli.warm_up;
+  if (cli.workload.drop_late)
+    sc->drop_late_deadline_ms = static_cast<int64_t>(std::lround(cli.workload.slo_s * 1000));
   std::vector<std::string> known;
   for (auto& m : sc->models) known.push_back(m.name);
   std::string described;
@@ -248,6 +251,13 @@ int run_sim_cli(const sim_cli& cli) {
                {"lease_overhead_s", sc->cost.lease_overhead_s},
                {"tflops", sc->cost.tflops}}},
              {"events", result.events},
+             {"scheduler",
+              {{"policy", sc->scheduler.policy},
+               {"prefetch", sc->scheduler.prefetch},
+               {"prefetches", result.prefetches},
+               {"prefetch_hits", result.prefetch_hits},
+               {"dispatch", sc->batching.dispatch},
+               {"drop_late", sc->drop_late_deadline_ms > 0}}},
              {"simulator_wall_s", wall}};
   if (cli.workload.json) {
     std::cout << workload::to_json(summary, extra.dump()) << '\n';

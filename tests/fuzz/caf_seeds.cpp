@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
   r.tokens = {2, 100, 200};
   r.max_tokens = 4;
   r.sampling = s;
+  r.drop_late = true;
   step_request st;
   st.model = "opt-a";
   st.prompts = {{1, 2}, {3}};
@@ -88,7 +89,7 @@ int main(int argc, char** argv) {
   seed(8, "step_result", step_result{{7, 8}, 1.5});
   seed(9, "device_reports", std::vector<device_report>{d, d});
   seed(10, "model_placement", model_placement{"opt-a", {0, 1}, {10, 20}, false, 1});
-  seed(11, "lease", lease{"opt-a", true, 2.5});
+  seed(11, "lease", lease{"opt-a", true, 2.5, 2.0, {"opt-a", "opt-b"}});
   seed(12, "residency_reports", std::vector<residency_report>{rr});
   seed(13, "device_usage", std::vector<device_usage>{device_usage{0, 100, 50, 1}});
   seed(14, "infer_request", r);

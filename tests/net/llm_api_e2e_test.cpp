@@ -327,3 +327,41 @@ TEST_CASE("swap metrics per model and device, zero from the start", "[net][e2e][
   CHECK(loads("raw") == 0);
   CHECK(s.metric("computron_model_bytes_loaded_total{device=\"0\",model=\"toy\"}") == 1048576);
 }
+
+TEST_CASE("a request that asks for drop_late is refused at its turn when it would be late",
+          "[net][e2e][slo]") {
+  server s;
+  json infer{
+      {"inputs",
+       {{{"name", "input_ids"}, {"datatype", "INT64"}, {"shape", {1, 1}}, {"data", {5}}}}},
+      {"parameters", {{"max_tokens", 4}}}};
+  // The first batch teaches the manager what a step of "slow" costs (20 ms).
+  REQUIRE(s.post("/v2/models/slow/infer", infer).status == 200);
+  // Four steps (about 80 ms) cannot end within 40 ms: refused at its turn, long before
+  // its deadline passes in the queue, and saying why.
+  auto late = infer;
+  late["parameters"]["deadline_ms"] = 40;
+  late["parameters"]["drop_late"] = true;
+  auto r = s.post("/v2/models/slow/infer", late);
+  CHECK(r.status == 503);
+  CHECK_THAT(r.body, Catch::Contains("would miss its deadline") && Catch::Contains("drop_late"));
+  // Without drop_late the same request is served, late.
+  late["parameters"]["drop_late"] = false;
+  CHECK(s.post("/v2/models/slow/infer", late).status == 200);
+  // With time enough it is served; the text routes take the setting too.
+  late["parameters"]["deadline_ms"] = 10000;
+  late["parameters"]["drop_late"] = true;
+  CHECK(s.post("/v2/models/slow/infer", late).status == 200);
+  r = s.post("/v1/completions", {{"model", "slow"},
+                                 {"prompt", "a"},
+                                 {"max_tokens", 4},
+                                 {"deadline_ms", 40},
+                                 {"drop_late", true}});
+  CHECK(r.status == 503);
+  CHECK_THAT(r.body, Catch::Contains("would miss its deadline"));
+  // A non-boolean is a 400 naming the field.
+  late["parameters"]["drop_late"] = "yes";
+  r = s.post("/v2/models/slow/infer", late);
+  CHECK(r.status == 400);
+  CHECK_THAT(r.body, Catch::Contains("drop_late"));
+}

@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include <set>
+
 #include "sched/batching.hpp"
 
 using namespace computron;
@@ -128,4 +130,115 @@ TEST_CASE("batching options are checked", "[sched][batching]") {
   o.dispatch = "lifo";
   CHECK_FALSE(batcher::make(o, &why));
   CHECK(why.code == ec::invalid_configuration);
+}
+
+TEST_CASE("requests that asked to be dropped rather than served late are dropped at their turn",
+          "[sched][batching][slo]") {
+  batching_options o;
+  o.batch_window = 0ms;
+  auto b = make(o);
+  auto m = b->add_model("m", 8);
+  time_point t{};
+  auto keys = [](const std::vector<std::pair<uint32_t, queued_entry>>& es) {
+    std::vector<uint64_t> out;
+    for (auto& e : es) out.push_back(e.second.key);
+    return out;
+  };
+  // Nothing measured yet: no estimate, nothing is dropped.
+  CHECK_FALSE(b->estimate_s(m, 1));
+  b->admit(m, 1, t, 10, nullptr, 1, true);
+  auto d = b->dispatch(t);
+  CHECK(d.dropped.empty());
+  REQUIRE(d.batches.size() == 1);
+
+  // 100 ms a step, a load of 1 s.
+  b->note_steps(m, 0.2, 2);
+  b->note_load(m, 1.0);
+  b->batch_ended(m);
+  CHECK(*b->estimate_s(m, 3) == Approx(1.3));  // not resident: the load comes first
+  b->set_resident(m, true);
+  CHECK(*b->estimate_s(m, 3) == Approx(0.3));
+  b->admit(m, 2, t, 50, nullptr, 1, true);    // 100 ms of work, 50 ms left: dropped
+  b->admit(m, 3, t, 500, nullptr, 1, true);   // fits
+  b->admit(m, 4, t, 50, nullptr, 1, false);   // late, but it did not ask: served
+  b->admit(m, 5, t, 250, nullptr, 3, true);   // three steps, 300 ms: dropped
+  d = b->dispatch(t);
+  CHECK(keys(d.dropped) == std::vector<uint64_t>{2, 5});
+  REQUIRE(d.batches.size() == 1);
+  std::vector<uint64_t> batched;
+  for (auto& e : d.batches[0].rows) batched.push_back(e.key);
+  CHECK(batched == std::vector<uint64_t>{3, 4});
+  CHECK(b->queued(m) == 0);
+
+  // Not resident, the load counts: 500 ms is not enough any more; but not while a batch
+  // of the model is in flight (it is loading the model already).
+  b->set_resident(m, false);
+  CHECK(*b->estimate_s(m, 1) == Approx(0.1));
+  b->batch_ended(m);
+  CHECK(*b->estimate_s(m, 1) == Approx(1.1));
+  b->admit(m, 6, t, 500, nullptr, 1, true);
+  d = b->dispatch(t);
+  CHECK(keys(d.dropped) == std::vector<uint64_t>{6});
+  CHECK(d.batches.empty());
+  // The averages move towards new measurements.
+  b->note_steps(m, 0.5, 1);
+  CHECK(*b->estimate_s(m, 1) == Approx(1.0 + 0.1 + 0.25 * 0.4));
+}
+
+TEST_CASE("the queue matches a plain list under random admissions, expiries and batches",
+          "[sched][batching]") {
+  // The batcher's queue keeps tombstones and a lazy heap; this replays a random history
+  // against a plain vector that scans everything, the obvious (slow) implementation.
+  batching_options o;
+  o.max_batch_size = 4;
+  o.batch_window = 3ms;
+  o.max_queue = 1000;
+  auto b = make(o);
+  auto m = b->add_model("m", 1 << 20);
+  struct ref_entry {
+    uint64_t key;
+    time_point arrival, deadline;
+  };
+  std::vector<ref_entry> ref;
+  uint64_t state = 12345;
+  auto next = [&] {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return state >> 33;
+  };
+  time_point t{};
+  uint64_t key = 1;
+  for (int round = 0; round < 3000; ++round) {
+    t += std::chrono::microseconds(next() % 2000);
+    for (auto n = next() % 4; n > 0; --n) {
+      auto deadline_ms = static_cast<int64_t>(1 + next() % 40);
+      time_point dl;
+      REQUIRE_FALSE(b->admit(m, key, t, deadline_ms, &dl));
+      ref.push_back({key++, t, dl});
+    }
+    auto d = b->dispatch(t);
+    // Expired: exactly those past their deadline.
+    std::set<uint64_t> want_expired, got_expired;
+    std::vector<ref_entry> live;
+    for (auto& e : ref) (e.deadline <= t ? want_expired.insert(e.key), void() : live.push_back(e));
+    for (auto& [_, e] : d.expired) got_expired.insert(e.key);
+    REQUIRE(got_expired == want_expired);
+    ref = std::move(live);
+    // A batch: the first ones in arrival order when full or the head waited its window.
+    std::vector<uint64_t> want_batch, got_batch;
+    if (!ref.empty() && (ref.size() >= 4 || t - ref.front().arrival >= 3ms)) {
+      auto n = std::min<size_t>(4, ref.size());
+      for (size_t i = 0; i < n; ++i) want_batch.push_back(ref[i].key);
+      ref.erase(ref.begin(), ref.begin() + static_cast<std::ptrdiff_t>(n));
+    }
+    for (auto& p : d.batches)
+      for (auto& e : p.rows) got_batch.push_back(e.key);
+    REQUIRE(got_batch == want_batch);
+    REQUIRE(b->queued(m) == ref.size());
+    if (!ref.empty()) {
+      REQUIRE(d.next_tick);
+      auto earliest = ref.front().deadline;
+      for (auto& e : ref) earliest = std::min(earliest, e.deadline);
+      CHECK(*d.next_tick <= earliest);
+    }
+  }
 }

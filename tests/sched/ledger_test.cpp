@@ -15,9 +15,10 @@ struct ledger_fixture {
   std::unique_ptr<ledger> l;
   time_point t{};
 
-  explicit ledger_fixture(const std::string& policy = "lru", uint32_t transfers = 1) {
+  explicit ledger_fixture(const std::string& policy = "lru", uint32_t transfers = 1,
+                          bool prefetch = false) {
     refusal why;
-    l = ledger::make({{100 * mb, 10}, {100 * mb, 10}}, {policy, transfers}, &why);
+    l = ledger::make({{100 * mb, 10}, {100 * mb, 10}}, {policy, transfers, prefetch}, &why);
     REQUIRE(l);
   }
 
@@ -320,4 +321,96 @@ TEST_CASE("a removed model frees its name for any placement and never counts aga
   CHECK(*again != a);
   f.use(*again);
   CHECK(f.l->model(*again).state == model_state::resident);
+}
+
+TEST_CASE("prefetch loads the model most in demand into free room once the links are idle",
+          "[sched][ledger][prefetch]") {
+  ledger_fixture f{"lru", 1, true};
+  auto a = f.add("a"), b = f.add("b");
+  // Nothing is in demand: a pass decides nothing.
+  CHECK(f.l->pump(f.t).empty());
+  f.l->note_demand(a, 1, f.t);
+  f.l->note_demand(b, 5, f.t);
+  auto d = f.l->pump(f.t);
+  // One prefetch per pass, the most wanted first.
+  REQUIRE(d.loads == std::vector<model_id>{b});
+  CHECK(d.evictions.empty());
+  CHECK(f.state(b) == "loading");
+  CHECK(f.l->model(b).prefetches == 1);
+  // Its links are busy: a waits for the next pass after the load.
+  CHECK(f.l->pump(f.t).empty());
+  f.l->load_done(b, f.t);
+  d = f.l->pump(f.t);
+  CHECK(d.loads == std::vector<model_id>{a});
+  f.l->load_done(a, f.t);
+  // A batch that uses a prefetched model counts a hit, once.
+  CHECK(f.l->acquire(b, f.t) == acquire_result::granted);
+  CHECK(f.l->model(b).prefetch_hits == 1);
+  bool last = false;
+  f.l->release(b, f.t, &last);
+  CHECK(f.l->acquire(b, f.t) == acquire_result::granted);
+  CHECK(f.l->model(b).prefetch_hits == 1);
+  CHECK(f.l->model(a).prefetch_hits == 0);
+}
+
+TEST_CASE("prefetch evicts only lease-free models clearly less in demand",
+          "[sched][ledger][prefetch]") {
+  // Room for two of three 40 MB models.
+  ledger_fixture f{"lru", 1, true};
+  auto hot = f.add("hot"), cold = f.add("cold"), next = f.add("next");
+  f.use(hot);
+  f.use(cold);
+  f.l->note_demand(hot, 20, f.t);
+  f.l->note_demand(cold, 4, f.t);
+  SECTION("nearly as wanted: nothing moves") {
+    f.l->note_demand(next, 7, f.t);  // 7 < 4 x 2
+    CHECK(f.l->pump(f.t).empty());
+    CHECK(f.l->model(next).prefetches == 0);
+  }
+  SECTION("clearly more wanted: the cold one goes, never the hot one") {
+    f.l->note_demand(next, 10, f.t);
+    auto d = f.l->pump(f.t);
+    CHECK(d.evictions == std::vector<model_id>{cold});
+    CHECK(d.loads.empty());
+    f.l->evict_done(cold);
+    // The load waits for its room like a requested one, then starts.
+    d = f.l->pump(f.t);
+    CHECK(d.loads == std::vector<model_id>{next});
+    f.l->load_done(next, f.t);
+    CHECK(f.state(hot) == "resident");
+    CHECK(f.state(next) == "resident");
+    CHECK(f.l->model(next).prefetches == 1);
+    // cold is now the most wanted offloaded model, but evicting next (twice as wanted)
+    // is not allowed.
+    CHECK(f.l->pump(f.t).empty());
+  }
+  SECTION("a leased victim is never taken") {
+    f.l->note_demand(next, 10, f.t);
+    REQUIRE(f.l->acquire(cold, f.t) == acquire_result::granted);
+    CHECK(f.l->pump(f.t).empty());
+    CHECK(f.state(cold) == "resident");
+  }
+  SECTION("nor a pinned one") {
+    f.l->note_demand(next, 10, f.t);
+    f.l->pin(cold, true);
+    CHECK(f.l->pump(f.t).empty());
+  }
+}
+
+TEST_CASE("prefetch is off by default and never delays a requested load",
+          "[sched][ledger][prefetch]") {
+  {
+    ledger_fixture f;  // prefetch off
+    auto a = f.add("a");
+    f.l->note_demand(a, 5, f.t);
+    CHECK(f.l->pump(f.t).empty());
+  }
+  ledger_fixture f{"lru", 1, true};
+  auto a = f.add("a"), b = f.add("b");
+  f.l->note_demand(b, 50, f.t);
+  // a is requested: its load goes first, and no prefetch joins a pass that loads.
+  REQUIRE(f.l->acquire(a, f.t) == acquire_result::wait_load);
+  auto d = f.l->pump(f.t);
+  CHECK(d.loads == std::vector<model_id>{a});
+  CHECK(f.l->model(b).prefetches == 0);
 }

@@ -131,3 +131,46 @@ TEST_CASE("the simulator refuses what the runtime refuses", "[sim]") {
   r = run(two_models(), s, &error);
   CHECK(error.find("zz") != std::string::npos);
 }
+
+TEST_CASE("prefetch in the simulator: the model in demand comes back before its request",
+          "[sim][prefetch]") {
+  // a is asked four times at 0 and b once at 5: b's load evicts a. When b's batch ends
+  // (6.1 s), a's decayed demand (4 e^-0.61 / 10 s = 0.22/s) is over twice b's (0.09/s), so
+  // with prefetch a comes back over the idle link and the request at 8 s finds it resident.
+  auto s = arrivals({{0, 0}, {0, 0}, {0, 0}, {0, 0}, {5, 1}, {8, 0}});
+  for (bool prefetch : {false, true}) {
+    auto cfg = two_models();
+    cfg.scheduler.prefetch = prefetch;
+    std::string error;
+    auto r = run(cfg, s, &error);
+    REQUIRE(error.empty());
+    INFO("prefetch " << prefetch);
+    CHECK(r.records[4].latency_s() == Approx(1.1).margin(1e-6));
+    CHECK(r.records[5].latency_s() == Approx(prefetch ? 0.1 : 1.1).margin(1e-6));
+    CHECK(r.records[5].swapped == !prefetch);
+    CHECK(r.prefetches == (prefetch ? 1u : 0u));
+    CHECK(r.prefetch_hits == (prefetch ? 1u : 0u));
+  }
+}
+
+TEST_CASE("drop-late in the simulator refuses at dispatch what expiry refuses after a load",
+          "[sim][slo]") {
+  auto cfg = two_models();
+  cfg.drop_late_deadline_ms = 500;
+  // a cold (its deadline passes while it loads); a warm; b cold (likewise); a cold again:
+  // its 1 s load is known now, so it is refused at once and nothing loads for it.
+  auto s = arrivals({{0, 0}, {5, 0}, {10, 1}, {20, 0}});
+  std::string error;
+  auto r = run(cfg, s, &error);
+  REQUIRE(error.empty());
+  REQUIRE(r.records.size() == 4);
+  CHECK(r.records[0].status == 503);
+  CHECK(r.records[0].done_s == Approx(1.0).margin(1e-6));
+  CHECK(r.records[1].ok());
+  CHECK(r.records[1].latency_s() == Approx(0.1).margin(1e-6));
+  CHECK(r.records[2].status == 503);
+  CHECK(r.records[2].done_s == Approx(11.0).margin(1e-6));
+  CHECK(r.records[3].status == 503);
+  CHECK(r.records[3].done_s == Approx(20.0).margin(1e-6));
+  CHECK(r.devices[0].shard_loads == 2);
+}
