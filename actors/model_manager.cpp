@@ -100,9 +100,8 @@ sched::time_point now(manager_pointer self) {
   return self->clock().now();
 }
 
-/// The manager's belief, for resident-first: `name` is resident now, and a load on its
-/// devices may have evicted every other model there.
-/// Residency as the scheduler saw it when it granted a lease.
+/// Residency as the scheduler saw it when it granted a lease (for resident-first and the
+/// drop_late estimates).
 void note_resident(manager_pointer self, const std::vector<std::string>& resident) {
   auto& st = self->state;
   std::set<std::string> in(resident.begin(), resident.end());
@@ -204,8 +203,7 @@ void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* er
   st.gate->finish(m.cfg.devices);
   self->send(st.scheduler, release_atom_v, b->model);
   st.batcher->batch_ended(m.index);
-  if (!err && b->steps > 0)
-    st.batcher->note_steps(m.index, b->compute_ms / 1e3, b->steps);
+  if (!err && b->steps > 0) st.batcher->note_steps(m.index, b->compute_ms / 1e3, b->steps);
   if (err || !b->caches_dropped)
     for (auto& w : m.cfg.devices)
       self->send(st.workers[static_cast<size_t>(w)], cancel_atom_v, b->model, b->id);

@@ -278,8 +278,7 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
           }
           if (loaded) self->state.ledger->grant(m, now(self));
           rp.deliver(lease{name, loaded, sched::seconds_between(t0, now(self)) * 1e3,
-                           self->state.ledger->load_seconds(m) * 1e3,
-                           resident_names(self)});
+                           self->state.ledger->load_seconds(m) * 1e3, resident_names(self)});
         };
         if (result == sched::acquire_result::wait_drain) {
           st.waiting[m].held.push_back(std::move(grant));
@@ -453,8 +452,8 @@ caf::expected<swap_scheduler_actor> spawn_swap_scheduler(caf::actor_system& sys,
     workers.push_back(d.worker);
   }
   sched::refusal why;
-  auto ledger =
-      sched::ledger::make(std::move(slots), {opts.policy, opts.max_transfers_per_link, opts.prefetch}, &why);
+  auto ledger = sched::ledger::make(
+      std::move(slots), {opts.policy, opts.max_transfers_per_link, opts.prefetch}, &why);
   if (!ledger) return to_error(why);
   if (!opts.obs) opts.obs = null_observer();
   return sys.spawn(swap_scheduler, std::shared_ptr<sched::ledger>(std::move(ledger)),

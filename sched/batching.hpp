@@ -93,9 +93,9 @@ class batcher {
   void batch_ended(uint32_t model);
   /// Measured service, for the estimates drop_late requests are judged by: a batch of
   /// `steps` forward steps computed for `seconds`; a load takes `seconds` at the links'
-  /// nominal rates. Both are the work alone, moving averages: waits (for room, a link, a busy pipeline stage)
-  /// are no property of the model, and counting them fed back (under load the estimates
-  /// grew, more was dropped, and a model whose requests were all dropped never loaded
+  /// nominal rates. Both are the work alone, moving averages: waits (for room, a link, a busy
+  /// pipeline stage) are no property of the model, and counting them fed back (under load the
+  /// estimates grew, more was dropped, and a model whose requests were all dropped never loaded
   /// again). So a request is dropped when it cannot make its deadline even unhindered.
   void note_steps(uint32_t model, double seconds, int64_t steps);
   void note_load(uint32_t model, double seconds);

@@ -353,7 +353,8 @@ bool ledger::cover(const std::vector<model_id>& candidates, std::map<size_t, int
     }
     if (freed == 0) continue;
     double idle = other.last_used ? seconds_between(*other.last_used, now) : 1e18;
-    cands.push_back({other.name, freed, idle, slowest, other.demand.rate(now), other.where.priority});
+    cands.push_back(
+        {other.name, freed, idle, slowest, other.demand.rate(now), other.where.priority});
     ids.push_back(o);
   }
   for (auto i : policy_->order(cands)) {
@@ -429,8 +430,7 @@ void ledger::prefetch(time_point now, decisions& out) {
       for (auto d : m.where.devices) busy[static_cast<size_t>(d)] = true;
   for (model_id id = 0; id < models_.size(); ++id) {
     auto& m = models_[id];
-    if (m.removed || m.state != model_state::offloaded || m.queued || lost_device(m) >= 0)
-      continue;
+    if (m.removed || m.state != model_state::offloaded || m.queued || lost_device(m) >= 0) continue;
     bool idle = true;
     for (auto d : m.where.devices) idle = idle && !busy[static_cast<size_t>(d)];
     auto rate = m.demand.rate(now);
@@ -454,8 +454,8 @@ void ledger::prefetch(time_point now, decisions& out) {
       std::vector<model_id> allowed;
       for (model_id o = 0; o < models_.size(); ++o) {
         auto& other = models_[o];
-        if (o != id && other.state == model_state::resident && !other.pinned &&
-            other.leases == 0 && !other.draining && other.where.priority <= m.where.priority &&
+        if (o != id && other.state == model_state::resident && !other.pinned && other.leases == 0 &&
+            !other.draining && other.where.priority <= m.where.priority &&
             other.demand.rate(now) * prefetch_margin < rate)
           allowed.push_back(o);
       }

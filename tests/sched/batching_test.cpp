@@ -158,10 +158,10 @@ TEST_CASE("requests that asked to be dropped rather than served late are dropped
   CHECK(*b->estimate_s(m, 3) == Approx(1.3));  // not resident: the load comes first
   b->set_resident(m, true);
   CHECK(*b->estimate_s(m, 3) == Approx(0.3));
-  b->admit(m, 2, t, 50, nullptr, 1, true);    // 100 ms of work, 50 ms left: dropped
-  b->admit(m, 3, t, 500, nullptr, 1, true);   // fits
-  b->admit(m, 4, t, 50, nullptr, 1, false);   // late, but it did not ask: served
-  b->admit(m, 5, t, 250, nullptr, 3, true);   // three steps, 300 ms: dropped
+  b->admit(m, 2, t, 50, nullptr, 1, true);   // 100 ms of work, 50 ms left: dropped
+  b->admit(m, 3, t, 500, nullptr, 1, true);  // fits
+  b->admit(m, 4, t, 50, nullptr, 1, false);  // late, but it did not ask: served
+  b->admit(m, 5, t, 250, nullptr, 3, true);  // three steps, 300 ms: dropped
   d = b->dispatch(t);
   CHECK(keys(d.dropped) == std::vector<uint64_t>{2, 5});
   REQUIRE(d.batches.size() == 1);
