@@ -236,9 +236,9 @@ struct lease {
   /// faults), and a measured estimate that high made the manager drop every drop_late
   /// request of a model that was not resident, so it never loaded again to learn better.
   double load_estimate_ms = 0;
-  /// Every model resident when the lease was granted: the manager's view of residency
-  /// (dispatch order, service estimates), which it cannot see change otherwise, as
-  /// evictions happen behind it.
+  /// Every model resident at the grant, for the manager's view of residency (evictions
+  /// happen behind it); empty when unchanged since the last lease (never empty else: the
+  /// leased model is resident).
   std::vector<std::string> resident;
 };
 

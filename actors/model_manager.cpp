@@ -449,7 +449,7 @@ void start_batch(manager_pointer self, const batch_ptr& b) {
             b->load_ms = l.wait_ms;
             b->swapped = l.loaded;
             st.batcher->note_load(st.models.at(b->model).index, l.load_estimate_ms / 1e3);
-            note_resident(self, l.resident);
+            if (!l.resident.empty()) note_resident(self, l.resident);
             st.batcher->set_resident(st.models.at(b->model).index, true);
             st.runnable.push_back(b);
             try_run(self);

@@ -1,6 +1,7 @@
 #include "actors/swap_scheduler.hpp"
 
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include <caf/all.hpp>
@@ -38,6 +39,8 @@ struct swap_scheduler_state {
   /// Indexed by model id.
   std::vector<model_waiters> waiting;
   swap_scheduler_options opts;
+  /// The ledger's residency epoch of the last lease that carried the resident set.
+  std::optional<uint64_t> sent_epoch;
 };
 
 using sched_pointer = swap_scheduler_actor::stateful_pointer<swap_scheduler_state>;
@@ -100,10 +103,13 @@ void note_reports(sched_pointer self, const std::vector<transfer_report>& report
 
 void pump(sched_pointer self);
 
-/// The models resident now (for lease::resident).
+/// The models resident now, for lease::resident; empty when the set has not changed since
+/// the last lease (every lease goes to the one manager, in order, so it still knows it).
 std::vector<std::string> resident_names(sched_pointer self) {
   auto& l = *self->state.ledger;
   std::vector<std::string> out;
+  if (self->state.sent_epoch == l.residency_epoch()) return out;
+  self->state.sent_epoch = l.residency_epoch();
   for (model_id id = 0; id < l.model_count(); ++id)
     if (!l.model(id).removed && l.state_of(id) == model_state::resident)
       out.push_back(l.model(id).name);

@@ -194,8 +194,9 @@ std::pair<float, float> seeded_scale(init_kind kind) {
 // Not under ThreadSanitizer: the clones' ifunc resolver is instrumented and runs during
 // relocation, before TSan's runtime exists (the binary crashed before main).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
-#define COMPUTRON_FILL_CLONES \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), optimize("O3", "fp-contract=off")))
+#define COMPUTRON_FILL_CLONES                                                  \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), \
+                 optimize("O3", "fp-contract=off")))
 #else
 #define COMPUTRON_FILL_CLONES
 #endif

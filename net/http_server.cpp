@@ -161,7 +161,6 @@ class sse_channel {
   virtual void send(std::string payload) = 0;
   /// Ends the response; the connection closes after it.
   virtual void end() = 0;
-  /// `f` runs once, on an I/O thread, if the client goes away before end().
 };
 
 /// Starts a streamed response (200, text/event-stream) on the request's connection.

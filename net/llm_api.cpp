@@ -123,9 +123,26 @@ std::variant<generation_request, request_error> parse_completion(const json& bod
                                                                  int64_t max_tokens) {
   if (!body.is_object()) return request_error{"the body must be a JSON object", ""};
   reader r{body};
-  r.only({"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stop", "seed",
-          "stream", "stream_options", "echo", "logprobs", "best_of", "presence_penalty",
-          "frequency_penalty", "user", "suffix", "deadline_ms", "drop_late"});
+  r.only({"model",
+          "prompt",
+          "max_tokens",
+          "temperature",
+          "top_p",
+          "top_k",
+          "n",
+          "stop",
+          "seed",
+          "stream",
+          "stream_options",
+          "echo",
+          "logprobs",
+          "best_of",
+          "presence_penalty",
+          "frequency_penalty",
+          "user",
+          "suffix",
+          "deadline_ms",
+          "drop_late"});
   generation_request g;
   g.sampling.temperature = 1.0;  // OpenAI's default
   auto model = r.find("model");
@@ -191,9 +208,8 @@ std::variant<generation_request, request_error> parse_generate(const json& body,
                                                                const std::string& model,
                                                                bool stream, int64_t max_tokens) {
   if (!body.is_object()) return request_error{"the body must be a JSON object", ""};
-  static const std::set<std::string> settings = {"max_tokens", "temperature", "top_p",      "top_k",
-                                                 "seed",       "stop",        "deadline_ms",
-                                                 "drop_late"};
+  static const std::set<std::string> settings = {
+      "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "deadline_ms", "drop_late"};
   auto top = settings;
   top.insert({"text_input", "parameters", "id", "stream"});
   reader r{body};

@@ -205,6 +205,7 @@ void ledger::begin_load(model_id id) {
 
 void ledger::begin_evict(model_id id) {
   models_[id].state = model_state::evicting;
+  ++residency_epoch_;
 }
 
 void ledger::free_shards(model_entry& m) {
@@ -218,6 +219,7 @@ void ledger::load_done(model_id id, time_point now) {
   auto& m = models_[id];
   for (auto d : m.where.devices) --devices_[static_cast<size_t>(d)].transfers;
   m.state = model_state::resident;
+  ++residency_epoch_;
   m.wanted = false;
   ++m.loads;
   m.last_used = now;
@@ -242,6 +244,7 @@ void ledger::evict_done(model_id id) {
 
 void ledger::evict_failed(model_id id) {
   models_[id].state = model_state::resident;
+  ++residency_epoch_;
 }
 
 void ledger::forget(model_id id) {
@@ -249,6 +252,7 @@ void ledger::forget(model_id id) {
   if (m.state == model_state::offloaded) return;
   free_shards(m);
   m.state = model_state::offloaded;
+  ++residency_epoch_;
 }
 
 std::optional<refusal> ledger::remove(model_id id) {
@@ -273,6 +277,7 @@ void ledger::note_largest_free(size_t device, uint64_t bytes) {
 }
 
 std::vector<model_id> ledger::lose(const std::vector<int32_t>& devs) {
+  ++residency_epoch_;
   for (auto d : devs)
     if (d >= 0 && static_cast<size_t>(d) < devices_.size())
       devices_[static_cast<size_t>(d)].lost = true;
@@ -284,6 +289,7 @@ std::vector<model_id> ledger::lose(const std::vector<int32_t>& devs) {
 }
 
 void ledger::find_devices(const std::vector<int32_t>& devs) {
+  ++residency_epoch_;
   for (auto d : devs)
     if (d >= 0 && static_cast<size_t>(d) < devices_.size())
       devices_[static_cast<size_t>(d)].lost = false;

@@ -154,6 +154,9 @@ class ledger {
   const ledger_options& options() const { return opts_; }
   const eviction_policy& policy() const { return *policy_; }
   size_t pending_loads() const { return pending_.size(); }
+  /// Changes whenever a model becomes resident or stops being so (state_of): whoever
+  /// mirrors the resident set refreshes it only then.
+  uint64_t residency_epoch() const { return residency_epoch_; }
 
   /// The state the outside world sees: unavailable while a device is lost.
   model_state state_of(model_id id) const;
@@ -243,6 +246,7 @@ class ledger {
   std::deque<model_id> pending_;
   ledger_options opts_;
   std::unique_ptr<eviction_policy> policy_;
+  uint64_t residency_epoch_ = 0;
 };
 
 }  // namespace computron::sched

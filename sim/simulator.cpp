@@ -437,8 +437,10 @@ class simulator {
     return t;
   }
 
-  /// The manager's view of residency, as a granted lease tells it.
+  /// The manager's view of residency, as a granted lease tells it (only when it changed).
   void sync_resident() {
+    if (synced_epoch_ == ledger_->residency_epoch()) return;
+    synced_epoch_ = ledger_->residency_epoch();
     for (model_id o = 0; o < ledger_->model_count(); ++o)
       batcher_->set_resident(o, ledger_->state_of(o) == model_state::resident);
   }
@@ -499,6 +501,7 @@ class simulator {
   time_point origin_{};
   time_point last_done_{};
   std::optional<time_point> tick_at_;
+  std::optional<uint64_t> synced_epoch_;
   std::vector<std::pair<size_t, workload::request_record>> records_;
   std::vector<workload::swap_event> swaps_;
   std::vector<workload::device_traffic> traffic_;

@@ -303,9 +303,9 @@ caf::expected<serve_config> load_serve_config(const std::string& path) {
   }
   if (auto s = j->find("scheduler"); s != j->end()) {
     auto sw = w + " scheduler";
-    if ((e = check_keys(*s, sw,
-                        {"policy", "max_transfers_per_link", "workspace_mb", "load_timeout_s",
-                         "prefetch"})))
+    if ((e = check_keys(
+             *s, sw,
+             {"policy", "max_transfers_per_link", "workspace_mb", "load_timeout_s", "prefetch"})))
       return e;
     double ws = 0;
     int64_t timeout_s = 300;

@@ -331,10 +331,9 @@ TEST_CASE("swap metrics per model and device, zero from the start", "[net][e2e][
 TEST_CASE("a request that asks for drop_late is refused at its turn when it would be late",
           "[net][e2e][slo]") {
   server s;
-  json infer{
-      {"inputs",
-       {{{"name", "input_ids"}, {"datatype", "INT64"}, {"shape", {1, 1}}, {"data", {5}}}}},
-      {"parameters", {{"max_tokens", 4}}}};
+  json infer{{"inputs",
+              {{{"name", "input_ids"}, {"datatype", "INT64"}, {"shape", {1, 1}}, {"data", {5}}}}},
+             {"parameters", {{"max_tokens", 4}}}};
   // The first batch teaches the manager what a step of "slow" costs (20 ms).
   REQUIRE(s.post("/v2/models/slow/infer", infer).status == 200);
   // Four steps (about 80 ms) cannot end within 40 ms: refused at its turn, long before

@@ -414,3 +414,22 @@ TEST_CASE("prefetch is off by default and never delays a requested load",
   CHECK(d.loads == std::vector<model_id>{a});
   CHECK(f.l->model(b).prefetches == 0);
 }
+
+TEST_CASE("the residency epoch moves exactly when the resident set changes", "[sched][ledger]") {
+  ledger_fixture f;
+  auto a = f.add("a"), b = f.add("b"), c = f.add("c");
+  auto epoch = f.l->residency_epoch();
+  f.use(a);  // a loads
+  CHECK(f.l->residency_epoch() != epoch);
+  epoch = f.l->residency_epoch();
+  f.use(a);  // a lease on a resident model changes nothing
+  f.l->note_demand(b, 3, f.t);
+  CHECK(f.l->pump(f.t).empty());
+  CHECK(f.l->residency_epoch() == epoch);
+  f.use(b);
+  f.use(c);  // c evicts a
+  CHECK(f.l->residency_epoch() != epoch);
+  epoch = f.l->residency_epoch();
+  f.l->lose({0});  // a lost device makes b and c unavailable
+  CHECK(f.l->residency_epoch() != epoch);
+}
