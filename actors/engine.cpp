@@ -19,6 +19,8 @@ namespace {
 
 constexpr int64_t toy_vocab = 1024;
 constexpr int64_t toy_positions = 4096;
+/// Longest a layer waits for its bytes (the load's own timeout ends it sooner).
+constexpr auto layer_wait = std::chrono::minutes{10};
 
 class toy_program final : public shard_program {
  public:
@@ -31,10 +33,22 @@ class toy_program final : public shard_program {
     const bool last = spec_.pp_rank == spec_.model.pp - 1;
     const size_t rows = req.step == 0 ? req.prompts.size() : req.tokens.size();
     if (rows == 0) return make_error(ec::invalid_request, "toy: empty batch");
-    if (spec_.model.toy_compute_ms > 0) {
-      // Emulated device compute: this lane is busy, as a GPU stream would be.
-      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(
-          spec_.model.toy_compute_ms / static_cast<double>(spec_.model.pp)));
+    const uint64_t n = weights_.size_bytes();
+    const double stage_ms = spec_.model.toy_compute_ms / static_cast<double>(spec_.model.pp);
+    if (weights_.state() == gpu::residency::resident) {
+      // One sleep, not one per layer: each would overshoot by the timer's slack.
+      if (stage_ms > 0)
+        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(stage_ms));
+    } else {
+      // Still loading: layer by layer, each waits for its share of the shard, then
+      // computes its share of the stage's time (as a GPU stream would be busy).
+      for (int l = 0; l < toy_layers_per_stage; ++l) {
+        auto need = n * static_cast<uint64_t>(l + 1) / toy_layers_per_stage;
+        if (auto err = weights_.wait_bytes(need, layer_wait)) return err;
+        if (stage_ms > 0)
+          std::this_thread::sleep_for(
+              std::chrono::duration<double, std::milli>(stage_ms / toy_layers_per_stage));
+      }
     }
     std::vector<float> x(rows);
     if (first) {
@@ -53,7 +67,6 @@ class toy_program final : public shard_program {
     }
     // Each rank adds one byte of its device copy; the all-reduce sums the ranks.
     std::vector<float> partial(rows);
-    const uint64_t n = weights_.size_bytes();
     uint8_t window[64] = {};
     const uint64_t len = std::min<uint64_t>(n, sizeof(window));
     const uint64_t offset = (static_cast<uint64_t>(req.step) * 7919) % (n - len + 1);

@@ -75,6 +75,11 @@ using engine_registry = std::map<std::string, std::shared_ptr<const engine>>;
 /// Vocabulary 1024; for tests and overhead benchmarks.
 std::shared_ptr<const engine> make_toy_engine();
 
+/// The toy's stage is this many equal layers: layer i waits for the first (i+1)/n of the
+/// shard's bytes, then computes 1/n of the stage's toy_compute_ms, so compute overlaps a
+/// load as the OPT forward's per-layer waits do.
+inline constexpr int toy_layers_per_stage = 8;
+
 /// The registry with every engine of this build that needs no torch ("toy").
 engine_registry torch_free_engines();
 

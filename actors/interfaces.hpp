@@ -38,6 +38,10 @@ using shard_worker_actor = caf::typed_actor<
     /// Copies the model's shard onto the device (chunked, asynchronous); replies when all
     /// of it arrived.
     caf::replies_to<load_atom, std::string>::with<transfer_report>,
+    /// Starts that copy and replies once every chunk is queued (seconds 0): a forward step
+    /// may run from then on, each layer waiting for its own bytes. A load_atom after it
+    /// waits for the rest and reports the whole load's time.
+    caf::replies_to<begin_load_atom, std::string>::with<transfer_report>,
     /// Frees the model's shard on the device; copies nothing back.
     caf::replies_to<evict_atom, std::string>::with<transfer_report>,
     /// Forgets the model's shard: its device copy and its host copy (the pinned host

@@ -237,15 +237,17 @@ struct lease {
   /// request of a model that was not resident, so it never loaded again to learn better.
   double load_estimate_ms = 0;
   /// Every model resident at the grant, for the manager's view of residency (evictions
-  /// happen behind it); empty when unchanged since the last lease (never empty else: the
-  /// leased model is resident).
+  /// happen behind it); empty when unchanged since the last lease.
   std::vector<std::string> resident;
+  /// Granted while the model still loads (compute while loading): the first step also
+  /// waits for the model's bytes, layer by layer.
+  bool loading = false;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, lease& x) {
   return f(caf::meta::type_name("lease"), x.model, x.loaded, x.wait_ms, x.load_estimate_ms,
-           x.resident);
+           x.resident, x.loading);
 }
 
 /// The scheduler's view of one model.

@@ -49,6 +49,12 @@ struct batch {
   double load_ms = 0;
   double compute_ms = 0;
   bool swapped = false;
+  /// Leased while its model still loaded: the first step also waits for the bytes, so
+  /// its time is no measure of compute, and it may take as long as the load.
+  bool loading = false;
+  double load_estimate_ms = 0;
+  /// The first step's time: a batch leased while loading learns only from the others.
+  double first_step_ms = 0;
   /// Steps run: the batcher's service estimate learns per step.
   int64_t steps = 0;
 };
@@ -203,7 +209,12 @@ void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* er
   st.gate->finish(m.cfg.devices);
   self->send(st.scheduler, release_atom_v, b->model);
   st.batcher->batch_ended(m.index);
-  if (!err && b->steps > 0) st.batcher->note_steps(m.index, b->compute_ms / 1e3, b->steps);
+  // A batch that started on a loading model waited for bytes in its first step: only the
+  // steps after it measure compute.
+  if (!err && !b->loading && b->steps > 0)
+    st.batcher->note_steps(m.index, b->compute_ms / 1e3, b->steps);
+  else if (!err && b->loading && b->steps > 1)
+    st.batcher->note_steps(m.index, (b->compute_ms - b->first_step_ms) / 1e3, b->steps - 1);
   if (err || !b->caches_dropped)
     for (auto& w : m.cfg.devices)
       self->send(st.workers[static_cast<size_t>(w)], cancel_atom_v, b->model, b->id);
@@ -243,6 +254,9 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vecto
     req.sampling.push_back(b->rows[r].req.sampling);
   }
   auto timeout = st.opts.step_timeout * static_cast<int>(pp);
+  if (step == 0 && b->loading)  // it also waits for the load under way
+    timeout += std::max<std::chrono::milliseconds>(
+        30s, std::chrono::milliseconds(static_cast<int64_t>(4 * b->load_estimate_ms)));
   auto j = make_join<step_result>(
       tp,
       [=](std::vector<step_result> results) {
@@ -255,6 +269,7 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vecto
           return;
         }
         b->compute_ms += first.compute_ms;
+        if (step == 0) b->first_step_ms = first.compute_ms;
         // Each row goes on, or is answered now and leaves the batch: no decode step is
         // spent on a row that is done.
         std::vector<size_t> next;
@@ -448,6 +463,8 @@ void start_batch(manager_pointer self, const batch_ptr& b) {
             auto& st = self->state;
             b->load_ms = l.wait_ms;
             b->swapped = l.loaded;
+            b->loading = l.loading;
+            b->load_estimate_ms = l.load_estimate_ms;
             st.batcher->note_load(st.models.at(b->model).index, l.load_estimate_ms / 1e3);
             if (!l.resident.empty()) note_resident(self, l.resident);
             st.batcher->set_resident(st.models.at(b->model).index, true);
@@ -843,6 +860,8 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
           x["queued"] = caf::config_value{static_cast<int64_t>(st.batcher->queued(m.index))};
           x["in-flight"] = caf::config_value{static_cast<int64_t>(st.batcher->in_flight(m.index))};
           x["served"] = caf::config_value{static_cast<int64_t>(m.served)};
+          // Measured compute per forward step (0: none yet), for `computron sim --calibrate`.
+          x["step-ms"] = caf::config_value{st.batcher->step_seconds(m.index) * 1e3};
           models.emplace_back(std::move(x));
         }
         mine["models"] = caf::config_value{std::move(models)};

@@ -2,6 +2,7 @@
 
 #include <map>
 #include <set>
+#include <utility>
 
 #include <caf/all.hpp>
 
@@ -19,6 +20,12 @@ struct shard_entry {
   std::shared_ptr<gpu::weight_shard> weights;
   std::shared_ptr<gpu::collective> group;
   std::shared_ptr<shard_program> program;
+  /// When the current load's copies were queued; written and read only by jobs on the
+  /// copy lane, which run one after the other.
+  std::shared_ptr<std::chrono::steady_clock::time_point> load_began =
+      std::make_shared<std::chrono::steady_clock::time_point>();
+  /// A begin_load started the copy the next load_atom finishes (and measures).
+  bool begun = false;
 };
 
 /// Per-batch state of the sampling rank; only the compute lane touches its contents.
@@ -99,6 +106,8 @@ caf::result<shard_report> rejoin(worker_pointer self, const std::string& name, s
   auto fresh = std::make_shared<shard_entry>();
   fresh->spec = s;
   fresh->weights = weights;
+  fresh->load_began = e.load_began;
+  fresh->begun = e.begun;
   const int32_t index = st.opts.device_index;
   lane_job job{[=]() -> caf::error {
     auto g = groups->join(s.group_address, group, s.tp_rank, s.model.tp, bind_host, timeout);
@@ -237,21 +246,56 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
                 });
         return rp;
       },
-      [=](load_atom, std::string& model) -> caf::result<transfer_report> {
+      [=](begin_load_atom, std::string& model) -> caf::result<transfer_report> {
         auto& st = self->state;
         auto i = st.shards.find(model);
         if (i == st.shards.end()) return missing(model);
         auto w = i->second.weights;
         if (w->state() == gpu::residency::resident)
+          return transfer_report{model, index, w->size_bytes(), 0, largest_free(st)};
+        i->second.begun = true;
+        auto began = i->second.load_began;
+        auto chunk = st.opts.chunk_bytes;
+        // load() allocates and queues the chunks, then returns: quick, but it may wait for
+        // the device, so it runs on the copy lane, behind any eviction still in flight.
+        lane_job job{[=]() -> caf::error {
+          if (w->state() != gpu::residency::offloaded) return {};
+          *began = std::chrono::steady_clock::now();
+          return w->load({chunk});
+        }};
+        auto rp = self->make_response_promise<transfer_report>();
+        self->request(st.copy_lane, st.opts.load_timeout + 5s, run_atom_v, std::move(job))
+            .then(
+                [=](bool) mutable {
+                  rp.deliver(
+                      transfer_report{model, index, w->size_bytes(), 0, largest_free(self->state)});
+                },
+                [=](caf::error& err) mutable {
+                  log::warn("device {}: load of {} failed to start: {}", index, model, render(err));
+                  rp.deliver(std::move(err));
+                });
+        return rp;
+      },
+      [=](load_atom, std::string& model) -> caf::result<transfer_report> {
+        auto& st = self->state;
+        auto i = st.shards.find(model);
+        if (i == st.shards.end()) return missing(model);
+        auto w = i->second.weights;
+        // After a begin_load the load may have finished already; it is still reported.
+        const bool begun = std::exchange(i->second.begun, false);
+        if (!begun && w->state() == gpu::residency::resident)
           return transfer_report{model, index, w->size_bytes(), 0};
         auto seconds = std::make_shared<double>(0);
+        auto began = i->second.load_began;
         auto chunk = st.opts.chunk_bytes;
         auto timeout = st.opts.load_timeout;
         lane_job job{[=]() -> caf::error {
-          auto t0 = std::chrono::steady_clock::now();
-          if (auto err = w->load({chunk})) return err;
+          if (w->state() == gpu::residency::offloaded) {
+            *began = std::chrono::steady_clock::now();
+            if (auto err = w->load({chunk})) return err;
+          }
           if (auto err = w->wait_loaded(timeout)) return err;
-          *seconds = seconds_since(t0);
+          *seconds = seconds_since(*began);
           return {};
         }};
         auto rp = self->make_response_promise<transfer_report>();
@@ -393,7 +437,10 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
         }};
         auto rp = self->make_response_promise<step_result>();
         auto timeout = st.opts.step_timeout;
-        self->request(st.compute_lane, timeout, run_atom_v, std::move(job))
+        // A step on a loading shard also waits for its bytes (compute while loading).
+        auto lane_timeout =
+            w->state() == gpu::residency::loading ? timeout + st.opts.load_timeout : timeout;
+        self->request(st.compute_lane, lane_timeout, run_atom_v, std::move(job))
             .then(
                 [=](bool) mutable {
                   if (in->last) self->state.batches.erase(key);

@@ -25,8 +25,11 @@ using load_waiter = std::function<void(const caf::error*)>;
 /// had to be loaded again, or with an error.
 using held_lease = std::function<void(const caf::error*, bool loaded)>;
 
-/// What the actor keeps beside the ledger: the callers waiting on each model.
+/// What the actor keeps beside the ledger: the callers waiting on each model. Lease
+/// requests wait apart from explicit loads: with compute while loading they are granted
+/// when the load starts, explicit loads only when it is done.
 struct model_waiters {
+  std::vector<load_waiter> leases;
   std::vector<load_waiter> loads;
   std::vector<load_waiter> evictions;
   std::vector<held_lease> held;
@@ -163,12 +166,29 @@ void start_evict(sched_pointer self, model_id id) {
       evict_atom_v, name);
 }
 
-void start_load(sched_pointer self, model_id id) {
-  auto& m = self->state.ledger->model(id);
-  auto name = m.name;
+/// A load failed on shard `i` (starting or finishing): whatever arrived elsewhere is
+/// freed and everyone waiting for the model hears why.
+void load_failed(sched_pointer self, model_id id, const caf::error& err, size_t i) {
+  auto& st = self->state;
+  auto name = st.ledger->model(id).name;
+  auto device = st.ledger->model(id).where.devices[i];
+  log::warn("loading {} failed on device {}: {}", name, device, render(err));
+  evict_everywhere(self, id);
+  st.ledger->load_failed(id);
   publish_usage(self);
-  auto t0 = now_s();
-  log::debug("loading {} ({} bytes over {} devices)", name, m.total_bytes, m.where.devices.size());
+  auto code = is(err, ec::out_of_device_memory) ? ec::out_of_device_memory
+              : is(err, ec::unavailable)        ? ec::unavailable
+                                                : ec::device_error;
+  auto e = make_error(
+      code, "loading " + name + " failed on device " + std::to_string(device) + ": " + render(err));
+  finish(st.waiting[id].leases, &e);
+  finish(st.waiting[id].loads, &e);
+  pump(self);
+}
+
+/// Waits for every shard's copy to arrive (the second half of a load).
+void finish_load(sched_pointer self, model_id id, double t0) {
+  auto name = self->state.ledger->model(id).name;
   fan_out_all<transfer_report>(
       self, workers_of(self, id), self->state.opts.load_timeout,
       [=](std::vector<transfer_report> reports) {
@@ -178,31 +198,43 @@ void start_load(sched_pointer self, model_id id) {
         for (auto& r : reports)
           st.opts.obs->transfer_done(name, r.device, true, r.bytes, t0, r.seconds);
         publish_usage(self);
+        finish(st.waiting[id].leases, nullptr);
         finish(st.waiting[id].loads, nullptr);
         pump(self);
       },
-      [=](caf::error err, size_t i) {
-        auto& st = self->state;
-        auto device = st.ledger->model(id).where.devices[i];
-        log::warn("loading {} failed on device {}: {}", name, device, render(err));
-        // Free whatever arrived elsewhere.
-        evict_everywhere(self, id);
-        st.ledger->load_failed(id);
-        publish_usage(self);
-        auto code = is(err, ec::out_of_device_memory) ? ec::out_of_device_memory
-                    : is(err, ec::unavailable)        ? ec::unavailable
-                                                      : ec::device_error;
-        auto e = make_error(code, "loading " + name + " failed on device " +
-                                      std::to_string(device) + ": " + render(err));
-        finish(st.waiting[id].loads, &e);
-        pump(self);
-      },
-      load_atom_v, name);
+      [=](caf::error err, size_t i) { load_failed(self, id, err, i); }, load_atom_v, name);
 }
 
-/// Registers a caller waiting for `id`'s load.
+void start_load(sched_pointer self, model_id id) {
+  auto& m = self->state.ledger->model(id);
+  auto name = m.name;
+  publish_usage(self);
+  auto t0 = now_s();
+  log::debug("loading {} ({} bytes over {} devices)", name, m.total_bytes, m.where.devices.size());
+  if (!self->state.ledger->options().compute_while_loading) {
+    finish_load(self, id, t0);
+    return;
+  }
+  // First every shard queues its copies; then the batches waiting for the model start
+  // (each layer waits for its own bytes) while the copies run.
+  fan_out_all<transfer_report>(
+      self, workers_of(self, id), self->state.opts.load_timeout,
+      [=](std::vector<transfer_report>) {
+        auto& st = self->state;
+        if (st.ledger->load_started(id)) finish(st.waiting[id].leases, nullptr);
+        finish_load(self, id, t0);
+      },
+      [=](caf::error err, size_t i) { load_failed(self, id, err, i); }, begin_load_atom_v, name);
+}
+
+/// Registers a caller waiting for `id`'s load (an explicit load).
 void wait_load(sched_pointer self, model_id id, load_waiter w) {
   self->state.waiting[id].loads.push_back(std::move(w));
+}
+
+/// Registers a lease request waiting for `id`'s load (or its start).
+void wait_lease(sched_pointer self, model_id id, load_waiter w) {
+  self->state.waiting[id].leases.push_back(std::move(w));
 }
 
 /// Runs the ledger's pass and carries out what it decided, until nothing more follows
@@ -216,6 +248,7 @@ void pump(sched_pointer self) {
     for (auto id : d.loads) start_load(self, id);
     for (auto& [id, why] : d.refused) {
       auto e = to_error(why);
+      finish(st.waiting[id].leases, &e);
       finish(st.waiting[id].loads, &e);
     }
     bool again = false;
@@ -230,10 +263,10 @@ void pump(sched_pointer self) {
         continue;
       }
       // Evicted meanwhile: these requests wait for it to come back, like any other.
-      for (auto& h : held) wait_load(self, id, [h](const caf::error* err) { h(err, true); });
+      for (auto& h : held) wait_lease(self, id, [h](const caf::error* err) { h(err, true); });
       if (!st.ledger->want(id)) {
         auto e = make_error(ec::unavailable, st.ledger->unavailable_reason(id));
-        finish(st.waiting[id].loads, &e);
+        finish(st.waiting[id].leases, &e);
       }
       again = true;
     }
@@ -273,7 +306,12 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
         auto t0 = now(self);
         auto result = st.ledger->acquire(*id, t0);
         if (result == sched::acquire_result::granted)
-          return lease{name, false, 0, st.ledger->load_seconds(*id) * 1e3, resident_names(self)};
+          return lease{name,
+                       false,
+                       0,
+                       st.ledger->load_seconds(*id) * 1e3,
+                       resident_names(self),
+                       st.ledger->model(*id).state == model_state::loading};
         if (result == sched::acquire_result::unavailable) return unavailable(*id);
         auto rp = self->make_response_promise<lease>();
         auto m = *id;
@@ -282,14 +320,16 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
             rp.deliver(*err);
             return;
           }
-          if (loaded) self->state.ledger->grant(m, now(self));
+          auto& l = *self->state.ledger;
+          if (loaded) l.grant(m, now(self));
           rp.deliver(lease{name, loaded, sched::seconds_between(t0, now(self)) * 1e3,
-                           self->state.ledger->load_seconds(m) * 1e3, resident_names(self)});
+                           l.load_seconds(m) * 1e3, resident_names(self),
+                           l.model(m).state == model_state::loading});
         };
         if (result == sched::acquire_result::wait_drain) {
           st.waiting[m].held.push_back(std::move(grant));
         } else {
-          wait_load(self, m, [grant](const caf::error* err) mutable { grant(err, true); });
+          wait_lease(self, m, [grant](const caf::error* err) mutable { grant(err, true); });
           pump(self);
         }
         return rp;
@@ -459,7 +499,8 @@ caf::expected<swap_scheduler_actor> spawn_swap_scheduler(caf::actor_system& sys,
   }
   sched::refusal why;
   auto ledger = sched::ledger::make(
-      std::move(slots), {opts.policy, opts.max_transfers_per_link, opts.prefetch}, &why);
+      std::move(slots),
+      {opts.policy, opts.max_transfers_per_link, opts.prefetch, opts.compute_while_loading}, &why);
   if (!ledger) return to_error(why);
   if (!opts.obs) opts.obs = null_observer();
   return sys.spawn(swap_scheduler, std::shared_ptr<sched::ledger>(std::move(ledger)),

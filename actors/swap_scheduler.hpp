@@ -32,6 +32,9 @@ struct swap_scheduler_options {
   /// Load the model most in demand into idle links ahead of its requests
   /// (sched::ledger_options::prefetch).
   bool prefetch = false;
+  /// Lease a loading model as soon as its copies are queued, so a batch computes while
+  /// later layers arrive (sched::ledger_options::compute_while_loading).
+  bool compute_while_loading = true;
   /// Longest a model's load (all shards joined) may take.
   std::chrono::milliseconds load_timeout{std::chrono::minutes(5)};
   /// Bytes per device kept free for activations (never given to weights).

@@ -101,6 +101,11 @@ worker_guard_actor::behavior_type worker_guard(guard_pointer self, shard_worker_
   const int32_t index = st.opts.device_index;
   auto same = [](auto&) {};
   auto renumber = [=](transfer_report& r) { r.device = index; };
+  auto regrouping = [](const std::string& m) {
+    return make_error(ec::unavailable,
+                      "model " + m + " has tensor-parallel ranks on several nodes, and " +
+                          "one of them restarted: its group is being formed again");
+  };
   return {
       [=](prepare_atom, shard_spec& s) -> caf::result<shard_report> {
         auto spec = s;
@@ -114,11 +119,12 @@ worker_guard_actor::behavior_type worker_guard(guard_pointer self, shard_worker_
             prepare_atom_v, std::move(s));
       },
       [=](load_atom, std::string& m) -> caf::result<transfer_report> {
-        if (self->state.stale.count(m) > 0)
-          return make_error(ec::unavailable,
-                            "model " + m + " has tensor-parallel ranks on several nodes, and " +
-                                "one of them restarted: its group is being formed again");
+        if (self->state.stale.count(m) > 0) return regrouping(m);
         return relay<transfer_report>(self, renumber, load_atom_v, std::move(m));
+      },
+      [=](begin_load_atom, std::string& m) -> caf::result<transfer_report> {
+        if (self->state.stale.count(m) > 0) return regrouping(m);
+        return relay<transfer_report>(self, renumber, begin_load_atom_v, std::move(m));
       },
       [=](evict_atom, std::string& m) -> caf::result<transfer_report> {
         return relay<transfer_report>(self, renumber, evict_atom_v, std::move(m));

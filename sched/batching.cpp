@@ -180,6 +180,10 @@ std::optional<double> batcher::estimate_s(uint32_t model, int64_t steps) const {
   return (load ? q.load_s : 0.0) + q.step_s * static_cast<double>(std::max<int64_t>(1, steps));
 }
 
+double batcher::step_seconds(uint32_t model) const {
+  return queues_[model].step_s;
+}
+
 void batcher::set_resident(uint32_t model, bool resident) {
   queues_[model].resident = resident;
 }

@@ -103,6 +103,8 @@ class batcher {
   /// first if the model is not resident and no batch of it is in flight, which would be
   /// loading it); unset before the model's first measured batch.
   std::optional<double> estimate_s(uint32_t model, int64_t steps) const;
+  /// The moving average of seconds per forward step (0: none measured yet).
+  double step_seconds(uint32_t model) const;
   /// The manager's belief about residency, for resident-first.
   void set_resident(uint32_t model, bool resident);
   bool resident(uint32_t model) const { return queues_[model].resident; }

@@ -127,6 +127,11 @@ acquire_result ledger::acquire(model_id id, time_point now) {
     m.last_used = now;
     return acquire_result::granted;
   }
+  if (m.state == model_state::loading && m.computable) {
+    ++m.leases;
+    m.last_used = now;
+    return acquire_result::granted;
+  }
   if (m.state == model_state::resident) {  // draining: wait for the verdict
     ++m.held;
     return acquire_result::wait_drain;
@@ -215,8 +220,16 @@ void ledger::free_shards(model_entry& m) {
   }
 }
 
+bool ledger::load_started(model_id id) {
+  auto& m = models_[id];
+  if (!opts_.compute_while_loading || m.state != model_state::loading) return false;
+  m.computable = true;
+  return true;
+}
+
 void ledger::load_done(model_id id, time_point now) {
   auto& m = models_[id];
+  m.computable = false;
   for (auto d : m.where.devices) --devices_[static_cast<size_t>(d)].transfers;
   m.state = model_state::resident;
   ++residency_epoch_;
@@ -227,6 +240,7 @@ void ledger::load_done(model_id id, time_point now) {
 
 void ledger::load_failed(model_id id) {
   auto& m = models_[id];
+  m.computable = false;
   for (auto d : m.where.devices) --devices_[static_cast<size_t>(d)].transfers;
   free_shards(m);
   m.state = model_state::offloaded;

@@ -57,6 +57,9 @@ struct model_entry {
   bool wanted = false;
   /// In the pending loads.
   bool queued = false;
+  /// Loading, and every shard's copies are queued (load_started): batches may lease it
+  /// and compute while the rest arrives (ledger_options::compute_while_loading).
+  bool computable = false;
   /// Chosen as a victim for a waiting load but still leased: no new leases until it is
   /// evicted or the drain is called off. Without this, a model whose batches overlap
   /// (pipelining, steady traffic) would hold its lease forever and starve the load.
@@ -130,6 +133,11 @@ struct ledger_options {
   /// most in demand that is not resident, if room can be made without evicting a leased,
   /// pinned or higher-priority model or one nearly as much in demand (see prefetch_margin).
   bool prefetch = false;
+  /// Leases on a loading model once its copies are all queued (load_started): a batch
+  /// starts at once and each layer waits only for its own bytes, so a cold request costs
+  /// about max(load, compute) instead of load + compute. A loading model is never a
+  /// victim, leased or not.
+  bool compute_while_loading = true;
 };
 
 /// A prefetch evicts only models whose demand is below the candidate's divided by this:
@@ -165,7 +173,8 @@ class ledger {
   /// Models resident on each device, and resident anywhere.
   std::vector<size_t> resident_per_device(size_t* resident_total) const;
 
-  /// A batch wants the model: leased now, queued for a load, or held while it drains.
+  /// A batch wants the model: leased now (resident, or loading and computable), queued
+  /// for a load, or held while it drains.
   acquire_result acquire(model_id id, time_point now);
   /// A waiting lease request gets its lease (its load finished, or the drain ended).
   void grant(model_id id, time_point now);
@@ -185,8 +194,13 @@ class ledger {
   /// eviction starts (returns true: carry it out).
   std::optional<refusal> begin_unload(model_id id, bool* start_evict);
 
+  /// Every shard of a loading model has its copies queued: with compute_while_loading,
+  /// it may be leased from now on (returns true: grant the lease requests waiting for
+  /// its load now). False when the option is off or the model is not loading.
+  bool load_started(model_id id);
   /// Loads and evictions end. A failed eviction leaves the model resident (its device
-  /// copy is in an unknown state, so it stays accounted).
+  /// copy is in an unknown state, so it stays accounted). A failed load may leave
+  /// leases behind (batches that started on it fail on their own and release them).
   void load_done(model_id id, time_point now);
   void load_failed(model_id id);
   void evict_done(model_id id);

@@ -47,6 +47,7 @@ std::string check(const sim_config& cfg) {
       return "model " + m.name + " needs tp x pp devices and a size per shard";
     if (!(m.step_s >= 0) || !(m.step_per_token_s >= 0))
       return "model " + m.name + " has a negative compute time";
+    if (m.layers < 1) return "model " + m.name + " needs at least one layer per stage";
   }
   auto& c = cfg.cost;
   for (double x : {c.link_efficiency, c.load_overhead_s, c.evict_s, c.stage_overhead_s,
@@ -84,7 +85,18 @@ struct batch {
   time_point leased{};
   int64_t steps = 1;
   bool swapped = false;
+  /// Leased while its model loaded: its time waited for bytes too, so the batcher
+  /// does not learn a step time from it (as the manager does not).
+  bool loading = false;
   double compute_s = 0;
+  double first_step_s = 0;
+};
+
+/// A load's bytes in flight, per pipeline stage: they flow from `from` and the stage's
+/// slowest shard is complete at `to`.
+struct stage_load {
+  time_point from{};
+  time_point to{};
 };
 
 class simulator {
@@ -110,6 +122,7 @@ class simulator {
       batcher_->note_load(*id, ledger_->load_seconds(*id));
       keys_.push_back(gate_->placement_key(m.tp, m.pp, m.devices));
       stage_free_.emplace_back(static_cast<size_t>(m.pp), time_point{});
+      stage_loads_.emplace_back(static_cast<size_t>(m.pp), stage_load{});
     }
     // Schedule models by index into cfg.models.
     for (auto& name : s_.models) {
@@ -296,6 +309,15 @@ class simulator {
   }
 
   void pump() {
+    pump_decisions();
+    // Batches granted on loading models (compute while loading) run after the pass.
+    if (granted_while_loading_) {
+      granted_while_loading_ = false;
+      try_run();
+    }
+  }
+
+  void pump_decisions() {
     for (;;) {
       auto d = ledger_->pump(now_);
       if (d.empty()) return;
@@ -331,11 +353,18 @@ class simulator {
   void start_transfer(model_id m, bool load) {
     auto& sm = cfg_.models[m];
     double longest = 0;
+    auto& stages = stage_loads_[m];
+    if (load)
+      for (auto& st : stages) st = {now_ + sched::from_seconds(cfg_.cost.load_overhead_s), now_};
     for (size_t k = 0; k < sm.devices.size(); ++k) {
       auto d = static_cast<size_t>(sm.devices[k]);
       double secs = load ? load_seconds(cfg_.cost, sm.shard_bytes[k], cfg_.devices[d].link_gbps)
                          : cfg_.cost.evict_s;
       longest = std::max(longest, secs);
+      if (load) {
+        auto& st = stages[k / static_cast<size_t>(sm.tp)];
+        st.to = std::max(st.to, now_ + sched::from_seconds(secs));
+      }
       auto& t = traffic_[d];
       if (load) {
         t.shard_loads += 1;
@@ -350,14 +379,34 @@ class simulator {
     }
     push(now_ + sched::from_seconds(longest), load ? event_kind::load_done : event_kind::evict_done,
          m);
+    // Compute while loading: the copies are queued, the waiting batches start now.
+    if (load && ledger_->load_started(m)) grant_waiting(m, true);
+  }
+
+  /// The batches waiting for `m`'s load get their leases.
+  void grant_waiting(model_id m, bool loading) {
+    if (waiting_[m].empty()) return;
+    // A lease granted: the manager learns residency from it (lease::resident).
+    sync_resident();
+    auto ws = std::move(waiting_[m]);
+    waiting_[m].clear();
+    for (auto id : ws) {
+      ledger_->grant(m, now_);
+      auto& b = batches_[id];
+      b.leased = now_ + (loading ? sched::from_seconds(cfg_.cost.lease_overhead_s)
+                                 : time_point::duration{});
+      b.swapped = true;
+      b.loading = loading;
+      runnable_.push_back(id);
+    }
+    granted_while_loading_ = true;
   }
 
   void load_done(model_id m) {
     ledger_->load_done(m, now_);
-    // A lease granted: the manager learns residency from it (lease::resident).
-    if (!waiting_[m].empty()) sync_resident();
     auto ws = std::move(waiting_[m]);
     waiting_[m].clear();
+    if (!ws.empty()) sync_resident();
     for (auto id : ws) {
       ledger_->grant(m, now_);
       batches_[id].leased = now_;
@@ -417,7 +466,9 @@ class simulator {
       prompt_tokens += r.prompt_len;
     }
     auto& free_at = stage_free_[b.model];
+    auto& loads = stage_loads_[b.model];
     const auto pp = static_cast<size_t>(sm.pp);
+    const auto layers = static_cast<int64_t>(sm.layers);
     auto t = start;
     double busy = 0;
     for (int64_t step = 0; step < steps; ++step) {
@@ -427,10 +478,20 @@ class simulator {
                        cfg_.cost.stage_overhead_s;
       for (size_t k = 0; k < pp; ++k) {
         t = std::max(t, free_at[k]);
-        t += sched::from_seconds(stage_s);
+        if (t >= loads[k].to) {
+          t += sched::from_seconds(stage_s);
+        } else {
+          // The stage's bytes still arrive: layer i waits for the first (i+1)/layers.
+          auto span = loads[k].to - loads[k].from;
+          for (int64_t i = 0; i < layers; ++i) {
+            t = std::max(t, loads[k].from + span * (i + 1) / layers);
+            t += sched::from_seconds(stage_s / static_cast<double>(layers));
+          }
+        }
         free_at[k] = t;
         busy += stage_s;
       }
+      if (step == 0) b.first_step_s = busy;
     }
     b.compute_s = busy;
     b.steps = steps;
@@ -456,7 +517,10 @@ class simulator {
     gate_->finish(sm.devices);
     release(b.model);
     batcher_->batch_ended(b.model);
-    batcher_->note_steps(b.model, b.compute_s, b.steps);
+    if (!b.loading)
+      batcher_->note_steps(b.model, b.compute_s, b.steps);
+    else if (b.steps > 1)
+      batcher_->note_steps(b.model, b.compute_s - b.first_step_s, b.steps - 1);
     for (auto& e : b.rows) {
       auto& r = requests_[e.key];
       if (!r.measured) continue;
@@ -485,6 +549,7 @@ class simulator {
   std::unique_ptr<sched::device_gate> gate_;
   std::vector<uint32_t> keys_;
   std::vector<std::vector<time_point>> stage_free_;
+  std::vector<std::vector<stage_load>> stage_loads_;
   std::vector<model_id> model_of_;
   std::vector<request> requests_;
   size_t first_measured_ = 0;
@@ -501,6 +566,7 @@ class simulator {
   time_point origin_{};
   time_point last_done_{};
   std::optional<time_point> tick_at_;
+  bool granted_while_loading_ = false;
   std::optional<uint64_t> synced_epoch_;
   std::vector<std::pair<size_t, workload::request_record>> records_;
   std::vector<workload::swap_event> swaps_;

@@ -37,6 +37,10 @@ struct sim_model {
   /// in the batch (prompt tokens at the first step, one per row after).
   double step_s = 0;
   double step_per_token_s = 0;
+  /// Layers per pipeline stage: with compute while loading, a batch that starts on a
+  /// loading model runs layer i of a stage once the first (i+1)/layers of that stage's
+  /// bytes arrived (the OPT forward's and the toy's per-layer waits).
+  int32_t layers = 1;
 };
 
 /// What things cost. Defaults are this project's emulated devices; see

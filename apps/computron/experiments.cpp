@@ -134,7 +134,7 @@ caf::expected<server> start_server(const json& config, const fs::path& dir,
 }
 
 json server_config(size_t devices, double capacity_bytes, double link_gbps, int batch,
-                   int window_ms, const std::string& policy, json models) {
+                   int window_ms, const std::string& policy, json models, bool overlap) {
   return {{"comment", "written by computron bench exp1/exp2"},
           {"devices",
            {{"kind", "emulated"},
@@ -142,7 +142,8 @@ json server_config(size_t devices, double capacity_bytes, double link_gbps, int 
             {"capacity_mb", capacity_bytes / mib},
             {"link_gbps", link_gbps}}},
           {"http", {{"host", "127.0.0.1"}, {"port", 0}, {"threads", 2}}},
-          {"scheduler", {{"policy", policy}, {"max_transfers_per_link", 1}}},
+          {"scheduler",
+           {{"policy", policy}, {"max_transfers_per_link", 1}, {"compute_while_loading", overlap}}},
           {"batching",
            {{"max_batch_size", batch},
             {"batch_window_ms", window_ms},
@@ -198,102 +199,149 @@ std::string scale_line(double factor) {
 
 }  // namespace
 
+namespace {
+
+/// One experiment-1 cell on one server: the measured requests' response, lease wait
+/// (load) and compute (exec), and the transfers between them from /metrics.
+struct exp1_cell {
+  std::vector<double> response, load, exec;
+  double offload_s = 0;
+  double link_efficiency = 0;
+};
+
+caf::expected<exp1_cell> run_exp1_cell(const experiment_options& o, const exp1_row& ref,
+                                       bool overlap, const fs::path& dir, const std::string& name) {
+  const double link = original_link_gbps / o.factor;
+  const int requests = 24, warmup = 4, batch = 4, prompt = 8;
+  const int shards = ref.tp * ref.pp;
+  const auto bytes = shard_bytes(o.factor, shards);
+  json models =
+      json::array({toy_model("opt-13b-a", ref.tp, ref.pp, o.seed, bytes, ref.exec * 1e3),
+                   toy_model("opt-13b-b", ref.tp, ref.pp, o.seed + 1, bytes, ref.exec * 1e3)});
+  // Room for one model's shard per device, not two.
+  auto cfg = server_config(static_cast<size_t>(shards), static_cast<double>(bytes) * 1.5, link,
+                           batch, 5, "lru", models, overlap);
+  // A layer may start once the chunk holding its last byte arrived: chunks well below a
+  // toy layer's bytes (an eighth of a shard), as OPT-13B's 640 MB layers are to 32 MiB.
+  cfg["chunk_mb"] = 4;
+  auto srv = start_server(cfg, dir, name);
+  if (!srv) return srv.error();
+  auto client = net::http_client::connect(srv->at.host, srv->at.port, 5s);
+  if (!client) return client.error();
+  std::mt19937_64 rng{o.seed};
+  std::uniform_int_distribution<int64_t> token(0, srv->models.front().vocab - 1);
+  exp1_cell out;
+  std::map<std::string, workload::device_traffic> before;
+  for (int i = 0; i < requests; ++i) {
+    if (i == warmup) before = scrape(**client);
+    json ids = json::array();
+    for (int t = 0; t < batch * prompt; ++t) ids.push_back(token(rng));
+    json body{{"inputs",
+               {{{"name", "input_ids"},
+                 {"datatype", "INT64"},
+                 {"shape", {batch, prompt}},
+                 {"data", ids}}}},
+              {"parameters", {{"max_tokens", 1}}}};
+    auto model = i % 2 == 0 ? "opt-13b-a" : "opt-13b-b";
+    auto t0 = std::chrono::steady_clock::now();
+    auto r = (*client)->request("POST", std::string{"/v2/models/"} + model + "/infer", body.dump(),
+                                300s);
+    auto secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!r || r->status != 200)
+      return make_error(ec::io_error,
+                        fmt::format("request {} failed: {}", i, r ? r->body : render(r.error())));
+    if (i < warmup) continue;
+    auto p = json::parse(r->body).value("parameters", json::object());
+    out.response.push_back(secs);
+    out.load.push_back(p.value("load_ms", 0.0) / 1e3);
+    out.exec.push_back(p.value("compute_ms", 0.0) / 1e3);
+  }
+  auto after = scrape(**client);
+  double evictions = 0, evict_s = 0, bytes_in = 0, load_s = 0;
+  for (auto& [dev, a] : after) {
+    auto& b = before[dev];
+    evictions += a.evictions - b.evictions;
+    evict_s += a.evict_seconds - b.evict_seconds;
+    bytes_in += a.bytes_loaded - b.bytes_loaded;
+    load_s += a.load_seconds - b.load_seconds;
+  }
+  srv->proc->stop(30s);
+  // Shards of one model evict in parallel: a model's offload is one shard's eviction.
+  out.offload_s = evictions > 0 ? evict_s / evictions : 0;
+  out.link_efficiency = load_s > 0 ? bytes_in / load_s / 1e9 / link : 0;
+  return out;
+}
+
+double mean(const std::vector<double>& xs) {
+  return xs.empty() ? 0
+                    : std::accumulate(xs.begin(), xs.end(), 0.0) / static_cast<double>(xs.size());
+}
+
+}  // namespace
+
 int run_experiment1(const experiment_options& o) {
   auto dir = output_dir(o, "exp1");
   if (!dir) {
     std::cerr << "computron bench exp1: " << render(dir.error()) << '\n';
     return dir.error().code() == static_cast<uint8_t>(ec::invalid_request) ? 2 : 1;
   }
-  const double link = original_link_gbps / o.factor;
-  const int requests = 24, warmup = 4, batch = 4, prompt = 8;
   if (!o.json) {
-    std::cout << "Experiment 1: two OPT-13B models, room for one, 24 alternating blocking "
-                 "requests of batch 4 (first 4 dropped)\n"
-              << scale_line(o.factor) << "\n\n"
-              << fmt::format("{:<8} {:>15} {:>15} {:>13} {:>15} {:>7} {:>7} {:>7} {:>7}\n",
-                             "(TP,PP)", "offload s/orig", "load s/orig", "exec s/orig",
-                             "response s/orig", "ratio", "p99 s", "link", "x(1,1)");
+    std::cout
+        << "Experiment 1: two OPT-13B models, room for one, 24 alternating blocking "
+           "requests of batch 4 (first 4 dropped)\n"
+        << scale_line(o.factor) << "\n"
+        << "each cell runs twice: waiting for whole loads (load, exec and 'off' from it), "
+        << (o.compute_while_loading ? "then computing while loading (response)"
+                                    : "and again so (--no-overlap)")
+        << "\n\n"
+        << fmt::format(
+               "{:<8} {:>15} {:>15} {:>13} {:>15} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6} {:>7}\n",
+               "(TP,PP)", "offload s/orig", "load s/orig", "exec s/orig", "response s/orig",
+               "ratio", "off s", "r/(l+e)", "r/bound", "r/pipe", "link", "x(1,1)");
   }
   json rows = json::array();
   double load_11 = 0;
   for (auto& ref : original_exp1) {
-    const int shards = ref.tp * ref.pp;
-    const auto bytes = shard_bytes(o.factor, shards);
-    json models =
-        json::array({toy_model("opt-13b-a", ref.tp, ref.pp, o.seed, bytes, ref.exec * 1e3),
-                     toy_model("opt-13b-b", ref.tp, ref.pp, o.seed + 1, bytes, ref.exec * 1e3)});
-    // Room for one model's shard per device, not two.
-    auto cfg = server_config(static_cast<size_t>(shards), static_cast<double>(bytes) * 1.5, link,
-                             batch, 5, "lru", models);
     auto name = fmt::format("exp1-tp{}-pp{}", ref.tp, ref.pp);
-    auto srv = start_server(cfg, *dir, name);
-    if (!srv) {
-      std::cerr << "computron bench exp1: " << render(srv.error()) << '\n';
+    // The reference: every batch waits for its whole load, so its lease wait is the load
+    // and its compute the exec, as in the original.
+    auto off = run_exp1_cell(o, ref, false, *dir, name + (o.compute_while_loading ? "-off" : ""));
+    if (!off) {
+      std::cerr << "computron bench exp1: " << render(off.error()) << '\n';
       return 1;
     }
-    auto client = net::http_client::connect(srv->at.host, srv->at.port, 5s);
-    if (!client) {
-      std::cerr << "computron bench exp1: " << render(client.error()) << '\n';
+    auto on = o.compute_while_loading ? run_exp1_cell(o, ref, true, *dir, name) : off;
+    if (!on) {
+      std::cerr << "computron bench exp1: " << render(on.error()) << '\n';
       return 1;
     }
-    std::mt19937_64 rng{o.seed};
-    std::uniform_int_distribution<int64_t> token(0, srv->models.front().vocab - 1);
-    std::vector<double> response, load, exec;
-    std::map<std::string, workload::device_traffic> before;
-    for (int i = 0; i < requests; ++i) {
-      if (i == warmup) before = scrape(**client);
-      json ids = json::array();
-      for (int t = 0; t < batch * prompt; ++t) ids.push_back(token(rng));
-      json body{{"inputs",
-                 {{{"name", "input_ids"},
-                   {"datatype", "INT64"},
-                   {"shape", {batch, prompt}},
-                   {"data", ids}}}},
-                {"parameters", {{"max_tokens", 1}}}};
-      auto model = i % 2 == 0 ? "opt-13b-a" : "opt-13b-b";
-      auto t0 = std::chrono::steady_clock::now();
-      auto r = (*client)->request("POST", std::string{"/v2/models/"} + model + "/infer",
-                                  body.dump(), 300s);
-      auto secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (!r || r->status != 200) {
-        std::cerr << "computron bench exp1: request " << i
-                  << " failed: " << (r ? r->body : render(r.error())) << '\n';
-        return 1;
-      }
-      if (i < warmup) continue;
-      auto p = json::parse(r->body).value("parameters", json::object());
-      response.push_back(secs);
-      load.push_back(p.value("load_ms", 0.0) / 1e3);
-      exec.push_back(p.value("compute_ms", 0.0) / 1e3);
-    }
-    auto after = scrape(**client);
-    double evictions = 0, evict_s = 0, bytes_in = 0, load_s = 0;
-    for (auto& [dev, a] : after) {
-      auto& b = before[dev];
-      evictions += a.evictions - b.evictions;
-      evict_s += a.evict_seconds - b.evict_seconds;
-      bytes_in += a.bytes_loaded - b.bytes_loaded;
-      load_s += a.load_seconds - b.load_seconds;
-    }
-    srv->proc->stop(30s);
-    auto mean = [](const std::vector<double>& xs) {
-      return std::accumulate(xs.begin(), xs.end(), 0.0) / static_cast<double>(xs.size());
-    };
-    // Shards of one model evict in parallel: a model's offload is one shard's eviction.
-    const double offload = evictions > 0 ? evict_s / evictions : 0;
-    const double link_eff = load_s > 0 ? bytes_in / load_s / 1e9 / link : 0;
-    const double m_load = mean(load), m_resp = mean(response), m_exec = mean(exec);
+    const double m_load = mean(off->load), m_exec = mean(off->exec);
+    const double m_resp = mean(on->response), m_off = mean(off->response);
     if (ref.tp == 1 && ref.pp == 1) load_11 = m_load;
     const double speedup = m_load > 0 && load_11 > 0 ? load_11 / m_load : 0;
-    const double p99 = workload::percentile(response, 0.99);
+    const double p99 = workload::percentile(on->response, 0.99);
+    // The target: max(load, exec) plus one layer's share of exec (+5%).
+    const double layers = static_cast<double>(ref.pp * actors::toy_layers_per_stage);
+    const double bound = std::max(m_load, m_exec) + m_exec / layers;
+    // What a pipeline can reach when every stage's load ends at once: stage k+1 starts
+    // only after stage k's last layer, which waits for stage k's last bytes.
+    const double pipe = std::max(m_load, m_exec / ref.pp) +
+                        m_exec * static_cast<double>(ref.pp - 1) / ref.pp + m_exec / layers;
     rows.push_back({{"tp", ref.tp},
                     {"pp", ref.pp},
-                    {"offload_s", offload},
+                    {"offload_s", on->offload_s},
                     {"load_s", m_load},
                     {"exec_s", m_exec},
                     {"response_s", m_resp},
                     {"response_p99_s", p99},
-                    {"link_efficiency", link_eff},
+                    {"response_without_overlap_s", m_off},
+                    {"compute_while_loading", o.compute_while_loading},
+                    {"response_over_load_plus_exec", m_resp / (m_load + m_exec)},
+                    {"overlap_bound_s", bound},
+                    {"response_over_bound", m_resp / bound},
+                    {"pipeline_bound_s", pipe},
+                    {"response_over_pipeline_bound", m_resp / pipe},
+                    {"link_efficiency", on->link_efficiency},
                     {"load_speedup_vs_1x1", speedup},
                     {"original",
                      {{"offload_s", ref.offload},
@@ -301,26 +349,34 @@ int run_experiment1(const experiment_options& o) {
                       {"exec_s", ref.exec},
                       {"response_s", ref.response}}},
                     {"response_ratio", m_resp / ref.response},
-                    {"shard_bytes", bytes}});
+                    {"shard_bytes", shard_bytes(o.factor, ref.tp * ref.pp)}});
     if (!o.json)
       std::cout << fmt::format(
                        "({},{})    {:>6.3f}/{:<6.3f}  {:>6.3f}/{:<6.3f}  {:>5.3f}/{:<5.3f}  "
-                       "{:>6.3f}/{:<6.3f}  {:>7.2f} {:>7.3f} {:>6.0f}% {:>6.2f}x\n",
-                       ref.tp, ref.pp, offload, ref.offload, m_load, ref.load, m_exec, ref.exec,
-                       m_resp, ref.response, m_resp / ref.response, p99, 100 * link_eff, speedup)
+                       "{:>6.3f}/{:<6.3f}  {:>7.2f} {:>7.3f} {:>7.3f} {:>7.3f} {:>7.3f} {:>5.0f}% "
+                       "{:>6.2f}x\n",
+                       ref.tp, ref.pp, on->offload_s, ref.offload, m_load, ref.load, m_exec,
+                       ref.exec, m_resp, ref.response, m_resp / ref.response, m_off,
+                       m_resp / (m_load + m_exec), m_resp / bound, m_resp / pipe,
+                       100 * on->link_efficiency, speedup)
                 << std::flush;
   }
   if (o.json) {
     std::cout << json{{"experiment", 1},
                       {"factor", o.factor},
                       {"model_bytes", original_model_bytes / o.factor},
-                      {"link_gbps", link},
+                      {"link_gbps", original_link_gbps / o.factor},
                       {"rows", rows}}
                      .dump()
               << '\n';
   } else {
-    std::cout << "\nratio: our response / the original's (lower is better). link: achieved share "
-                 "of the emulated link during loads. x(1,1): load time of (1,1) / this one.\n"
+    std::cout << "\nratio: our response / the original's (lower is better). load, exec: lease "
+                 "wait and compute of the run that waits for whole loads; off s: its response. "
+                 "r/(l+e): response / (load + exec). r/bound: response / (max(load, exec) + one "
+                 "layer's share of exec), the target is at most 1.05. r/pipe: response / the "
+                 "least a pipeline can take when all its stages' loads end together (load + "
+                 "(pp-1)/pp exec + one layer). link: achieved share of the emulated link during "
+                 "loads. x(1,1): load time of (1,1) / this one.\n"
               << "configs in " << dir->string() << '\n';
   }
   return 0;
@@ -365,9 +421,9 @@ int run_experiment2(const experiment_options& o) {
           names.push_back(fmt::format("opt-13b-{}", static_cast<char>('a' + m)));
           models.push_back(toy_model(names.back(), 2, 2, o.seed * 100 + m, bytes, exec_ms));
         }
-        auto cfg =
-            server_config(4, static_cast<double>(bytes) * (static_cast<double>(g.capacity) + 0.5),
-                          link, g.batch, o.batch_window_ms, o.policy, models);
+        auto cfg = server_config(
+            4, static_cast<double>(bytes) * (static_cast<double>(g.capacity) + 0.5), link, g.batch,
+            o.batch_window_ms, o.policy, models, o.compute_while_loading);
         auto name = fmt::format("exp2-cell{:02}", cell);
         auto srv = start_server(cfg, *dir, name);
         if (!srv) {
@@ -499,11 +555,6 @@ caf::expected<sim::sim_config> sim_of(const fs::path& config) {
   return sim_config_from(*c, actors::all_engines(), sim::cost_model{});
 }
 
-double mean(const std::vector<double>& xs) {
-  return xs.empty() ? 0
-                    : std::accumulate(xs.begin(), xs.end(), 0.0) / static_cast<double>(xs.size());
-}
-
 double pct(double sim, double real) {
   return real > 0 ? 100 * (sim - real) / real : 0;
 }
@@ -519,6 +570,7 @@ int run_sim_fidelity(const experiment_options& o) {
   json out{{"factor", o.factor}, {"seed", o.seed}, {"duration_s", o.duration_s}};
   auto common = std::vector<std::string>{"--factor", fmt::format("{}", o.factor), "--seed",
                                          std::to_string(o.seed)};
+  if (!o.compute_while_loading) common.push_back("--no-overlap");
   // Experiment 1: the runtime's rows, then the simulator on the same configs with the
   // same blocking requests (10 s apart, so each ends before the next).
   {
@@ -555,13 +607,18 @@ int run_sim_fidelity(const experiment_options& o) {
         std::cerr << "computron bench sim: " << error << '\n';
         return 1;
       }
-      std::vector<double> load, exec, resp;
+      // Load and exec as bench exp1 measures them: a shard's copy, and compute alone.
+      std::vector<double> exec, resp;
       for (size_t i = 16; i < res.records.size(); i += 4) {  // the first 4 requests dropped
-        load.push_back(res.records[i].load_ms / 1e3);
         exec.push_back(res.records[i].compute_ms / 1e3);
         resp.push_back(res.records[i].latency_s());
       }
-      double sl = mean(load), se = mean(exec), sr = mean(resp);
+      double load_s = 0, shard_loads = 0;
+      for (auto& d : res.devices) {
+        load_s += d.load_seconds;
+        shard_loads += d.shard_loads;
+      }
+      double sl = shard_loads > 0 ? load_s / shard_loads : 0, se = mean(exec), sr = mean(resp);
       double rl = row["load_s"], re = row["exec_s"], rr = row["response_s"];
       worst = std::max(worst, std::fabs(pct(sr, rr)));
       rows.push_back({{"tp", tp},

@@ -25,6 +25,9 @@ struct experiment_options {
   /// each request carries it as its deadline with drop_late (loadgen --drop-late).
   double slo_s = 0;
   bool drop_late = false;
+  /// The server leases loading models (scheduler.compute_while_loading); --no-overlap
+  /// turns it off for the comparison.
+  bool compute_while_loading = true;
   /// Experiment 2: only the cells whose label contains this (e.g. "(10,1,1)").
   std::string only;
   /// Keep each run's server config and loadgen report here (empty: a temporary folder).

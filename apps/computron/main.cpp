@@ -261,6 +261,7 @@ int main(int argc, char** argv) {
 
   // bench exp1 / exp2
   app::experiment_options exp;
+  bool exp_no_overlap = false;
   auto exp1_cmd = bench_cmd->add_subcommand(
       "exp1", "the original's experiment 1 (swap scaling over TP x PP) against a real server");
   auto exp2_cmd = bench_cmd->add_subcommand(
@@ -274,6 +275,8 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     c->add_option("--out", exp.out_dir, "keep server configs and reports here");
     c->add_flag("--json", exp.json, "print one JSON object");
+    c->add_flag("--no-overlap", exp_no_overlap,
+                "servers wait for a whole load before computing (no compute while loading)");
   }
   for (auto* c : {exp2_cmd, simfid_cmd}) {
     c->add_option("--duration", exp.duration_s, "seconds of arrivals per cell")
@@ -585,6 +588,7 @@ int main(int argc, char** argv) {
     std::cout << (cl_json ? bench::to_json(*r) + "\n" : bench::to_table(*r));
     return 0;
   }
+  exp.compute_while_loading = !exp_no_overlap;
   if (*exp1_cmd) return app::run_experiment1(exp);
   if (*exp2_cmd) return app::run_experiment2(exp);
   if (*simfid_cmd) return app::run_sim_fidelity(exp);

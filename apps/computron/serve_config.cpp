@@ -303,16 +303,17 @@ caf::expected<serve_config> load_serve_config(const std::string& path) {
   }
   if (auto s = j->find("scheduler"); s != j->end()) {
     auto sw = w + " scheduler";
-    if ((e = check_keys(
-             *s, sw,
-             {"policy", "max_transfers_per_link", "workspace_mb", "load_timeout_s", "prefetch"})))
+    if ((e = check_keys(*s, sw,
+                        {"policy", "max_transfers_per_link", "workspace_mb", "load_timeout_s",
+                         "prefetch", "compute_while_loading"})))
       return e;
     double ws = 0;
     int64_t timeout_s = 300;
     if ((e = read(*s, "policy", sw, c.runtime.scheduler.policy)) ||
         (e = read(*s, "max_transfers_per_link", sw, c.runtime.scheduler.max_transfers_per_link)) ||
         (e = read(*s, "workspace_mb", sw, ws)) || (e = read(*s, "load_timeout_s", sw, timeout_s)) ||
-        (e = read(*s, "prefetch", sw, c.runtime.scheduler.prefetch)))
+        (e = read(*s, "prefetch", sw, c.runtime.scheduler.prefetch)) ||
+        (e = read(*s, "compute_while_loading", sw, c.runtime.scheduler.compute_while_loading)))
       return e;
     c.runtime.scheduler.workspace_bytes = static_cast<uint64_t>(ws * mib);
     c.runtime.scheduler.load_timeout = std::chrono::seconds(timeout_s);

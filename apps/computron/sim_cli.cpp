@@ -4,6 +4,8 @@
 #include <cmath>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -18,6 +20,18 @@
 namespace computron::app {
 
 namespace {
+
+/// Decoder layers in a shard's layout (tensors named "layers.N.<...>"): the steps at
+/// which a forward on a loading shard waits for its bytes.
+int decoder_layers(const gpu::tensor_table& t) {
+  std::set<std::string> seen;
+  for (auto& e : t.entries()) {
+    if (e.name.rfind("layers.", 0) != 0) continue;
+    auto dot = e.name.find('.', 7);
+    if (dot != std::string::npos) seen.insert(e.name.substr(7, dot - 7));
+  }
+  return static_cast<int>(seen.size());
+}
 
 using json = nlohmann::json;
 
@@ -38,43 +52,86 @@ caf::expected<std::string> read_text(const std::string& path) {
   return ss.str();
 }
 
-/// Link efficiency and eviction time measured by a running server (its /metrics), over
-/// the links `link_gbps` the sim config gives its devices.
-caf::expected<sim::cost_model> calibrate_from_server(const std::string& url,
-                                                     const sim::sim_config& cfg,
-                                                     sim::cost_model c) {
+/// What a running server measured: the cost model's link efficiency and eviction time,
+/// and each model's compute per forward step (seconds; 0: none measured yet).
+struct calibration {
+  sim::cost_model cost;
+  std::map<std::string, double> step_s;
+};
+
+/// GET `path` from the server as JSON (or its text).
+caf::expected<std::string> get_text(net::http_client& c, const std::string& url,
+                                    const std::string& path) {
+  auto r = c.request("GET", path, {}, std::chrono::seconds(10));
+  if (!r) return r.error();
+  if (r->status != 200)
+    return make_error(ec::io_error, fmt::format("GET {}{} answered {}", url, path, r->status));
+  return r->body;
+}
+
+/// From a running server: /metrics gives bytes, seconds and evictions per device;
+/// /v2/status gives every device's nominal link (so the efficiency is the server's own,
+/// whatever links the sim config gives) and the compute per forward step the manager
+/// measured for each model, which replaces the cost model's estimate for that model.
+caf::expected<calibration> calibrate_from_server(const std::string& url, const sim::sim_config& cfg,
+                                                 sim::cost_model c) {
   auto at = net::parse_url(url);
   if (!at) return at.error();
   auto client = net::http_client::connect(at->host, at->port, std::chrono::seconds(5));
   if (!client) return client.error();
-  auto r = (*client)->request("GET", "/metrics", {}, std::chrono::seconds(10));
-  if (!r) return r.error();
-  if (r->status != 200)
-    return make_error(ec::io_error, fmt::format("GET {}/metrics answered {}", url, r->status));
-  double bytes = 0, load_s = 0, evictions = 0, evict_s = 0;
-  for (auto& [dev, t] : net::device_traffic(r->body)) {
-    bytes += t.bytes_loaded;
-    load_s += t.load_seconds;
+  auto metrics = get_text(**client, url, "/metrics");
+  if (!metrics) return metrics.error();
+  auto status_text = get_text(**client, url, "/v2/status");
+  if (!status_text) return status_text.error();
+  auto status = json::parse(*status_text, nullptr, false);
+  if (status.is_discarded() || !status.is_object())
+    return make_error(ec::io_error, "GET " + url + "/v2/status is not a JSON object");
+  // Nominal link per device index, as the server sees it.
+  std::map<std::string, double> link_of;
+  if (auto d = status.find("devices"); d != status.end() && d->is_array())
+    for (auto& dev : *d)
+      if (dev.is_object() && dev.contains("device") && dev.value("link-gbps", 0.0) > 0)
+        link_of[dev["device"].dump()] = dev["link-gbps"].get<double>();
+  double bytes = 0, nominal_s = 0, load_s = 0, evictions = 0, evict_s = 0;
+  for (auto& [dev, t] : net::device_traffic(*metrics)) {
+    auto l = link_of.find(dev);
+    double link = l != link_of.end()     ? l->second
+                  : !cfg.devices.empty() ? cfg.devices.front().link_gbps
+                                         : 0.0;
+    if (link > 0 && t.load_seconds > 0) {
+      bytes += t.bytes_loaded;
+      nominal_s += t.bytes_loaded / (link * 1e9);
+      load_s += t.load_seconds;
+    }
     evictions += t.evictions;
     evict_s += t.evict_seconds;
   }
-  if (load_s > 0 && !cfg.devices.empty()) {
-    double link = cfg.devices.front().link_gbps;
-    c.link_efficiency = std::min(1.0, bytes / load_s / 1e9 / link);
-  }
-  if (evictions > 0) c.evict_s = evict_s / evictions;
-  return c;
+  calibration out;
+  out.cost = c;
+  if (load_s > 0 && nominal_s > 0) out.cost.link_efficiency = std::min(1.0, nominal_s / load_s);
+  if (evictions > 0) out.cost.evict_s = evict_s / evictions;
+  if (auto m = status.find("manager"); m != status.end() && m->is_object())
+    if (auto ms = m->find("models"); ms != m->end() && ms->is_array())
+      for (auto& x : *ms)
+        if (x.is_object() && x.value("step-ms", 0.0) > 0 && x.contains("model") &&
+            x["model"].is_string())
+          out.step_s[x["model"].get<std::string>()] = x["step-ms"].get<double>() / 1e3;
+  return out;
 }
 
 /// From `computron bench exp1 --json`: the link efficiency its loads achieved and its
 /// mean eviction time.
-caf::expected<sim::cost_model> calibrate_from_file(const std::string& path, sim::cost_model c) {
+caf::expected<calibration> calibrate_from_file(const std::string& path, sim::cost_model c) {
   auto text = read_text(path);
   if (!text) return text.error();
   auto j = json::parse(*text, nullptr, false);
   if (j.is_discarded() || !j.is_object())
     return make_error(ec::invalid_request, path + " is not a JSON object");
-  if (j.contains("cost")) return read_cost(j["cost"].dump(), c);
+  if (j.contains("cost")) {
+    auto cost = read_cost(j["cost"].dump(), c);
+    if (!cost) return cost.error();
+    return calibration{*cost, {}};
+  }
   if (!j.contains("rows") || !j["rows"].is_array() || j["rows"].empty())
     return make_error(ec::invalid_request,
                       path + " has neither \"cost\" nor the \"rows\" of bench exp1 --json");
@@ -87,7 +144,7 @@ caf::expected<sim::cost_model> calibrate_from_file(const std::string& path, sim:
   }
   if (eff > 0) c.link_efficiency = std::min(1.0, eff / static_cast<double>(n));
   if (off > 0) c.evict_s = off / static_cast<double>(n);
-  return c;
+  return calibration{c, {}};
 }
 
 }  // namespace
@@ -144,7 +201,7 @@ caf::expected<sim::sim_config> sim_config_from(const serve_config& cfg,
                                                                       : gpu::device_kind::emulated);
   out.workspace_bytes = cfg.runtime.scheduler.workspace_bytes;
   out.scheduler = {cfg.runtime.scheduler.policy, cfg.runtime.scheduler.max_transfers_per_link,
-                   cfg.runtime.scheduler.prefetch};
+                   cfg.runtime.scheduler.prefetch, cfg.runtime.scheduler.compute_while_loading};
   out.batching = actors::batching_of(cfg.runtime.manager);
   out.cost = cost;
   if (!(cost.tflops > 0)) return bad("the simulator needs a compute rate: tflops above 0");
@@ -167,8 +224,10 @@ caf::expected<sim::sim_config> sim_config_from(const serve_config& cfg,
         if (!layout) return layout.error();
         m.shard_bytes.push_back(layout->total_bytes());
         total += layout->total_bytes();
+        if (k == 0 && r == 0) m.layers = std::max(1, decoder_layers(*layout));
       }
     if (model.kind == "toy") {
+      m.layers = actors::toy_layers_per_stage;
       m.step_s = model.toy_compute_ms / 1e3;
     } else {
       // Two flops per weight per token over every device of the model at once.
@@ -216,11 +275,19 @@ int run_sim_cli(const sim_cli& cli) {
   if (cli.tflops > 0) cost.tflops = cli.tflops;
   auto sc = sim_config_from(cfg, actors::all_engines(), cost, cli.capacity_gb, cli.link_gbps);
   if (!sc) return usage(render(sc.error()));
+  // Models whose step time a server measured (--calibrate URL), for the output.
+  std::map<std::string, double> measured_steps;
   if (!cli.calibrate.empty()) {
     auto c = cli.calibrate.rfind("http", 0) == 0 ? calibrate_from_server(cli.calibrate, *sc, cost)
                                                  : calibrate_from_file(cli.calibrate, cost);
     if (!c) return usage("--calibrate " + cli.calibrate + ": " + render(c.error()));
-    sc->cost = *c;
+    sc->cost = c->cost;
+    for (auto& m : sc->models)
+      if (auto i = c->step_s.find(m.name); i != c->step_s.end()) {
+        m.step_s = i->second;
+        m.step_per_token_s = 0;
+        measured_steps[m.name] = i->second;
+      }
   }
   sc->prompt_len = cli.workload.prompt_len;
   sc->max_tokens = cli.workload.max_tokens;
@@ -250,6 +317,7 @@ int run_sim_cli(const sim_cli& cli) {
                {"request_overhead_s", sc->cost.request_overhead_s},
                {"lease_overhead_s", sc->cost.lease_overhead_s},
                {"tflops", sc->cost.tflops}}},
+             {"measured_step_s", measured_steps},
              {"events", result.events},
              {"scheduler",
               {{"policy", sc->scheduler.policy},

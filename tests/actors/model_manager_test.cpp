@@ -25,10 +25,13 @@ struct manager_fixture : deterministic_fixture {
   swap_scheduler_actor scheduler;
   model_manager_actor manager;
 
-  manager_fixture() {
+  /// The fake workers answer a step at once, loaded or not; tests of a hanging load turn
+  /// compute while loading off so its batch waits for the load, as a real step would.
+  explicit manager_fixture(bool compute_while_loading = true) {
     script.holder = sys.spawn(computron::testing::load_holder);
     worker = sys.spawn(fake_worker, &script, 0);
     swap_scheduler_options so;
+    so.compute_while_loading = compute_while_loading;
     scheduler = spawn_swap_scheduler(sys, {{worker, 100 << 20, 10.0}}, so).value();
     model_manager_options mo;
     mo.max_batch_size = 4;
@@ -314,7 +317,7 @@ TEST_CASE("unregister evicts, frees every worker's shard and frees the name",
 
 TEST_CASE("unregister is refused while requests of the model are in flight",
           "[actors][manager][control]") {
-  manager_fixture f;
+  manager_fixture f{false};
   f.script.hanging.insert("m");
   auto pending = f.send();
   f.sched.run();

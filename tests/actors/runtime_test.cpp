@@ -279,3 +279,59 @@ TEST_CASE("a burst beyond the queue bound is refused as overloaded and the rest 
   CHECK(overloaded == 18);
   CHECK(f.infer(request("m", {1})));
 }
+
+TEST_CASE("a cold request computes while its model loads and answers as a resident one",
+          "[actors][runtime]") {
+  for (bool overlap : {true, false}) {
+    INFO("compute while loading " << overlap);
+    system_config cfg;
+    caf::actor_system sys{cfg};
+    caf::scoped_actor self{sys};
+    runtime_options o;
+    o.devices.kind = "emulated";
+    o.devices.count = 2;
+    o.devices.emulated_capacity_bytes = 40ull << 20;
+    o.devices.emulated_link_gbps = 0.1;  // 8 MiB: at least 84 ms
+    o.worker.chunk_bytes = 1 << 20;      // eight chunks: layers can start one by one
+    o.manager.batch_window = 0ms;
+    o.scheduler.compute_while_loading = overlap;
+    auto rt = start_runtime(sys, o, torch_free_engines());
+    REQUIRE(rt);
+    model_config m;
+    m.name = "cold";
+    m.kind = "toy";
+    m.pp = 2;
+    m.devices = {0, 1};
+    m.seed = 7;
+    m.toy_shard_bytes = 8 << 20;
+    m.toy_compute_ms = 80;
+    bool registered = false;
+    self->request(rt->manager, 30s, register_atom_v, m)
+        .receive([&](model_info&) { registered = true; },
+                 [&](caf::error& e) { FAIL_CHECK(render(e)); });
+    REQUIRE(registered);
+    gpu::device_options d = o.devices;
+    d.emulated_link_gbps = 100;
+    auto devs = gpu::open_devices(d).value();
+    std::vector<int64_t> prompt{3, 1, 4};
+    auto expected = direct_generate(*make_toy_engine(), m, devs, {prompt}, 2, {}).value().at(0);
+    for (bool cold : {true, false}) {
+      INFO("cold " << cold);
+      infer_reply r;
+      self->request(rt->frontend, 30s, infer_atom_v, request("cold", prompt, 2))
+          .receive([&](infer_reply& x) { r = std::move(x); },
+                   [&](caf::error& e) { FAIL_CHECK(render(e)); });
+      // Computed over bytes still arriving, the answer is the resident one's.
+      CHECK(r.tokens == expected);
+      CHECK(r.swapped == cold);
+      if (!cold) continue;
+      // Leased as soon as the copies were queued, long before the load could end; or,
+      // without the overlap, only once all of it arrived.
+      if (overlap)
+        CHECK(r.load_ms < 42);
+      else
+        CHECK(r.load_ms >= 80);
+    }
+    rt->shutdown();
+  }
+}

@@ -27,7 +27,7 @@ struct scheduler_fixture : deterministic_fixture {
     for (auto& w : workers) caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
   }
 
-  explicit scheduler_fixture(const std::string& policy = "lru") {
+  explicit scheduler_fixture(const std::string& policy = "lru", bool compute_while_loading = true) {
     script.holder = sys.spawn(computron::testing::load_holder);
     std::vector<scheduler_device> devs;
     for (int32_t d = 0; d < 2; ++d) {
@@ -36,6 +36,7 @@ struct scheduler_fixture : deterministic_fixture {
     }
     swap_scheduler_options o;
     o.policy = policy;
+    o.compute_while_loading = compute_while_loading;
     o.load_timeout = std::chrono::seconds(5);
     sched_actor = spawn_swap_scheduler(sys, devs, o).value();
   }
@@ -131,7 +132,7 @@ TEST_CASE("the cost-aware policy keeps the model in demand even when LRU would e
 }
 
 TEST_CASE("concurrent acquires of a loading model wait for one load", "[actors][scheduler]") {
-  scheduler_fixture f;
+  scheduler_fixture f{"lru", false};
   f.add("a");
   f.script.hanging.insert("a");
   auto h1 = f.self->request(f.sched_actor, caf::timespan{std::chrono::hours(1)}, acquire_atom_v,
@@ -237,7 +238,7 @@ TEST_CASE("a load that can never fit is refused before anything moves", "[actors
 }
 
 TEST_CASE("a worker that fails a load fails only that model", "[actors][scheduler]") {
-  scheduler_fixture f;
+  scheduler_fixture f{"lru", false};
   f.add("bad");
   f.add("good");
   f.script.failing.insert("bad");
@@ -254,7 +255,7 @@ TEST_CASE("a worker that fails a load fails only that model", "[actors][schedule
 }
 
 TEST_CASE("the load join fails on a timeout and the model can load again", "[actors][scheduler]") {
-  scheduler_fixture f;
+  scheduler_fixture f{"lru", false};
   f.add("slow");
   f.script.hanging.insert("slow");
   auto h = f.self->request(f.sched_actor, caf::timespan{std::chrono::hours(1)}, acquire_atom_v,
@@ -316,4 +317,94 @@ TEST_CASE("a lost device makes its models unavailable and frees their other shar
   f.use("a");
   CHECK(f.state_of("a") == "resident");
   CHECK(f.script.loads["a"] == 4);
+}
+
+TEST_CASE("with compute while loading, leases come when the copies start, loads when they end",
+          "[actors][scheduler]") {
+  scheduler_fixture f;
+  f.add("a");
+  f.add("b");
+  f.add("c");
+  f.use("b");
+  f.script.hanging.insert("a");
+  auto h1 = f.self->request(f.sched_actor, caf::timespan{std::chrono::hours(1)}, acquire_atom_v,
+                            std::string{"a"});
+  auto h2 = f.self->request(f.sched_actor, caf::timespan{std::chrono::hours(1)}, acquire_atom_v,
+                            std::string{"a"});
+  auto explicit_load = f.self->request(f.sched_actor, caf::timespan{std::chrono::hours(1)},
+                                       load_atom_v, std::string{"a"});
+  f.sched.run();
+  // Both leases are here while the copies still run; the explicit load still waits.
+  CHECK(f.script.begins["a"] == 2);
+  CHECK(f.state_of("a") == "loading");
+  int granted = 0;
+  for (auto* h : {&h1, &h2})
+    std::move(*h).receive(
+        [&](lease& l) {
+          CHECK(l.loaded);
+          CHECK(l.loading);
+          ++granted;
+        },
+        [&](caf::error& e) { FAIL(render(e)); });
+  CHECK(granted == 2);
+  CHECK(f.self->mailbox().empty());  // the explicit load has no answer yet
+  // A third acquire while it loads is granted at once.
+  auto third = f.acquire("a");
+  REQUIRE(third);
+  CHECK_FALSE(third->loaded);
+  CHECK(third->loading);
+  // A loading model is no victim, leased or not: c's room comes from b.
+  auto hc = f.self->request(f.sched_actor, caf::timespan{std::chrono::hours(1)}, acquire_atom_v,
+                            std::string{"c"});
+  f.sched.run();
+  CHECK(f.state_of("a") == "loading");
+  f.self->send(f.script.holder, caf::ok_atom_v);
+  f.sched.run();
+  CHECK(f.state_of("a") == "resident");
+  CHECK(f.state_of("b") == "offloaded");  // the victim was b, never the leased a
+  CHECK(f.state_of("c") == "resident");
+  CHECK(f.script.loads["a"] == 2);
+  bool loaded = false;
+  std::move(explicit_load)
+      .receive([&](residency_report& r) { loaded = r.state == "resident"; },
+               [&](caf::error& e) { FAIL(render(e)); });
+  CHECK(loaded);
+  std::move(hc).receive([](lease&) {}, [&](caf::error& e) { FAIL(render(e)); });
+  for (int i = 0; i < 3; ++i) f.release("a");
+  f.release("c");
+  // Three leases, three releases: a is free to go now.
+  f.use("b");
+  CHECK(f.state_of("a") == "offloaded");
+}
+
+TEST_CASE("with compute while loading, a load that fails to start fails its leases",
+          "[actors][scheduler]") {
+  scheduler_fixture f;
+  f.add("a");
+  f.script.failing_begin.insert("a");
+  auto refused = f.acquire("a");
+  REQUIRE_FALSE(refused);
+  CHECK(is(refused.error(), ec::out_of_device_memory));
+  CHECK(f.state_of("a") == "offloaded");
+  CHECK(f.script.loads["a"] == 0);  // never got to the second half
+  f.script.failing_begin.clear();
+  CHECK(f.acquire("a"));
+}
+
+TEST_CASE("with compute while loading, a load that fails midway leaves a model that loads again",
+          "[actors][scheduler]") {
+  scheduler_fixture f;
+  f.add("a");
+  f.script.failing.insert("a");
+  // The lease comes at the start; the copies then fail (the batch on it would fail by
+  // itself, at its next layer).
+  auto l = f.acquire("a");
+  REQUIRE(l);
+  CHECK(l->loading);
+  CHECK(f.state_of("a") == "offloaded");
+  f.release("a");
+  f.script.failing.clear();
+  f.use("a");
+  CHECK(f.state_of("a") == "resident");
+  CHECK(f.script.begins["a"] == 4);
 }

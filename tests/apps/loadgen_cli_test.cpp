@@ -255,3 +255,37 @@ TEST_CASE("loadgen refuses models the server does not have", "[cli][loadgen]") {
   CHECK(listed.exit_code == 2);
   CHECK_THAT(listed.out, Catch::Contains("unknown model zz"));
 }
+
+TEST_CASE("sim --calibrate reads a live server's link efficiency and step times",
+          "[cli][sim][loadgen]") {
+  server srv{1024, 20};  // 20 ms per forward step
+  // Traffic that swaps (two of three models fit) and teaches the manager its step times.
+  auto lg = run("loadgen --url " + srv.url() +
+                " --models ma,mb,mc --rates 8,8,8 --duration 2 --seed 3 --max-tokens 2 --json");
+  REQUIRE(lg.exit_code == 0);
+  auto sim = run("sim --config " + srv.dir + "/config.json --calibrate " + srv.url() +
+                 " --models ma,mb,mc --rates 1,1,1 --duration 2 --seed 1 --json");
+  INFO(sim.out);
+  REQUIRE(sim.exit_code == 0);
+  auto j = json::parse(sim.out);
+  auto& cost = j.at("cost");
+  // The emulated links run at their nominal rate (bench swap: 0.999), page faults aside.
+  CHECK(cost.at("link_efficiency").get<double>() > 0.2);
+  CHECK(cost.at("link_efficiency").get<double>() <= 1.0);
+  CHECK(cost.at("evict_s").get<double>() < 0.1);
+  // Every model's step time is the server's measurement: 20 ms of emulated compute, plus
+  // the messages between stages, never less.
+  auto& steps = j.at("measured_step_s");
+  for (auto m : {"ma", "mb", "mc"}) {
+    INFO(m);
+    REQUIRE(steps.contains(m));
+    CHECK(steps.at(m).get<double>() >= 0.019);
+    CHECK(steps.at(m).get<double>() < 0.5);
+  }
+  // A server that is not there is a clear error.
+  auto gone = run(
+      "sim --config " + srv.dir + "/config.json --calibrate http://127.0.0.1:1" + " --duration 1",
+      true);
+  CHECK(gone.exit_code != 0);
+  CHECK_THAT(gone.all, Catch::Contains("--calibrate"));
+}

@@ -135,6 +135,12 @@ TEST_CASE("runtime failures reach HTTP as 5xx with their message", "[net][errors
   CHECK_THAT(broken.body, Catch::Contains("broken-a"));
 
   // A join that times out is a 503 with Retry-After and names the model and the step.
+  // Loaded first: a first step on a loading model may also wait for the load.
+  {
+    caf::scoped_actor self{sys};
+    self->request(rt->manager, 30s, load_atom_v, std::string{"slow-a"})
+        .receive([](model_info&) {}, [&](caf::error& e) { FAIL(render(e)); });
+  }
   auto slow = infer("slow-a");
   CHECK(slow.status == 503);
   CHECK(slow.retry_after == "1");

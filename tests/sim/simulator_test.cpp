@@ -55,7 +55,9 @@ TEST_CASE("a hand-computed scenario: every latency is load plus compute, or comp
   }
   CHECK(r.records[0].swapped);
   CHECK_FALSE(r.records[3].swapped);
-  CHECK(r.records[4].load_ms == Approx(1050).margin(1e-3));  // waited for a, then loaded
+  // Waited for a's batch to drain; leased when b's load started (compute while loading;
+  // one layer per stage here, so the step still waits for all of b).
+  CHECK(r.records[4].load_ms == Approx(50).margin(1e-3));
   REQUIRE(r.devices.size() == 1);
   CHECK(r.devices[0].shard_loads == 4);
   CHECK(r.devices[0].evictions == 3);
@@ -157,6 +159,8 @@ TEST_CASE("drop-late in the simulator refuses at dispatch what expiry refuses af
           "[sim][slo]") {
   auto cfg = two_models();
   cfg.drop_late_deadline_ms = 500;
+  // Leased only once loaded, so a deadline can pass during the load.
+  cfg.scheduler.compute_while_loading = false;
   // a cold (its deadline passes while it loads); a warm; b cold (likewise); a cold again:
   // its 1 s load is known now, so it is refused at once and nothing loads for it.
   auto s = arrivals({{0, 0}, {5, 0}, {10, 1}, {20, 0}});
@@ -173,4 +177,32 @@ TEST_CASE("drop-late in the simulator refuses at dispatch what expiry refuses af
   CHECK(r.records[3].status == 503);
   CHECK(r.records[3].done_s == Approx(20.0).margin(1e-6));
   CHECK(r.devices[0].shard_loads == 2);
+}
+
+TEST_CASE("compute while loading in the simulator: a cold request costs its load and one layer",
+          "[sim]") {
+  for (bool overlap : {true, false}) {
+    INFO("compute while loading " << overlap);
+    auto cfg = two_models();
+    cfg.scheduler.compute_while_loading = overlap;
+    cfg.models[0].layers = 4;
+    // b: two pipeline stages on two devices, 50 ms each, 1 GB each, loading in parallel.
+    cfg.devices.push_back({1500000000, 1.0});
+    cfg.models[1].pp = 2;
+    cfg.models[1].devices = {0, 1};
+    cfg.models[1].shard_bytes = {gb, gb};
+    cfg.models[1].layers = 4;
+    auto s = arrivals({{0, 0}, {5, 1}});
+    std::string error;
+    auto r = run(cfg, s, &error);
+    REQUIRE(error.empty());
+    REQUIRE(r.records.size() == 2);
+    // a: layer i of 4 waits for (i+1)/4 of the 1 s load; the last ends 25 ms after it.
+    CHECK(r.records[0].latency_s() == Approx(overlap ? 1.025 : 1.1).margin(1e-6));
+    // b: stage 0's last layer ends at 1.0125 s; stage 1 (loaded at 1.0) takes its 50 ms.
+    CHECK(r.records[1].latency_s() == Approx(overlap ? 1.0625 : 1.1).margin(1e-6));
+    CHECK(r.records[1].load_ms == Approx(overlap ? 0 : 1000).margin(1e-3));
+    // Each step time learned is the step's own, never the wait.
+    CHECK(r.records[0].compute_ms == Approx(100).margin(1e-3));
+  }
 }

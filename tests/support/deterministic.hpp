@@ -54,6 +54,9 @@ struct fake_worker_script {
   std::map<std::string, int> evictions;
   std::set<std::string> failing;
   std::set<std::string> hanging;
+  /// Loads started (begin_load, once per shard) and models whose start fails.
+  std::map<std::string, int> begins;
+  std::set<std::string> failing_begin;
   /// Models whose prepare fails (a registration that fails on a worker).
   std::set<std::string> failing_prepare;
   std::map<std::string, int> unregistered;
@@ -99,6 +102,12 @@ inline actors::shard_worker_actor::behavior_type fake_worker(
                     [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
           return rp;
         }
+        return transfer_report{m, device, 0, 0};
+      },
+      [=](begin_load_atom, std::string& m) -> caf::result<transfer_report> {
+        ++script->begins[m];
+        if (script->failing_begin.count(m) > 0)
+          return make_error(ec::out_of_device_memory, "injected: no room for " + m);
         return transfer_report{m, device, 0, 0};
       },
       [=](evict_atom, std::string& m) {
