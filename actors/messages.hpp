@@ -242,12 +242,14 @@ struct lease {
   /// Granted while the model still loads (compute while loading): the first step also
   /// waits for the model's bytes, layer by layer.
   bool loading = false;
+  /// While loading: what the load still takes at nominal rates (when to start the batch).
+  double load_left_ms = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, lease& x) {
   return f(caf::meta::type_name("lease"), x.model, x.loaded, x.wait_ms, x.load_estimate_ms,
-           x.resident, x.loading);
+           x.resident, x.loading, x.load_left_ms);
 }
 
 /// The scheduler's view of one model.

@@ -49,12 +49,11 @@ struct batch {
   double load_ms = 0;
   double compute_ms = 0;
   bool swapped = false;
-  /// Leased while its model still loaded: the first step also waits for the bytes, so
-  /// its time is no measure of compute, and it may take as long as the load.
+  /// Leased while its model still loaded: the first step also waits for the bytes (the
+  /// workers report compute without that wait), and it may take as long as the load.
   bool loading = false;
-  double load_estimate_ms = 0;
-  /// The first step's time: a batch leased while loading learns only from the others.
-  double first_step_ms = 0;
+  double load_left_ms = 0;
+  sched::time_point leased_at{};
   /// Steps run: the batcher's service estimate learns per step.
   int64_t steps = 0;
 };
@@ -209,12 +208,7 @@ void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* er
   st.gate->finish(m.cfg.devices);
   self->send(st.scheduler, release_atom_v, b->model);
   st.batcher->batch_ended(m.index);
-  // A batch that started on a loading model waited for bytes in its first step: only the
-  // steps after it measure compute.
-  if (!err && !b->loading && b->steps > 0)
-    st.batcher->note_steps(m.index, b->compute_ms / 1e3, b->steps);
-  else if (!err && b->loading && b->steps > 1)
-    st.batcher->note_steps(m.index, (b->compute_ms - b->first_step_ms) / 1e3, b->steps - 1);
+  if (!err && b->steps > 0) st.batcher->note_steps(m.index, b->compute_ms / 1e3, b->steps);
   if (err || !b->caches_dropped)
     for (auto& w : m.cfg.devices)
       self->send(st.workers[static_cast<size_t>(w)], cancel_atom_v, b->model, b->id);
@@ -256,7 +250,7 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vecto
   auto timeout = st.opts.step_timeout * static_cast<int>(pp);
   if (step == 0 && b->loading)  // it also waits for the load under way
     timeout += std::max<std::chrono::milliseconds>(
-        30s, std::chrono::milliseconds(static_cast<int64_t>(4 * b->load_estimate_ms)));
+        30s, std::chrono::milliseconds(static_cast<int64_t>(4 * b->load_left_ms)));
   auto j = make_join<step_result>(
       tp,
       [=](std::vector<step_result> results) {
@@ -269,7 +263,6 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vecto
           return;
         }
         b->compute_ms += first.compute_ms;
-        if (step == 0) b->first_step_ms = first.compute_ms;
         // Each row goes on, or is answered now and leaves the batch: no decode step is
         // spent on a row that is done.
         std::vector<size_t> next;
@@ -415,6 +408,18 @@ void try_run(manager_pointer self) {
     auto b = std::move(st.runnable.front());
     st.runnable.pop_front();
     auto& m = st.models.at(b->model);
+    if (b->loading) {
+      // Started too early, its first stage would hold the devices' compute lanes (and a
+      // gate slot) while it waits for bytes, and every other batch there would wait
+      // behind it. It starts when the rest of the load takes about its first stage.
+      auto at = sched::overlap_start(b->leased_at, b->load_left_ms / 1e3,
+                                     st.batcher->step_seconds(m.index), m.cfg.pp);
+      if (at > now(self)) {
+        arm_tick(self, at);
+        still.push_back(std::move(b));
+        continue;
+      }
+    }
     if (!st.gate->try_start(pass, m.gate_key, m.cfg.devices, m.cfg.pp)) {
       still.push_back(std::move(b));
       continue;
@@ -464,7 +469,8 @@ void start_batch(manager_pointer self, const batch_ptr& b) {
             b->load_ms = l.wait_ms;
             b->swapped = l.loaded;
             b->loading = l.loading;
-            b->load_estimate_ms = l.load_estimate_ms;
+            b->load_left_ms = l.load_left_ms;
+            b->leased_at = now(self);
             st.batcher->note_load(st.models.at(b->model).index, l.load_estimate_ms / 1e3);
             if (!l.resident.empty()) note_resident(self, l.resident);
             st.batcher->set_resident(st.models.at(b->model).index, true);
@@ -903,6 +909,7 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
       },
       [=](tick_atom) {
         self->state.tick_at.reset();
+        try_run(self);
         dispatch(self);
       },
   };

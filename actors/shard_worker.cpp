@@ -399,6 +399,7 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
         auto hidden_out = std::make_shared<tensor_payload>();
         lane_job job{[=]() -> caf::error {
           auto t0 = std::chrono::steady_clock::now();
+          const double waited0 = gpu::thread_wait_seconds();
           (void)group;
           auto state = w->state();
           if (state != gpu::residency::resident && state != gpu::residency::loading)
@@ -432,7 +433,8 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
           } else if (!last_stage) {
             *hidden_out = to_payload(*r);
           }
-          out->compute_ms = seconds_since(t0) * 1e3;
+          // Compute only: time spent waiting for bytes still loading is the load's.
+          out->compute_ms = (seconds_since(t0) - (gpu::thread_wait_seconds() - waited0)) * 1e3;
           return {};
         }};
         auto rp = self->make_response_promise<step_result>();

@@ -221,7 +221,7 @@ void start_load(sched_pointer self, model_id id) {
       self, workers_of(self, id), self->state.opts.load_timeout,
       [=](std::vector<transfer_report>) {
         auto& st = self->state;
-        if (st.ledger->load_started(id)) finish(st.waiting[id].leases, nullptr);
+        if (st.ledger->load_started(id, now(self))) finish(st.waiting[id].leases, nullptr);
         finish_load(self, id, t0);
       },
       [=](caf::error err, size_t i) { load_failed(self, id, err, i); }, begin_load_atom_v, name);
@@ -324,7 +324,8 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
           if (loaded) l.grant(m, now(self));
           rp.deliver(lease{name, loaded, sched::seconds_between(t0, now(self)) * 1e3,
                            l.load_seconds(m) * 1e3, resident_names(self),
-                           l.model(m).state == model_state::loading});
+                           l.model(m).state == model_state::loading,
+                           l.load_left_seconds(m, now(self)) * 1e3});
         };
         if (result == sched::acquire_result::wait_drain) {
           st.waiting[m].held.push_back(std::move(grant));

@@ -199,6 +199,14 @@ caf::error weight_shard::wait_loaded(std::chrono::milliseconds timeout) {
   return wait_bytes(size_bytes(), timeout);
 }
 
+namespace {
+thread_local double waited_s = 0;
+}  // namespace
+
+double thread_wait_seconds() {
+  return waited_s;
+}
+
 caf::error weight_shard::wait_bytes(uint64_t bytes, std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   std::vector<copy_event_ptr> waits;
@@ -218,11 +226,13 @@ caf::error weight_shard::wait_bytes(uint64_t bytes, std::chrono::milliseconds ti
     waits.assign(chunks_.begin() + static_cast<ptrdiff_t>(ready_chunks_),
                  chunks_.begin() + std::max<ptrdiff_t>(last + 1, ready_chunks_));
   }
+  auto t0 = std::chrono::steady_clock::now();
   for (auto& ev : waits) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (auto err = ev->wait(std::max(left, std::chrono::milliseconds{0}))) return err;
   }
+  waited_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::lock_guard<std::mutex> guard{mtx_};
   refresh_locked();
   if (state_ == residency::offloaded && failure_) return failure_;

@@ -76,6 +76,10 @@ struct load_options {
   uint64_t chunk_bytes = 32ull << 20;
 };
 
+/// Seconds this thread has spent blocked in weight_shard::wait_bytes (for every shard):
+/// a forward step subtracts them, so its compute time is compute, not a load's tail.
+double thread_wait_seconds();
+
 /// One model shard on one device. The host buffer is written once at registration and
 /// never rewritten: eviction frees the device copy and copies nothing back. Thread-safe.
 class weight_shard {

@@ -225,4 +225,9 @@ void device_gate::finish(const std::vector<int32_t>& devices) {
   }
 }
 
+time_point overlap_start(time_point leased, double load_left_s, double step_s, int32_t pp) {
+  double first_stage_s = step_s / static_cast<double>(std::max(1, pp));
+  return leased + from_seconds(std::max(0.0, load_left_s - first_stage_s));
+}
+
 }  // namespace computron::sched

@@ -103,7 +103,8 @@ class batcher {
   /// first if the model is not resident and no batch of it is in flight, which would be
   /// loading it); unset before the model's first measured batch.
   std::optional<double> estimate_s(uint32_t model, int64_t steps) const;
-  /// The moving average of seconds per forward step (0: none measured yet).
+  /// The moving average of seconds per forward step (0: none measured yet): compute only,
+  /// whatever the batch waited for bytes of a load.
   double step_seconds(uint32_t model) const;
   /// The manager's belief about residency, for resident-first.
   void set_resident(uint32_t model, bool resident);
@@ -183,5 +184,13 @@ class device_gate {
   std::vector<device_use> use_;
   std::vector<std::pair<std::string, uint32_t>> keys_;
 };
+
+/// When a batch leased on a loading model should start (compute while loading): once
+/// the rest of the load takes about its first stage's compute, so that stage's layers
+/// meet their bytes as they arrive instead of holding the devices while the whole load
+/// runs. `load_left_s` is what the load still takes at the lease (unhindered estimate),
+/// `step_s` a forward step of the whole model (0: unknown, so the batch waits for about
+/// the whole load).
+time_point overlap_start(time_point leased, double load_left_s, double step_s, int32_t pp);
 
 }  // namespace computron::sched

@@ -220,11 +220,18 @@ void ledger::free_shards(model_entry& m) {
   }
 }
 
-bool ledger::load_started(model_id id) {
+bool ledger::load_started(model_id id, time_point now) {
   auto& m = models_[id];
   if (!opts_.compute_while_loading || m.state != model_state::loading) return false;
   m.computable = true;
+  m.computable_since = now;
   return true;
+}
+
+double ledger::load_left_seconds(model_id id, time_point now) const {
+  auto& m = models_[id];
+  if (m.state != model_state::loading || !m.computable) return 0;
+  return std::max(0.0, load_seconds(id) - seconds_between(m.computable_since, now));
 }
 
 void ledger::load_done(model_id id, time_point now) {

@@ -60,6 +60,8 @@ struct model_entry {
   /// Loading, and every shard's copies are queued (load_started): batches may lease it
   /// and compute while the rest arrives (ledger_options::compute_while_loading).
   bool computable = false;
+  /// When it became computable (load_started).
+  time_point computable_since{};
   /// Chosen as a victim for a waiting load but still leased: no new leases until it is
   /// evicted or the drain is called off. Without this, a model whose batches overlap
   /// (pipelining, steady traffic) would hold its lease forever and starve the load.
@@ -197,7 +199,10 @@ class ledger {
   /// Every shard of a loading model has its copies queued: with compute_while_loading,
   /// it may be leased from now on (returns true: grant the lease requests waiting for
   /// its load now). False when the option is off or the model is not loading.
-  bool load_started(model_id id);
+  bool load_started(model_id id, time_point now);
+  /// Seconds its load still takes at the links' nominal rates (0 when it is not loading
+  /// or should be done by now): when a batch leased on it should start.
+  double load_left_seconds(model_id id, time_point now) const;
   /// Loads and evictions end. A failed eviction leaves the model resident (its device
   /// copy is in an unknown state, so it stays accounted). A failed load may leave
   /// leases behind (batches that started on it fail on their own and release them).

@@ -85,11 +85,11 @@ struct batch {
   time_point leased{};
   int64_t steps = 1;
   bool swapped = false;
-  /// Leased while its model loaded: its time waited for bytes too, so the batcher
-  /// does not learn a step time from it (as the manager does not).
+  /// Leased while its model loaded, and what the load still took then (nominal): it
+  /// starts when the rest takes about its first stage (sched::overlap_start).
   bool loading = false;
+  double load_left_s = 0;
   double compute_s = 0;
-  double first_step_s = 0;
 };
 
 /// A load's bytes in flight, per pipeline stage: they flow from `from` and the stage's
@@ -205,6 +205,7 @@ class simulator {
       switch (e.kind) {
         case event_kind::tick:
           tick_at_.reset();
+          try_run();
           dispatch();
           break;
         case event_kind::load_done:
@@ -380,7 +381,7 @@ class simulator {
     push(now_ + sched::from_seconds(longest), load ? event_kind::load_done : event_kind::evict_done,
          m);
     // Compute while loading: the copies are queued, the waiting batches start now.
-    if (load && ledger_->load_started(m)) grant_waiting(m, true);
+    if (load && ledger_->load_started(m, now_)) grant_waiting(m, true);
   }
 
   /// The batches waiting for `m`'s load get their leases.
@@ -397,6 +398,7 @@ class simulator {
                                  : time_point::duration{});
       b.swapped = true;
       b.loading = loading;
+      b.load_left_s = ledger_->load_left_seconds(m, now_);
       runnable_.push_back(id);
     }
     granted_while_loading_ = true;
@@ -426,6 +428,16 @@ class simulator {
       runnable_.pop_front();
       auto& b = batches_[id];
       auto& sm = cfg_.models[b.model];
+      if (b.loading) {
+        // As the manager: not before the rest of the load takes about its first stage.
+        auto at =
+            sched::overlap_start(b.leased, b.load_left_s, batcher_->step_seconds(b.model), sm.pp);
+        if (at > now_) {
+          arm_tick(at);
+          still.push_back(id);
+          continue;
+        }
+      }
       if (!gate_->try_start(pass, keys_[b.model], sm.devices, sm.pp)) {
         still.push_back(id);
         continue;
@@ -491,7 +503,6 @@ class simulator {
         free_at[k] = t;
         busy += stage_s;
       }
-      if (step == 0) b.first_step_s = busy;
     }
     b.compute_s = busy;
     b.steps = steps;
@@ -517,10 +528,7 @@ class simulator {
     gate_->finish(sm.devices);
     release(b.model);
     batcher_->batch_ended(b.model);
-    if (!b.loading)
-      batcher_->note_steps(b.model, b.compute_s, b.steps);
-    else if (b.steps > 1)
-      batcher_->note_steps(b.model, b.compute_s - b.first_step_s, b.steps - 1);
+    batcher_->note_steps(b.model, b.compute_s, b.steps);
     for (auto& e : b.rows) {
       auto& r = requests_[e.key];
       if (!r.measured) continue;

@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
   seed(8, "step_result", step_result{{7, 8}, 1.5});
   seed(9, "device_reports", std::vector<device_report>{d, d});
   seed(10, "model_placement", model_placement{"opt-a", {0, 1}, {10, 20}, false, 1});
-  seed(11, "lease", lease{"opt-a", true, 2.5, 2.0, {"opt-a", "opt-b"}});
+  seed(11, "lease", lease{"opt-a", true, 2.5, 2.0, {"opt-a", "opt-b"}, true});
   seed(12, "residency_reports", std::vector<residency_report>{rr});
   seed(13, "device_usage", std::vector<device_usage>{device_usage{0, 100, 50, 1}});
   seed(14, "infer_request", r);
@@ -104,6 +104,8 @@ int main(int argc, char** argv) {
   };
   msg_seed("message_infer", caf::make_message(computron::atom::infer_atom_v, r));
   msg_seed("message_load", caf::make_message(computron::atom::load_atom_v, std::string{"opt-a"}));
+  msg_seed("message_begin_load",
+           caf::make_message(computron::atom::begin_load_atom_v, std::string{"opt-a"}));
   msg_seed("message_infos", caf::make_message(std::vector<model_info>{info}));
   return 0;
 }

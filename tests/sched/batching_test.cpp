@@ -242,3 +242,16 @@ TEST_CASE("the queue matches a plain list under random admissions, expiries and 
     }
   }
 }
+
+TEST_CASE("a batch leased on a loading model starts when the rest takes its first stage",
+          "[sched][batching]") {
+  time_point t{};
+  auto at = [&](double left, double step, int32_t pp) {
+    return seconds_between(t, overlap_start(t, left, step, pp));
+  };
+  CHECK(at(1.0, 0.2, 1) == Approx(0.8));  // its one stage meets the last bytes
+  CHECK(at(1.0, 0.2, 2) == Approx(0.9));  // the first of two stages: 0.1 s
+  CHECK(at(0.1, 0.4, 1) == Approx(0.0));  // compute outlasts the load: at once
+  CHECK(at(1.0, 0.0, 1) == Approx(1.0));  // step unknown: about the whole load
+  CHECK(at(0.0, 0.2, 4) == Approx(0.0));  // nothing left
+}

@@ -433,3 +433,50 @@ TEST_CASE("the residency epoch moves exactly when the resident set changes", "[s
   f.l->lose({0});  // a lost device makes b and c unavailable
   CHECK(f.l->residency_epoch() != epoch);
 }
+
+TEST_CASE("compute while loading: leases once the copies start, never a victim, time left",
+          "[sched][ledger]") {
+  for (bool overlap : {true, false}) {
+    INFO("compute while loading " << overlap);
+    refusal why;
+    auto l = ledger::make({{100 * mb, 10}, {100 * mb, 10}}, {"lru", 1, false, overlap}, &why);
+    REQUIRE(l);
+    auto a = *l->add("a", {{0, 1}, {40 * mb, 40 * mb}, false, 0}, &why);
+    time_point t{};
+    REQUIRE(l->acquire(a, t) == acquire_result::wait_load);
+    auto d = l->pump(t);
+    REQUIRE(d.loads == std::vector<model_id>{a});
+    // Loading but not started: nothing to lease yet.
+    CHECK(l->acquire(a, t) == acquire_result::wait_load);
+    CHECK(l->load_started(a, t) == overlap);
+    // 40 MiB over a 10 GB/s link: 4.2 ms; 1 ms later 3.2 ms are left.
+    t += std::chrono::milliseconds(1);
+    CHECK(l->load_left_seconds(a, t) ==
+          Approx(overlap ? 40.0 * mb / 10e9 - 0.001 : 0).margin(1e-9));
+    CHECK(l->acquire(a, t) == (overlap ? acquire_result::granted : acquire_result::wait_load));
+    CHECK(l->model(a).leases == (overlap ? 1u : 0u));
+    CHECK(l->model(a).state == model_state::loading);
+    l->load_done(a, t);
+    CHECK(l->load_left_seconds(a, t) == 0);
+    CHECK_FALSE(l->model(a).computable);
+  }
+}
+
+TEST_CASE("a load that fails with leases on it leaves them to their releases", "[sched][ledger]") {
+  ledger_fixture f;
+  auto a = f.add("a");
+  REQUIRE(f.l->acquire(a, f.t) == acquire_result::wait_load);
+  REQUIRE(f.l->pump(f.t).loads.size() == 1);
+  REQUIRE(f.l->load_started(a, f.t));  // on by default
+  f.l->grant(a, f.t);
+  f.l->load_failed(a);
+  CHECK(f.l->model(a).state == model_state::offloaded);
+  CHECK(f.l->device(0).used_bytes == 0);
+  CHECK(f.l->model(a).leases == 1);
+  bool last = false;
+  CHECK(f.l->release(a, f.t, &last));
+  CHECK(last);
+  // It loads again on the next want.
+  f.use(a);
+  CHECK(f.l->model(a).state == model_state::resident);
+}

@@ -192,6 +192,9 @@ TEST_CASE("compute while loading in the simulator: a cold request costs its load
     cfg.models[1].devices = {0, 1};
     cfg.models[1].shard_bytes = {gb, gb};
     cfg.models[1].layers = 4;
+    // Each model served once before (unmeasured): its step time is known, so a batch
+    // leased while it loads starts when the rest of the load takes about its first stage.
+    cfg.warm_up = true;
     auto s = arrivals({{0, 0}, {5, 1}});
     std::string error;
     auto r = run(cfg, s, &error);
