@@ -97,6 +97,8 @@ struct batch {
 struct stage_load {
   time_point from{};
   time_point to{};
+  /// The stage's largest shard.
+  uint64_t bytes = 0;
 };
 
 class simulator {
@@ -121,7 +123,6 @@ class simulator {
       // The unhindered load, as the runtime's leases tell its manager.
       batcher_->note_load(*id, ledger_->load_seconds(*id));
       keys_.push_back(gate_->placement_key(m.tp, m.pp, m.devices));
-      stage_free_.emplace_back(static_cast<size_t>(m.pp), time_point{});
       stage_loads_.emplace_back(static_cast<size_t>(m.pp), stage_load{});
     }
     // Schedule models by index into cfg.models.
@@ -133,6 +134,7 @@ class simulator {
     waiting_.resize(cfg_.models.size());
     held_.resize(cfg_.models.size());
     traffic_.resize(cfg_.devices.size());
+    device_free_.assign(cfg_.devices.size(), time_point{});
     for (size_t d = 0; d < traffic_.size(); ++d) traffic_[d].device = std::to_string(d);
     return {};
   }
@@ -356,7 +358,7 @@ class simulator {
     double longest = 0;
     auto& stages = stage_loads_[m];
     if (load)
-      for (auto& st : stages) st = {now_ + sched::from_seconds(cfg_.cost.load_overhead_s), now_};
+      for (auto& st : stages) st = {now_ + sched::from_seconds(cfg_.cost.load_overhead_s), now_, 0};
     for (size_t k = 0; k < sm.devices.size(); ++k) {
       auto d = static_cast<size_t>(sm.devices[k]);
       double secs = load ? load_seconds(cfg_.cost, sm.shard_bytes[k], cfg_.devices[d].link_gbps)
@@ -365,6 +367,7 @@ class simulator {
       if (load) {
         auto& st = stages[k / static_cast<size_t>(sm.tp)];
         st.to = std::max(st.to, now_ + sched::from_seconds(secs));
+        st.bytes = std::max(st.bytes, sm.shard_bytes[k]);
       }
       auto& t = traffic_[d];
       if (load) {
@@ -467,8 +470,8 @@ class simulator {
   }
 
   /// When a batch started at `start` finishes: every step passes every stage in order,
-  /// each stage one batch at a time (the gate lets up to pp batches of a placement in,
-  /// one per stage).
+  /// each device one stage job at a time, whatever its model (the workers' compute lanes;
+  /// the gate lets up to pp batches of a placement in, one per stage).
   time_point run_compute(batch& b, time_point start) {
     auto& sm = cfg_.models[b.model];
     int64_t steps = 1, prompt_tokens = 0;
@@ -477,7 +480,6 @@ class simulator {
       steps = std::max(steps, r.max_tokens);
       prompt_tokens += r.prompt_len;
     }
-    auto& free_at = stage_free_[b.model];
     auto& loads = stage_loads_[b.model];
     const auto pp = static_cast<size_t>(sm.pp);
     const auto layers = static_cast<int64_t>(sm.layers);
@@ -489,24 +491,42 @@ class simulator {
                            static_cast<double>(pp) +
                        cfg_.cost.stage_overhead_s;
       for (size_t k = 0; k < pp; ++k) {
-        t = std::max(t, free_at[k]);
+        // A stage runs on its devices' compute lanes, one job at a time per device,
+        // whichever model the job is of.
+        const auto tp = static_cast<size_t>(sm.tp);
+        for (size_t r = 0; r < tp; ++r)
+          t = std::max(t, device_free_[static_cast<size_t>(sm.devices[k * tp + r])]);
         if (t >= loads[k].to) {
           t += sched::from_seconds(stage_s);
         } else {
-          // The stage's bytes still arrive: layer i waits for the first (i+1)/layers.
+          // The stage's bytes still arrive: layer i waits for the chunk holding the last
+          // of the first (i+1)/layers of them.
           auto span = loads[k].to - loads[k].from;
           for (int64_t i = 0; i < layers; ++i) {
-            t = std::max(t, loads[k].from + span * (i + 1) / layers);
+            t = std::max(t, loads[k].from + ready_after(span, loads[k].bytes, i + 1, layers));
             t += sched::from_seconds(stage_s / static_cast<double>(layers));
           }
         }
-        free_at[k] = t;
+        for (size_t r = 0; r < tp; ++r)
+          device_free_[static_cast<size_t>(sm.devices[k * tp + r])] = t;
         busy += stage_s;
       }
     }
     b.compute_s = busy;
     b.steps = steps;
     return t;
+  }
+
+  /// When the first `num`/`den` of a shard of `bytes` is on the device, `span` being the
+  /// whole copy: at the end of the chunk that holds that byte.
+  time_point::duration ready_after(time_point::duration span, uint64_t bytes, int64_t num,
+                                   int64_t den) const {
+    const auto c = cfg_.chunk_bytes;
+    if (c == 0 || bytes == 0) return span * num / den;
+    const auto need = bytes * static_cast<uint64_t>(num) / static_cast<uint64_t>(den);
+    const auto upto = std::min(bytes, (need + c - 1) / c * c);
+    return std::chrono::duration_cast<time_point::duration>(
+        span * (static_cast<double>(upto) / static_cast<double>(bytes)));
   }
 
   /// The manager's view of residency, as a granted lease tells it (only when it changed).
@@ -556,7 +576,8 @@ class simulator {
   std::unique_ptr<sched::batcher> batcher_;
   std::unique_ptr<sched::device_gate> gate_;
   std::vector<uint32_t> keys_;
-  std::vector<std::vector<time_point>> stage_free_;
+  /// When each device's compute lane is free again.
+  std::vector<time_point> device_free_;
   std::vector<std::vector<stage_load>> stage_loads_;
   std::vector<model_id> model_of_;
   std::vector<request> requests_;

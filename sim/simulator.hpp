@@ -73,6 +73,9 @@ struct sim_config {
   std::vector<sim_device> devices;
   /// Bytes per device kept for activations.
   uint64_t workspace_bytes = 0;
+  /// Bytes per copy of a load (the workers' chunk_mb): a layer computed while its shard
+  /// loads waits for the chunk that holds its last byte. 0: bytes arrive continuously.
+  uint64_t chunk_bytes = 0;
   sched::ledger_options scheduler;
   sched::batching_options batching;
   std::vector<sim_model> models;
