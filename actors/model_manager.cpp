@@ -96,7 +96,8 @@ struct model_manager_state {
   uint64_t next_key = 1;
   std::deque<batch_ptr> runnable;
   uint64_t next_batch = 1;
-  std::optional<sched::time_point> tick_at;
+  /// Ticks armed and not yet received (see arm_tick).
+  std::set<sched::time_point> ticks;
 };
 
 using manager_pointer = model_manager_actor::stateful_pointer<model_manager_state>;
@@ -158,13 +159,17 @@ model_info info_of(const sched::batcher& b, const managed_model& m, const reside
 void dispatch(manager_pointer self);
 void try_run(manager_pointer self);
 
+/// A pass (dispatch and try_run) at `at`: skipped when a tick is armed between now and
+/// then, which runs first and arms again whatever is still due later. One armed time was
+/// not enough: arming an earlier tick forgot the later one, the next pass armed that
+/// again, and the copies multiplied under load.
 void arm_tick(manager_pointer self, sched::time_point at) {
   auto& st = self->state;
   auto t = now(self);
-  if (st.tick_at && *st.tick_at >= t && *st.tick_at <= at) return;  // an earlier one is armed
-  st.tick_at = at;
-  auto delay = std::max(sched::duration::zero(), at - t);
-  self->delayed_send(self, std::chrono::duration_cast<std::chrono::microseconds>(delay) + 100us,
+  at = std::max(at, t);
+  if (auto i = st.ticks.lower_bound(t); i != st.ticks.end() && *i <= at) return;
+  st.ticks.insert(at);
+  self->delayed_send(self, std::chrono::duration_cast<std::chrono::microseconds>(at - t) + 100us,
                      tick_atom_v);
 }
 
@@ -908,7 +913,8 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
         return rp;
       },
       [=](tick_atom) {
-        self->state.tick_at.reset();
+        auto& ticks = self->state.ticks;
+        ticks.erase(ticks.begin(), ticks.upper_bound(now(self)));
         try_run(self);
         dispatch(self);
       },

@@ -206,7 +206,7 @@ class simulator {
       ++events_;
       switch (e.kind) {
         case event_kind::tick:
-          tick_at_.reset();
+          ticks_.erase(ticks_.begin(), ticks_.upper_bound(now_));
           try_run();
           dispatch();
           break;
@@ -250,10 +250,13 @@ class simulator {
     dispatch();
   }
 
+  /// A pass at `t` (the manager's arm_tick): skipped when one is armed between now and
+  /// then, which runs first and arms again what is still due later.
   void arm_tick(time_point t) {
-    if (tick_at_ && *tick_at_ >= now_ && *tick_at_ <= t) return;
-    tick_at_ = t;
-    push(std::max(t, now_) + std::chrono::microseconds(100), event_kind::tick, 0);
+    t = std::max(t, now_);
+    if (auto i = ticks_.lower_bound(now_); i != ticks_.end() && *i <= t) return;
+    ticks_.insert(t);
+    push(t + std::chrono::microseconds(100), event_kind::tick, 0);
   }
 
   void dispatch() {
@@ -594,7 +597,10 @@ class simulator {
   time_point now_{};
   time_point origin_{};
   time_point last_done_{};
-  std::optional<time_point> tick_at_;
+  /// Ticks armed and not yet run. One armed time was not enough: arming an earlier tick
+  /// forgot the later one, which the next pass then armed again, and the copies of it
+  /// multiplied (millions of ticks at one instant under load).
+  std::set<time_point> ticks_;
   bool granted_while_loading_ = false;
   std::optional<uint64_t> synced_epoch_;
   std::vector<std::pair<size_t, workload::request_record>> records_;
