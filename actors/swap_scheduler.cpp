@@ -311,7 +311,8 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
                        0,
                        st.ledger->load_seconds(*id) * 1e3,
                        resident_names(self),
-                       st.ledger->model(*id).state == model_state::loading};
+                       st.ledger->model(*id).state == model_state::loading,
+                       st.ledger->load_left_seconds(*id, t0) * 1e3};
         if (result == sched::acquire_result::unavailable) return unavailable(*id);
         auto rp = self->make_response_promise<lease>();
         auto m = *id;
