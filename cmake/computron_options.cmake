@@ -36,4 +36,9 @@ if(COMPUTRON_TSAN)
   # -Wno-tsan: gcc warns that TSan does not model std::atomic_thread_fence, once per
   # translation unit that includes a header using it (CAF's); CI's -Werror would stop there.
   target_link_options(computron_flags INTERFACE -fsanitize=thread)
+  # Every executable gets the report filter for races provably inside CAF (its header
+  # says why a suppression entry cannot do it); libraries do not, so it is defined once.
+  target_sources(computron_flags INTERFACE
+    "$<$<STREQUAL:$<TARGET_PROPERTY:TYPE>,EXECUTABLE>:${CMAKE_CURRENT_LIST_DIR}/tsan_report_filter.cpp>")
+  target_link_libraries(computron_flags INTERFACE ${CMAKE_DL_LIBS})
 endif()
