@@ -120,7 +120,17 @@ caf::expected<hf_opt_config> read_hf_opt_config(const std::string& folder) {
     return make_error(ec::invalid_configuration, path + ": " + why);
   };
   if (!j->is_object()) return bad("not a JSON object");
-  bool opt = j->value("model_type", std::string{}) == "opt";
+  // A field transformers writes as a string; json::value() would throw on another type
+  // (found by the hf_folder fuzz target: "model_type": 64).
+  auto text = [&](const char* key, std::string fallback) -> caf::expected<std::string> {
+    auto it = j->find(key);
+    if (it == j->end()) return fallback;
+    if (!it->is_string()) return bad(std::string{"field "} + key + " must be a string");
+    return it->get<std::string>();
+  };
+  auto model_type = text("model_type", "");
+  if (!model_type) return std::move(model_type.error());
+  bool opt = *model_type == "opt";
   if (auto a = j->find("architectures"); a != j->end() && a->is_array())
     for (auto& x : *a) opt = opt || (x.is_string() && x.get<std::string>() == "OPTForCausalLM");
   if (!opt)
@@ -136,7 +146,9 @@ caf::expected<hf_opt_config> read_hf_opt_config(const std::string& folder) {
     return {};
   };
   hf_opt_config c;
-  c.spec.name = j->value("_name_or_path", std::string{"opt"});
+  auto name = text("_name_or_path", "opt");
+  if (!name) return std::move(name.error());
+  c.spec.name = std::move(*name);
   if (c.spec.name.empty()) c.spec.name = "opt";
   if (auto e = dim("hidden_size", c.spec.hidden, true)) return e;
   if (auto e = dim("num_hidden_layers", c.spec.layers, true)) return e;

@@ -357,7 +357,10 @@ caf::expected<std::shared_ptr<const tokenizer>> tokenizer::open(const std::strin
             a.contains("id") && a["id"].is_number_integer()) {
           auto content = a["content"].get<std::string>();
           vocab.emplace(content, a["id"].get<int64_t>());
-          if (a.value("special", true)) specials.insert(content);
+          auto special = a.find("special");
+          if (special != a.end() && !special->is_boolean())
+            return bad_file(tj, "added_tokens: special must be true or false");
+          if (special == a.end() || special->get<bool>()) specials.insert(content);
         }
   } else {
     if (!fs::is_directory(p, err))

@@ -31,21 +31,27 @@ std::vector<workload::swap_event> fetch_swaps(http_client& c,
   if (!r || r->status != 200) return out;
   auto j = json::parse(r->body, nullptr, false);
   if (!j.is_object() || !j.contains("traceEvents")) return out;
-  double server_now = j.value("otherData", json::object()).value("now_s", -1.0);
-  if (server_now < 0) return out;
-  const double shift = here - server_now;  // server time + shift = client time
-  for (auto& e : j["traceEvents"]) {
-    auto cat = e.value("cat", std::string{});
-    if (cat != "load" && cat != "evict") continue;
-    workload::swap_event s;
-    s.load = cat == "load";
-    auto name = e.value("name", std::string{});
-    s.model = name.substr(name.find(' ') + 1);
-    s.device = e.value("tid", 0);
-    s.start_s = e.value("ts", 0.0) / 1e6 + shift;
-    s.seconds = e.value("dur", 0.0) / 1e6;
-    if (e.contains("args")) s.bytes = e["args"].value("bytes", uint64_t{0});
-    if (s.start_s + s.seconds >= 0) out.push_back(s);
+  // The server's JSON is trusted for shape only as far as json::value() checks it: a field
+  // of another type throws, and an answer that is not ours yields no swaps.
+  try {
+    double server_now = j.value("otherData", json::object()).value("now_s", -1.0);
+    if (server_now < 0) return out;
+    const double shift = here - server_now;  // server time + shift = client time
+    for (auto& e : j["traceEvents"]) {
+      auto cat = e.value("cat", std::string{});
+      if (cat != "load" && cat != "evict") continue;
+      workload::swap_event s;
+      s.load = cat == "load";
+      auto name = e.value("name", std::string{});
+      s.model = name.substr(name.find(' ') + 1);
+      s.device = e.value("tid", 0);
+      s.start_s = e.value("ts", 0.0) / 1e6 + shift;
+      s.seconds = e.value("dur", 0.0) / 1e6;
+      if (e.contains("args")) s.bytes = e["args"].value("bytes", uint64_t{0});
+      if (s.start_s + s.seconds >= 0) out.push_back(s);
+    }
+  } catch (const json::exception&) {
+    return {};
   }
   return out;
 }
@@ -106,12 +112,16 @@ caf::expected<std::vector<served_model>> discover(const server_address& at,
         std::vector<served_model> out;
         for (auto& m : list) {
           served_model s;
-          s.name = m.value("name", std::string{});
+          if (!m.is_object() || !m.contains("name") || !m["name"].is_string()) continue;
+          s.name = m["name"].get<std::string>();
           auto info = (*c)->request("GET", "/v2/models/" + s.name, {}, 10s);
           if (!info || info->status != 200) continue;
           auto j = json::parse(info->body, nullptr, false);
           if (!j.is_object()) continue;
-          s.vocab = j.value("parameters", json::object()).value("vocab", int64_t{0});
+          auto p = j.find("parameters");
+          if (p == j.end() || !p->is_object()) continue;
+          auto v = p->find("vocab");
+          if (v != p->end() && v->is_number_integer()) s.vocab = v->get<int64_t>();
           if (s.vocab > 0) out.push_back(s);
         }
         return out;
@@ -195,11 +205,16 @@ caf::expected<loadgen_run> run_loadgen(const workload::schedule& s,
         rec.error_kind = "bad_response";
         rec.error = r.body.substr(0, 200);
       } else {
-        auto p = j.value("parameters", json::object());
-        rec.swapped = p.value("swapped", false);
-        rec.queue_ms = p.value("queue_ms", 0.0);
-        rec.load_ms = p.value("load_ms", 0.0);
-        rec.compute_ms = p.value("compute_ms", 0.0);
+        try {
+          auto p = j.value("parameters", json::object());
+          rec.swapped = p.value("swapped", false);
+          rec.queue_ms = p.value("queue_ms", 0.0);
+          rec.load_ms = p.value("load_ms", 0.0);
+          rec.compute_ms = p.value("compute_ms", 0.0);
+        } catch (const json::exception&) {
+          rec.error_kind = "bad_response";
+          rec.error = r.body.substr(0, 200);
+        }
       }
     } else {
       rec.error = r.body.substr(0, 200);

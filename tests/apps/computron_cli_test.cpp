@@ -150,6 +150,17 @@ TEST_CASE("serve refuses bad configs with a clear error before listening", "[cli
   auto type = run("serve --config " + dir + "/types.json --port 0", true);
   CHECK(type.exit_code == 2);
   CHECK_THAT(type.all, Catch::Contains("tp must be a number"));
+  // Integers out of their field's range are refused, not truncated or converted with
+  // undefined behaviour (a device index of 1e30 was found by fuzzing).
+  write("range.json", R"({"models": [{"name": "m", "kind": "toy", "devices": [0, 1e30]}]})");
+  auto range = run("serve --config " + dir + "/range.json --port 0", true);
+  CHECK(range.exit_code == 2);
+  CHECK_THAT(range.all, Catch::Contains("devices must hold integers from"));
+  CHECK_THAT(range.all, Catch::Contains("not 1e+30"));
+  write("wide.json", R"({"models": [{"name": "m", "kind": "toy", "tp": 4294967298}]})");
+  auto wide = run("serve --config " + dir + "/wide.json --port 0", true);
+  CHECK(wide.exit_code == 2);
+  CHECK_THAT(wide.all, Catch::Contains("tp must be an integer from -2147483648 to 2147483647"));
   // A number past double's range is not JSON to the reader (so no config carries an
   // infinity to the nodes: CAF 0.17 hangs serializing one).
   write("inf.json", R"({"models": [{"name": "m", "kind": "toy", "toy_compute_ms": 1e400}]})");

@@ -120,6 +120,9 @@ TEST_CASE("what the OPT forward does not implement is refused naming the field",
   refused("activation_function", "gelu", "activation_function \"gelu\" is not implemented");
   refused("enable_bias", false, "enable_bias: false is not implemented");
   refused("hidden_size", -1, "hidden_size must be a positive integer");
+  // Strings transformers writes, of another type: refused, not thrown (found by fuzzing).
+  refused("model_type", 64, "field model_type must be a string");
+  refused("_name_or_path", json::array(), "field _name_or_path must be a string");
   refused("torch_dtype", "int8", "torch_dtype 'int8' is not");
   auto saved = hf.config();
   auto j = saved;

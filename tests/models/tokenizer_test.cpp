@@ -217,6 +217,13 @@ TEST_CASE("tokenizer.json files and broken folders", "[models][tokenizer]") {
   CHECK((*t)->eos() == 4);
   CHECK((*t)->decode({2, 4, 1}) == "abb");
 
+  // "special" of another type is an error naming it, not a json::type_error thrown.
+  j["added_tokens"][0]["special"] = "yes";
+  std::ofstream{dir / "tokenizer.json"} << j.dump();
+  auto odd = tokenizer::open(dir.string());
+  REQUIRE_FALSE(odd);
+  CHECK(render(odd.error()).find("special must be true or false") != std::string::npos);
+
   std::ofstream{dir / "tokenizer.json"} << "{\"model\": {\"type\": \"WordPiece\", \"vocab\": {}}}";
   auto wp = tokenizer::open(dir.string());
   REQUIRE_FALSE(wp);
