@@ -30,6 +30,23 @@ caf::error bad(const std::string& where, const std::string& why) {
   return make_error(ec::invalid_configuration, where + ": " + why);
 }
 
+/// A size in MiB as bytes. Bounded (1 PiB, beyond any device) because converting a double
+/// past 2^64 to an integer is undefined (fuzzing found "capacity_mb": 2.7e64).
+caf::error mib_to_bytes(double mb, const std::string& where, const char* key, uint64_t& out) {
+  constexpr double max_mb = 1024.0 * 1024 * 1024;
+  if (!(mb >= 0 && mb <= max_mb))
+    return bad(where, fmt::format("{} must be from 0 to {:.0f} (1 PiB)", key, max_mb));
+  out = static_cast<uint64_t>(mb * mib);
+  return {};
+}
+
+/// A time from the config, bounded so that it converts to nanoseconds and adds to a clock
+/// without overflowing (about 11.6 days in milliseconds, 115 days in seconds).
+caf::error check_time(int64_t value, int64_t max, const std::string& where, const char* key) {
+  if (value < 0 || value > max) return bad(where, fmt::format("{} must be from 0 to {}", key, max));
+  return {};
+}
+
 /// Rejects keys outside `allowed`, so a typo in a config is an error, not a silent default.
 caf::error check_keys(const json& j, const std::string& where, std::set<std::string> allowed) {
   if (!j.is_object()) return bad(where, "must be a JSON object");
@@ -154,6 +171,10 @@ caf::error read_model(const json& j, const std::string& where, const fs::path& b
     fs::path p{weights};
     m.weights_path = (p.is_absolute() ? p : base / p).string();
   }
+  // tp x pp in 64 bits: two int32 fields multiply past int32 (undefined) and, listed,
+  // would ask for billions of devices.
+  if (m.tp > 0 && m.pp > 0 && int64_t{m.tp} * m.pp > 65536)
+    return bad(where, fmt::format("tp x pp is {}: more than 65536 shards", int64_t{m.tp} * m.pp));
   if (m.devices.empty())
     for (int32_t i = 0; i < m.tp * m.pp; ++i) m.devices.push_back(i);  // the first tp x pp devices
   return {};
@@ -323,11 +344,12 @@ caf::expected<serve_config> load_serve_config(const std::string& path) {
       return e;
     if (!(cap > 0) || !(c.runtime.devices.emulated_link_gbps > 0))
       return bad(dw, "capacity_mb and link_gbps must be positive");
-    c.runtime.devices.emulated_capacity_bytes = static_cast<uint64_t>(cap * mib);
+    if ((e = mib_to_bytes(cap, dw, "capacity_mb", c.runtime.devices.emulated_capacity_bytes)) ||
+        (e = mib_to_bytes(reserved, dw, "reserved_mb", c.runtime.devices.cuda_reserved_bytes)))
+      return e;
     // On GPUs capacity_mb caps the weights' share only when it is given.
     if (d->contains("capacity_mb"))
-      c.runtime.devices.cuda_capacity_bytes = static_cast<uint64_t>(cap * mib);
-    c.runtime.devices.cuda_reserved_bytes = static_cast<uint64_t>(reserved * mib);
+      c.runtime.devices.cuda_capacity_bytes = c.runtime.devices.emulated_capacity_bytes;
   }
   if (auto h = j->find("http"); h != j->end()) {
     auto hw = w + " http";
@@ -338,6 +360,7 @@ caf::expected<serve_config> load_serve_config(const std::string& path) {
         (e = read(*h, "max_body_bytes", hw, c.http.max_body_bytes)) ||
         (e = read(*h, "max_batch_rows", hw, c.http.max_batch_rows)))
       return e;
+    if (c.http.threads < 1 || c.http.threads > 256) return bad(hw, "threads must be from 1 to 256");
   }
   if (auto s = j->find("scheduler"); s != j->end()) {
     auto sw = w + " scheduler";
@@ -353,7 +376,9 @@ caf::expected<serve_config> load_serve_config(const std::string& path) {
         (e = read(*s, "prefetch", sw, c.runtime.scheduler.prefetch)) ||
         (e = read(*s, "compute_while_loading", sw, c.runtime.scheduler.compute_while_loading)))
       return e;
-    c.runtime.scheduler.workspace_bytes = static_cast<uint64_t>(ws * mib);
+    if ((e = mib_to_bytes(ws, sw, "workspace_mb", c.runtime.scheduler.workspace_bytes)) ||
+        (e = check_time(timeout_s, 10'000'000, sw, "load_timeout_s")))
+      return e;
     c.runtime.scheduler.load_timeout = std::chrono::seconds(timeout_s);
   }
   if (auto b = j->find("batching"); b != j->end()) {
@@ -373,6 +398,11 @@ caf::expected<serve_config> load_serve_config(const std::string& path) {
         (e = read(*b, "deadline_ms", bw, deadline)))
       return e;
     if (window < 0 || max_wait < 0 || deadline <= 0) return bad(bw, "times must be positive");
+    constexpr int64_t max_ms = 1'000'000'000;
+    if ((e = check_time(window, max_ms, bw, "batch_window_ms")) ||
+        (e = check_time(max_wait, max_ms, bw, "max_wait_ms")) ||
+        (e = check_time(deadline, max_ms, bw, "deadline_ms")))
+      return e;
     m.batch_window = std::chrono::milliseconds(window);
     m.max_wait = std::chrono::milliseconds(max_wait);
     m.default_deadline = std::chrono::milliseconds(deadline);
@@ -400,7 +430,8 @@ caf::expected<serve_config> load_serve_config(const std::string& path) {
   if (c.console_port > 65535) return bad(w, "console_port must be at most 65535");
   double node_wait_s = 20;
   if ((e = read(*j, "node_wait_s", w, node_wait_s))) return e;
-  if (!(node_wait_s >= 0)) return bad(w, "node_wait_s must not be negative");
+  if (!(node_wait_s >= 0 && node_wait_s <= 1e6))
+    return bad(w, "node_wait_s must be from 0 to 1000000");
   c.cluster.connect_wait = std::chrono::milliseconds(static_cast<int64_t>(node_wait_s * 1000));
   if (auto t = j->find("tls"); t != j->end()) {
     auto tw = w + " tls";
@@ -420,8 +451,10 @@ caf::expected<serve_config> load_serve_config(const std::string& path) {
       (e = read(*j, "compute_threads", w, c.compute_threads)) ||
       (e = read(*j, "chunk_mb", w, chunk_mb)))
     return e;
+  if (c.compute_threads < 0 || c.compute_threads > 1024)
+    return bad(w, "compute_threads must be from 0 (the default) to 1024");
   if (!(chunk_mb > 0)) return bad(w, "chunk_mb must be positive");
-  c.runtime.worker.chunk_bytes = static_cast<uint64_t>(chunk_mb * mib);
+  if ((e = mib_to_bytes(chunk_mb, w, "chunk_mb", c.runtime.worker.chunk_bytes))) return e;
   if (auto ms = j->find("models"); ms != j->end()) {
     if (!ms->is_array()) return bad(w, "models must be an array");
     for (size_t i = 0; i < ms->size(); ++i) {

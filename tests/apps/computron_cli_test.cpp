@@ -161,6 +161,15 @@ TEST_CASE("serve refuses bad configs with a clear error before listening", "[cli
   auto wide = run("serve --config " + dir + "/wide.json --port 0", true);
   CHECK(wide.exit_code == 2);
   CHECK_THAT(wide.all, Catch::Contains("tp must be an integer from -2147483648 to 2147483647"));
+  // Sizes and times that would overflow their conversion to bytes or to a clock.
+  write("huge.json", R"({"devices": {"kind": "emulated", "capacity_mb": 2.7e64}})");
+  auto huge = run("serve --config " + dir + "/huge.json --port 0", true);
+  CHECK(huge.exit_code == 2);
+  CHECK_THAT(huge.all, Catch::Contains("capacity_mb must be from 0 to"));
+  write("late.json", R"({"batching": {"deadline_ms": 9000000000000000000}})");
+  auto late = run("serve --config " + dir + "/late.json --port 0", true);
+  CHECK(late.exit_code == 2);
+  CHECK_THAT(late.all, Catch::Contains("deadline_ms must be from 0 to 1000000000"));
   // A number past double's range is not JSON to the reader (so no config carries an
   // infinity to the nodes: CAF 0.17 hangs serializing one).
   write("inf.json", R"({"models": [{"name": "m", "kind": "toy", "toy_compute_ms": 1e400}]})");
