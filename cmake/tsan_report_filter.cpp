@@ -15,7 +15,7 @@
 // access stack lies in this executable, which holds all of our (instrumented) code, and
 // the memory is a heap block that CAF's libraries allocated. If our code made either
 // access, TSan's stack has our frame and the report stands; scripts/tsan checks that with
-// tsan_race_probe, a race of ours through the same libstdc++ calls.
+// tsan_race_probe, a race of ours through the same libstdc++ calls on a string CAF allocated.
 //
 // The hook is TSan's weak __tsan::OnReport (libtsan exports it for this); it runs under
 // TSan's report lock, so it reads the report through the public __tsan_get_report_*

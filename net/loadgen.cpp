@@ -44,10 +44,15 @@ std::vector<workload::swap_event> fetch_swaps(http_client& c,
       s.load = cat == "load";
       auto name = e.value("name", std::string{});
       s.model = name.substr(name.find(' ') + 1);
-      s.device = e.value("tid", 0);
+      // Integers read only from integers: json::value<int>() of a float converts it, which
+      // is undefined out of range.
+      auto tid = e.find("tid");
+      s.device = tid != e.end() && tid->is_number_integer() ? tid->get<int>() : 0;
       s.start_s = e.value("ts", 0.0) / 1e6 + shift;
       s.seconds = e.value("dur", 0.0) / 1e6;
-      if (e.contains("args")) s.bytes = e["args"].value("bytes", uint64_t{0});
+      if (auto a = e.find("args"); a != e.end() && a->is_object())
+        if (auto b = a->find("bytes"); b != a->end() && b->is_number_unsigned())
+          s.bytes = b->get<uint64_t>();
       if (s.start_s + s.seconds >= 0) out.push_back(s);
     }
   } catch (const json::exception&) {
