@@ -10,7 +10,7 @@
 #include "actors/messages.hpp"
 #include "gpu/collective.hpp"
 #include "gpu/weight_store.hpp"
-#include "models/opt_model.hpp"
+#include "models/decoder_stage.hpp"
 
 /// Model kinds behind the shard workers. An engine knows how a kind lays out, fills and
 /// runs one shard; workers and managers stay the same for every kind. Torch-free: the

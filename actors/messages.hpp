@@ -17,16 +17,22 @@ namespace computron::actors {
 /// A model as an operator declares it (repository config.json or the serve config).
 struct model_config {
   std::string name;
-  /// "opt" (the OPT decoder, models/) or "toy" (a tiny deterministic model for tests
-  /// and overhead benchmarks; no torch).
+  /// "opt" (the OPT decoder, models/), "llama" (the Llama family: Llama, Mistral, Qwen2,
+  /// Qwen3) or "toy" (a tiny deterministic model for tests and overhead benchmarks; no
+  /// torch).
   std::string kind = "opt";
-  /// Catalogue shape for "opt" (opt-125m ...); ignored by "toy". With `shape` set it
-  /// only names the shape (a Hugging Face folder's model).
+  /// Catalogue shape for "opt" and "llama" (opt-125m, llama-3.2-1b, ...); ignored by
+  /// "toy". With `shape` or `arch` set it only names the shape (a Hugging Face folder's
+  /// model).
   std::string spec;
   /// An OPT shape outside the catalogue (read from a Hugging Face config.json):
   /// {hidden, layers, heads, ffn, vocab, max_positions}; empty: `spec` names a catalogue
   /// entry.
   std::vector<int64_t> shape;
+  /// A decoder shape of any family outside the catalogue, as the JSON object of
+  /// models::to_json(decoder_spec) (a Hugging Face Llama-family folder's config.json,
+  /// read at registration); empty: `shape` or `spec` says it.
+  std::string arch;
   /// "f32", "bf16" or "f16" (f16 needs CUDA devices), or "auto": the checkpoint's dtype
   /// where the devices run it, else bf16 (settled at registration, see resolve_dtype).
   std::string dtype = "bf16";
@@ -62,7 +68,7 @@ struct model_config {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, model_config& x) {
-  return f(caf::meta::type_name("model_config"), x.name, x.kind, x.spec, x.shape, x.dtype,
+  return f(caf::meta::type_name("model_config"), x.name, x.kind, x.spec, x.shape, x.arch, x.dtype,
            x.checkpoint_dtype, x.tp, x.pp, x.devices, x.seed, x.weights_path, x.toy_shard_bytes,
            x.toy_compute_ms, x.pinned, x.priority, x.tokenizer);
 }

@@ -6,51 +6,68 @@
 #include <unordered_map>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "gpu/collective.hpp"
 #include "models/checkpoint.hpp"
+#include "models/decoder_stage.hpp"
 #include "models/weights.hpp"
 
 namespace computron::actors {
 
 namespace {
 
-struct opt_shape {
-  models::opt_spec spec;
+struct decoder_shape {
+  models::decoder_spec spec;
   gpu::dtype type;
   models::parallel_config par;
 };
 
-/// The model's shape: its own (a Hugging Face config.json's) or a catalogue entry.
-caf::expected<models::opt_spec> spec_of(const model_config& cfg) {
-  if (cfg.shape.empty()) return models::find_spec(cfg.spec);
-  if (cfg.shape.size() != 6)
+/// The model's shape: its own (a Hugging Face config.json's, as `arch` or OPT's `shape`)
+/// or a catalogue entry, of the family its kind names.
+caf::expected<models::decoder_spec> spec_of(const model_config& cfg) {
+  caf::expected<models::decoder_spec> s{models::decoder_spec{}};
+  if (!cfg.arch.empty()) {
+    auto j = nlohmann::json::parse(cfg.arch, nullptr, false);
+    s = models::spec_from_json(j);
+    if (s && s->name.empty()) s->name = cfg.spec.empty() ? cfg.name : cfg.spec;
+  } else if (cfg.shape.empty()) {
+    s = models::find_spec(cfg.spec);
+  } else {
+    if (cfg.shape.size() != 6)
+      return make_error(ec::invalid_configuration,
+                        "shape needs 6 numbers (hidden, layers, heads, ffn, vocab, max_positions)");
+    s = models::decoder_spec{cfg.spec.empty() ? cfg.name : cfg.spec,
+                             cfg.shape[0],
+                             cfg.shape[1],
+                             cfg.shape[2],
+                             cfg.shape[3],
+                             cfg.shape[4],
+                             cfg.shape[5]};
+  }
+  if (!s) return s;
+  if (cfg.kind != models::to_string(s->family))
     return make_error(ec::invalid_configuration,
-                      "shape needs 6 numbers (hidden, layers, heads, ffn, vocab, max_positions)");
-  models::opt_spec s;
-  s.name = cfg.spec.empty() ? cfg.name : cfg.spec;
-  s.hidden = cfg.shape[0];
-  s.layers = cfg.shape[1];
-  s.heads = cfg.shape[2];
-  s.ffn = cfg.shape[3];
-  s.vocab = cfg.shape[4];
-  s.max_positions = cfg.shape[5];
+                      fmt::format("'{}' is a {} shape, but the model's kind is '{}' (make it "
+                                  "\"{}\")",
+                                  s->name, models::to_string(s->family), cfg.kind,
+                                  models::to_string(s->family)));
   return s;
 }
 
-caf::expected<opt_shape> shape_of(const model_config& cfg) {
+caf::expected<decoder_shape> shape_of(const model_config& cfg) {
   auto spec = spec_of(cfg);
   if (!spec) return spec.error();
   auto type = gpu::parse_weight_dtype(cfg.dtype);
   if (!type) return type.error();
-  return opt_shape{*spec, *type, models::parallel_config{cfg.tp, cfg.pp}};
+  return decoder_shape{*spec, *type, models::parallel_config{cfg.tp, cfg.pp}};
 }
 
-class opt_program final : public shard_program {
+class decoder_program final : public shard_program {
  public:
-  explicit opt_program(std::unique_ptr<models::opt_stage> stage) : stage_(std::move(stage)) {}
+  explicit decoder_program(std::unique_ptr<models::decoder_stage> stage) : stage_(std::move(stage)) {}
 
   caf::expected<models::host_tensor> run(const step_request& req,
                                          const models::host_tensor* hidden) override {
@@ -73,11 +90,11 @@ class opt_program final : public shard_program {
   void end_batch(uint64_t batch_id) override { caches_.erase(batch_id); }
 
  private:
-  std::unique_ptr<models::opt_stage> stage_;
+  std::unique_ptr<models::decoder_stage> stage_;
   std::unordered_map<uint64_t, models::kv_cache> caches_;
 };
 
-class opt_engine final : public engine {
+class decoder_engine final : public engine {
  private:
   mutable std::mutex warm_mtx_;
   mutable std::set<std::string> warmed_;
@@ -133,9 +150,13 @@ class opt_engine final : public engine {
     auto s = shape_of(sh.model);
     if (!s) return s.error();
     // One layer of the same width in the same dtype runs the same kernels as the model.
-    models::opt_spec w{"warm-up", s->spec.hidden, 1, s->spec.heads, s->spec.ffn, 64, 64};
-    auto key = fmt::format("{}/{}/{}/{}/{}", dev->info().ordinal, gpu::to_string(s->type), w.hidden,
-                           w.heads, w.ffn);
+    auto w = s->spec;
+    w.name = "warm-up";
+    w.layers = 1;
+    w.vocab = 64;
+    w.max_positions = 64;
+    auto key = fmt::format("{}/{}/{}/{}/{}/{}", dev->info().ordinal, gpu::to_string(s->type),
+                           models::to_json(w).dump(), w.hidden, w.heads, w.ffn);
     {
       std::lock_guard<std::mutex> guard{warm_mtx_};
       if (!warmed_.insert(key).second) return {};
@@ -152,7 +173,7 @@ class opt_engine final : public engine {
     if (auto err = ws.wait_loaded(std::chrono::minutes{1})) return err;
     auto group = gpu::join_local_group("warm-up/" + key, 0, 1, std::chrono::seconds{10});
     if (!group) return group.error();
-    auto stage = models::opt_stage::create(w, {1, 1}, {0, 0}, ws, **group);
+    auto stage = models::decoder_stage::create(w, {1, 1}, {0, 0}, ws, **group);
     if (!stage) return stage.error();
     models::kv_cache cache;
     auto out = (*stage)->prefill({{2, 5, 7, 11, 13, 17, 19, 23}}, nullptr, cache);
@@ -173,21 +194,28 @@ class opt_engine final : public engine {
                                                              gpu::collective& g) const override {
     auto s = shape_of(sh.model);
     if (!s) return s.error();
-    auto stage = models::opt_stage::create(s->spec, s->par, {sh.tp_rank, sh.pp_rank}, w, g);
+    auto stage = models::decoder_stage::create(s->spec, s->par, {sh.tp_rank, sh.pp_rank}, w, g);
     if (!stage) return stage.error();
-    return std::unique_ptr<shard_program>{std::make_unique<opt_program>(std::move(*stage))};
+    return std::unique_ptr<shard_program>{std::make_unique<decoder_program>(std::move(*stage))};
   }
 };
 
 }  // namespace
 
+std::shared_ptr<const engine> make_decoder_engine() {
+  return std::make_shared<decoder_engine>();
+}
+
 std::shared_ptr<const engine> make_opt_engine() {
-  return std::make_shared<opt_engine>();
+  return make_decoder_engine();
 }
 
 engine_registry all_engines() {
   auto r = torch_free_engines();
-  r.emplace("opt", make_opt_engine());
+  // One engine for every decoder family: the shape says which block runs.
+  auto decoder = make_decoder_engine();
+  for (auto f : {models::model_family::opt, models::model_family::llama})
+    r.emplace(models::to_string(f), decoder);
   return r;
 }
 

@@ -4,14 +4,17 @@
 
 #include "actors/engine.hpp"
 
-/// The OPT decoder as a model kind ("opt"). Lives in computron_actors_torch (it links
-/// libtorch through models/opt_model); the header stays torch-free.
+/// The decoders as model kinds ("opt", "llama": one engine, the shape picks the family's
+/// block). Lives in computron_actors_torch (it links libtorch through
+/// models/decoder_stage); the header stays torch-free.
 namespace computron::actors {
 
-/// "opt": models/opt_model shards with KV caches per batch.
+/// models/decoder_stage shards of any family with KV caches per batch.
+std::shared_ptr<const engine> make_decoder_engine();
+/// The same engine, under OPT's name.
 std::shared_ptr<const engine> make_opt_engine();
 
-/// torch_free_engines() plus "opt".
+/// torch_free_engines() plus "opt" and "llama".
 engine_registry all_engines();
 
 }  // namespace computron::actors

@@ -12,7 +12,7 @@
 #include "common/error.hpp"
 #include "gpu/backends.hpp"
 #include "gpu/collective.hpp"
-#include "models/opt_model.hpp"
+#include "models/decoder_stage.hpp"
 #include "models/weights.hpp"
 
 namespace computron::bench {

@@ -21,11 +21,16 @@ namespace {
 constexpr const char* index_file = "model.safetensors.index.json";
 constexpr const char* single_file = "model.safetensors";
 
-/// Our name for a tensor of a Hugging Face OPT checkpoint; empty for one to skip.
-std::string our_name(const std::string& name) {
+/// Our name for a tensor of a Hugging Face checkpoint: OPT's `model.decoder.` and the
+/// Llama family's `model.` prefixes go; `lm_head.weight` stays as it is.
+std::string our_name(const std::string& name, bool& opt_style) {
   for (std::string_view prefix : {"model.decoder.", "decoder."})
-    if (name.rfind(prefix, 0) == 0) return name.substr(prefix.size());
-  if (name == "lm_head.weight" || name == "model.lm_head.weight") return {};  // tied
+    if (name.rfind(prefix, 0) == 0) {
+      opt_style = true;
+      return name.substr(prefix.size());
+    }
+  if (name == "model.lm_head.weight") return "lm_head.weight";
+  if (name.rfind("model.", 0) == 0) return name.substr(6);
   return name;
 }
 
@@ -40,8 +45,7 @@ caf::error checkpoint::add_file(const std::string& path) {
   if (!f) return std::move(f.error());
   files_.push_back(std::make_unique<safetensors_file>(std::move(*f)));
   for (auto& [name, t] : files_.back()->tensors()) {
-    auto ours = our_name(name);
-    if (ours.empty()) continue;
+    auto ours = our_name(name, opt_style_);
     if (!tensors_.emplace(ours, &t).second)
       return make_error(ec::invalid_request,
                         fmt::format("checkpoint {}: tensor '{}' appears twice", path, ours));
@@ -51,7 +55,16 @@ caf::error checkpoint::add_file(const std::string& path) {
 }
 
 caf::expected<checkpoint> checkpoint::open(const std::string& path) {
+  auto c = open_files(path);
+  if (!c) return c;
+  // OPT's head is tied to the token embedding: its lm_head.weight is a copy nobody reads.
+  if (c->opt_style_) c->tensors_.erase("lm_head.weight");
+  return c;
+}
+
+caf::expected<checkpoint> checkpoint::open_files(const std::string& path) {
   checkpoint c;
+  c.source_ = path;
   std::error_code ec;
   if (!fs::is_directory(path, ec)) {
     if (auto err = c.add_file(path)) return err;
@@ -98,6 +111,7 @@ caf::expected<checkpoint> checkpoint::open(const std::string& path) {
     if (auto err = c.add_file((dir / single_file).string())) return err;
     return c;
   }
+  if (auto err = check_checkpoint_files(path)) return err;
   return make_error(ec::io_error,
                     fmt::format("folder {} has neither {} nor {}", path, index_file, single_file));
 }
@@ -105,96 +119,6 @@ caf::expected<checkpoint> checkpoint::open(const std::string& path) {
 const safetensor* checkpoint::find(std::string_view name) const {
   auto i = tensors_.find(name);
   return i == tensors_.end() ? nullptr : i->second;
-}
-
-bool is_hf_folder(const std::string& folder) {
-  auto j = read_json_file(fs::path{folder} / "config.json");
-  return j && j->is_object() && (j->contains("architectures") || j->contains("model_type"));
-}
-
-caf::expected<hf_opt_config> read_hf_opt_config(const std::string& folder) {
-  auto path = (fs::path{folder} / "config.json").string();
-  auto j = read_json_file(path);
-  if (!j) return std::move(j.error());
-  auto bad = [&](const std::string& why) {
-    return make_error(ec::invalid_configuration, path + ": " + why);
-  };
-  if (!j->is_object()) return bad("not a JSON object");
-  // A field transformers writes as a string; json::value() would throw on another type
-  // (found by the hf_folder fuzz target: "model_type": 64).
-  auto text = [&](const char* key, std::string fallback) -> caf::expected<std::string> {
-    auto it = j->find(key);
-    if (it == j->end()) return fallback;
-    if (!it->is_string()) return bad(std::string{"field "} + key + " must be a string");
-    return it->get<std::string>();
-  };
-  auto model_type = text("model_type", "");
-  if (!model_type) return std::move(model_type.error());
-  bool opt = *model_type == "opt";
-  if (auto a = j->find("architectures"); a != j->end() && a->is_array())
-    for (auto& x : *a) opt = opt || (x.is_string() && x.get<std::string>() == "OPTForCausalLM");
-  if (!opt)
-    return bad(
-        "architectures/model_type do not name an OPT model (OPTForCausalLM); only OPT is "
-        "served");
-  auto dim = [&](const char* key, int64_t& out, bool required) -> caf::error {
-    auto it = j->find(key);
-    if (it == j->end()) return required ? bad(std::string{"no field "} + key) : caf::error{};
-    if (!it->is_number_integer() || it->get<int64_t>() <= 0 || it->get<int64_t>() > (1ll << 31))
-      return bad(std::string{"field "} + key + " must be a positive integer");
-    out = it->get<int64_t>();
-    return {};
-  };
-  hf_opt_config c;
-  auto name = text("_name_or_path", "opt");
-  if (!name) return std::move(name.error());
-  c.spec.name = std::move(*name);
-  if (c.spec.name.empty()) c.spec.name = "opt";
-  if (auto e = dim("hidden_size", c.spec.hidden, true)) return e;
-  if (auto e = dim("num_hidden_layers", c.spec.layers, true)) return e;
-  if (auto e = dim("num_attention_heads", c.spec.heads, true)) return e;
-  if (auto e = dim("ffn_dim", c.spec.ffn, true)) return e;
-  if (auto e = dim("vocab_size", c.spec.vocab, true)) return e;
-  if (auto e = dim("max_position_embeddings", c.spec.max_positions, true)) return e;
-  int64_t proj = c.spec.hidden;
-  if (auto e = dim("word_embed_proj_dim", proj, false)) return e;
-  if (proj != c.spec.hidden)
-    return bad(
-        fmt::format("word_embed_proj_dim {} differs from hidden_size {} (projected "
-                    "embeddings, as in OPT-350m, are not implemented)",
-                    proj, c.spec.hidden));
-  auto flag = [&](const char* key, bool want, const char* why) -> caf::error {
-    auto it = j->find(key);
-    if (it == j->end()) return {};
-    if (!it->is_boolean()) return bad(std::string{"field "} + key + " must be true or false");
-    if (it->get<bool>() != want)
-      return bad(fmt::format("{}: {} is not implemented ({})", key, it->get<bool>(), why));
-    return {};
-  };
-  if (auto e = flag("do_layer_norm_before", true, "post-LayerNorm, as in OPT-350m")) return e;
-  if (auto e = flag("enable_bias", true, "linear layers without bias")) return e;
-  if (auto e = flag("layer_norm_elementwise_affine", true, "layer norms without weights")) return e;
-  if (auto a = j->find("activation_function"); a != j->end())
-    if (!a->is_string() || a->get<std::string>() != "relu")
-      return bad("activation_function " + a->dump() + " is not implemented (relu is)");
-  if (c.spec.hidden % c.spec.heads != 0)
-    return bad(fmt::format("hidden_size {} is not a multiple of num_attention_heads {}",
-                           c.spec.hidden, c.spec.heads));
-  for (const char* key : {"torch_dtype", "dtype"}) {
-    auto it = j->find(key);
-    if (it == j->end() || !it->is_string()) continue;
-    auto d = it->get<std::string>();
-    if (d == "float16")
-      c.dtype = "f16";
-    else if (d == "bfloat16")
-      c.dtype = "bf16";
-    else if (d == "float32")
-      c.dtype = "f32";
-    else
-      return bad(fmt::format("{} '{}' is not float16, bfloat16 or float32", key, d));
-    break;
-  }
-  return c;
 }
 
 caf::error write_hf_opt_folder(const std::string& folder, const opt_spec& spec, gpu::dtype type,

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "gpu/weight_store.hpp"
-#include "models/opt_model.hpp"
+#include "models/decoder_stage.hpp"
 
 namespace computron::models::detail {
 

@@ -52,7 +52,7 @@ void store(std::byte* dst, gpu::dtype type, float v) {
       break;
     }
     default:
-      break;  // shard_layout only produces float types for OPT
+      break;  // shard_layout only produces float types
   }
 }
 
@@ -90,14 +90,15 @@ uint64_t global_index(const param_spec& p, int tp, int tp_rank, uint64_t local) 
       uint64_t inner = 1;
       for (size_t i = 1; i < p.full_shape.size(); ++i)
         inner *= static_cast<uint64_t>(p.full_shape[i]);
-      auto rows = static_cast<uint64_t>(p.full_shape[0] / tp);
-      return (local / inner + static_cast<uint64_t>(tp_rank) * rows) * inner + local % inner;
+      auto rows = static_cast<uint64_t>(p.full_shape[0] / slice_count(p, tp));
+      auto slice = static_cast<uint64_t>(slice_of(p, tp_rank));
+      return (local / inner + slice * rows) * inner + local % inner;
     }
     case split_kind::dim1: {
       auto cols = static_cast<uint64_t>(p.full_shape[1]);
-      auto local_cols = cols / static_cast<uint64_t>(tp);
+      auto local_cols = cols / static_cast<uint64_t>(slice_count(p, tp));
       return (local / local_cols) * cols + local % local_cols +
-             static_cast<uint64_t>(tp_rank) * local_cols;
+             static_cast<uint64_t>(slice_of(p, tp_rank)) * local_cols;
     }
   }
   return local;
@@ -373,10 +374,16 @@ caf::error fill_from_checkpoint(const opt_spec& spec, const parallel_config& par
     auto src = file.find(p.name);
     if (e == nullptr)
       return make_error(ec::invalid_request, fmt::format("layout has no tensor '{}'", p.name));
-    if (src == nullptr)
-      return make_error(
-          ec::invalid_request,
-          fmt::format("checkpoint has no tensor '{}' (needed by {})", p.name, spec.name));
+    if (src == nullptr) {
+      // Name it as the file would: Hugging Face folders keep a prefix we strip.
+      auto hf = p.name == "lm_head.weight"               ? p.name
+                : spec.family == model_family::opt ? "model.decoder." + p.name
+                                                        : "model." + p.name;
+      return make_error(ec::invalid_request,
+                        fmt::format("checkpoint has no tensor '{}' (needed by {}; '{}' in a "
+                                    "Hugging Face folder; looked in {})",
+                                    p.name, spec.name, hf, file.source()));
+    }
     auto is_float = [](gpu::dtype t) {
       return t == gpu::dtype::f32 || t == gpu::dtype::bf16 || t == gpu::dtype::f16;
     };

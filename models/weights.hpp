@@ -7,7 +7,7 @@
 #include <caf/error.hpp>
 
 #include "gpu/weight_store.hpp"
-#include "models/opt_spec.hpp"
+#include "models/decoder_spec.hpp"
 
 /// Filling a shard's host buffer: deterministic seeded values (no downloads anywhere) or
 /// the tensors of a safetensors checkpoint, cut to the shard.

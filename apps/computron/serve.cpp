@@ -21,7 +21,7 @@
 #include "models/checkpoint.hpp"
 #include "models/gloo_collective.hpp"
 #include "models/json_file.hpp"
-#include "models/opt_model.hpp"
+#include "models/decoder_stage.hpp"
 #include "net/metrics.hpp"
 #include "net/recent_stats.hpp"
 #include "net/trace.hpp"

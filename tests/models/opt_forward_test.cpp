@@ -12,6 +12,7 @@
 #include "models/gloo_collective.hpp"
 #include "models/opt_model.hpp"
 #include "models/weights.hpp"
+#include "tests/support/sharded_model.hpp"
 
 using namespace computron;
 using namespace computron::models;
@@ -28,98 +29,14 @@ namespace {
 
 const std::vector<std::vector<int64_t>> prompts = {{2, 100, 37, 5, 400, 12}, {2, 7, 300}, {2, 9}};
 
-gpu::device_ptr emulated_device(int ordinal, double gbps = 8.0) {
-  gpu::emulated_device_options o;
-  o.ordinal = ordinal;
-  o.capacity_bytes = 64ull << 20;
-  o.link_gbps = gbps;
-  auto d = gpu::emulated_device::make(o);
-  REQUIRE(d);
-  return *d;
-}
+using test::emulated_device;
 
-/// Every shard of a model, loaded onto its own emulated device, with one stage each.
-struct sharded_model {
-  opt_spec spec;
-  parallel_config par;
-  std::vector<std::unique_ptr<gpu::weight_shard>> shards;  // index: pp * tp + tp_rank
-  std::vector<std::unique_ptr<gpu::collective>> groups;    // same index
-  std::vector<std::unique_ptr<opt_stage>> stages;          // same index
-
+/// A catalogue model with seeded weights (the shared fixture by name).
+struct sharded_model : test::sharded_model {
   sharded_model(const std::string& name, gpu::dtype type, parallel_config p, uint64_t seed = 1,
                 bool load = true)
-      : spec(*find_spec(name)), par(p) {
-    for (int s = 0; s < par.pp; ++s)
-      for (int r = 0; r < par.tp; ++r) {
-        auto table = shard_layout(spec, type, par, {r, s});
-        REQUIRE(table);
-        auto shard = gpu::weight_shard::create(emulated_device(s * par.tp + r), *table);
-        REQUIRE(shard);
-        REQUIRE_FALSE(
-            fill_seeded(spec, par, {r, s}, (*shard)->table(), (*shard)->host_data(), seed));
-        if (load) {
-          REQUIRE_FALSE((*shard)->load({1ull << 20}));
-          REQUIRE_FALSE((*shard)->wait_loaded(30s));
-        }
-        shards.push_back(std::move(*shard));
-      }
-    make_groups();
-    for (int s = 0; s < par.pp; ++s)
-      for (int r = 0; r < par.tp; ++r) {
-        auto i = static_cast<size_t>(s * par.tp + r);
-        auto st = opt_stage::create(spec, par, {r, s}, *shards[i], *groups[i]);
-        REQUIRE(st);
-        stages.push_back(std::move(*st));
-      }
-  }
-
-  /// One Gloo group per pipeline stage, all through one store on loopback.
-  void make_groups() {
-    groups.resize(static_cast<size_t>(par.tp * par.pp));
-    if (par.tp == 1) {
-      for (auto& g : groups) g = gpu::make_solo_collective();
-      return;
-    }
-    auto store = host_gloo_store("127.0.0.1", 0, par.tp * par.pp, 30s);
-    REQUIRE(store);
-    std::vector<std::future<caf::expected<std::unique_ptr<gpu::collective>>>> joins;
-    for (int s = 0; s < par.pp; ++s)
-      for (int r = 0; r < par.tp; ++r)
-        joins.push_back(std::async(std::launch::async, [&, s, r] {
-          return make_gloo_collective(*store, "stage" + std::to_string(s), r, par.tp);
-        }));
-    // Collect every join before asserting: a REQUIRE that throws with futures pending
-    // would block in their destructors.
-    std::vector<caf::expected<std::unique_ptr<gpu::collective>>> joined;
-    for (auto& j : joins) joined.push_back(j.get());
-    for (size_t i = 0; i < joined.size(); ++i) {
-      INFO((joined[i] ? std::string{"ok"} : render(joined[i].error())));
-      REQUIRE(joined[i]);
-      groups[i] = std::move(*joined[i]);
-    }
-  }
-
-  std::vector<opt_stage*> chain(int tp_rank) {
-    std::vector<opt_stage*> c;
-    for (int s = 0; s < par.pp; ++s)
-      c.push_back(stages[static_cast<size_t>(s * par.tp + tp_rank)].get());
-    return c;
-  }
-
-  /// Runs `f(chain)` for every tp rank in its own thread (collectives block until all
-  /// ranks arrive) and returns rank 0's result; the others must agree bitwise.
-  template <class F>
-  auto on_all_ranks(F f) {
-    using result = decltype(f(chain(0)));
-    std::vector<std::future<result>> runs;
-    for (int r = 0; r < par.tp; ++r)
-      runs.push_back(std::async(std::launch::async, [this, r, &f] { return f(chain(r)); }));
-    std::vector<result> results;
-    for (auto& run : runs) results.push_back(run.get());
-    for (auto& r : results) REQUIRE(r);
-    for (size_t r = 1; r < results.size(); ++r) CHECK(*results[r] == *results[0]);
-    return std::move(*results[0]);
-  }
+      : test::sharded_model(*find_spec(name), type, p, test::seeded_filler(*find_spec(name), seed),
+                            load) {}
 };
 
 /// max |a - b| / max |b|

@@ -1,4 +1,4 @@
-#include "models/opt_model.hpp"
+#include "models/decoder_stage.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include "common/error.hpp"
+#include "models/decoder_block.hpp"
 #include "models/torch_interop.hpp"
 #include "models/weights.hpp"
 
@@ -21,7 +22,8 @@ namespace {
 /// Waiting for a layer's bytes: as long as a large load could possibly take.
 constexpr auto layer_wait = std::chrono::minutes{10};
 
-/// OPT's padding token; padded positions are masked, the id only has to be valid.
+/// The padding token; padded positions are masked, the id only has to be valid (OPT's
+/// pad id, inside every vocabulary).
 constexpr int64_t pad_token = 1;
 
 caf::error bad(std::string what) {
@@ -84,32 +86,49 @@ caf::error kv_cache::keep_rows(const std::vector<int64_t>& rows) {
   return {};
 }
 
-struct opt_stage::impl {
-  opt_spec spec;
-  parallel_config par;
-  shard_index shard;
-  gpu::weight_shard* weights = nullptr;
-  gpu::collective* tp = nullptr;
-  gpu::dtype type = gpu::dtype::f32;
-  at::TensorOptions options;
-  int64_t layer_begin = 0;
-  int64_t layer_end = 0;
-  int64_t local_heads = 0;
-  int64_t head_dim = 0;
+at::Tensor detail::stage_state::param(const std::string& name) const {
+  auto e = weights->table().find(name);
+  return at::from_blob(base + e->offset_bytes, e->shape, options);
+}
+
+caf::error detail::stage_state::all_reduce(at::Tensor& t) const {
+  if (tp->size() == 1) return {};
+  auto f = t.to(at::kFloat).contiguous();
+  if (auto err = tp->all_reduce_sum(f.data_ptr<float>(), static_cast<uint64_t>(f.numel())))
+    return err;
+  t = f.to(t.scalar_type());
+  return {};
+}
+
+at::Tensor detail::stage_state::attend(const at::Tensor& q, at::Tensor k, at::Tensor v,
+                                       const at::Tensor& allowed, at::Tensor& cache_k,
+                                       at::Tensor& cache_v) const {
+  auto b = q.size(0);
+  auto t = q.size(2);
+  if (cache_k.defined()) {
+    k = at::cat({cache_k, k}, 2);
+    v = at::cat({cache_v, v}, 2);
+  }
+  cache_k = k;
+  cache_v = v;
+  if (local_kv_heads != local_heads) {
+    // Grouped queries: each key/value head serves heads / kv_heads consecutive queries.
+    auto groups = local_heads / local_kv_heads;
+    k = k.repeat_interleave(groups, 1);
+    v = v.repeat_interleave(groups, 1);
+  }
+  // Softmax in f32 whatever the weights are: bf16 logits lose too much there.
+  auto scores = at::matmul(q, k.transpose(-1, -2)).to(at::kFloat);
+  scores.masked_fill_(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+  auto probs = at::softmax(scores, -1).to(q.scalar_type());
+  return at::matmul(probs, v).transpose(1, 2).reshape({b, t, local_heads * head_dim});
+}
+
+struct decoder_stage::impl : detail::stage_state {
+  std::unique_ptr<detail::decoder_block> block;
   /// Bytes of the shard that must be on the device before layer i (relative index) runs;
   /// the embeddings come first, the final norm and LM head last.
   std::vector<uint64_t> layer_ready_bytes;
-  uint64_t embed_ready_bytes = 0;
-  /// Device address of the shard for the call in progress.
-  std::byte* base = nullptr;
-
-  bool first() const { return shard.pp_rank == 0; }
-  bool last() const { return shard.pp_rank == par.pp - 1; }
-
-  at::Tensor param(const std::string& name) const {
-    auto e = weights->table().find(name);
-    return at::from_blob(base + e->offset_bytes, e->shape, options);
-  }
 
   caf::error bind() {
     auto p = weights->device_data();
@@ -122,76 +141,21 @@ struct opt_stage::impl {
 
   caf::error wait_for(uint64_t bytes) { return weights->wait_bytes(bytes, layer_wait); }
 
-  caf::error all_reduce(at::Tensor& t) {
-    if (tp->size() == 1) return {};
-    auto f = t.to(at::kFloat).contiguous();
-    if (auto err = tp->all_reduce_sum(f.data_ptr<float>(), static_cast<uint64_t>(f.numel())))
-      return err;
-    t = f.to(t.scalar_type());
-    return {};
-  }
-
-  /// One decoder layer (pre-LayerNorm, as every OPT but 350m). `allowed` is the
-  /// attention mask [batch, 1, queries, keys].
-  caf::expected<at::Tensor> layer(int64_t i, at::Tensor x, const at::Tensor& allowed,
-                                  kv_cache::impl& cache) {
-    auto p = fmt::format("layers.{}.", i);
-    auto h_dim = spec.hidden;
-    auto b = x.size(0);
-    auto t = x.size(1);
-    auto residual = x;
-    auto h = at::layer_norm(x, {h_dim}, param(p + "self_attn_layer_norm.weight"),
-                            param(p + "self_attn_layer_norm.bias"), 1e-5);
-    auto scaling = 1.0 / std::sqrt(static_cast<double>(head_dim));
-    auto split = [&](const at::Tensor& y) {
-      return y.view({b, t, local_heads, head_dim}).transpose(1, 2);
-    };
-    auto q = split(
-        at::linear(h, param(p + "self_attn.q_proj.weight"), param(p + "self_attn.q_proj.bias")) *
-        scaling);
-    auto k = split(
-        at::linear(h, param(p + "self_attn.k_proj.weight"), param(p + "self_attn.k_proj.bias")));
-    auto v = split(
-        at::linear(h, param(p + "self_attn.v_proj.weight"), param(p + "self_attn.v_proj.bias")));
-    auto li = static_cast<size_t>(i - layer_begin);
-    if (cache.keys[li].defined()) {
-      k = at::cat({cache.keys[li], k}, 2);
-      v = at::cat({cache.values[li], v}, 2);
-    }
-    cache.keys[li] = k;
-    cache.values[li] = v;
-    // Softmax in f32 whatever the weights are: bf16 logits lose too much there.
-    auto scores = at::matmul(q, k.transpose(-1, -2)).to(at::kFloat);
-    scores.masked_fill_(allowed.logical_not(), -std::numeric_limits<float>::infinity());
-    auto probs = at::softmax(scores, -1).to(q.scalar_type());
-    auto o = at::matmul(probs, v).transpose(1, 2).reshape({b, t, local_heads * head_dim});
-    o = at::linear(o, param(p + "self_attn.out_proj.weight"));
-    if (auto err = all_reduce(o)) return err;
-    x = residual + o + param(p + "self_attn.out_proj.bias");
-    h = at::layer_norm(x, {h_dim}, param(p + "final_layer_norm.weight"),
-                       param(p + "final_layer_norm.bias"), 1e-5);
-    h = at::relu(at::linear(h, param(p + "fc1.weight"), param(p + "fc1.bias")));
-    h = at::linear(h, param(p + "fc2.weight"));
-    if (auto err = all_reduce(h)) return err;
-    return x + h + param(p + "fc2.bias");
-  }
-
   /// Shared by prefill and decode once inputs are tensors: the layers, then either the
   /// hidden states or the last position's logits.
-  caf::expected<host_tensor> run(at::Tensor x, const at::Tensor& allowed, kv_cache::impl& cache) {
+  caf::expected<host_tensor> run(at::Tensor x, const at::Tensor& allowed,
+                                 const at::Tensor& positions, kv_cache::impl& cache) {
     for (auto i = layer_begin; i < layer_end; ++i) {
-      if (auto err = wait_for(layer_ready_bytes[static_cast<size_t>(i - layer_begin)])) return err;
-      auto y = layer(i, x, allowed, cache);
+      auto li = static_cast<size_t>(i - layer_begin);
+      if (auto err = wait_for(layer_ready_bytes[li])) return err;
+      auto y = block->layer(*this, i, x, allowed, positions, cache.keys[li], cache.values[li]);
       if (!y) return std::move(y.error());
       x = std::move(*y);
     }
     if (!last()) return detail::to_host(x);
     if (auto err = weights->wait_loaded(layer_wait)) return err;
     auto last_tok = x.select(1, x.size(1) - 1);  // left padding: the last token is last
-    auto normed = at::layer_norm(last_tok, {spec.hidden}, param("final_layer_norm.weight"),
-                                 param("final_layer_norm.bias"), 1e-5);
-    auto logits = at::matmul(normed, param("embed_tokens.weight").t()).to(at::kFloat);
-    return detail::to_host(logits);
+    return detail::to_host(block->head(*this, last_tok));
   }
 
   caf::expected<at::Tensor> hidden_input(const host_tensor* hidden, int64_t b, int64_t t) {
@@ -213,16 +177,16 @@ struct opt_stage::impl {
   }
 };
 
-opt_stage::opt_stage(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
-opt_stage::~opt_stage() = default;
-bool opt_stage::first() const {
+decoder_stage::decoder_stage(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+decoder_stage::~decoder_stage() = default;
+bool decoder_stage::first() const {
   return impl_->first();
 }
-bool opt_stage::last() const {
+bool decoder_stage::last() const {
   return impl_->last();
 }
 
-caf::expected<std::unique_ptr<opt_stage>> opt_stage::create(const opt_spec& spec,
+caf::expected<std::unique_ptr<decoder_stage>> decoder_stage::create(const decoder_spec& spec,
                                                             const parallel_config& par,
                                                             const shard_index& shard,
                                                             gpu::weight_shard& weights,
@@ -250,7 +214,7 @@ caf::expected<std::unique_ptr<opt_stage>> opt_stage::create(const opt_spec& spec
     return make_error(ec::invalid_configuration,
                       "fp16 needs a CUDA device: use bf16 or f32 on CPUs and emulated devices");
   if (type != gpu::dtype::f32 && type != gpu::dtype::bf16 && type != gpu::dtype::f16)
-    return bad(fmt::format("OPT weights must be f32, bf16 or f16, not {}", gpu::to_string(type)));
+    return bad(fmt::format("decoder weights must be f32, bf16 or f16, not {}", gpu::to_string(type)));
   auto p = std::make_unique<impl>();
   p->spec = spec;
   p->par = par;
@@ -268,7 +232,9 @@ caf::expected<std::unique_ptr<opt_stage>> opt_stage::create(const opt_spec& spec
     if (auto err = detail::cap_cuda_workspace(weights.dev())) return err;
   std::tie(p->layer_begin, p->layer_end) = stage_layers(spec, par.pp, shard.pp_rank);
   p->local_heads = spec.heads / par.tp;
-  p->head_dim = spec.hidden / spec.heads;
+  // Key/value heads split where tp divides them; otherwise each rank holds one.
+  p->local_kv_heads = std::max<int64_t>(1, spec.kv_head_count() / par.tp);
+  p->head_dim = spec.head_size();
   for (auto i = p->layer_begin; i < p->layer_end; ++i) {
     auto prefix = fmt::format("layers.{}.", i);
     uint64_t end = 0;
@@ -279,10 +245,12 @@ caf::expected<std::unique_ptr<opt_stage>> opt_stage::create(const opt_spec& spec
     }
     p->layer_ready_bytes.push_back(end);
   }
-  return std::unique_ptr<opt_stage>{new opt_stage(std::move(p))};
+  p->block = spec.family == model_family::opt ? detail::make_opt_block(*p)
+                                              : detail::make_llama_block(*p);
+  return std::unique_ptr<decoder_stage>{new decoder_stage(std::move(p))};
 }
 
-caf::expected<host_tensor> opt_stage::prefill(const std::vector<std::vector<int64_t>>& prompts,
+caf::expected<host_tensor> decoder_stage::prefill(const std::vector<std::vector<int64_t>>& prompts,
                                               const host_tensor* hidden, kv_cache& cache) {
   auto& m = *impl_;
   if (prompts.empty()) return bad("empty batch");
@@ -326,27 +294,25 @@ caf::expected<host_tensor> opt_stage::prefill(const std::vector<std::vector<int6
     auto eye = at::eye(t, at::TensorOptions().dtype(at::kBool).device(m.options.device()));
     auto allowed = (causal.unsqueeze(0) & c.key_valid.unsqueeze(1)) | eye.unsqueeze(0);
     allowed = allowed.unsqueeze(1);
+    auto dev_pos = pos.to(m.options.device());
     at::Tensor x;
     if (m.first()) {
       if (auto err = m.wait_for(m.layer_ready_bytes.empty() ? m.weights->size_bytes()
                                                             : m.layer_ready_bytes.front()))
         return err;
-      auto dev_ids = ids.to(m.options.device());
-      auto dev_pos = (pos + 2).to(m.options.device());  // OPT's learned positions start at 2
-      x = at::embedding(m.param("embed_tokens.weight"), dev_ids) +
-          at::embedding(m.param("embed_positions.weight"), dev_pos);
+      x = m.block->embed(m, ids.to(m.options.device()), dev_pos);
     } else {
       auto h = m.hidden_input(hidden, b, t);
       if (!h) return std::move(h.error());
       x = *h;
     }
-    return m.run(x, allowed, c);
+    return m.run(x, allowed, dev_pos, c);
   } catch (const std::exception& e) {
     return detail::compute_error(m.spec.name + " prefill", e);
   }
 }
 
-caf::expected<host_tensor> opt_stage::decode(const std::vector<int64_t>& tokens,
+caf::expected<host_tensor> decoder_stage::decode(const std::vector<int64_t>& tokens,
                                              const host_tensor* hidden, kv_cache& cache) {
   auto& m = *impl_;
   auto& c = *cache.impl_;
@@ -368,18 +334,17 @@ caf::expected<host_tensor> opt_stage::decode(const std::vector<int64_t>& tokens,
     c.key_valid = at::cat(
         {c.key_valid, at::ones({b, 1}, at::TensorOptions().dtype(at::kBool).device(dev))}, 1);
     auto allowed = c.key_valid.unsqueeze(1).unsqueeze(1);  // [b, 1, 1, len]: every cached real key
+    auto pos = at::tensor(c.next_position, at::kLong).view({b, 1}).to(dev);
     at::Tensor x;
     if (m.first()) {
       auto ids = at::tensor(tokens, at::kLong).view({b, 1}).to(dev);
-      auto pos = (at::tensor(c.next_position, at::kLong).view({b, 1}) + 2).to(dev);
-      x = at::embedding(m.param("embed_tokens.weight"), ids) +
-          at::embedding(m.param("embed_positions.weight"), pos);
+      x = m.block->embed(m, ids, pos);
     } else {
       auto h = m.hidden_input(hidden, b, 1);
       if (!h) return std::move(h.error());
       x = *h;
     }
-    auto out = m.run(x, allowed, c);
+    auto out = m.run(x, allowed, pos, c);
     for (auto& p : c.next_position) ++p;
     return out;
   } catch (const std::exception& e) {
@@ -387,7 +352,7 @@ caf::expected<host_tensor> opt_stage::decode(const std::vector<int64_t>& tokens,
   }
 }
 
-caf::expected<const void*> opt_stage::parameter_address(const std::string& name) {
+caf::expected<const void*> decoder_stage::parameter_address(const std::string& name) {
   auto e = impl_->weights->table().find(name);
   if (e == nullptr) return bad(fmt::format("no parameter '{}' in this stage", name));
   if (auto err = impl_->bind()) return err;
@@ -398,7 +363,7 @@ void set_compute_threads(int threads) {
   if (threads > 0) at::set_num_threads(threads);
 }
 
-caf::expected<host_tensor> prefill_logits(const std::vector<opt_stage*>& stages,
+caf::expected<host_tensor> prefill_logits(const std::vector<decoder_stage*>& stages,
                                           const std::vector<std::vector<int64_t>>& prompts) {
   if (stages.empty()) return bad("no stages");
   std::vector<kv_cache> caches(stages.size());
@@ -412,7 +377,7 @@ caf::expected<host_tensor> prefill_logits(const std::vector<opt_stage*>& stages,
 }
 
 caf::expected<std::vector<std::vector<int64_t>>> generate(
-    const std::vector<opt_stage*>& stages, const std::vector<std::vector<int64_t>>& prompts,
+    const std::vector<decoder_stage*>& stages, const std::vector<std::vector<int64_t>>& prompts,
     const generate_options& opts) {
   if (stages.empty() || !stages.front()->first() || !stages.back()->last())
     return bad("generate needs the whole pipeline, first stage to last");

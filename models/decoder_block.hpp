@@ -1,0 +1,71 @@
+#pragma once
+
+// What a family's block sees of the decoder stage core, and the blocks the core runs.
+// Internal: include it only from the .cpp files that already pay for torch.
+#include <ATen/core/Tensor.h>
+#include <caf/expected.hpp>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "gpu/collective.hpp"
+#include "gpu/weight_store.hpp"
+#include "models/decoder_spec.hpp"
+
+namespace computron::models::detail {
+
+/// The stage's state that blocks read: shape, split, where the weights are, the group.
+struct stage_state {
+  decoder_spec spec;
+  parallel_config par;
+  shard_index shard;
+  gpu::weight_shard* weights = nullptr;
+  gpu::collective* tp = nullptr;
+  gpu::dtype type = gpu::dtype::f32;
+  at::TensorOptions options;
+  int64_t layer_begin = 0;
+  int64_t layer_end = 0;
+  /// Query heads and key/value heads this rank computes, and their width.
+  int64_t local_heads = 0;
+  int64_t local_kv_heads = 0;
+  int64_t head_dim = 0;
+  /// Device address of the shard for the call in progress.
+  std::byte* base = nullptr;
+
+  bool first() const { return shard.pp_rank == 0; }
+  bool last() const { return shard.pp_rank == par.pp - 1; }
+
+  /// A zero-copy view of parameter `name` in the shard's device copy.
+  at::Tensor param(const std::string& name) const;
+  /// Sums `t` over the tensor-parallel group (in f32, whatever t's dtype).
+  caf::error all_reduce(at::Tensor& t) const;
+  /// Attention of this rank's heads: `q` [b, heads, t, d] already scaled, `k` and `v`
+  /// [b, kv heads, t, d] of the new positions, appended to the layer's cache (keys and
+  /// values are cached per key/value head; grouped queries share them). `allowed` is the
+  /// mask [b, 1, queries, keys]. Returns [b, t, heads x d]. Softmax runs in f32.
+  at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, const at::Tensor& allowed,
+                    at::Tensor& cache_k, at::Tensor& cache_v) const;
+};
+
+/// A family's decoder: token embedding, one layer, the head. Stateless apart from what
+/// it precomputes at creation (the rotary frequencies).
+class decoder_block {
+ public:
+  virtual ~decoder_block() = default;
+  /// Hidden states [b, t, hidden] of token ids [b, t] at `positions` [b, t] (0-based real
+  /// positions; padding at 0).
+  virtual at::Tensor embed(const stage_state& s, const at::Tensor& ids,
+                           const at::Tensor& positions) const = 0;
+  /// Layer `i` (absolute index) over `x` [b, t, hidden].
+  virtual caf::expected<at::Tensor> layer(const stage_state& s, int64_t i, at::Tensor x,
+                                          const at::Tensor& allowed, const at::Tensor& positions,
+                                          at::Tensor& cache_k, at::Tensor& cache_v) const = 0;
+  /// Logits [b, vocab] in f32 of the last hidden states [b, hidden].
+  virtual at::Tensor head(const stage_state& s, const at::Tensor& last) const = 0;
+};
+
+std::unique_ptr<decoder_block> make_opt_block(const stage_state& s);
+std::unique_ptr<decoder_block> make_llama_block(const stage_state& s);
+
+}  // namespace computron::models::detail

@@ -1,0 +1,113 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <caf/expected.hpp>
+
+#include "gpu/collective.hpp"
+#include "gpu/weight_store.hpp"
+#include "models/decoder_spec.hpp"
+#include "models/sampling.hpp"
+
+/// The decoder stage over the weight store, one core for every family (the KV cache,
+/// per-layer waits for the weights' bytes, the tensor-parallel all-reduce, host tensors
+/// between stages) running the family's block (models/opt_block.cpp,
+/// models/llama_block.cpp). Torch stays inside the .cpp files: this header only speaks
+/// bytes, so activations can cross processes as messages.
+namespace computron::models {
+
+/// Activations or logits between stages, as plain bytes.
+struct host_tensor {
+  gpu::dtype type = gpu::dtype::f32;
+  std::vector<int64_t> shape;
+  std::vector<std::byte> bytes;
+  /// The elements as floats (f32, bf16 or f16).
+  std::vector<float> to_floats() const;
+};
+
+/// One stage's decoding state for one batch: keys and values of its layers, and which
+/// cached positions are padding. Created empty; prefill fills it, decode extends it.
+class kv_cache {
+ public:
+  kv_cache();
+  ~kv_cache();
+  kv_cache(kv_cache&&) noexcept;
+  kv_cache& operator=(kv_cache&&) noexcept;
+  /// Cached positions per sequence, padding included (0 before prefill).
+  int64_t length() const;
+  /// Keeps only these sequences (their positions in the batch, in the order they go on);
+  /// the others left the batch. Errors: an index outside the batch.
+  caf::error keep_rows(const std::vector<int64_t>& rows);
+
+ private:
+  friend class decoder_stage;
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+/// One shard of a decoder: a tensor-parallel rank of one pipeline stage. Reads its
+/// parameters in place from the weight shard's device copy (zero-copy views), layer by
+/// layer as the load brings them in. Not thread-safe: one caller at a time.
+class decoder_stage {
+ public:
+  /// Checks the shard's layout against (spec, par, shard) and the group size against tp.
+  /// `tp_group` and `weights` must outlive the stage. fp16 needs a CUDA device.
+  static caf::expected<std::unique_ptr<decoder_stage>> create(const decoder_spec& spec,
+                                                          const parallel_config& par,
+                                                          const shard_index& shard,
+                                                          gpu::weight_shard& weights,
+                                                          gpu::collective& tp_group);
+  ~decoder_stage();
+
+  bool first() const;
+  bool last() const;
+
+  /// Prefill a batch of prompts (token ids of different lengths, left-padded here). The
+  /// first stage reads the tokens; later stages read `hidden` from the previous stage
+  /// and use the prompts only for their lengths. Returns hidden states [batch, len,
+  /// hidden], or on the last stage the logits of each prompt's last token [batch, vocab]
+  /// in f32. Errors: empty batch or prompt, token ids outside the vocabulary, prompts
+  /// longer than the positions, missing or misshapen hidden states, weights not loaded.
+  caf::expected<host_tensor> prefill(const std::vector<std::vector<int64_t>>& prompts,
+                                     const host_tensor* hidden, kv_cache& cache);
+
+  /// One more token per sequence, using and extending the cache.
+  caf::expected<host_tensor> decode(const std::vector<int64_t>& tokens, const host_tensor* hidden,
+                                    kv_cache& cache);
+
+  /// Where the forward pass reads parameter `name` from (tests: weights are not copied).
+  caf::expected<const void*> parameter_address(const std::string& name);
+
+ private:
+  struct impl;
+  explicit decoder_stage(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+/// OPT's name for the stage, kept for callers that only know OPT.
+using opt_stage = decoder_stage;
+
+struct generate_options {
+  int64_t max_tokens = 1;
+  sampling_params sampling;
+};
+
+/// Runs a chain of stages (one per pipeline stage, all of one tensor-parallel rank):
+/// prefill, then max_tokens - 1 decode steps, sampling each sequence with its own seeded
+/// sampler (seed + sequence index). Returns the generated ids per prompt.
+caf::expected<std::vector<std::vector<int64_t>>> generate(
+    const std::vector<decoder_stage*>& stages, const std::vector<std::vector<int64_t>>& prompts,
+    const generate_options& opts);
+
+/// Intra-op threads of the CPU compute (libtorch's pool; process-wide). 0 leaves it.
+void set_compute_threads(int threads);
+
+/// The last-token logits of a prefill through the chain ([batch, vocab], f32).
+caf::expected<host_tensor> prefill_logits(const std::vector<decoder_stage*>& stages,
+                                          const std::vector<std::vector<int64_t>>& prompts);
+
+}  // namespace computron::models

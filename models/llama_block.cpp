@@ -1,0 +1,132 @@
+// The Llama family's block (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3) as Hugging Face's
+// transformers computes it: RMSNorm in f32 then back to the weights' dtype, rotary
+// embeddings by rotate-half (with linear or llama3 frequency scaling), grouped-query
+// attention, Qwen3's per-head q/k norms before the rotation, the SwiGLU MLP, and a tied or
+// untied head.
+#include <cmath>
+#include <vector>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "models/decoder_block.hpp"
+
+namespace computron::models::detail {
+
+namespace {
+
+/// Hugging Face's inverse frequencies of the rotary embedding, scaling included.
+std::vector<float> inverse_frequencies(const decoder_spec& spec) {
+  const auto d = spec.head_size();
+  const auto& r = spec.rope;
+  std::vector<float> out;
+  for (int64_t i = 0; i < d; i += 2) {
+    double f = 1.0 / std::pow(r.theta, static_cast<double>(i) / static_cast<double>(d));
+    if (r.scaling == "linear") {
+      f /= r.factor;
+    } else if (r.scaling == "llama3") {
+      // transformers' _compute_llama3_parameters: long wavelengths slow down by `factor`,
+      // short ones stay, the band between is interpolated.
+      const double pi = 3.14159265358979323846;
+      auto old_len = static_cast<double>(r.original_max_positions);
+      auto low_wavelen = old_len / r.low_freq_factor;
+      auto high_wavelen = old_len / r.high_freq_factor;
+      auto wavelen = 2 * pi / f;
+      auto scaled = wavelen > low_wavelen ? f / r.factor : f;
+      if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
+        auto smooth = (old_len / wavelen - r.low_freq_factor) /
+                      (r.high_freq_factor - r.low_freq_factor);
+        scaled = (1 - smooth) * scaled / r.factor + smooth * scaled;
+      }
+      f = scaled;
+    }
+    out.push_back(static_cast<float>(f));
+  }
+  return out;
+}
+
+at::Tensor rotate_half(const at::Tensor& x) {
+  auto half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+class llama_block final : public decoder_block {
+ public:
+  explicit llama_block(const stage_state& s) {
+    auto f = inverse_frequencies(s.spec);
+    inv_freq_ = at::tensor(f, at::kFloat).to(s.options.device());
+  }
+
+  at::Tensor embed(const stage_state& s, const at::Tensor& ids, const at::Tensor&) const override {
+    return at::embedding(s.param("embed_tokens.weight"), ids);
+  }
+
+  caf::expected<at::Tensor> layer(const stage_state& s, int64_t i, at::Tensor x,
+                                  const at::Tensor& allowed, const at::Tensor& positions,
+                                  at::Tensor& cache_k, at::Tensor& cache_v) const override {
+    auto p = fmt::format("layers.{}.", i);
+    auto a = p + "self_attn.";
+    const auto& spec = s.spec;
+    auto b = x.size(0);
+    auto t = x.size(1);
+    auto residual = x;
+    auto h = rms_norm(x, s.param(p + "input_layernorm.weight"), spec.norm_eps);
+    auto project = [&](const std::string& name, bool bias, int64_t heads) {
+      auto y = bias ? at::linear(h, s.param(a + name + ".weight"), s.param(a + name + ".bias"))
+                    : at::linear(h, s.param(a + name + ".weight"));
+      return y.view({b, t, heads, s.head_dim});
+    };
+    auto q = project("q_proj", spec.qkv_bias, s.local_heads);
+    auto k = project("k_proj", spec.qkv_bias, s.local_kv_heads);
+    auto v = project("v_proj", spec.qkv_bias, s.local_kv_heads).transpose(1, 2);
+    if (spec.qk_norm) {
+      q = rms_norm(q, s.param(a + "q_norm.weight"), spec.norm_eps);
+      k = rms_norm(k, s.param(a + "k_norm.weight"), spec.norm_eps);
+    }
+    q = q.transpose(1, 2);
+    k = k.transpose(1, 2);
+    // cos/sin in f32 as transformers computes them, then in the activations' dtype.
+    auto angles = positions.to(at::kFloat).unsqueeze(-1) * inv_freq_;
+    auto emb = at::cat({angles, angles}, -1).unsqueeze(1);  // [b, 1, t, d]
+    auto cos = emb.cos().to(q.scalar_type());
+    auto sin = emb.sin().to(q.scalar_type());
+    q = q * cos + rotate_half(q) * sin;
+    k = k * cos + rotate_half(k) * sin;
+    q = q * (1.0 / std::sqrt(static_cast<double>(s.head_dim)));
+    auto o = s.attend(q, k, v, allowed, cache_k, cache_v);
+    o = at::linear(o, s.param(a + "o_proj.weight"));
+    if (auto err = s.all_reduce(o)) return err;
+    x = residual + o;
+    if (spec.o_bias) x = x + s.param(a + "o_proj.bias");
+    h = rms_norm(x, s.param(p + "post_attention_layernorm.weight"), spec.norm_eps);
+    auto gate = at::linear(h, s.param(p + "mlp.gate_proj.weight"));
+    auto up = at::linear(h, s.param(p + "mlp.up_proj.weight"));
+    h = at::linear(at::silu(gate) * up, s.param(p + "mlp.down_proj.weight"));
+    if (auto err = s.all_reduce(h)) return err;
+    return x + h;
+  }
+
+  at::Tensor head(const stage_state& s, const at::Tensor& last) const override {
+    auto normed = rms_norm(last, s.param("norm.weight"), s.spec.norm_eps);
+    auto w = s.spec.tied_embeddings ? s.param("embed_tokens.weight") : s.param("lm_head.weight");
+    return at::matmul(normed, w.t()).to(at::kFloat);
+  }
+
+ private:
+  /// transformers' RMSNorm: the mean square in f32, the weight applied in the input dtype.
+  static at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+    auto f = x.to(at::kFloat);
+    auto var = f.pow(2).mean(-1, true);
+    return weight * (f * at::rsqrt(var + eps)).to(x.scalar_type());
+  }
+
+  at::Tensor inv_freq_;
+};
+
+}  // namespace
+
+std::unique_ptr<decoder_block> make_llama_block(const stage_state& s) {
+  return std::make_unique<llama_block>(s);
+}
+
+}  // namespace computron::models::detail

@@ -1,0 +1,70 @@
+// OPT's block: learned positions (offset by 2), pre-LayerNorm, biases everywhere, ReLU
+// MLP, the head tied to the token embedding. The op order is the original forward's, so
+// its outputs stay bit for bit.
+#include <cmath>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "models/decoder_block.hpp"
+
+namespace computron::models::detail {
+
+namespace {
+
+class opt_block final : public decoder_block {
+ public:
+  at::Tensor embed(const stage_state& s, const at::Tensor& ids,
+                   const at::Tensor& positions) const override {
+    // OPT's learned positions start at 2 (a fairseq legacy).
+    return at::embedding(s.param("embed_tokens.weight"), ids) +
+           at::embedding(s.param("embed_positions.weight"), positions + 2);
+  }
+
+  caf::expected<at::Tensor> layer(const stage_state& s, int64_t i, at::Tensor x,
+                                  const at::Tensor& allowed, const at::Tensor&,
+                                  at::Tensor& cache_k, at::Tensor& cache_v) const override {
+    auto p = fmt::format("layers.{}.", i);
+    auto h_dim = s.spec.hidden;
+    auto b = x.size(0);
+    auto t = x.size(1);
+    auto residual = x;
+    auto h = at::layer_norm(x, {h_dim}, s.param(p + "self_attn_layer_norm.weight"),
+                            s.param(p + "self_attn_layer_norm.bias"), 1e-5);
+    auto scaling = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
+    auto split = [&](const at::Tensor& y) {
+      return y.view({b, t, s.local_heads, s.head_dim}).transpose(1, 2);
+    };
+    auto q = split(at::linear(h, s.param(p + "self_attn.q_proj.weight"),
+                              s.param(p + "self_attn.q_proj.bias")) *
+                   scaling);
+    auto k = split(
+        at::linear(h, s.param(p + "self_attn.k_proj.weight"), s.param(p + "self_attn.k_proj.bias")));
+    auto v = split(
+        at::linear(h, s.param(p + "self_attn.v_proj.weight"), s.param(p + "self_attn.v_proj.bias")));
+    auto o = s.attend(q, k, v, allowed, cache_k, cache_v);
+    o = at::linear(o, s.param(p + "self_attn.out_proj.weight"));
+    if (auto err = s.all_reduce(o)) return err;
+    x = residual + o + s.param(p + "self_attn.out_proj.bias");
+    h = at::layer_norm(x, {h_dim}, s.param(p + "final_layer_norm.weight"),
+                       s.param(p + "final_layer_norm.bias"), 1e-5);
+    h = at::relu(at::linear(h, s.param(p + "fc1.weight"), s.param(p + "fc1.bias")));
+    h = at::linear(h, s.param(p + "fc2.weight"));
+    if (auto err = s.all_reduce(h)) return err;
+    return x + h + s.param(p + "fc2.bias");
+  }
+
+  at::Tensor head(const stage_state& s, const at::Tensor& last) const override {
+    auto normed = at::layer_norm(last, {s.spec.hidden}, s.param("final_layer_norm.weight"),
+                                 s.param("final_layer_norm.bias"), 1e-5);
+    return at::matmul(normed, s.param("embed_tokens.weight").t()).to(at::kFloat);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<decoder_block> make_opt_block(const stage_state&) {
+  return std::make_unique<opt_block>();
+}
+
+}  // namespace computron::models::detail

@@ -1,0 +1,146 @@
+#pragma once
+
+// A decoder loaded shard by shard onto emulated devices, one stage per shard, for the
+// forward tests of every family. Tensor-parallel ranks run in threads and meet through real
+// Gloo on 127.0.0.1. Include from torch test binaries only (after Catch2).
+#include <cmath>
+#include <functional>
+#include <future>
+#include <string>
+#include <thread>
+
+#include "common/error.hpp"
+#include "gpu/emulated_device.hpp"
+#include "models/decoder_stage.hpp"
+#include "models/gloo_collective.hpp"
+#include "models/weights.hpp"
+
+namespace computron::test {
+
+inline bool same_bytes(const models::host_tensor& a, const models::host_tensor& b);
+inline bool equal_results(const models::host_tensor& a, const models::host_tensor& b) {
+  return same_bytes(a, b);
+}
+template <class T>
+bool equal_results(const T& a, const T& b) {
+  return a == b;
+}
+
+using namespace std::chrono_literals;
+using models::decoder_spec;
+using models::host_tensor;
+using models::parallel_config;
+
+/// Fills one shard's host copy (seeded values, or a checkpoint's slices).
+using shard_filler = std::function<caf::error(const parallel_config&, const models::shard_index&,
+                                              gpu::weight_shard&)>;
+
+/// Seeded weights with `seed`.
+inline shard_filler seeded_filler(const decoder_spec& spec, uint64_t seed) {
+  return [spec, seed](const parallel_config& par, const models::shard_index& idx,
+                      gpu::weight_shard& w) {
+    return models::fill_seeded(spec, par, idx, w.table(), w.host_data(), seed);
+  };
+}
+
+inline gpu::device_ptr emulated_device(int ordinal, double gbps = 8.0) {
+  gpu::emulated_device_options o;
+  o.ordinal = ordinal;
+  o.capacity_bytes = 64ull << 20;
+  o.link_gbps = gbps;
+  auto d = gpu::emulated_device::make(o);
+  REQUIRE(d);
+  return *d;
+}
+
+/// Every shard of a model, loaded onto its own emulated device, with one stage each.
+struct sharded_model {
+  decoder_spec spec;
+  parallel_config par;
+  std::vector<std::unique_ptr<gpu::weight_shard>> shards;  // index: pp * tp + tp_rank
+  std::vector<std::unique_ptr<gpu::collective>> groups;    // same index
+  std::vector<std::unique_ptr<models::decoder_stage>> stages;          // same index
+
+  sharded_model(decoder_spec s, gpu::dtype type, parallel_config p, const shard_filler& fill,
+                bool load = true)
+      : spec(std::move(s)), par(p) {
+    for (int s = 0; s < par.pp; ++s)
+      for (int r = 0; r < par.tp; ++r) {
+        auto table = shard_layout(spec, type, par, {r, s});
+        REQUIRE(table);
+        auto shard = gpu::weight_shard::create(emulated_device(s * par.tp + r), *table);
+        REQUIRE(shard);
+        auto filled = fill(par, {r, s}, **shard);
+        INFO((filled ? render(filled) : std::string{}));
+        REQUIRE_FALSE(filled);
+        if (load) {
+          REQUIRE_FALSE((*shard)->load({1ull << 20}));
+          REQUIRE_FALSE((*shard)->wait_loaded(30s));
+        }
+        shards.push_back(std::move(*shard));
+      }
+    make_groups();
+    for (int s = 0; s < par.pp; ++s)
+      for (int r = 0; r < par.tp; ++r) {
+        auto i = static_cast<size_t>(s * par.tp + r);
+        auto st = models::decoder_stage::create(spec, par, {r, s}, *shards[i], *groups[i]);
+        REQUIRE(st);
+        stages.push_back(std::move(*st));
+      }
+  }
+
+  /// One Gloo group per pipeline stage, all through one store on loopback.
+  void make_groups() {
+    groups.resize(static_cast<size_t>(par.tp * par.pp));
+    if (par.tp == 1) {
+      for (auto& g : groups) g = gpu::make_solo_collective();
+      return;
+    }
+    auto store = models::host_gloo_store("127.0.0.1", 0, par.tp * par.pp, 30s);
+    REQUIRE(store);
+    std::vector<std::future<caf::expected<std::unique_ptr<gpu::collective>>>> joins;
+    for (int s = 0; s < par.pp; ++s)
+      for (int r = 0; r < par.tp; ++r)
+        joins.push_back(std::async(std::launch::async, [&, s, r] {
+          return models::make_gloo_collective(*store, "stage" + std::to_string(s), r, par.tp);
+        }));
+    // Collect every join before asserting: a REQUIRE that throws with futures pending
+    // would block in their destructors.
+    std::vector<caf::expected<std::unique_ptr<gpu::collective>>> joined;
+    for (auto& j : joins) joined.push_back(j.get());
+    for (size_t i = 0; i < joined.size(); ++i) {
+      INFO((joined[i] ? std::string{"ok"} : render(joined[i].error())));
+      REQUIRE(joined[i]);
+      groups[i] = std::move(*joined[i]);
+    }
+  }
+
+  std::vector<models::decoder_stage*> chain(int tp_rank) {
+    std::vector<models::decoder_stage*> c;
+    for (int s = 0; s < par.pp; ++s)
+      c.push_back(stages[static_cast<size_t>(s * par.tp + tp_rank)].get());
+    return c;
+  }
+
+  /// Runs `f(chain)` for every tp rank in its own thread (collectives block until all
+  /// ranks arrive) and returns rank 0's result; the others must agree bitwise.
+  template <class F>
+  auto on_all_ranks(F f) {
+    using result = decltype(f(chain(0)));
+    std::vector<std::future<result>> runs;
+    for (int r = 0; r < par.tp; ++r)
+      runs.push_back(std::async(std::launch::async, [this, r, &f] { return f(chain(r)); }));
+    std::vector<result> results;
+    for (auto& run : runs) results.push_back(run.get());
+    for (auto& r : results) REQUIRE(r);
+    for (size_t r = 1; r < results.size(); ++r) CHECK(equal_results(*results[r], *results[0]));
+    return std::move(*results[0]);
+  }
+};
+
+/// Bitwise equality, for the checks that demand it.
+inline bool same_bytes(const host_tensor& a, const host_tensor& b) {
+  return a.type == b.type && a.shape == b.shape && a.bytes == b.bytes;
+}
+
+}  // namespace computron::test
