@@ -135,11 +135,12 @@ caf::error write_hf_opt_folder(const std::string& folder, const opt_spec& spec, 
   std::vector<std::vector<safetensor>> groups(static_cast<size_t>(files));
   for (size_t i = 0; i < entries.size(); ++i) {
     auto& e = entries[i];
-    safetensor t{"model.decoder." + e.name, e.type, e.shape, host.data() + e.offset_bytes,
-                 e.size_bytes};
+    bool opt = spec.family == model_family::opt;
+    auto name = e.name == "lm_head.weight" ? e.name : (opt ? "model.decoder." : "model.") + e.name;
+    safetensor t{name, e.type, e.shape, host.data() + e.offset_bytes, e.size_bytes};
     auto g = i * static_cast<size_t>(files) / entries.size();
     groups[g].push_back(t);
-    if (e.name == "embed_tokens.weight") {
+    if (opt && e.name == "embed_tokens.weight") {
       t.name = "lm_head.weight";  // tied: the same values, as transformers saves them
       groups.back().push_back(t);
     }
@@ -162,6 +163,46 @@ caf::error write_hf_opt_folder(const std::string& folder, const opt_spec& spec, 
   const char* dtype_name = type == gpu::dtype::f16    ? "float16"
                            : type == gpu::dtype::bf16 ? "bfloat16"
                                                       : "float32";
+  if (spec.family == model_family::llama) {
+    // The Llama family's config.json as transformers writes it for this model_type.
+    auto type = spec.model_type.empty() ? std::string{"llama"} : spec.model_type;
+    const char* arch = type == "mistral" ? "MistralForCausalLM"
+                       : type == "qwen2" ? "Qwen2ForCausalLM"
+                       : type == "qwen3" ? "Qwen3ForCausalLM"
+                                         : "LlamaForCausalLM";
+    json rope = nullptr;
+    if (!spec.rope.scaling.empty()) {
+      rope = {{"rope_type", spec.rope.scaling}, {"factor", spec.rope.factor}};
+      if (spec.rope.scaling == "llama3") {
+        rope["low_freq_factor"] = spec.rope.low_freq_factor;
+        rope["high_freq_factor"] = spec.rope.high_freq_factor;
+        rope["original_max_position_embeddings"] = spec.rope.original_max_positions;
+      }
+    }
+    json cfg = {{"_name_or_path", spec.name},
+                {"architectures", {arch}},
+                {"model_type", type},
+                {"hidden_act", "silu"},
+                {"hidden_size", spec.hidden},
+                {"intermediate_size", spec.ffn},
+                {"num_hidden_layers", spec.layers},
+                {"num_attention_heads", spec.heads},
+                {"num_key_value_heads", spec.kv_head_count()},
+                {"head_dim", spec.head_size()},
+                {"vocab_size", spec.vocab},
+                {"max_position_embeddings", spec.max_positions},
+                {"rms_norm_eps", spec.norm_eps},
+                {"rope_theta", spec.rope.theta},
+                {"rope_scaling", rope},
+                {"attention_bias", type != "qwen2" && spec.qkv_bias},
+                {"tie_word_embeddings", spec.tied_embeddings},
+                {"torch_dtype", dtype_name}};
+    if (type == "mistral") cfg["sliding_window"] = nullptr;
+    std::ofstream out{fs::path{folder} / "config.json"};
+    out << cfg.dump(2);
+    if (!out) return make_error(ec::io_error, "cannot write config.json in " + folder);
+    return {};
+  }
   json cfg = {{"_name_or_path", spec.name},
               {"architectures", {"OPTForCausalLM"}},
               {"model_type", "opt"},

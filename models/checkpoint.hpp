@@ -92,11 +92,12 @@ caf::expected<hf_model_config> read_hf_config(const std::string& folder);
 /// how to convert it.
 caf::error check_checkpoint_files(const std::string& folder);
 
-/// Writes a Hugging Face-format OPT folder from seeded weights (tests, benchmarks): a
-/// config.json, `files` safetensors shards named model-0000k-of-0000n.safetensors with
-/// model.safetensors.index.json (or model.safetensors when `files` is 1), tensor names
-/// under `model.decoder.` and a tied `lm_head.weight`. The same weights as fill_seeded
-/// with `seed` writes.
+/// Writes a Hugging Face-format folder of any family from seeded weights (tests,
+/// benchmarks): a config.json, `files` safetensors shards named
+/// model-0000k-of-0000n.safetensors with model.safetensors.index.json (or
+/// model.safetensors when `files` is 1); OPT's tensor names under `model.decoder.` with a
+/// tied `lm_head.weight`, the Llama family's under `model.` with `lm_head.weight` when
+/// untied. The same weights as fill_seeded with `seed` writes.
 caf::error write_hf_opt_folder(const std::string& folder, const opt_spec& spec, gpu::dtype type,
                                uint64_t seed, int files);
 

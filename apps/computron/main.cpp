@@ -190,10 +190,12 @@ int main(int argc, char** argv) {
 
   // bench forward
   auto fwd_cmd = bench_cmd->add_subcommand(
-      "forward", "prefill and decode latency of one OPT shard read from the weight store");
+      "forward", "prefill and decode latency of one decoder shard read from the weight store");
   bench::forward_bench_options fwd;
   bool fwd_json = false;
-  fwd_cmd->add_option("--model", fwd.model, "catalogue name (opt-tiny ... opt-175b)")
+  fwd_cmd->add_option("--model", fwd.model,
+                      "catalogue name (opt-tiny ... opt-175b, llama-3.2-1b, llama-3.1-8b, "
+                      "qwen2.5-0.5b, qwen2.5-7b, qwen3-0.6b, mistral-7b, ...)")
       ->capture_default_str();
   fwd_cmd->add_option("--dtype", fwd.dtype, "f32, bf16 or f16 (CUDA only)")->capture_default_str();
   fwd_cmd->add_option("--batch", fwd.batch, "sequences per forward")->capture_default_str();

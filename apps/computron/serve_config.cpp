@@ -14,6 +14,7 @@
 #include "common/log.hpp"
 #include "models/checkpoint.hpp"
 #include "models/json_file.hpp"
+#include "models/tokenizer.hpp"
 
 // The serve config and the model repository, read strictly. Apart from the serve code so
 // the config fuzz target (tests/fuzz/serve_config_fuzz.cpp) links without the runtime.
@@ -155,6 +156,9 @@ caf::error read_model(const json& j, const std::string& where, const fs::path& b
       (e = read(j, "pinned", where, m.pinned)) || (e = read(j, "priority", where, m.priority)) ||
       (e = read(j, "tokenizer", where, tok)))
     return e;
+  // A catalogue shape names its family: the kind follows it unless given.
+  if (!j.contains("kind") && !m.spec.empty())
+    if (auto s = models::find_spec(m.spec)) m.kind = models::to_string(s->family);
   if (tok == "gpt2") {
     m.tokenizer = gpt2_tokenizer();
   } else if (tok == "bytes") {
@@ -221,18 +225,31 @@ caf::expected<actors::model_config> read_folder(const fs::path& f) {
   actors::model_config m;
   m.name = f.filename().string();
   if (models::is_hf_folder(f.string())) {
-    // A Hugging Face OPT folder as downloaded: its config.json gives the shape and
-    // dtype; our settings, if any, sit beside it in computron.json.
-    auto hf = models::read_hf_opt_config(f.string());
+    // A Hugging Face folder as downloaded (OPT or the Llama family): its config.json
+    // gives the shape and dtype; our settings, if any, sit beside it in computron.json.
+    auto hf = models::read_hf_config(f.string());
     if (!hf) return hf.error();
-    m.kind = "opt";
+    if (auto err = models::check_checkpoint_files(f.string())) return err;
+    m.kind = models::to_string(hf->spec.family);
     m.spec = hf->spec.name;
-    m.shape = {hf->spec.hidden, hf->spec.layers, hf->spec.heads,
-               hf->spec.ffn,    hf->spec.vocab,  hf->spec.max_positions};
+    if (hf->spec.family == models::model_family::opt)
+      m.shape = {hf->spec.hidden, hf->spec.layers, hf->spec.heads,
+                 hf->spec.ffn,    hf->spec.vocab,  hf->spec.max_positions};
+    else
+      m.arch = models::to_json(hf->spec).dump();
     m.checkpoint_dtype = hf->dtype;
     m.dtype = "auto";
     m.weights_path = f.string();
-    if (has_tokenizer_files(f)) m.tokenizer = f.string();
+    if (has_tokenizer_files(f)) {
+      m.tokenizer = f.string();
+      // Ids the tokenizer can produce must all be rows of the embedding.
+      auto tok = models::tokenizer::open(m.tokenizer);
+      if (!tok) return tok.error();
+      if ((*tok)->size() > hf->spec.vocab)
+        return bad((f / "config.json").string(),
+                   fmt::format("vocab_size {} is smaller than the tokenizer's {} ids",
+                               hf->spec.vocab, (*tok)->size()));
+    }
     auto ours = f / "computron.json";
     json settings = json::object();
     if (fs::exists(ours)) {

@@ -1,0 +1,124 @@
+// Llama-family folders as Hugging Face writes them, served by the real `computron serve`
+// process over HTTP: greedy tokens equal to the independent float64 reference, at TP1 and
+// TP2 x PP2, the same again after the model was swapped out and back in.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/child_process.hpp"
+#include "net/http_client.hpp"
+#include "tests/support/llama_reference.hpp"
+#include "tests/support/run_binary.hpp"
+#include "tests/support/temp_files.hpp"
+
+using namespace computron;
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::vector<int64_t> prompt = {1, 17, 200, 33, 5};
+
+json infer(net::http_client& c, const std::string& model, int64_t max_tokens) {
+  json body{{"inputs",
+             {{{"name", "input_ids"},
+               {"datatype", "INT64"},
+               {"shape", {1, static_cast<int64_t>(prompt.size())}},
+               {"data", prompt}}}},
+            {"parameters", {{"max_tokens", max_tokens}, {"temperature", 0}}}};
+  auto r = c.request("POST", "/v2/models/" + model + "/infer", body.dump()).value();
+  INFO(model << ": " << r.body);
+  REQUIRE(r.status == 200);
+  return json::parse(r.body)["outputs"][0]["data"];
+}
+
+}  // namespace
+
+TEST_CASE("Llama-family folders serve the reference's tokens over HTTP, also after a swap",
+          "[net][e2e][hf][llama]") {
+  test::temp_dir dir{"hf-llama"};
+  auto repo = dir.path() + "/repo";
+  test::tiny_llama_options llama;
+  llama.rope_scaling = {{"rope_type", "llama3"},
+                        {"factor", 8.0},
+                        {"low_freq_factor", 1.0},
+                        {"high_freq_factor", 4.0},
+                        {"original_max_position_embeddings", 32}};
+  llama.files = 2;
+  test::write_tiny_llama_folder(repo + "/llama", llama);
+  test::tiny_llama_options qwen3;
+  qwen3.model_type = "qwen3";
+  qwen3.head_dim = 32;
+  test::write_tiny_llama_folder(repo + "/qwen3", qwen3);
+  std::ofstream{repo + "/qwen3/computron.json"} << json{{"tp", 2}, {"pp", 2}}.dump();
+  test::tiny_llama_options qwen2;
+  qwen2.model_type = "qwen2";
+  qwen2.tie_word_embeddings = true;
+  test::write_tiny_llama_folder(repo + "/qwen2", qwen2);
+  test::tiny_llama_options mistral;
+  mistral.model_type = "mistral";
+  mistral.kv_heads = 1;
+  mistral.dtype = "bfloat16";  // served in bf16 on emulated devices
+  test::write_tiny_llama_folder(repo + "/mistral", mistral);
+  json cfg{{"devices", {{"kind", "emulated"}, {"count", 4}, {"capacity_mb", 64}, {"link_gbps", 1}}},
+           {"http", {{"host", "127.0.0.1"}, {"port", 0}}},
+           {"repository", "repo"}};
+  std::ofstream{dir.path() + "/config.json"} << cfg.dump();
+  child_process proc{std::vector<std::string>{"/usr/bin/timeout", "300", COMPUTRON_BINARY,
+                                              "serve", "--config", dir.path() + "/config.json"}};
+  auto port = test::wait_for_port(proc);
+  REQUIRE(port > 0);
+  auto c = std::move(net::http_client::connect("127.0.0.1", port, 5s).value());
+  for (std::string name : {"llama", "qwen3", "qwen2"}) {
+    INFO(name);
+    auto ref = test::llama_reference::open(repo + "/" + name);
+    auto want = ref.greedy(prompt, 6);
+    auto served = infer(*c, name, 6);
+    CHECK(served == json(want));
+    // Swapped out (the devices' copy freed) and back in: the same tokens.
+    auto out = c->request("POST", "/v2/repository/models/" + name + "/unload").value();
+    REQUIRE(out.status == 200);
+    auto in = c->request("POST", "/v2/repository/models/" + name + "/load").value();
+    INFO(in.body);
+    REQUIRE(in.status == 200);
+    CHECK(infer(*c, name, 6) == served);
+  }
+  auto meta = json::parse(c->request("GET", "/v2/models/mistral").value().body, nullptr, false);
+  INFO(meta.dump());
+  CHECK(meta.dump().find("bf16") != std::string::npos);
+  CHECK(infer(*c, "mistral", 4).size() == 4);
+  auto models = json::parse(c->request("GET", "/v1/models").value().body, nullptr, false);
+  INFO(models.dump());
+  CHECK(models.dump().find("\"qwen3\"") != std::string::npos);
+}
+
+TEST_CASE("a Hugging Face folder of an unknown architecture is listed with the reason",
+          "[net][e2e][hf][llama]") {
+  test::temp_dir dir{"hf-unknown"};
+  auto repo = dir.path() + "/repo";
+  test::write_tiny_llama_folder(repo + "/neox", {});
+  {
+    json j;
+    std::ifstream{repo + "/neox/config.json"} >> j;
+    j["model_type"] = "gpt_neox";
+    j["architectures"] = {"GPTNeoXForCausalLM"};
+    std::ofstream{repo + "/neox/config.json"} << j.dump();
+  }
+  json cfg{{"devices", {{"kind", "emulated"}, {"count", 1}, {"capacity_mb", 64}}},
+           {"http", {{"host", "127.0.0.1"}, {"port", 0}}},
+           {"repository", "repo"}};
+  std::ofstream{dir.path() + "/config.json"} << cfg.dump();
+  child_process proc{std::vector<std::string>{"/usr/bin/timeout", "120", COMPUTRON_BINARY,
+                                              "serve", "--config", dir.path() + "/config.json"}};
+  auto port = test::wait_for_port(proc);
+  REQUIRE(port > 0);
+  auto c = std::move(net::http_client::connect("127.0.0.1", port, 5s).value());
+  auto index = c->request("POST", "/v2/repository/index").value();
+  INFO(index.body);
+  CHECK_THAT(index.body, Catch::Contains("UNAVAILABLE") && Catch::Contains("gpt_neox") &&
+                             Catch::Contains("GPTNeoXForCausalLM"));
+}
