@@ -2,8 +2,8 @@
 // is type-checked before it is read (the hf_folder fuzz target feeds these), and what the
 // forward does not implement is refused here, naming the field and value, rather than
 // served wrong.
+#include <algorithm>
 #include <filesystem>
-#include <set>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>

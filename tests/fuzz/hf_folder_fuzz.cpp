@@ -53,6 +53,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   write(dir + "/model.safetensors.index.json", data + 2 + config_len, size - 2 - config_len);
   (void)computron::models::is_hf_folder(dir);
   (void)computron::models::read_hf_opt_config(dir);
+  (void)computron::models::read_hf_config(dir);
+  (void)computron::models::read_hf_llama_config(dir);
   auto c = computron::models::checkpoint::open(dir);
   if (c) (void)c->find("embed_tokens.weight");
   return 0;
