@@ -202,6 +202,9 @@ caf::expected<decoder_spec> spec_from_json(const json& j) {
     if (auto e = number(*r, "high_freq_factor", s.rope.high_freq_factor)) return e;
     double orig = static_cast<double>(s.rope.original_max_positions);
     if (auto e = number(*r, "original_max_positions", orig)) return e;
+    // Bounded before it converts: a double past int64 would be undefined.
+    if (orig > static_cast<double>(1ll << 40))
+      return bad("field original_max_positions must be at most 2^40");
     s.rope.original_max_positions = static_cast<int64_t>(orig);
     if (!s.rope.scaling.empty() && s.rope.scaling != "linear" && s.rope.scaling != "llama3")
       return bad("rope scaling '" + s.rope.scaling + "' is not implemented (linear, llama3 are)");

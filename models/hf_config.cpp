@@ -141,9 +141,13 @@ caf::error read_rope(const config_reader& r, rope_config& rope) {
     if (type == "llama3") {
       if (auto e = r.number(o, where, "low_freq_factor", rope.low_freq_factor)) return e;
       if (auto e = r.number(o, where, "high_freq_factor", rope.high_freq_factor)) return e;
-      double orig = static_cast<double>(rope.original_max_positions);
-      if (auto e = r.number(o, where, "original_max_position_embeddings", orig)) return e;
-      rope.original_max_positions = static_cast<int64_t>(orig);
+      if (auto it = o.find("original_max_position_embeddings"); it != o.end()) {
+        // An integer in range before it converts (a float past int64 would be undefined).
+        if (!it->is_number_integer() || it->get<int64_t>() <= 0 ||
+            it->get<int64_t>() > (1ll << 31))
+          return r.bad(where + "original_max_position_embeddings must be a positive integer");
+        rope.original_max_positions = it->get<int64_t>();
+      }
       if (!(rope.high_freq_factor > rope.low_freq_factor))
         return r.bad(where + "high_freq_factor must exceed low_freq_factor");
     }
