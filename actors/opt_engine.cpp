@@ -49,11 +49,11 @@ caf::expected<models::decoder_spec> spec_of(const model_config& cfg) {
   }
   if (!s) return s;
   if (cfg.kind != models::to_string(s->family))
-    return make_error(ec::invalid_configuration,
-                      fmt::format("'{}' is a {} shape, but the model's kind is '{}' (make it "
-                                  "\"{}\")",
-                                  s->name, models::to_string(s->family), cfg.kind,
-                                  models::to_string(s->family)));
+    return make_error(
+        ec::invalid_configuration,
+        fmt::format("'{}' is a {} shape, but the model's kind is '{}' (make it "
+                    "\"{}\")",
+                    s->name, models::to_string(s->family), cfg.kind, models::to_string(s->family)));
   return s;
 }
 
@@ -67,7 +67,8 @@ caf::expected<decoder_shape> shape_of(const model_config& cfg) {
 
 class decoder_program final : public shard_program {
  public:
-  explicit decoder_program(std::unique_ptr<models::decoder_stage> stage) : stage_(std::move(stage)) {}
+  explicit decoder_program(std::unique_ptr<models::decoder_stage> stage)
+      : stage_(std::move(stage)) {}
 
   caf::expected<models::host_tensor> run(const step_request& req,
                                          const models::host_tensor* hidden) override {

@@ -85,14 +85,14 @@ const std::vector<decoder_spec>& catalogue() {
                             1e-5, llama3_rope(32.0), true));
     s.push_back(llama_entry("llama-3.1-8b", "llama", 4096, 32, 32, 8, 128, 14336, 128256, 131072,
                             1e-5, llama3_rope(8.0), false));
-    s.push_back(llama_entry("qwen2.5-0.5b", "qwen2", 896, 24, 14, 2, 64, 4864, 151936, 32768,
-                            1e-6, plain_rope(1e6), true, true));
-    s.push_back(llama_entry("qwen2.5-7b", "qwen2", 3584, 28, 28, 4, 128, 18944, 152064, 32768,
-                            1e-6, plain_rope(1e6), false, true));
-    s.push_back(llama_entry("qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 128, 3072, 151936, 40960,
-                            1e-6, plain_rope(1e6), true, false, true));
-    s.push_back(llama_entry("qwen3-8b", "qwen3", 4096, 36, 32, 8, 128, 12288, 151936, 40960,
-                            1e-6, plain_rope(1e6), false, false, true));
+    s.push_back(llama_entry("qwen2.5-0.5b", "qwen2", 896, 24, 14, 2, 64, 4864, 151936, 32768, 1e-6,
+                            plain_rope(1e6), true, true));
+    s.push_back(llama_entry("qwen2.5-7b", "qwen2", 3584, 28, 28, 4, 128, 18944, 152064, 32768, 1e-6,
+                            plain_rope(1e6), false, true));
+    s.push_back(llama_entry("qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 128, 3072, 151936, 40960, 1e-6,
+                            plain_rope(1e6), true, false, true));
+    s.push_back(llama_entry("qwen3-8b", "qwen3", 4096, 36, 32, 8, 128, 12288, 151936, 40960, 1e-6,
+                            plain_rope(1e6), false, false, true));
     // Mistral 7B v0.3 (no sliding window; v0.1's 4096-token window caps max_positions
     // when read from its config.json).
     s.push_back(llama_entry("mistral-7b", "mistral", 4096, 32, 32, 8, 128, 14336, 32768, 32768,
@@ -186,9 +186,10 @@ caf::expected<decoder_spec> spec_from_json(const json& j) {
   else
     return bad("family '" + family + "' is neither opt nor llama");
   if (auto e = text(j, "model_type", s.model_type)) return e;
-  for (auto [key, field] : {std::pair{"hidden", &s.hidden}, std::pair{"layers", &s.layers},
-                            std::pair{"heads", &s.heads}, std::pair{"ffn", &s.ffn},
-                            std::pair{"vocab", &s.vocab}, std::pair{"max_positions", &s.max_positions}})
+  for (auto [key, field] :
+       {std::pair{"hidden", &s.hidden}, std::pair{"layers", &s.layers},
+        std::pair{"heads", &s.heads}, std::pair{"ffn", &s.ffn}, std::pair{"vocab", &s.vocab},
+        std::pair{"max_positions", &s.max_positions}})
     if (auto e = integer(key, *field, true)) return e;
   if (auto e = integer("kv_heads", s.kv_heads, false)) return e;
   if (auto e = integer("head_dim", s.head_dim, false)) return e;
@@ -239,8 +240,8 @@ std::pair<int64_t, int64_t> stage_layers(const decoder_spec& spec, int pp, int p
   return {begin, begin + size};
 }
 
-void detail::param_adder::operator()(std::string name, std::vector<int64_t> shape,
-                                     split_kind split, init_kind init, int group) const {
+void detail::param_adder::operator()(std::string name, std::vector<int64_t> shape, split_kind split,
+                                     init_kind init, int group) const {
   auto local = shape;
   auto slices = par.tp / group;
   if (split == split_kind::dim0) local[0] /= slices;

@@ -187,10 +187,10 @@ bool decoder_stage::last() const {
 }
 
 caf::expected<std::unique_ptr<decoder_stage>> decoder_stage::create(const decoder_spec& spec,
-                                                            const parallel_config& par,
-                                                            const shard_index& shard,
-                                                            gpu::weight_shard& weights,
-                                                            gpu::collective& tp_group) {
+                                                                    const parallel_config& par,
+                                                                    const shard_index& shard,
+                                                                    gpu::weight_shard& weights,
+                                                                    gpu::collective& tp_group) {
   if (weights.table().entries().empty()) return bad("the weight shard has no tensors");
   auto type = weights.table().entries().front().type;
   auto layout = shard_layout(spec, type, par, shard);
@@ -214,7 +214,8 @@ caf::expected<std::unique_ptr<decoder_stage>> decoder_stage::create(const decode
     return make_error(ec::invalid_configuration,
                       "fp16 needs a CUDA device: use bf16 or f32 on CPUs and emulated devices");
   if (type != gpu::dtype::f32 && type != gpu::dtype::bf16 && type != gpu::dtype::f16)
-    return bad(fmt::format("decoder weights must be f32, bf16 or f16, not {}", gpu::to_string(type)));
+    return bad(
+        fmt::format("decoder weights must be f32, bf16 or f16, not {}", gpu::to_string(type)));
   auto p = std::make_unique<impl>();
   p->spec = spec;
   p->par = par;
@@ -245,13 +246,13 @@ caf::expected<std::unique_ptr<decoder_stage>> decoder_stage::create(const decode
     }
     p->layer_ready_bytes.push_back(end);
   }
-  p->block = spec.family == model_family::opt ? detail::make_opt_block(*p)
-                                              : detail::make_llama_block(*p);
+  p->block =
+      spec.family == model_family::opt ? detail::make_opt_block(*p) : detail::make_llama_block(*p);
   return std::unique_ptr<decoder_stage>{new decoder_stage(std::move(p))};
 }
 
 caf::expected<host_tensor> decoder_stage::prefill(const std::vector<std::vector<int64_t>>& prompts,
-                                              const host_tensor* hidden, kv_cache& cache) {
+                                                  const host_tensor* hidden, kv_cache& cache) {
   auto& m = *impl_;
   if (prompts.empty()) return bad("empty batch");
   int64_t t = 0;
@@ -313,7 +314,7 @@ caf::expected<host_tensor> decoder_stage::prefill(const std::vector<std::vector<
 }
 
 caf::expected<host_tensor> decoder_stage::decode(const std::vector<int64_t>& tokens,
-                                             const host_tensor* hidden, kv_cache& cache) {
+                                                 const host_tensor* hidden, kv_cache& cache) {
   auto& m = *impl_;
   auto& c = *cache.impl_;
   if (!c.key_valid.defined()) return bad("decode before prefill: the cache is empty");

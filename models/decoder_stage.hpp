@@ -57,10 +57,10 @@ class decoder_stage {
   /// Checks the shard's layout against (spec, par, shard) and the group size against tp.
   /// `tp_group` and `weights` must outlive the stage. fp16 needs a CUDA device.
   static caf::expected<std::unique_ptr<decoder_stage>> create(const decoder_spec& spec,
-                                                          const parallel_config& par,
-                                                          const shard_index& shard,
-                                                          gpu::weight_shard& weights,
-                                                          gpu::collective& tp_group);
+                                                              const parallel_config& par,
+                                                              const shard_index& shard,
+                                                              gpu::weight_shard& weights,
+                                                              gpu::collective& tp_group);
   ~decoder_stage();
 
   bool first() const;

@@ -143,8 +143,7 @@ caf::error read_rope(const config_reader& r, rope_config& rope) {
       if (auto e = r.number(o, where, "high_freq_factor", rope.high_freq_factor)) return e;
       if (auto it = o.find("original_max_position_embeddings"); it != o.end()) {
         // An integer in range before it converts (a float past int64 would be undefined).
-        if (!it->is_number_integer() || it->get<int64_t>() <= 0 ||
-            it->get<int64_t>() > (1ll << 31))
+        if (!it->is_number_integer() || it->get<int64_t>() <= 0 || it->get<int64_t>() > (1ll << 31))
           return r.bad(where + "original_max_position_embeddings must be a positive integer");
         rope.original_max_positions = it->get<int64_t>();
       }
@@ -172,9 +171,10 @@ caf::expected<hf_model_config> read_hf_llama_config(const std::string& folder) {
   for (auto& [t, arch] : llama_types())
     if (model_type == t || std::find(archs.begin(), archs.end(), arch) != archs.end()) type = t;
   if (type.empty())
-    return r->bad(fmt::format("model_type '{}' is not of the Llama family (llama, mistral, qwen2, "
-                              "qwen3)",
-                              model_type));
+    return r->bad(
+        fmt::format("model_type '{}' is not of the Llama family (llama, mistral, qwen2, "
+                    "qwen3)",
+                    model_type));
   hf_model_config c;
   auto& s = c.spec;
   s.family = model_family::llama;
@@ -264,15 +264,14 @@ caf::error check_checkpoint_files(const std::string& folder) {
                                 folder));
 }
 
-
 caf::expected<hf_opt_config> read_hf_opt_config(const std::string& folder) {
   auto r = open_config(folder);
   if (!r) return std::move(r.error());
   auto id = r->identity();
   if (!id) return std::move(id.error());
   auto& [model_type, archs] = *id;
-  bool opt = model_type == "opt" ||
-             std::find(archs.begin(), archs.end(), "OPTForCausalLM") != archs.end();
+  bool opt =
+      model_type == "opt" || std::find(archs.begin(), archs.end(), "OPTForCausalLM") != archs.end();
   if (!opt)
     return r->bad(
         "architectures/model_type do not name an OPT model (OPTForCausalLM); only OPT is "

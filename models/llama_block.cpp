@@ -34,8 +34,8 @@ std::vector<float> inverse_frequencies(const decoder_spec& spec) {
       auto wavelen = 2 * pi / f;
       auto scaled = wavelen > low_wavelen ? f / r.factor : f;
       if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
-        auto smooth = (old_len / wavelen - r.low_freq_factor) /
-                      (r.high_freq_factor - r.low_freq_factor);
+        auto smooth =
+            (old_len / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
         scaled = (1 - smooth) * scaled / r.factor + smooth * scaled;
       }
       f = scaled;

@@ -17,10 +17,11 @@ caf::error llama_validate(const decoder_spec& spec, const parallel_config& par) 
     return bad(fmt::format("hidden size {} is not a multiple of the {} heads (and no head_dim)",
                            spec.hidden, spec.heads));
   if (spec.head_size() % 2 != 0)
-    return bad(fmt::format("head_dim {} is odd (rotary embeddings rotate pairs)", spec.head_size()));
+    return bad(
+        fmt::format("head_dim {} is odd (rotary embeddings rotate pairs)", spec.head_size()));
   if (kv > spec.heads || spec.heads % kv != 0)
-    return bad(fmt::format("{} query heads are not a multiple of the {} key/value heads",
-                           spec.heads, kv));
+    return bad(
+        fmt::format("{} query heads are not a multiple of the {} key/value heads", spec.heads, kv));
   if (spec.heads % par.tp != 0)
     return bad(fmt::format("{} query heads do not divide by tp {}", spec.heads, par.tp));
   // Key/value heads split where tp divides them, and are replicated (each rank holds the

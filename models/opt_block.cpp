@@ -22,8 +22,8 @@ class opt_block final : public decoder_block {
   }
 
   caf::expected<at::Tensor> layer(const stage_state& s, int64_t i, at::Tensor x,
-                                  const at::Tensor& allowed, const at::Tensor&,
-                                  at::Tensor& cache_k, at::Tensor& cache_v) const override {
+                                  const at::Tensor& allowed, const at::Tensor&, at::Tensor& cache_k,
+                                  at::Tensor& cache_v) const override {
     auto p = fmt::format("layers.{}.", i);
     auto h_dim = s.spec.hidden;
     auto b = x.size(0);
@@ -38,10 +38,10 @@ class opt_block final : public decoder_block {
     auto q = split(at::linear(h, s.param(p + "self_attn.q_proj.weight"),
                               s.param(p + "self_attn.q_proj.bias")) *
                    scaling);
-    auto k = split(
-        at::linear(h, s.param(p + "self_attn.k_proj.weight"), s.param(p + "self_attn.k_proj.bias")));
-    auto v = split(
-        at::linear(h, s.param(p + "self_attn.v_proj.weight"), s.param(p + "self_attn.v_proj.bias")));
+    auto k = split(at::linear(h, s.param(p + "self_attn.k_proj.weight"),
+                              s.param(p + "self_attn.k_proj.bias")));
+    auto v = split(at::linear(h, s.param(p + "self_attn.v_proj.weight"),
+                              s.param(p + "self_attn.v_proj.bias")));
     auto o = s.attend(q, k, v, allowed, cache_k, cache_v);
     o = at::linear(o, s.param(p + "self_attn.out_proj.weight"));
     if (auto err = s.all_reduce(o)) return err;

@@ -376,9 +376,9 @@ caf::error fill_from_checkpoint(const opt_spec& spec, const parallel_config& par
       return make_error(ec::invalid_request, fmt::format("layout has no tensor '{}'", p.name));
     if (src == nullptr) {
       // Name it as the file would: Hugging Face folders keep a prefix we strip.
-      auto hf = p.name == "lm_head.weight"               ? p.name
+      auto hf = p.name == "lm_head.weight"         ? p.name
                 : spec.family == model_family::opt ? "model.decoder." + p.name
-                                                        : "model." + p.name;
+                                                   : "model." + p.name;
       return make_error(ec::invalid_request,
                         fmt::format("checkpoint has no tensor '{}' (needed by {}; '{}' in a "
                                     "Hugging Face folder; looked in {})",

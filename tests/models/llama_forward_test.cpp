@@ -66,7 +66,7 @@ int64_t argmax(const float* x, int64_t n) {
 /// `steps` tokens of greedy decoding through the chain (a prefill, then decode steps),
 /// keeping the logits each token was chosen from.
 struct greedy_run {
-  std::vector<std::vector<int64_t>> tokens;         // per row
+  std::vector<std::vector<int64_t>> tokens;             // per row
   std::vector<std::vector<std::vector<float>>> logits;  // per step, per row
 };
 
@@ -166,8 +166,7 @@ TEST_CASE("each Llama-family model type equals the float64 reference, prefill an
   }
 }
 
-TEST_CASE("every tensor x pipeline split of a Llama model equals the unsharded one",
-          "[llama]") {
+TEST_CASE("every tensor x pipeline split of a Llama model equals the unsharded one", "[llama]") {
   test::temp_dir dir;
   auto opts = variants()[0].second;  // 4 query heads over 2 kv heads: TP4 replicates them
   test::write_tiny_llama_folder(dir.path(), opts);

@@ -121,8 +121,9 @@ TEST_CASE("what the Llama forward does not implement is refused naming the field
                         Catch::Contains("GPTNeoXForCausalLM") && Catch::Contains("qwen3"));
   }
   SECTION("yarn rope scaling") {
-    edit_config(dir.path(),
-                [](json& j) { j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; });
+    edit_config(dir.path(), [](json& j) {
+      j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+    });
     CHECK_THAT(refusal(dir.path()), Catch::Contains("rope_scaling.rope_type 'yarn'"));
   }
   SECTION("another activation") {
@@ -146,8 +147,8 @@ TEST_CASE("what the Llama forward does not implement is refused naming the field
     std::ofstream{dir.path() + "/pytorch_model.bin"} << "pickle";
     auto err = check_checkpoint_files(dir.path());
     REQUIRE(err);
-    CHECK_THAT(render(err), Catch::Contains("pytorch_model.bin") &&
-                                Catch::Contains("safe_serialization=True"));
+    CHECK_THAT(render(err),
+               Catch::Contains("pytorch_model.bin") && Catch::Contains("safe_serialization=True"));
     auto open = checkpoint::open(dir.path());
     REQUIRE_FALSE(open);
     CHECK_THAT(render(open.error()), Catch::Contains("safetensors only"));
@@ -224,9 +225,10 @@ TEST_CASE("Llama splits: kv heads split or replicated, bad tp refused naming bot
     auto k = t->find("layers.0.self_attn.k_proj.weight");
     REQUIRE(k);
     CHECK(k->shape == std::vector<int64_t>{spec.head_size(), spec.hidden});
-    CHECK(std::memcmp(host.data() + k->offset_bytes,
-                      full.data() + full_k->offset_bytes + static_cast<size_t>(rank / 2) * head_bytes,
-                      head_bytes) == 0);
+    CHECK(
+        std::memcmp(host.data() + k->offset_bytes,
+                    full.data() + full_k->offset_bytes + static_cast<size_t>(rank / 2) * head_bytes,
+                    head_bytes) == 0);
     auto q = t->find("layers.0.self_attn.q_proj.weight");
     REQUIRE(q);
     CHECK(q->shape == std::vector<int64_t>{spec.head_size(), spec.hidden});  // one query head
@@ -235,12 +237,10 @@ TEST_CASE("Llama splits: kv heads split or replicated, bad tp refused naming bot
 
 TEST_CASE("Llama catalogue shapes have their published parameter counts", "[llama]") {
   // Counts as transformers reports them (num_parameters()), tied heads counted once.
-  for (auto [name, count] : {std::pair{"llama-3.2-1b", 1235814400ull},
-                             std::pair{"llama-3.1-8b", 8030261248ull},
-                             std::pair{"qwen2.5-0.5b", 494032768ull},
-                             std::pair{"qwen2.5-7b", 7615616512ull},
-                             std::pair{"qwen3-0.6b", 596049920ull},
-                             std::pair{"mistral-7b", 7248023552ull}}) {
+  for (auto [name, count] :
+       {std::pair{"llama-3.2-1b", 1235814400ull}, std::pair{"llama-3.1-8b", 8030261248ull},
+        std::pair{"qwen2.5-0.5b", 494032768ull}, std::pair{"qwen2.5-7b", 7615616512ull},
+        std::pair{"qwen3-0.6b", 596049920ull}, std::pair{"mistral-7b", 7248023552ull}}) {
     INFO(name);
     auto s = find_spec(name);
     REQUIRE(s);

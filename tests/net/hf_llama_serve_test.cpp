@@ -68,8 +68,8 @@ TEST_CASE("Llama-family folders serve the reference's tokens over HTTP, also aft
            {"http", {{"host", "127.0.0.1"}, {"port", 0}}},
            {"repository", "repo"}};
   std::ofstream{dir.path() + "/config.json"} << cfg.dump();
-  child_process proc{std::vector<std::string>{"/usr/bin/timeout", "300", COMPUTRON_BINARY,
-                                              "serve", "--config", dir.path() + "/config.json"}};
+  child_process proc{std::vector<std::string>{"/usr/bin/timeout", "300", COMPUTRON_BINARY, "serve",
+                                              "--config", dir.path() + "/config.json"}};
   auto port = test::wait_for_port(proc);
   REQUIRE(port > 0);
   auto c = std::move(net::http_client::connect("127.0.0.1", port, 5s).value());
@@ -112,8 +112,8 @@ TEST_CASE("a Hugging Face folder of an unknown architecture is listed with the r
            {"http", {{"host", "127.0.0.1"}, {"port", 0}}},
            {"repository", "repo"}};
   std::ofstream{dir.path() + "/config.json"} << cfg.dump();
-  child_process proc{std::vector<std::string>{"/usr/bin/timeout", "120", COMPUTRON_BINARY,
-                                              "serve", "--config", dir.path() + "/config.json"}};
+  child_process proc{std::vector<std::string>{"/usr/bin/timeout", "120", COMPUTRON_BINARY, "serve",
+                                              "--config", dir.path() + "/config.json"}};
   auto port = test::wait_for_port(proc);
   REQUIRE(port > 0);
   auto c = std::move(net::http_client::connect("127.0.0.1", port, 5s).value());

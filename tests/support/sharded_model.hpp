@@ -57,9 +57,9 @@ inline gpu::device_ptr emulated_device(int ordinal, double gbps = 8.0) {
 struct sharded_model {
   decoder_spec spec;
   parallel_config par;
-  std::vector<std::unique_ptr<gpu::weight_shard>> shards;  // index: pp * tp + tp_rank
-  std::vector<std::unique_ptr<gpu::collective>> groups;    // same index
-  std::vector<std::unique_ptr<models::decoder_stage>> stages;          // same index
+  std::vector<std::unique_ptr<gpu::weight_shard>> shards;      // index: pp * tp + tp_rank
+  std::vector<std::unique_ptr<gpu::collective>> groups;        // same index
+  std::vector<std::unique_ptr<models::decoder_stage>> stages;  // same index
 
   sharded_model(decoder_spec s, gpu::dtype type, parallel_config p, const shard_filler& fill,
                 bool load = true)
