@@ -1,299 +1,164 @@
 #include "models/tokenizer.hpp"
 
 #include <algorithm>
-#include <array>
-#include <climits>
-#include <cwctype>
-#include <filesystem>
-#include <fstream>
-#include <set>
-#include <sstream>
-
-#include <locale.h>
-
-#include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
-#include "models/json_file.hpp"
+#include "models/tokenizer_internal.hpp"
 
 namespace computron::models {
 
-namespace fs = std::filesystem;
-using json = nlohmann::json;
+using detail::added_token;
+using detail::tokenizer_data;
 
-namespace {
+// ---- the parts ------------------------------------------------------------------------
 
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
-
-const std::string replacement = "\xEF\xBF\xBD";
-
-/// Moves the valid UTF-8 at the front of `pending` into `out`; an invalid byte becomes
-/// U+FFFD. An incomplete character at the end stays in `pending` unless `final`. The
-/// same bytes give the same text however they were split across calls.
-void drain_utf8(std::string& pending, bool final, std::string& out) {
-  size_t i = 0;
-  const size_t n = pending.size();
-  auto byte = [&](size_t k) { return static_cast<unsigned char>(pending[k]); };
-  while (i < n) {
-    unsigned char c = byte(i);
-    size_t len = c < 0x80           ? 1
-                 : (c >> 5) == 0x6  ? 2
-                 : (c >> 4) == 0xE  ? 3
-                 : (c >> 3) == 0x1E ? 4
-                                    : 0;
-    if (len == 0 || (len == 2 && c < 0xC2) || (len == 4 && c > 0xF4)) {
-      out += replacement;
-      ++i;
-      continue;
-    }
-    if (len == 1) {
-      out += static_cast<char>(c);
-      ++i;
-      continue;
-    }
-    // The second byte's range rules out overlong forms, surrogates and > U+10FFFF.
-    auto second_ok = [&](unsigned char b) {
-      if ((b & 0xC0) != 0x80) return false;
-      if (c == 0xE0) return b >= 0xA0;
-      if (c == 0xED) return b < 0xA0;
-      if (c == 0xF0) return b >= 0x90;
-      if (c == 0xF4) return b < 0x90;
-      return true;
-    };
-    size_t have = std::min(len, n - i);
-    bool ok = true;
-    for (size_t k = 1; k < have && ok; ++k)
-      ok = k == 1 ? second_ok(byte(i + 1)) : (byte(i + k) & 0xC0) == 0x80;
-    if (!ok) {
-      out += replacement;
-      ++i;
-      continue;
-    }
-    if (have < len) {
-      if (!final) break;  // may complete with the next token
-      out += replacement;
-      ++i;
-      continue;
-    }
-    out.append(pending, i, len);
-    i += len;
-  }
-  pending.erase(0, i);
-}
-
-/// GPT-2's reversible map of bytes to printable code points (the vocabulary's alphabet).
-const std::array<uint32_t, 256>& byte_to_unicode() {
-  static const std::array<uint32_t, 256> table = [] {
-    std::array<uint32_t, 256> t{};
-    uint32_t next = 256;
-    for (uint32_t b = 0; b < 256; ++b) {
-      bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
-      t[b] = printable ? b : next++;
-    }
-    return t;
-  }();
-  return table;
-}
-
-const std::unordered_map<uint32_t, unsigned char>& unicode_to_byte() {
-  static const std::unordered_map<uint32_t, unsigned char> table = [] {
-    std::unordered_map<uint32_t, unsigned char> t;
-    for (uint32_t b = 0; b < 256; ++b) t[byte_to_unicode()[b]] = static_cast<unsigned char>(b);
-    return t;
-  }();
-  return table;
-}
-
-/// Decodes one code point at `i` (advancing it); invalid bytes read as themselves.
-uint32_t next_code_point(std::string_view s, size_t& i) {
-  auto c = static_cast<unsigned char>(s[i]);
-  size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
-  if (i + len > s.size()) len = 1;
-  uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1F) : len == 3 ? (c & 0x0F) : (c & 0x07);
-  for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
-  i += len;
-  return cp;
-}
-
-// The classes of GPT-2's pre-tokenizer regex ('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+|
-// ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+) without a regex engine: JavaScript's \s, \p{N} from a
-// table of the number ranges in use, \p{L} from the C.UTF-8 locale's alphabetic class
-// (which also counts other scripts' digits, so numbers are tested first).
-bool is_space(uint32_t c) {
-  return c == ' ' || (c >= 0x09 && c <= 0x0D) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
-         c == 0x3000 || c == 0xFEFF;
-}
-
-bool is_number(uint32_t c) {
-  if (c < 0x80) return c >= '0' && c <= '9';
-  static constexpr std::pair<uint32_t, uint32_t> ranges[] = {
-      {0xB2, 0xB3},     {0xB9, 0xB9},     {0xBC, 0xBE},     {0x660, 0x669},    {0x6F0, 0x6F9},
-      {0x7C0, 0x7C9},   {0x966, 0x96F},   {0x9E6, 0x9EF},   {0xA66, 0xA6F},    {0xAE6, 0xAEF},
-      {0xB66, 0xB6F},   {0xBE6, 0xBF2},   {0xC66, 0xC6F},   {0xCE6, 0xCEF},    {0xD66, 0xD78},
-      {0xDE6, 0xDEF},   {0xE50, 0xE59},   {0xED0, 0xED9},   {0xF20, 0xF33},    {0x1040, 0x1049},
-      {0x1369, 0x137C}, {0x16EE, 0x16F0}, {0x17E0, 0x17E9}, {0x1810, 0x1819},  {0x2070, 0x2070},
-      {0x2074, 0x2079}, {0x2080, 0x2089}, {0x2150, 0x2182}, {0x2185, 0x2189},  {0x2460, 0x249B},
-      {0x24EA, 0x24FF}, {0x2776, 0x2793}, {0x3007, 0x3007}, {0x3021, 0x3029},  {0x3038, 0x303A},
-      {0x3192, 0x3195}, {0x3220, 0x3229}, {0x3248, 0x324F}, {0x3251, 0x325F},  {0x3280, 0x3289},
-      {0x32B1, 0x32BF}, {0xA620, 0xA629}, {0xFF10, 0xFF19}, {0x1D7CE, 0x1D7FF}};
-  for (auto& [lo, hi] : ranges)
-    if (c >= lo && c <= hi) return true;
-  return false;
-}
-
-bool is_letter(uint32_t c) {
-  if (c < 0x80) return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
-  if (is_number(c) || is_space(c)) return false;
-  static locale_t utf8 = newlocale(LC_CTYPE_MASK, "C.UTF-8", static_cast<locale_t>(nullptr));
-  if (!utf8) return true;  // no locale data: other scripts count as letters
-  return iswalpha_l(static_cast<wint_t>(c), utf8) != 0;
-}
-
-enum class cls { letter, number, space, other };
-
-cls class_of(uint32_t c) {
-  if (is_space(c)) return cls::space;
-  if (is_number(c)) return cls::number;
-  if (is_letter(c)) return cls::letter;
-  return cls::other;
-}
-
-/// Splits text into the pieces GPT-2's regex finds (byte offsets).
-std::vector<std::string_view> pre_tokenize(std::string_view text) {
-  std::vector<uint32_t> cps;
-  std::vector<size_t> at;
-  for (size_t i = 0; i < text.size();) {
-    at.push_back(i);
-    cps.push_back(next_code_point(text, i));
-  }
-  at.push_back(text.size());
-  const size_t n = cps.size();
-  std::vector<std::string_view> out;
-  auto emit = [&](size_t from, size_t to) {
-    out.push_back(text.substr(at[from], at[to] - at[from]));
-  };
-  auto run_of = [&](size_t j, cls c) {
-    while (j < n && class_of(cps[j]) == c) ++j;
-    return j;
-  };
-  size_t i = 0;
-  while (i < n) {
-    if (cps[i] == '\'' && i + 1 < n) {
-      auto c1 = cps[i + 1];
-      if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') {
-        emit(i, i + 2);
-        i += 2;
-        continue;
-      }
-      if (i + 2 < n && ((c1 == 'r' && cps[i + 2] == 'e') || (c1 == 'v' && cps[i + 2] == 'e') ||
-                        (c1 == 'l' && cps[i + 2] == 'l'))) {
-        emit(i, i + 3);
-        i += 3;
-        continue;
+void detail::added_matcher::build(const std::vector<added_token>& all,
+                                  const std::vector<size_t>& tokens,
+                                  const std::vector<std::string>& patterns) {
+  all_ = &all;
+  nodes_.assign(1, node{});
+  std::fill(std::begin(first_byte_), std::end(first_byte_), false);
+  for (size_t k = 0; k < tokens.size(); ++k) {
+    auto& p = patterns[k];
+    if (p.empty()) continue;
+    first_byte_[static_cast<unsigned char>(p[0])] = true;
+    int32_t at = 0;
+    for (unsigned char c : p) {
+      auto& next = nodes_[static_cast<size_t>(at)].next;
+      auto f = std::find_if(next.begin(), next.end(), [c](auto& e) { return e.first == c; });
+      if (f != next.end()) {
+        at = f->second;
+      } else {
+        auto fresh = static_cast<int32_t>(nodes_.size());
+        next.emplace_back(c, fresh);
+        nodes_.emplace_back();
+        at = fresh;
       }
     }
-    size_t start = i;
-    size_t j = i;
-    if (cps[j] == ' ' && j + 1 < n && class_of(cps[j + 1]) != cls::space) ++j;
-    auto c = class_of(cps[j]);
-    if (c != cls::space) {
-      size_t end = run_of(j, c);
-      emit(start, end);
-      i = end;
+    // The same text twice: the first keeps it, as aho-corasick's first pattern does.
+    if (nodes_[static_cast<size_t>(at)].token < 0)
+      nodes_[static_cast<size_t>(at)].token = static_cast<int64_t>(tokens[k]);
+  }
+}
+
+int64_t detail::added_matcher::longest_at(std::string_view s, size_t i, size_t& len) const {
+  int64_t best = -1;
+  size_t at = 0;
+  for (size_t k = i; k < s.size(); ++k) {
+    auto& next = nodes_[at].next;
+    auto c = static_cast<unsigned char>(s[k]);
+    auto f = std::find_if(next.begin(), next.end(), [c](auto& e) { return e.first == c; });
+    if (f == next.end()) break;
+    at = static_cast<size_t>(f->second);
+    if (nodes_[at].token >= 0) {
+      best = nodes_[at].token;
+      len = k + 1 - i;
+    }
+  }
+  return best;
+}
+
+std::string_view tokenizer_data::token_text(int64_t id) const {
+  if (auto a = added_by_id.find(id); a != added_by_id.end()) return added[a->second].content;
+  return model.token_of(id);
+}
+
+std::optional<int64_t> tokenizer_data::id_of(std::string_view token) const {
+  for (auto& a : added)
+    if (a.content == token) return a.id;
+  return model.id_of(token);
+}
+
+void tokenizer_data::index_ids(bool legacy_specials) {
+  piece.assign(static_cast<size_t>(size), {});
+  flags.assign(static_cast<size_t>(size), 0);
+  auto rewrite = [](const std::vector<decode_rewrite>& steps, std::string s) {
+    for (auto& r : steps) s = r.apply(s, false);
+    return s;
+  };
+  for (int64_t id = 0; id < size; ++id) {
+    auto text = token_text(id);
+    auto& f = flags[static_cast<size_t>(id)];
+    if (text.empty()) continue;
+    f |= known;
+    auto a = added_by_id.find(id);
+    if (a != added_by_id.end() && added[a->second].special) f |= special;
+    auto s = rewrite(decoder.before_bytes, std::string{text});
+    if (int b = decoder.byte_fallback ? byte_fallback_value(s) : -1; b >= 0) {
+      f |= fallback_byte;
+      piece[static_cast<size_t>(id)] = std::string(1, static_cast<char>(b));
       continue;
     }
-    // Whitespace: a run followed by a non-space leaves its last character to the next
-    // piece (\s+(?!\S)), unless the run is that one character (\s+).
-    size_t end = run_of(i, cls::space);
-    if (end < n && end - i >= 2) --end;
-    emit(i, end);
-    i = end;
+    s = rewrite(decoder.after_bytes, std::move(s));
+    if (decoder.join == decoder_chain::join_kind::byte_level) {
+      // tokenizers maps a token back to bytes only when every character is in the
+      // alphabet; any other token is taken as it is.
+      std::string raw;
+      bool all = true;
+      for (size_t i = 0; i < s.size() && all;) {
+        int b = byte_of_alphabet(text::next_code_point(s, i));
+        all = b >= 0;
+        raw += static_cast<char>(b);
+      }
+      if (all)
+        s = std::move(raw);
+      else if (legacy_specials)
+        f |= special;  // GPT-2's files: such tokens are specials
+    }
+    piece[static_cast<size_t>(id)] = std::move(s);
   }
-  return out;
 }
 
-std::string to_alphabet(std::string_view bytes) {
-  std::string s;
-  for (unsigned char b : bytes) append_utf8(s, byte_to_unicode()[b]);
-  return s;
+std::shared_ptr<const tokenizer> detail::tokenizer_builder::wrap(
+    std::unique_ptr<tokenizer_data> d) {
+  std::shared_ptr<tokenizer> t{new tokenizer()};
+  t->d_ = std::move(d);
+  return t;
 }
 
-caf::error bad_file(const fs::path& p, const std::string& why) {
-  return make_error(ec::invalid_configuration, "tokenizer " + p.string() + ": " + why);
-}
+tokenizer::tokenizer() = default;
+tokenizer::~tokenizer() = default;
 
-caf::expected<std::unordered_map<std::string, int64_t>> vocab_of(const json& j,
-                                                                 const fs::path& where) {
-  if (!j.is_object()) return bad_file(where, "the vocabulary must be an object of ids");
-  std::unordered_map<std::string, int64_t> v;
-  for (auto& [k, id] : j.items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (1 << 24))
-      return bad_file(where, "token '" + k + "' has no valid id");
-    v.emplace(k, id.get<int64_t>());
-  }
-  return v;
-}
+// ---- GPT-2's byte-level tokenizer from a vocabulary ------------------------------------
 
-}  // namespace
-
-caf::expected<std::shared_ptr<const tokenizer>> tokenizer::make(
+caf::expected<std::unique_ptr<tokenizer_data>> detail::make_byte_level(
     std::unordered_map<std::string, int64_t> vocab, const std::vector<std::string>& merges,
     std::set<std::string> specials) {
   for (auto* name : {"<s>", "</s>", "<pad>", "<unk>", "<mask>", "<|endoftext|>"})
     specials.insert(name);
   if (vocab.empty()) return make_error(ec::invalid_configuration, "tokenizer: empty vocabulary");
-  std::shared_ptr<tokenizer> t{new tokenizer()};
-  int64_t top = 0;
-  for (auto& [_, id] : vocab) top = std::max(top, id);
-  t->bytes_of_.assign(static_cast<size_t>(top + 1), {});
-  t->special_.assign(static_cast<size_t>(top + 1), false);
-  auto& back = unicode_to_byte();
-  for (auto& [tok, id] : vocab) {
-    // Special tokens (<s>, <pad> ...), and any outside the byte alphabet, never come out
-    // of BPE and decode to nothing.
-    std::string raw;
-    bool in_alphabet = true;
-    for (size_t i = 0; i < tok.size() && in_alphabet;) {
-      auto cp = next_code_point(tok, i);
-      auto b = back.find(cp);
-      if (b == back.end())
-        in_alphabet = false;
-      else
-        raw += static_cast<char>(b->second);
-    }
-    auto& slot = t->bytes_of_[static_cast<size_t>(id)];
-    if (in_alphabet && specials.count(tok) == 0)
-      slot = std::move(raw);
-    else
-      t->special_[static_cast<size_t>(id)] = true;
-  }
-  int32_t rank = 0;
-  for (auto& m : merges) {
+  std::vector<std::pair<std::string, std::string>> pairs;
+  for (size_t k = 0; k < merges.size(); ++k) {
+    auto& m = merges[k];
     auto sp = m.find(' ');
     if (sp == std::string::npos || sp == 0 || sp + 1 == m.size() ||
         m.find(' ', sp + 1) != std::string::npos)
       return make_error(ec::invalid_configuration,
-                        "tokenizer: merge " + std::to_string(rank + 1) + " ('" + m +
+                        "tokenizer: merge " + std::to_string(k + 1) + " ('" + m +
                             "') is not two symbols separated by one space");
-    t->ranks_.emplace(m, rank++);
+    pairs.emplace_back(m.substr(0, sp), m.substr(sp + 1));
   }
+  auto d = std::make_unique<tokenizer_data>();
+  bpe_options options;
+  if (vocab.count("<unk>")) options.unk_token = "<unk>";
+  std::vector<std::pair<std::string_view, int64_t>> tokens{vocab.begin(), vocab.end()};
+  std::vector<std::pair<std::string_view, std::string_view>> rules{pairs.begin(), pairs.end()};
+  auto model = bpe_model::make(tokens, rules, options);
+  if (!model) return with_context(model.error(), "tokenizer");
+  d->model = std::move(*model);
+  d->pre = pre_tokenizer_chain::byte_level_gpt2();
+  d->decoder = decoder_chain::byte_level_gpt2();
+  d->repair = text::utf8_repair::per_byte;
+  for (auto& name : specials)
+    if (auto v = vocab.find(name); v != vocab.end()) {
+      added_token a;
+      a.content = name;
+      a.id = v->second;
+      a.special = true;
+      d->added_by_id[a.id] = d->added.size();
+      d->added.push_back(std::move(a));
+    }
+  d->size = d->model.size();
   auto find = [&](const char* name) -> std::optional<int64_t> {
     auto i = vocab.find(name);
     if (i == vocab.end()) return std::nullopt;
@@ -301,220 +166,143 @@ caf::expected<std::shared_ptr<const tokenizer>> tokenizer::make(
   };
   if (auto s = find("</s>")) {
     // OPT: `</s>` is both BOS and EOS, and every prompt starts with it.
-    t->bos_ = t->eos_ = s;
-    t->add_bos_ = true;
+    d->bos = d->eos = s;
+    d->prefix = {*s};
+    d->bos_token = d->eos_token = "</s>";
   } else if (auto e = find("<|endoftext|>")) {
-    t->bos_ = t->eos_ = e;
+    d->bos = d->eos = e;
+    d->bos_token = d->eos_token = "<|endoftext|>";
   }
-  t->pad_ = find("<pad>");
-  t->vocab_ = std::move(vocab);
-  return std::shared_ptr<const tokenizer>{std::move(t)};
+  d->pad = find("<pad>");
+  return d;
+}
+
+caf::expected<std::shared_ptr<const tokenizer>> tokenizer::make(
+    std::unordered_map<std::string, int64_t> vocab, const std::vector<std::string>& merges,
+    std::set<std::string> specials) {
+  auto d = detail::make_byte_level(std::move(vocab), merges, std::move(specials));
+  if (!d) return d.error();
+  detail::finish(**d, true);
+  return detail::tokenizer_builder::wrap(std::move(*d));
 }
 
 std::shared_ptr<const tokenizer> tokenizer::bytes() {
   static const std::shared_ptr<const tokenizer> t = [] {
     std::unordered_map<std::string, int64_t> v{{"<s>", 0}, {"<pad>", 1}, {"</s>", 2}, {"<unk>", 3}};
-    for (int b = 0; b < 256; ++b)
-      v.emplace(to_alphabet(std::string(1, static_cast<char>(b))), 4 + b);
+    auto& alphabet = byte_alphabet();
+    for (int b = 0; b < 256; ++b) v.emplace(alphabet[static_cast<size_t>(b)], 4 + b);
     return *make(std::move(v), {});
   }();
   return t;
 }
 
-caf::expected<std::shared_ptr<const tokenizer>> tokenizer::open(const std::string& path) {
-  fs::path p{path};
-  std::error_code err;
-  fs::path tj = fs::is_directory(p, err) ? p / "tokenizer.json" : p;
-  std::unordered_map<std::string, int64_t> vocab;
-  std::vector<std::string> merges;
-  std::set<std::string> specials;
-  if (fs::is_regular_file(tj, err)) {
-    auto j = read_json_file(tj);
-    if (!j) return j.error();
-    auto model = j->find("model");
-    if (model == j->end() || !model->is_object()) return bad_file(tj, "no 'model' object");
-    if (model->value("type", std::string{"BPE"}) != "BPE")
-      return bad_file(tj, "model type '" + model->value("type", std::string{}) +
-                              "' is not supported (only byte-level BPE)");
-    auto v = model->find("vocab");
-    if (v == model->end()) return bad_file(tj, "no model.vocab");
-    auto got = vocab_of(*v, tj);
-    if (!got) return got.error();
-    vocab = std::move(*got);
-    if (auto m = model->find("merges"); m != model->end() && m->is_array()) {
-      for (auto& e : *m) {
-        if (e.is_string())
-          merges.push_back(e.get<std::string>());
-        else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string())
-          merges.push_back(e[0].get<std::string>() + " " + e[1].get<std::string>());
-        else
-          return bad_file(tj, "model.merges holds something that is not a pair");
-      }
-    }
-    if (auto added = j->find("added_tokens"); added != j->end() && added->is_array())
-      for (auto& a : *added)
-        if (a.is_object() && a.contains("content") && a["content"].is_string() &&
-            a.contains("id") && a["id"].is_number_integer()) {
-          auto content = a["content"].get<std::string>();
-          vocab.emplace(content, a["id"].get<int64_t>());
-          auto special = a.find("special");
-          if (special != a.end() && !special->is_boolean())
-            return bad_file(tj, "added_tokens: special must be true or false");
-          if (special == a.end() || special->get<bool>()) specials.insert(content);
-        }
-  } else {
-    if (!fs::is_directory(p, err))
-      return make_error(ec::io_error, "tokenizer: " + path + " is neither a folder nor a file");
-    fs::path vj = p / "vocab.json", mt = p / "merges.txt";
-    if (!fs::exists(vj) && fs::exists(p / "encoder.json")) {
-      vj = p / "encoder.json";
-      mt = p / "vocab.bpe";
-    }
-    if (!fs::exists(vj))
-      return make_error(ec::io_error, "tokenizer: " + path +
-                                          " has no tokenizer.json, vocab.json or encoder.json");
-    auto j = read_json_file(vj);
-    if (!j) return j.error();
-    auto got = vocab_of(*j, vj);
-    if (!got) return got.error();
-    vocab = std::move(*got);
-    std::ifstream in{mt};
-    if (!in) return make_error(ec::io_error, "tokenizer: cannot read " + mt.string());
-    std::string line;
-    while (std::getline(in, line)) {
-      if (!line.empty() && line.back() == '\r') line.pop_back();
-      if (line.empty() || line.rfind("#version", 0) == 0) continue;
-      merges.push_back(line);
+void detail::finish(tokenizer_data& d, bool legacy_specials) {
+  d.size = std::max(d.size, d.model.size());
+  for (auto& a : d.added) d.size = std::max(d.size, a.id + 1);
+  d.added_by_id.clear();
+  for (size_t k = 0; k < d.added.size(); ++k) d.added_by_id[d.added[k].id] = k;
+  std::vector<size_t> raw, normalized;
+  std::vector<std::string> raw_text, normalized_text;
+  for (size_t k = 0; k < d.added.size(); ++k) {
+    auto& a = d.added[k];
+    if (a.special && d.split_special_tokens) continue;
+    if (a.normalized) {
+      normalized.push_back(k);
+      normalized_text.push_back(d.normalizer.empty() ? a.content : d.normalizer.apply(a.content));
+    } else {
+      raw.push_back(k);
+      raw_text.push_back(a.content);
     }
   }
-  auto t = make(std::move(vocab), merges, std::move(specials));
-  if (!t) return with_context(t.error(), path);
-  // tokenizer_config.json may say whether prompts start with BOS.
-  auto tc = (fs::is_directory(p, err) ? p : p.parent_path()) / "tokenizer_config.json";
-  if (fs::exists(tc)) {
-    auto j = read_json_file(tc);
-    if (j && j->is_object())
-      if (auto a = j->find("add_bos_token"); a != j->end() && a->is_boolean()) {
-        auto copy = std::shared_ptr<tokenizer>{new tokenizer(**t)};
-        copy->add_bos_ = a->get<bool>() && copy->bos_.has_value();
-        return std::shared_ptr<const tokenizer>{std::move(copy)};
-      }
-  }
-  return t;
-}
-
-void tokenizer::bpe(const std::string& word, std::vector<int64_t>& out) const {
-  std::vector<std::string> syms;
-  for (size_t i = 0; i < word.size();) {
-    size_t from = i;
-    next_code_point(word, i);
-    syms.push_back(word.substr(from, i - from));
-  }
-  while (syms.size() > 1) {
-    int32_t best = INT32_MAX;
-    size_t at = 0;
-    for (size_t k = 0; k + 1 < syms.size(); ++k) {
-      auto r = ranks_.find(syms[k] + " " + syms[k + 1]);
-      if (r != ranks_.end() && r->second < best) {
-        best = r->second;
-        at = k;
-      }
-    }
-    if (best == INT32_MAX) break;
-    auto a = syms[at], b = syms[at + 1];
-    std::vector<std::string> merged;
-    for (size_t k = 0; k < syms.size(); ++k) {
-      if (k + 1 < syms.size() && syms[k] == a && syms[k + 1] == b) {
-        merged.push_back(a + b);
-        ++k;
-      } else {
-        merged.push_back(std::move(syms[k]));
-      }
-    }
-    syms = std::move(merged);
-  }
-  for (auto& s : syms) {
-    if (auto v = vocab_.find(s); v != vocab_.end()) {
-      out.push_back(v->second);
-      continue;
-    }
-    // A vocabulary missing a merge result or a byte: fall back to single characters,
-    // then to <unk>.
-    for (size_t i = 0; i < s.size();) {
-      size_t from = i;
-      next_code_point(s, i);
-      if (auto v = vocab_.find(s.substr(from, i - from)); v != vocab_.end())
-        out.push_back(v->second);
-      else if (auto u = vocab_.find("<unk>"); u != vocab_.end())
-        out.push_back(u->second);
-    }
+  d.raw_matcher.build(d.added, raw, raw_text);
+  d.normalized_matcher.build(d.added, normalized, normalized_text);
+  d.index_ids(legacy_specials);
+  if (d.eos) {
+    d.eos_ids.erase(std::remove(d.eos_ids.begin(), d.eos_ids.end(), *d.eos), d.eos_ids.end());
+    d.eos_ids.insert(d.eos_ids.begin(), *d.eos);
   }
 }
 
-std::vector<int64_t> tokenizer::encode(std::string_view text) const {
+// ---- encoding -------------------------------------------------------------------------
+
+std::vector<int64_t> tokenizer::encode(std::string_view text, bool add_special_tokens) const {
+  auto& d = *d_;
   std::vector<int64_t> out;
-  if (add_bos_ && bos_) out.push_back(*bos_);
-  for (auto piece : pre_tokenize(text)) bpe(to_alphabet(piece), out);
+  out.reserve(text.size() / 3 + 4);
+  if (add_special_tokens) out.insert(out.end(), d.prefix.begin(), d.prefix.end());
+  auto word = [&](std::string_view w) { d.model.encode_word(w, out); };
+  std::function<void(std::string_view)> on_word = word;
+  // Text between added tokens: normalized, then split again on the added tokens that
+  // match normalized text, then pre-tokenized into words for the model.
+  auto plain = [&](std::string_view s, bool at_start) {
+    d.normalized_matcher.split(s, [&](std::string_view piece, const added_token* t, size_t at) {
+      if (t)
+        out.push_back(t->id);
+      else
+        d.pre.apply(piece, at_start && at == 0, on_word);
+    });
+  };
+  d.raw_matcher.split(text, [&](std::string_view piece, const added_token* t, size_t at) {
+    if (t) {
+      out.push_back(t->id);
+    } else if (d.normalizer.empty()) {
+      plain(piece, at == 0);
+    } else {
+      auto n = d.normalizer.apply(piece);
+      plain(n, at == 0);
+    }
+  });
+  if (add_special_tokens) out.insert(out.end(), d.suffix.begin(), d.suffix.end());
   return out;
 }
 
-std::string_view tokenizer::token_bytes(int64_t id) const {
-  if (id < 0 || id >= size()) return {};
-  return bytes_of_[static_cast<size_t>(id)];
+// ---- what the files say ---------------------------------------------------------------
+
+int64_t tokenizer::size() const {
+  return d_->size;
+}
+std::optional<int64_t> tokenizer::bos() const {
+  return d_->bos;
+}
+std::optional<int64_t> tokenizer::eos() const {
+  return d_->eos;
+}
+std::vector<int64_t> tokenizer::eos_ids() const {
+  return d_->eos_ids;
+}
+std::optional<int64_t> tokenizer::pad() const {
+  return d_->pad;
+}
+
+bool tokenizer::adds_bos() const {
+  return d_->bos && !d_->prefix.empty() && d_->prefix.front() == *d_->bos;
 }
 
 bool tokenizer::is_special(int64_t id) const {
-  return id >= 0 && id < size() && special_[static_cast<size_t>(id)];
+  return id >= 0 && id < d_->size && (d_->flags[static_cast<size_t>(id)] & tokenizer_data::special);
 }
 
-std::string tokenizer::decode(const std::vector<int64_t>& ids) const {
-  std::string pending, out;
-  for (auto id : ids) {
-    pending += token_bytes(id);
-    drain_utf8(pending, false, out);
-  }
-  drain_utf8(pending, true, out);
-  return out;
+std::optional<int64_t> tokenizer::token_id(std::string_view token) const {
+  return d_->id_of(token);
 }
 
-std::string stream_decoder::push(int64_t id) {
-  std::string out;
-  pending_ += tok_->token_bytes(id);
-  drain_utf8(pending_, false, out);
-  return out;
+const std::optional<std::string>& tokenizer::bos_token() const {
+  return d_->bos_token;
+}
+const std::optional<std::string>& tokenizer::eos_token() const {
+  return d_->eos_token;
 }
 
-std::string stream_decoder::finish() {
-  std::string out;
-  drain_utf8(pending_, true, out);
-  return out;
+std::optional<std::string> tokenizer::chat_template(std::string_view name) const {
+  for (auto& [n, t] : d_->chat_templates)
+    if (n == name) return t;
+  return std::nullopt;
 }
 
-std::optional<size_t> stop_matcher::find(std::string_view text, size_t grown_from) const {
-  std::optional<size_t> best;
-  for (auto& s : stops) {
-    if (s.empty()) continue;
-    // A match new since `grown_from` ends past it, so it starts at most s.size() - 1
-    // bytes before it.
-    auto from = grown_from >= s.size() ? grown_from - (s.size() - 1) : 0;
-    auto at = text.find(s, std::min(from, text.size()));
-    if (at != std::string_view::npos && (!best || at < *best)) best = at;
-  }
-  return best;
-}
-
-size_t stop_matcher::safe_prefix(std::string_view text) const {
-  size_t hold = 0;
-  for (auto& s : stops)
-    for (size_t k = std::min(s.size() - (s.empty() ? 0 : 1), text.size()); k > hold; --k)
-      if (text.substr(text.size() - k) == std::string_view{s}.substr(0, k)) {
-        hold = k;
-        break;
-      }
-  size_t cut = text.size() - hold;
-  while (cut > 0 && cut < text.size() && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80)
-    --cut;
-  return cut;
+std::vector<std::string> tokenizer::chat_template_names() const {
+  std::vector<std::string> names;
+  for (auto& [n, _] : d_->chat_templates) names.push_back(n);
+  return names;
 }
 
 }  // namespace computron::models
