@@ -4,6 +4,7 @@
 // attention, Qwen3's per-head q/k norms before the rotation, the SwiGLU MLP, and a tied or
 // untied head.
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -85,11 +86,7 @@ class llama_block final : public decoder_block {
     }
     q = q.transpose(1, 2);
     k = k.transpose(1, 2);
-    // cos/sin in f32 as transformers computes them, then in the activations' dtype.
-    auto angles = positions.to(at::kFloat).unsqueeze(-1) * inv_freq_;
-    auto emb = at::cat({angles, angles}, -1).unsqueeze(1);  // [b, 1, t, d]
-    auto cos = emb.cos().to(q.scalar_type());
-    auto sin = emb.sin().to(q.scalar_type());
+    const auto& [cos, sin] = rotary(positions, q.scalar_type());
     q = q * cos + rotate_half(q) * sin;
     k = k * cos + rotate_half(k) * sin;
     q = q * (1.0 / std::sqrt(static_cast<double>(s.head_dim)));
@@ -113,6 +110,23 @@ class llama_block final : public decoder_block {
   }
 
  private:
+  /// cos and sin of the step's positions [b, 1, t, d], in f32 as transformers computes
+  /// them, then in the activations' dtype. Every layer of a step reads the same positions
+  /// tensor, so they are computed once per step: the cache holds that tensor, so its
+  /// identity cannot be reused by another while it is cached. A stage has one caller at a
+  /// time (decoder_stage), so the cache needs no lock.
+  const std::pair<at::Tensor, at::Tensor>& rotary(const at::Tensor& positions,
+                                                  at::ScalarType type) const {
+    if (!cached_positions_.defined() || !cached_positions_.is_same(positions) ||
+        rotary_.first.scalar_type() != type) {
+      auto angles = positions.to(at::kFloat).unsqueeze(-1) * inv_freq_;
+      auto emb = at::cat({angles, angles}, -1).unsqueeze(1);
+      rotary_ = {emb.cos().to(type), emb.sin().to(type)};
+      cached_positions_ = positions;
+    }
+    return rotary_;
+  }
+
   /// transformers' RMSNorm: the mean square in f32, the weight applied in the input dtype.
   static at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
     auto f = x.to(at::kFloat);
@@ -121,6 +135,8 @@ class llama_block final : public decoder_block {
   }
 
   at::Tensor inv_freq_;
+  mutable at::Tensor cached_positions_;
+  mutable std::pair<at::Tensor, at::Tensor> rotary_;
 };
 
 }  // namespace
