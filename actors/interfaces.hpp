@@ -148,6 +148,9 @@ using repository_actor = caf::typed_actor<
     /// Every registered model (including failed registrations) and every repository
     /// folder not registered ("unloaded", or "failed" with the reason it cannot be read).
     caf::replies_to<list_atom>::with<std::vector<model_info>>,
+    /// One model as the index lists it: the manager's, else its folder read now
+    /// ("unloaded", or "failed" with the reason); unknown_model when it is neither.
+    caf::replies_to<info_atom, std::string>::with<model_info>,
     /// Makes a model resident; a folder not registered yet is read and registered first.
     caf::replies_to<load_atom, std::string>::with<model_info>,
     /// Evicts a model; with true also unregisters it (its host memory is freed; a load

@@ -368,12 +368,17 @@ struct model_info {
   double idle_s = -1;
   /// Why it cannot serve, where it cannot (state "failed", "unavailable"); else empty.
   std::string reason;
+  /// The error code behind `reason` (an ec as an integer; 0 when none is known), so that
+  /// a request refused with the reason keeps it: a model that can never fit its devices
+  /// is out_of_device_memory, which no retry helps.
+  uint8_t reason_code = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, model_info& x) {
   return f(caf::meta::type_name("model_info"), x.config, x.state, x.bytes, x.queued, x.busy,
-           x.served, x.loads, x.evictions, x.vocab, x.max_positions, x.idle_s, x.reason);
+           x.served, x.loads, x.evictions, x.vocab, x.max_positions, x.idle_s, x.reason,
+           x.reason_code);
 }
 
 }  // namespace computron::actors

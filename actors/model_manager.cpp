@@ -1,4 +1,5 @@
 #include "actors/model_manager.hpp"
+#include "actors/model_manager_state.hpp"
 
 #include <algorithm>
 #include <deque>
@@ -15,92 +16,11 @@
 #include "common/log.hpp"
 #include "models/sampling.hpp"
 #include "sched/batching.hpp"
+#include "sched/ledger.hpp"
 
 namespace computron::actors {
 
-namespace {
-
-using namespace std::chrono_literals;
-
-struct queued_request {
-  infer_request req;
-  caf::typed_response_promise<infer_reply> rp;
-  sched::time_point arrival{};
-  sched::time_point deadline{};
-};
-
-struct batch {
-  uint64_t id = 0;
-  std::string model;
-  std::vector<queued_request> rows;
-  std::vector<std::vector<int64_t>> outputs;
-  /// The rows (indices into `rows`) the last step ran, in the workers' order: a row that
-  /// finished (max_tokens, EOS, cancelled) is answered at once and leaves this list.
-  std::vector<size_t> sent;
-  /// Request ids whose cancel arrived while they were in this batch.
-  std::set<uint64_t> cancelled;
-  /// The last step sent was marked last, so the workers dropped the batch's caches.
-  bool caches_dropped = false;
-  sched::time_point dispatched{};
-  /// When its first step started, on the trace clock (now_s): the span it reports is
-  /// measured on that one clock, so that spans of batches that follow each other never
-  /// overlap (mixing in the actor clock skewed their ends by the time between readings).
-  double run_s = 0;
-  double load_ms = 0;
-  double compute_ms = 0;
-  bool swapped = false;
-  /// Leased while its model still loaded: the first step also waits for the bytes (the
-  /// workers report compute without that wait), and it may take as long as the load.
-  bool loading = false;
-  double load_left_ms = 0;
-  sched::time_point leased_at{};
-  /// Steps run: the batcher's service estimate learns per step.
-  int64_t steps = 0;
-};
-
-using batch_ptr = std::shared_ptr<batch>;
-
-struct managed_model {
-  model_config cfg;
-  int64_t vocab = 0;
-  int64_t max_positions = 0;
-  uint64_t bytes = 0;
-  /// Its queue in the batcher (which also holds its in-flight count, at most pp, so that
-  /// a pipeline's stages all work) and its placement in the device gate.
-  uint32_t index = 0;
-  uint32_t gate_key = 0;
-  uint64_t served = 0;
-  /// Being unregistered: new requests are refused.
-  bool unregistering = false;
-};
-
-struct model_manager_state {
-  static constexpr const char* name = "model_manager";
-  model_manager_options opts;
-  engine_registry engines;
-  std::vector<shard_worker_actor> workers;
-  swap_scheduler_actor scheduler;
-  std::map<std::string, managed_model> models;
-  /// Registrations under way, and those that failed (with why): both are listed, so
-  /// that operators see a model that is missing and the reason.
-  std::map<std::string, model_config> registering;
-  std::map<std::string, std::pair<model_config, std::string>> failed;
-  /// Queues, admission, batch formation and dispatch order (sched/), and which batches
-  /// may share devices; the requests themselves wait in `waiting` under their keys.
-  std::shared_ptr<sched::batcher> batcher;
-  std::unique_ptr<sched::device_gate> gate;
-  std::vector<std::string> names;
-  std::unordered_map<uint64_t, queued_request> waiting;
-  /// The batch of every request taken from the queue and not yet answered (for cancel).
-  std::unordered_map<uint64_t, batch_ptr> batch_of;
-  uint64_t next_key = 1;
-  std::deque<batch_ptr> runnable;
-  uint64_t next_batch = 1;
-  /// Ticks armed and not yet received (see arm_tick).
-  std::set<sched::time_point> ticks;
-};
-
-using manager_pointer = model_manager_actor::stateful_pointer<model_manager_state>;
+namespace manager_detail {
 
 sched::time_point now(manager_pointer self) {
   return self->clock().now();
@@ -326,82 +246,6 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vecto
   }
 }
 
-/// The stages of `cfg` whose tensor-parallel ranks sit on several nodes.
-std::vector<size_t> split_stages(const model_manager_state& st, const model_config& cfg) {
-  std::vector<size_t> split;
-  const auto& nodes = st.opts.device_nodes;
-  const auto tp = static_cast<size_t>(cfg.tp);
-  for (size_t stage = 0; stage < static_cast<size_t>(cfg.pp) && !nodes.empty(); ++stage) {
-    std::set<std::string> on;
-    for (size_t r = 0; r < tp; ++r)
-      on.insert(nodes.at(static_cast<size_t>(cfg.devices[stage * tp + r])));
-    if (on.size() > 1) split.push_back(stage);
-  }
-  return split;
-}
-
-/// Prepares every rank of `stages` of `cfg` on its worker; `done` gets the reports in
-/// device order, `fail` the first error (naming the device). A stage whose ranks sit on
-/// several nodes first gets a rendezvous that its rank 0's worker hosts; the address
-/// reaches the other ranks inside their shard specs.
-void prepare_shards(manager_pointer self, const model_config& cfg, std::vector<size_t> stages,
-                    std::function<void(std::vector<shard_report>)> done,
-                    std::function<void(caf::error)> fail) {
-  auto& st = self->state;
-  const auto tp = static_cast<size_t>(cfg.tp);
-  std::vector<size_t> positions;
-  for (auto k : stages)
-    for (size_t r = 0; r < tp; ++r) positions.push_back(k * tp + r);
-  if (positions.empty()) {
-    done({});
-    return;
-  }
-  auto j = make_join<shard_report>(
-      positions.size(), [=](std::vector<shard_report> reports) { done(std::move(reports)); },
-      [=](caf::error err, size_t i) {
-        // The worker's code stays (a device error is a 5xx, a bad config a 400).
-        fail(with_context(err, "preparing " + cfg.name + " on device " +
-                                   std::to_string(cfg.devices[positions[i]]) + " failed"));
-      });
-  auto timeout = st.opts.prepare_timeout;
-  auto send_prepares = [=](std::vector<std::string> addresses) {
-    auto& st = self->state;
-    for (size_t i = 0; i < positions.size(); ++i) {
-      auto pos = positions[i];
-      self->request(st.workers[static_cast<size_t>(cfg.devices[pos])], timeout, prepare_atom_v,
-                    shard_spec{cfg, static_cast<int32_t>(pos % tp), static_cast<int32_t>(pos / tp),
-                               addresses[pos / tp]})
-          .then([=](shard_report& r) { j->ok(i, std::move(r)); },
-                [=](caf::error& e) { j->failed(std::move(e), i); });
-    }
-  };
-  std::vector<size_t> split;
-  std::set<size_t> wanted(stages.begin(), stages.end());
-  for (auto k : split_stages(st, cfg))
-    if (wanted.count(k) > 0) split.push_back(k);
-  std::vector<std::string> none(static_cast<size_t>(cfg.pp));
-  if (split.empty()) {
-    send_prepares(none);
-    return;
-  }
-  auto hosts = make_join<std::string>(
-      split.size(),
-      [=](std::vector<std::string> got) {
-        auto addresses = none;
-        for (size_t k = 0; k < split.size(); ++k) addresses[split[k]] = got[k];
-        send_prepares(std::move(addresses));
-      },
-      [=](caf::error err, size_t k) {
-        fail(with_context(err, "stage " + std::to_string(split[k]) + " of " + cfg.name +
-                                   " spans nodes, and its rendezvous failed"));
-      });
-  for (size_t k = 0; k < split.size(); ++k)
-    self->request(st.workers[static_cast<size_t>(cfg.devices[split[k] * tp])], 30s, group_atom_v,
-                  cfg.name + "/stage" + std::to_string(split[k]), cfg.tp)
-        .then([=](std::string& a) { hosts->ok(k, std::move(a)); },
-              [=](caf::error& e) { hosts->failed(std::move(e), k); });
-}
-
 /// Starts leased batches whose devices are free for them, oldest first (the sharing
 /// rule is sched::device_gate's).
 void try_run(manager_pointer self) {
@@ -554,50 +398,16 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
   st.scheduler = std::move(scheduler);
   st.batcher = std::move(batcher);
   st.gate = std::make_unique<sched::device_gate>(st.workers.size());
-  auto unknown = [](const std::string& name) {
-    return make_error(ec::unknown_model, "no model named '" + name + "'");
-  };
-  // A name that is not serving: why, or unknown_model.
-  auto not_serving = [=](const std::string& name) {
-    auto& st = self->state;
-    if (auto f = st.failed.find(name); f != st.failed.end())
-      return make_error(ec::unavailable,
-                        "model " + name + " failed to register: " + f->second.second);
-    if (st.registering.count(name) > 0)
-      return make_error(ec::unavailable, "model " + name + " is being registered");
-    if (auto m = st.models.find(name); m != st.models.end() && m->second.unregistering)
-      return make_error(ec::unavailable, "model " + name + " is being unregistered");
-    return unknown(name);
-  };
-  auto listed_only = [](const model_config& cfg, const std::string& state, std::string reason) {
-    model_info i;
-    i.config = cfg;
-    i.state = state;
-    i.reason = std::move(reason);
+  auto listed_failed = [=](const failed_model& f) {
+    auto i = listed_only(f.cfg, "failed", f.reason);
+    i.reason_code = static_cast<uint8_t>(f.code);
     return i;
-  };
-  // Replies with the model's info once the scheduler said where it stands.
-  auto with_info = [=](const std::string& name, caf::typed_response_promise<model_info> rp) {
-    self->request(self->state.scheduler, 10s, status_atom_v)
-        .then(
-            [=](std::vector<residency_report>& rs) mutable {
-              auto i = self->state.models.find(name);
-              if (i == self->state.models.end()) {
-                rp.deliver(make_error(ec::unknown_model, "no model named '" + name + "'"));
-                return;
-              }
-              const residency_report* r = nullptr;
-              for (auto& x : rs)
-                if (x.model == name) r = &x;
-              rp.deliver(info_of(*self->state.batcher, i->second, r));
-            },
-            [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
   };
   return {
       [=](infer_atom, infer_request& req) -> caf::result<infer_reply> {
         auto& st = self->state;
         auto i = st.models.find(req.model);
-        if (i == st.models.end() || i->second.unregistering) return not_serving(req.model);
+        if (i == st.models.end() || i->second.unregistering) return not_serving(self, req.model);
         auto& m = i->second;
         if (auto err = check_request(m, req, st.opts.max_tokens_limit)) return err;
         auto t = now(self);
@@ -630,91 +440,9 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
           }
       },
       [=](register_atom, model_config& requested) -> caf::result<model_info> {
-        auto& st = self->state;
-        auto kinds = st.opts.device_kinds;
-        kinds.resize(st.workers.size(), gpu::device_kind::emulated);
-        auto cfg = resolve_dtype(std::move(requested), kinds);
-        if (auto i = st.models.find(cfg.name); i != st.models.end())
-          return make_error(ec::invalid_state, "model " + cfg.name + " is already registered");
-        if (st.registering.count(cfg.name) > 0)
-          return make_error(ec::invalid_state, "model " + cfg.name + " is being registered");
-        if (auto err = validate_model(st.engines, cfg, kinds)) {
-          if (!cfg.name.empty()) st.failed[cfg.name] = {cfg, render(err)};
-          return err;
-        }
-        st.registering.emplace(cfg.name, cfg);
-        // Stays listed as failed, with the reason, until it registers or is unregistered.
-        auto fail = [=](const caf::error& err) {
-          self->state.registering.erase(cfg.name);
-          self->state.failed[cfg.name] = {cfg, render(err)};
-          log::error("model {} failed to register: {}", cfg.name, render(err));
-        };
-        auto rp = self->make_response_promise<model_info>();
-        std::vector<size_t> all_stages;
-        for (size_t k = 0; k < static_cast<size_t>(cfg.pp); ++k) all_stages.push_back(k);
-        prepare_shards(
-            self, cfg, all_stages,
-            [=](std::vector<shard_report> reports) mutable {
-              model_placement p{cfg.name, cfg.devices, {}, cfg.pinned, cfg.priority};
-              for (auto& r : reports) p.bytes.push_back(r.bytes);
-              self->request(self->state.scheduler, 10s, register_atom_v, p)
-                  .then(
-                      [=](bool) mutable {
-                        auto& st = self->state;
-                        st.registering.erase(cfg.name);
-                        st.failed.erase(cfg.name);
-                        auto& eng = *st.engines.at(cfg.kind);
-                        managed_model m;
-                        m.cfg = cfg;
-                        m.vocab = eng.vocab(cfg);
-                        m.max_positions = eng.max_positions(cfg);
-                        for (auto b : p.bytes) m.bytes += b;
-                        m.index = st.batcher->add_model(cfg.name, cfg.pp, cfg.priority);
-                        m.gate_key = st.gate->placement_key(cfg.tp, cfg.pp, cfg.devices);
-                        st.names.push_back(cfg.name);
-                        st.models.emplace(cfg.name, std::move(m));
-                        st.opts.obs->model_registered(cfg.name, cfg.devices);
-                        log::info("registered {} ({} {}, tp {} x pp {}, {} bytes)", cfg.name,
-                                  cfg.kind, cfg.spec, cfg.tp, cfg.pp, st.models.at(cfg.name).bytes);
-                        with_info(cfg.name, rp);
-                      },
-                      [=](caf::error& e) mutable {
-                        fail(e);
-                        rp.deliver(std::move(e));
-                      });
-            },
-            [=](caf::error err) mutable {
-              fail(err);
-              rp.deliver(std::move(err));
-            });
-        return rp;
+        return register_model(self, std::move(requested));
       },
-      [=](found_atom, std::vector<int32_t>& devs) {
-        // A node is back. Its workers have their shards again (the guards replayed
-        // them), except those in groups that span nodes: every rank of such a stage
-        // meets again at a new rendezvous.
-        auto& st = self->state;
-        std::set<int32_t> back(devs.begin(), devs.end());
-        for (auto& [name, m] : st.models) {
-          const auto tp = static_cast<size_t>(m.cfg.tp);
-          std::vector<size_t> stages;
-          for (auto k : split_stages(st, m.cfg)) {
-            bool touched = false;
-            for (size_t r = 0; r < tp; ++r)
-              touched = touched || back.count(m.cfg.devices[k * tp + r]) > 0;
-            if (touched) stages.push_back(k);
-          }
-          if (stages.empty()) continue;
-          log::info("{}: {} of its stages span nodes and meet again", name, stages.size());
-          auto model = name;
-          prepare_shards(
-              self, m.cfg, stages,
-              [=](std::vector<shard_report>) {
-                log::info("{}: its cross-node groups met again", model);
-              },
-              [=](caf::error e) { log::error("{} stays unavailable: {}", model, render(e)); });
-        }
-      },
+      [=](found_atom, std::vector<int32_t>& devs) { rejoin_groups(self, devs); },
       [=](list_atom) -> caf::result<std::vector<model_info>> {
         auto rp = self->make_response_promise<std::vector<model_info>>();
         self->request(self->state.scheduler, 10s, status_atom_v)
@@ -729,8 +457,7 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
                   }
                   for (auto& [name, cfg] : self->state.registering)
                     out.push_back(listed_only(cfg, "registering", {}));
-                  for (auto& [name, f] : self->state.failed)
-                    out.push_back(listed_only(f.first, "failed", f.second));
+                  for (auto& [name, f] : self->state.failed) out.push_back(listed_failed(f));
                   std::sort(out.begin(), out.end(),
                             [](auto& a, auto& b) { return a.config.name < b.config.name; });
                   rp.deliver(std::move(out));
@@ -740,19 +467,18 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
       },
       [=](info_atom, std::string& name) -> caf::result<model_info> {
         auto& st = self->state;
-        if (auto f = st.failed.find(name); f != st.failed.end())
-          return listed_only(f->second.first, "failed", f->second.second);
+        if (auto f = st.failed.find(name); f != st.failed.end()) return listed_failed(f->second);
         if (auto r = st.registering.find(name); r != st.registering.end())
           return listed_only(r->second, "registering", {});
-        if (st.models.count(name) == 0) return unknown(name);
+        if (st.models.count(name) == 0) return unknown_model_error(name);
         auto rp = self->make_response_promise<model_info>();
-        with_info(name, rp);
+        with_info(self, name, rp);
         return rp;
       },
       [=](load_atom, std::string& name) -> caf::result<model_info> {
         auto& st = self->state;
         if (auto i = st.models.find(name); i == st.models.end() || i->second.unregistering)
-          return not_serving(name);
+          return not_serving(self, name);
         auto rp = self->make_response_promise<model_info>();
         self->request(st.scheduler, st.opts.acquire_timeout, load_atom_v, name)
             .then(
@@ -760,7 +486,7 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
                   auto& st = self->state;
                   if (auto i = st.models.find(name); i != st.models.end())
                     st.batcher->set_resident(i->second.index, true);
-                  with_info(name, rp);
+                  with_info(self, name, rp);
                 },
                 [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
         return rp;
@@ -768,87 +494,20 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
       [=](unload_atom, std::string& name) -> caf::result<model_info> {
         auto& st = self->state;
         if (auto i = st.models.find(name); i == st.models.end() || i->second.unregistering)
-          return not_serving(name);
+          return not_serving(self, name);
         auto rp = self->make_response_promise<model_info>();
         self->request(st.scheduler, st.opts.acquire_timeout, unload_atom_v, name)
             .then(
                 [=](residency_report&) mutable {
                   auto& st = self->state;
                   st.batcher->set_resident(st.models.at(name).index, false);
-                  with_info(name, rp);
+                  with_info(self, name, rp);
                 },
                 [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
         return rp;
       },
       [=](unregister_atom, std::string& name) -> caf::result<model_info> {
-        auto& st = self->state;
-        if (auto f = st.failed.find(name); f != st.failed.end()) {
-          auto info = listed_only(f->second.first, "unregistered", {});
-          st.failed.erase(f);
-          return info;
-        }
-        auto i = st.models.find(name);
-        if (i == st.models.end()) return not_serving(name);
-        auto& m = i->second;
-        if (m.unregistering)
-          return make_error(ec::invalid_state, "model " + name + " is being unregistered");
-        auto queued = st.batcher->queued(m.index);
-        auto running = st.batcher->in_flight(m.index);
-        if (queued > 0 || running > 0)
-          return make_error(ec::invalid_state,
-                            "model " + name + " has " + std::to_string(queued) +
-                                " requests queued and " + std::to_string(running) +
-                                " batches running; unregister it when they are done");
-        // From here new requests are refused. Evict, let the scheduler forget it, then
-        // every worker frees its shard's host copy; the name is free once all did.
-        m.unregistering = true;
-        auto rp = self->make_response_promise<model_info>();
-        auto fail = [=](const caf::error& e) mutable {
-          if (auto j = self->state.models.find(name); j != self->state.models.end())
-            j->second.unregistering = false;
-          rp.deliver(with_context(e, "unregistering " + name));
-        };
-        auto timeout = st.opts.acquire_timeout;
-        self->request(st.scheduler, timeout, unload_atom_v, name)
-            .then(
-                [=](residency_report&) mutable {
-                  self->request(self->state.scheduler, timeout, unregister_atom_v, name)
-                      .then(
-                          [=](bool) mutable {
-                            auto& st = self->state;
-                            auto cfg = st.models.at(name).cfg;
-                            std::vector<shard_worker_actor> holders;
-                            for (auto d : cfg.devices)
-                              holders.push_back(st.workers.at(static_cast<size_t>(d)));
-                            auto forget = [=]() mutable {
-                              auto& st = self->state;
-                              auto j = st.models.find(name);
-                              // Its batcher queue (empty) and its entry in `names` stay:
-                              // both are indexed by the queue's index.
-                              if (j != st.models.end()) {
-                                st.batcher->set_resident(j->second.index, false);
-                                st.models.erase(j);
-                              }
-                              log::info("unregistered {}", name);
-                              rp.deliver(listed_only(cfg, "unregistered", {}));
-                            };
-                            fan_out_all<bool>(
-                                self, holders, caf::timespan{timeout},
-                                [=](std::vector<bool>) mutable { forget(); },
-                                [=](caf::error e, size_t k) mutable {
-                                  // The scheduler has forgotten it already: the name is
-                                  // free; what a worker could not free is logged.
-                                  log::error(
-                                      "unregistering {}: device {} did not free its shard: {}",
-                                      name, cfg.devices[k], render(e));
-                                  forget();
-                                },
-                                unregister_atom_v, name);
-                          },
-                          [=](caf::error& e) mutable { fail(e); });
-                },
-                [=](caf::error& e) mutable { fail(e); });
-        return rp;
+        return unregister_model(self, name);
       },
       [=](devices_atom) -> caf::result<std::vector<device_report>> {
         auto rp = self->make_response_promise<std::vector<device_report>>();
@@ -921,7 +580,28 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
   };
 }
 
-}  // namespace
+/// Replies with the model's info once the scheduler said where it stands.
+void with_info(manager_pointer self, const std::string& name,
+               caf::typed_response_promise<model_info> rp) {
+  self->request(self->state.scheduler, 10s, status_atom_v)
+      .then(
+          [=](std::vector<residency_report>& rs) mutable {
+            auto i = self->state.models.find(name);
+            if (i == self->state.models.end()) {
+              rp.deliver(make_error(ec::unknown_model, "no model named '" + name + "'"));
+              return;
+            }
+            const residency_report* r = nullptr;
+            for (auto& x : rs)
+              if (x.model == name) r = &x;
+            rp.deliver(info_of(*self->state.batcher, i->second, r));
+          },
+          [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
+}
+
+}  // namespace manager_detail
+
+using namespace manager_detail;
 
 sched::batching_options batching_of(const model_manager_options& o) {
   sched::batching_options b;

@@ -33,6 +33,18 @@ std::vector<repository_folder> scan(repository_pointer self, const std::string& 
   }
 }
 
+/// A folder that is not registered, as the index lists it.
+model_info folder_info(const repository_folder& f) {
+  model_info i;
+  i.config = f.config;
+  i.config.name = f.name;
+  i.state = f.error ? "failed" : "unloaded";
+  i.reason = f.error ? render(f.error) : "unloaded";
+  // The folder cannot be read: an operator must fix it; requests get 503 with the reason.
+  if (f.error) i.reason_code = static_cast<uint8_t>(ec::unavailable);
+  return i;
+}
+
 /// Registers `cfg` with the manager, then makes it resident.
 void register_and_load(repository_pointer self, model_config cfg,
                        caf::typed_response_promise<model_info> rp) {
@@ -80,18 +92,32 @@ repository_actor::behavior_type repository(repository_pointer self, model_manage
                   for (auto& m : ms) all.emplace(m.config.name, std::move(m));
                   for (auto& f : scan(self, {})) {
                     if (all.count(f.name) > 0) continue;
-                    model_info i;
-                    i.config = f.config;
-                    i.config.name = f.name;
-                    i.state = f.error ? "failed" : "unloaded";
-                    i.reason = f.error ? render(f.error) : "unloaded";
-                    all.emplace(f.name, std::move(i));
+                    all.emplace(f.name, folder_info(f));
                   }
                   std::vector<model_info> out;
                   for (auto& [name, i] : all) out.push_back(std::move(i));
                   rp.deliver(std::move(out));
                 },
                 [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      },
+      [=](info_atom, std::string& name) -> caf::result<model_info> {
+        auto rp = self->make_response_promise<model_info>();
+        self->request(self->state.manager, caf::timespan{self->state.opts.timeout}, info_atom_v,
+                      name)
+            .then([=](model_info& i) mutable { rp.deliver(std::move(i)); },
+                  [=](caf::error& e) mutable {
+                    if (!is(e, ec::unknown_model)) {
+                      rp.deliver(std::move(e));
+                      return;
+                    }
+                    // Not registered: its folder, if there is one, says why.
+                    auto folders = scan(self, name);
+                    if (folders.empty())
+                      rp.deliver(std::move(e));
+                    else
+                      rp.deliver(folder_info(folders.front()));
+                  });
         return rp;
       },
       [=](load_atom, std::string& name) -> caf::result<model_info> {

@@ -293,8 +293,14 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
   return {
       [=](register_atom, model_placement& p) -> caf::result<bool> {
         auto& st = self->state;
+        sched::placement where{p.devices, p.bytes, p.pinned, p.priority};
+        // A model larger than its devices is refused here, not at every request.
+        std::vector<uint64_t> usable;
+        for (size_t d = 0; d < st.ledger->device_count(); ++d)
+          usable.push_back(st.ledger->device(d).slot.usable_bytes);
+        if (auto no = sched::check_fits(p.model, where, usable)) return to_error(*no);
         sched::refusal why;
-        auto id = st.ledger->add(p.model, {p.devices, p.bytes, p.pinned, p.priority}, &why);
+        auto id = st.ledger->add(p.model, where, &why);
         if (!id) return to_error(why);
         if (st.waiting.size() <= *id) st.waiting.resize(*id + 1);
         return true;

@@ -1,6 +1,7 @@
 #include "sched/ledger.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <set>
 
@@ -20,6 +21,42 @@ const char* to_string(model_state s) {
       return "unavailable";
   }
   return "unknown";
+}
+
+namespace {
+
+/// Bytes as MiB for a person: one decimal, with the exact bytes when that rounds a
+/// difference away.
+std::string mib_text(uint64_t bytes, uint64_t other) {
+  auto text = [](uint64_t b) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1024.0 * 1024.0));
+    return std::string{buf};
+  };
+  auto t = text(bytes);
+  if (t == text(other)) t += " (" + std::to_string(bytes) + " bytes)";
+  return t;
+}
+
+}  // namespace
+
+std::optional<refusal> check_fits(const std::string& name, const placement& p,
+                                  const std::vector<uint64_t>& usable_bytes) {
+  std::map<int32_t, uint64_t> need;
+  for (size_t i = 0; i < p.devices.size() && i < p.bytes.size(); ++i)
+    need[p.devices[i]] += p.bytes[i];
+  for (auto& [d, bytes] : need) {
+    uint64_t holds = d >= 0 && static_cast<size_t>(d) < usable_bytes.size()
+                         ? usable_bytes[static_cast<size_t>(d)]
+                         : 0;
+    if (bytes > holds)
+      return refusal{ec::out_of_device_memory,
+                     "model " + name + " needs " + mib_text(bytes, holds) + " on device " +
+                         std::to_string(d) + ", which holds " + mib_text(holds, bytes) +
+                         " for weights: it can never be loaded there (give it more devices "
+                         "(tp, pp), larger ones (capacity_mb), or a smaller dtype)"};
+  }
+  return std::nullopt;
 }
 
 std::unique_ptr<ledger> ledger::make(std::vector<device_slot> devices, ledger_options opts,

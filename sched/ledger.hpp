@@ -42,6 +42,17 @@ struct placement {
   int32_t priority = 0;
 };
 
+/// What keeps a placement from ever fitting, even with every other model evicted: the
+/// bytes its shards need on one device beyond what that device holds for weights
+/// (`usable_bytes`, by device index; a device past its end holds nothing). Empty when every
+/// device has room. Registration decides with it (the model manager before it fills any
+/// host copy, the swap scheduler before ledger::add), so such a model is refused with the
+/// sizes instead of being listed as serving and failing every request. The simulator adds
+/// such a model all the same: its requests are refused at their load (never_fits), as the
+/// runtime refuses them.
+std::optional<refusal> check_fits(const std::string& name, const placement& p,
+                                  const std::vector<uint64_t>& usable_bytes);
+
 /// Dense index of a registered model.
 using model_id = uint32_t;
 
@@ -154,6 +165,7 @@ class ledger {
 
   /// Registers a model; the same name with the same placement is the same model.
   /// Refusals: a malformed placement, an unknown device, another placement under the name.
+  /// (Whether it can ever fit is check_fits's decision, asked before.)
   std::optional<model_id> add(const std::string& name, const placement& p, refusal* why);
 
   std::optional<model_id> find(const std::string& name) const;

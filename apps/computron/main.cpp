@@ -1,5 +1,5 @@
-// `computron`: one binary, subcommands. For now `bench swap` (the model-parallel swap
-// benchmark) and `devices` (what this machine offers); serving comes in later issues.
+// `computron`: one binary, subcommands (`computron help` lists them): serve, node,
+// console, demo, loadgen, sim, generate, bench and devices.
 #include <dlfcn.h>
 #include <execinfo.h>
 #include <ucontext.h>
@@ -19,16 +19,12 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "apps/computron/bench_cli.hpp"
 #include "apps/computron/console.hpp"
 #include "apps/computron/experiments.hpp"
 #include "apps/computron/loadgen.hpp"
 #include "apps/computron/serve.hpp"
 #include "apps/computron/sim_cli.hpp"
-#include "bench/cluster_bench.hpp"
-#include "bench/forward_bench.hpp"
-#include "bench/runtime_bench.hpp"
-#include "bench/startup_bench.hpp"
-#include "bench/swap_bench.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "gpu/backends.hpp"
@@ -43,19 +39,6 @@ constexpr int exit_usage = 2;
 
 uint64_t mib_to_bytes(double mib) {
   return static_cast<uint64_t>(std::llround(mib * 1048576.0));
-}
-
-int run_bench_swap(const bench::swap_bench_options& opts, bool json) {
-  auto r = bench::run_swap_bench(opts);
-  if (!r) {
-    std::cerr << "computron bench swap: " << render(r.error()) << '\n';
-    return exit_failure;
-  }
-  if (json)
-    std::cout << bench::to_json(*r) << '\n';
-  else
-    bench::print_table(std::cout, *r);
-  return 0;
 }
 
 int run_devices(const gpu::device_options& opts, bool json) {
@@ -161,139 +144,7 @@ int main(int argc, char** argv) {
                  "debug, info, warn, error or off (default: $COMPUTRON_LOG_LEVEL or info)")
       ->check(CLI::IsMember({"debug", "info", "warn", "error", "off"}));
 
-  // bench swap
-  auto bench_cmd = app.add_subcommand("bench", "benchmarks (figures go to bench/RESULTS.md)");
-  bench_cmd->require_subcommand(1);
-  auto swap_cmd = bench_cmd->add_subcommand(
-      "swap", "load one model split over N devices at once (the model-parallel swap)");
-  bench::swap_bench_options swap;
-  double size_mb = static_cast<double>(swap.size_bytes) / 1048576.0;
-  double chunk_mb = static_cast<double>(swap.chunk_bytes) / 1048576.0;
-  bool no_baseline = false;
-  bool no_verify = false;
-  bool swap_json = false;
-  swap_cmd->add_option("--devices", swap.devices, "devices; the model is split evenly over them")
-      ->capture_default_str();
-  swap_cmd->add_option("--link-gbps", swap.link_gbps, "emulated link rate per device, GB/s")
-      ->capture_default_str();
-  swap_cmd->add_option("--size-mb", size_mb, "whole model size, MiB")->capture_default_str();
-  swap_cmd->add_option("--chunk-mb", chunk_mb, "copy chunk size, MiB")->capture_default_str();
-  swap_cmd->add_option("--repeats", swap.repeats, "timed rounds (median reported)")
-      ->capture_default_str();
-  swap_cmd->add_option("--device-kind", swap.device_kind, "auto, emulated or cuda")
-      ->check(CLI::IsMember({"auto", "emulated", "cuda"}))
-      ->capture_default_str();
-  swap_cmd->add_option("--seed", swap.seed, "seed of the random weights")->capture_default_str();
-  swap_cmd->add_flag("--no-baseline", no_baseline, "skip the one-device comparison");
-  swap_cmd->add_flag("--no-verify", no_verify, "skip reading back and comparing bytes");
-  swap_cmd->add_flag("--json", swap_json, "print one JSON object");
-
-  // bench forward
-  auto fwd_cmd = bench_cmd->add_subcommand(
-      "forward", "prefill and decode latency of one decoder shard read from the weight store");
-  bench::forward_bench_options fwd;
-  bool fwd_json = false;
-  fwd_cmd->add_option("--model", fwd.model,
-                      "catalogue name (opt-tiny ... opt-175b, llama-3.2-1b, llama-3.1-8b, "
-                      "qwen2.5-0.5b, qwen2.5-7b, qwen3-0.6b, mistral-7b, ...)")
-      ->capture_default_str();
-  fwd_cmd->add_option("--dtype", fwd.dtype, "f32, bf16 or f16 (CUDA only)")->capture_default_str();
-  fwd_cmd->add_option("--batch", fwd.batch, "sequences per forward")->capture_default_str();
-  fwd_cmd->add_option("--seq", fwd.seq, "prompt tokens per sequence")->capture_default_str();
-  fwd_cmd->add_option("--decode-tokens", fwd.decode_tokens, "decode steps timed after the prefill")
-      ->capture_default_str();
-  fwd_cmd->add_option("--repeats", fwd.repeats, "timed rounds (median reported)")
-      ->capture_default_str();
-  fwd_cmd->add_option("--threads", fwd.threads, "compute threads (0: one per core)")
-      ->capture_default_str();
-  fwd_cmd->add_option("--device-kind", fwd.device_kind, "auto, emulated or cuda")
-      ->check(CLI::IsMember({"auto", "emulated", "cuda"}))
-      ->capture_default_str();
-  fwd_cmd->add_flag("--json", fwd_json, "print one JSON object");
-
-  // bench startup
-  auto su_cmd = bench_cmd->add_subcommand(
-      "startup", "GB/s of writing a model's host copy: seeded and from a safetensors folder");
-  bench::startup_bench_options sub;
-  bool su_json = false;
-  su_cmd->add_option("--model", sub.model, "catalogue name")->capture_default_str();
-  su_cmd->add_option("--dtype", sub.dtype, "f32, bf16 or f16")->capture_default_str();
-  su_cmd->add_option("--threads", sub.threads, "fill threads (0: one per core)")
-      ->capture_default_str();
-  su_cmd->add_option("--files", sub.files, "safetensors files of the checkpoint")
-      ->capture_default_str();
-  su_cmd->add_option("--dir", sub.dir, "where to write the checkpoint (default: a temp folder)");
-  su_cmd->add_flag("--json", su_json, "print one JSON object");
-
-  // bench runtime
-  auto rt_cmd = bench_cmd->add_subcommand(
-      "runtime",
-      "actor-path dispatch rate and added latency, HTTP requests/s, swap via the actors");
-  bench::runtime_bench_options rtb;
-  double rt_swap_mb = static_cast<double>(rtb.swap_bytes) / 1048576.0;
-  bool rt_json = false;
-  rt_cmd->add_option("--clients", rtb.clients, "closed-loop clients")->capture_default_str();
-  rt_cmd->add_option("--seconds", rtb.seconds, "duration of each throughput part")
-      ->capture_default_str();
-  rt_cmd->add_option("--latency-requests", rtb.latency_requests, "sequential requests timed")
-      ->capture_default_str();
-  rt_cmd->add_option("--swap-mb", rt_swap_mb, "model size of the swap part, MiB")
-      ->capture_default_str();
-  rt_cmd->add_option("--link-gbps", rtb.link_gbps, "emulated link rate, GB/s")
-      ->capture_default_str();
-  rt_cmd->add_option("--repeats", rtb.swap_repeats, "timed swap rounds (median)")
-      ->capture_default_str();
-  rt_cmd->add_flag("--json", rt_json, "print one JSON object");
-
-  // bench cluster
-  auto cl_cmd = bench_cmd->add_subcommand(
-      "cluster", "remote hop latency and a 4-shard swap over node processes vs in process");
-  bench::cluster_bench_options clb;
-  double cl_swap_mb = static_cast<double>(clb.swap_bytes) / 1048576.0;
-  bool cl_json = false;
-  cl_cmd->add_option("--hops", clb.hops, "sequential requests timed per hop kind")
-      ->capture_default_str();
-  cl_cmd->add_option("--steps", clb.steps, "sequential 2-stage steps timed")->capture_default_str();
-  cl_cmd->add_option("--swap-mb", cl_swap_mb, "model size of the swap part, MiB")
-      ->capture_default_str();
-  cl_cmd->add_option("--link-gbps", clb.link_gbps, "emulated link rate, GB/s")
-      ->capture_default_str();
-  cl_cmd->add_option("--repeats", clb.swap_repeats, "timed loads (median)")->capture_default_str();
-  cl_cmd->add_flag("--json", cl_json, "print one JSON object");
-
-  // bench exp1 / exp2
-  app::experiment_options exp;
-  bool exp_no_overlap = false;
-  auto exp1_cmd = bench_cmd->add_subcommand(
-      "exp1", "the original's experiment 1 (swap scaling over TP x PP) against a real server");
-  auto exp2_cmd = bench_cmd->add_subcommand(
-      "exp2", "the original's experiment 2 (18 Gamma workloads) against a real server");
-  auto simfid_cmd = bench_cmd->add_subcommand(
-      "sim", "the simulator against the runtime: experiment 1 and every experiment-2 cell");
-  for (auto* c : {exp1_cmd, exp2_cmd, simfid_cmd}) {
-    c->add_option("--factor", exp.factor, "model bytes and link bandwidth divided by this")
-        ->capture_default_str();
-    c->add_option("--seed", exp.seed, "seed of weights, arrivals and prompts")
-        ->capture_default_str();
-    c->add_option("--out", exp.out_dir, "keep server configs and reports here");
-    c->add_flag("--json", exp.json, "print one JSON object");
-    c->add_flag("--no-overlap", exp_no_overlap,
-                "servers wait for a whole load before computing (no compute while loading)");
-  }
-  for (auto* c : {exp2_cmd, simfid_cmd}) {
-    c->add_option("--duration", exp.duration_s, "seconds of arrivals per cell")
-        ->capture_default_str();
-    c->add_option("--only", exp.only, "run only cells whose label contains this");
-    c->add_option("--policy", exp.policy, "eviction policy of the server (lru, cost)")
-        ->capture_default_str();
-  }
-  exp2_cmd->add_option("--batch-window-ms", exp.batch_window_ms, "server's batch window")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 1000));
-  exp2_cmd->add_option("--slo", exp.slo_s, "latency SLO in seconds: attainment per cell")
-      ->check(CLI::Range(0.0, 3600.0));
-  exp2_cmd->add_flag("--drop-late", exp.drop_late,
-                     "requests carry the SLO as their deadline with drop_late (needs --slo)");
+  app::bench_cli bench_commands{app};
 
   // devices
   auto devices_cmd = app.add_subcommand("devices", "list the devices this process would use");
@@ -315,13 +166,22 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--config", serve_config_path,
                         "JSON serve config (default: built-in, see configs/)");
   serve_cmd->add_option("--repository", serve_repository,
-                        "model repository folder (one folder per model)");
+                        "model repository folder (one folder per model), or one model's "
+                        "folder (it holds config.json); served instead of the config's "
+                        "`repository`, beside its inline `models` (without --config, instead "
+                        "of the built-in models)");
   serve_cmd->add_option("--host", serve_host, "address to listen on (default 127.0.0.1)");
   serve_cmd
       ->add_option("--port", serve_port, "port to listen on (default 8000; 0 picks a free one)")
       ->check(CLI::Range(0, 65535));
   serve_cmd->add_option("--devices", serve_devices, "number of devices (overrides the config)")
       ->check(CLI::Range(1, 1024));
+  double serve_capacity_mb = 0;
+  serve_cmd
+      ->add_option("--capacity-mb", serve_capacity_mb,
+                   "memory of each emulated device, MiB (the config's devices.capacity_mb; "
+                   "refused unless devices.kind is emulated)")
+      ->check(CLI::Range(1.0, 1024.0 * 1024 * 1024));
   serve_cmd->add_option("--trace", serve_trace,
                         "write a Chrome trace of loads and batches here at exit");
 
@@ -510,6 +370,11 @@ int main(int argc, char** argv) {
   if (!log_level.empty() && log::parse_level(log_level, lvl)) log::set_level(lvl);
 
   if (*help_cmd) {
+    // Through the formatter: App::help() of a level whose subcommand was parsed shows that
+    // subcommand's help, and at the top that is `help` itself, not the list of subcommands.
+    auto help_of = [](CLI::App* a) {
+      return a->get_formatter()->make_help(a, a->get_name(), CLI::AppFormatMode::Normal);
+    };
     CLI::App* level = &app;
     for (auto& name : help_path) {
       CLI::App* next = nullptr;
@@ -518,98 +383,51 @@ int main(int argc, char** argv) {
       } catch (const CLI::OptionNotFound&) {
       }
       if (!next || next == help_cmd) {
-        std::cerr << "computron help: no subcommand '" << name << "'\n\n" << level->help();
+        std::cerr << "computron help: no subcommand '" << name << "'\n\n" << help_of(level);
         return exit_usage;
       }
       level = next;
     }
-    std::cout << level->help();
+    std::cout << help_of(level);
     return 0;
   }
 
-  if (*swap_cmd) {
-    if (!(size_mb > 0) || !(chunk_mb > 0) || !std::isfinite(size_mb) || !std::isfinite(chunk_mb)) {
-      std::cerr << "computron bench swap: --size-mb and --chunk-mb must be positive\n";
-      return exit_usage;
-    }
-    swap.size_bytes = mib_to_bytes(size_mb);
-    swap.chunk_bytes = mib_to_bytes(chunk_mb);
-    swap.baseline = !no_baseline;
-    swap.verify = !no_verify;
-    return run_bench_swap(swap, swap_json);
-  }
-  if (*fwd_cmd) {
-    auto r = bench::run_forward_bench(fwd);
-    if (!r) {
-      std::cerr << "computron bench forward: " << render(r.error()) << '\n';
-      return exit_failure;
-    }
-    if (fwd_json)
-      std::cout << bench::to_json(*r) << '\n';
-    else
-      bench::print_table(std::cout, *r);
-    return 0;
-  }
-  if (*su_cmd) {
-    auto r = bench::run_startup_bench(sub);
-    if (!r) {
-      std::cerr << "computron bench startup: " << render(r.error()) << '\n';
-      return exit_failure;
-    }
-    if (su_json)
-      std::cout << bench::to_json(*r) << '\n';
-    else
-      bench::print_table(std::cout, *r);
-    return 0;
-  }
-  if (*rt_cmd) {
-    if (!(rt_swap_mb >= 4) || !std::isfinite(rt_swap_mb)) {
-      std::cerr << "computron bench runtime: --swap-mb must be at least 4\n";
-      return exit_usage;
-    }
-    rtb.swap_bytes = mib_to_bytes(rt_swap_mb);
-    auto r = bench::run_runtime_bench(rtb);
-    if (!r) {
-      std::cerr << "computron bench runtime: " << render(r.error()) << '\n';
-      return exit_failure;
-    }
-    std::cout << (rt_json ? bench::to_json(*r) + "\n" : bench::to_table(*r));
-    return 0;
-  }
-  if (*cl_cmd) {
-    if (!(cl_swap_mb >= 4) || !std::isfinite(cl_swap_mb)) {
-      std::cerr << "computron bench cluster: --swap-mb must be at least 4\n";
-      return exit_usage;
-    }
-    clb.swap_bytes = mib_to_bytes(cl_swap_mb);
-    auto r = bench::run_cluster_bench(clb);
-    if (!r) {
-      std::cerr << "computron bench cluster: " << render(r.error()) << '\n';
-      return exit_failure;
-    }
-    std::cout << (cl_json ? bench::to_json(*r) + "\n" : bench::to_table(*r));
-    return 0;
-  }
-  exp.compute_while_loading = !exp_no_overlap;
-  if (*exp1_cmd) return app::run_experiment1(exp);
-  if (*exp2_cmd) return app::run_experiment2(exp);
-  if (*simfid_cmd) return app::run_sim_fidelity(exp);
+  if (auto code = bench_commands.run()) return *code;
   if (*devices_cmd) return run_devices(dev_opts, devices_json);
   if (*serve_cmd) {
+    // --repository is served instead of the config's `repository`, its models beside
+    // the config's inline ones; without --config it replaces the built-in models.
     auto cfg = serve_config_path.empty()
                    ? caf::expected<app::serve_config>{app::default_serve_config()}
-                   : app::load_serve_config(serve_config_path);
+                   : app::load_serve_config(serve_config_path, serve_repository);
     if (!cfg) {
       std::cerr << "computron serve: " << render(cfg.error()) << '\n';
       return exit_usage;
     }
-    if (!serve_repository.empty()) {
-      // The repository replaces the configured models.
+    if (!serve_repository.empty() && serve_config_path.empty()) {
       cfg->models.clear();
       if (auto err = app::add_repository(*cfg, serve_repository)) {
         std::cerr << "computron serve: " << render(err) << '\n';
         return exit_usage;
       }
+    }
+    if (serve_capacity_mb > 0) {
+      // Emulated memory only: a GPU's memory is what it is (the config's
+      // devices.capacity_mb caps its weights arena), and nodes bring their own devices.
+      if (cfg->runtime.devices.kind != "emulated") {
+        std::cerr << "computron serve: --capacity-mb sets the memory of emulated devices, and "
+                     "the devices are '"
+                  << cfg->runtime.devices.kind
+                  << "' (set devices.kind to emulated, or cap a GPU's weights arena with "
+                     "devices.capacity_mb in the config)\n";
+        return exit_usage;
+      }
+      if (!serve_nodes.empty() || !cfg->cluster.nodes.empty()) {
+        std::cerr << "computron serve: --capacity-mb sets this process's emulated devices, and "
+                     "it serves with nodes (give each `computron node` --capacity-mb)\n";
+        return exit_usage;
+      }
+      cfg->runtime.devices.emulated_capacity_bytes = mib_to_bytes(serve_capacity_mb);
     }
     if (!serve_host.empty()) cfg->http.host = serve_host;
     if (serve_port >= 0) cfg->http.port = static_cast<uint16_t>(serve_port);
@@ -659,10 +477,13 @@ int main(int argc, char** argv) {
     return app::run_sim_cli(sim);
   }
   if (*gen_cmd) {
-    // Only this folder is read: a broken sibling is not this model's problem.
+    // Only this folder is read (a model folder is a repository of itself): a broken
+    // sibling is not this model's problem.
     auto name = std::filesystem::path{gen_model_dir}.filename().string();
-    auto repo =
-        app::read_repository(std::filesystem::path{gen_model_dir}.parent_path().string(), name);
+    auto repo = app::is_model_folder(gen_model_dir)
+                    ? app::read_repository(gen_model_dir)
+                    : app::read_repository(
+                          std::filesystem::path{gen_model_dir}.parent_path().string(), name);
     if (!repo) {
       std::cerr << "computron generate: " << render(repo.error()) << '\n';
       return exit_usage;

@@ -54,15 +54,23 @@ int run_node(node_options opts);
 
 /// Reads a JSON serve config (see configs/README.md); relative paths are resolved from
 /// the file's folder. Unknown keys and bad values are errors that name them.
-caf::expected<serve_config> load_serve_config(const std::string& path);
+/// `repository` (serve's --repository) is served instead of the file's `repository` key,
+/// its models beside the file's inline `models` (a name in both is an error).
+caf::expected<serve_config> load_serve_config(const std::string& path,
+                                              const std::string& repository = {});
 
 /// The built-in defaults (configs/default.json has the same values, documented).
 serve_config default_serve_config();
 
+/// Whether `dir` is itself one model's folder: it holds config.json.
+bool is_model_folder(const std::string& dir);
+
 /// Reads a model repository: one folder per model holding config.json (the model_config
 /// fields) and optionally weights.safetensors, or a Hugging Face OPT folder. Every
 /// folder (or only the one named `only`; hidden ones never) comes back with its model or
-/// the error that names the folder and the problem. Error: `dir` is not a folder.
+/// the error that names the folder and the problem. A `dir` that is itself a model folder
+/// (is_model_folder) is a repository of that one model, named after the folder; its
+/// subfolders are not read. Error: `dir` is not a folder.
 caf::expected<std::vector<actors::repository_folder>> read_repository(const std::string& dir,
                                                                       const std::string& only = {});
 
@@ -71,7 +79,8 @@ caf::expected<std::vector<actors::model_config>> load_repository(const std::stri
 
 /// Serves `dir` as the model repository: its readable folders join `c.models`, the
 /// others are logged (the repository index lists them with their reason), and the
-/// server gets model control over it. Error: `dir` is not a folder.
+/// server gets model control over it. Errors: `dir` is not a folder; a folder named like
+/// a model already in `c.models`.
 caf::error add_repository(serve_config& c, const std::string& dir);
 
 /// Runs the server until SIGINT or SIGTERM; prints "listening on http://HOST:PORT" on

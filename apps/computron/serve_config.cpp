@@ -275,13 +275,39 @@ caf::expected<actors::model_config> read_folder(const fs::path& f) {
 
 }  // namespace
 
+namespace {
+
+/// `dir` without a trailing separator or dots, so that its last part is its name
+/// (`./opt-125m/` and `.` name their folders).
+fs::path folder_path(const std::string& dir) {
+  std::error_code ec;
+  auto p = fs::absolute(fs::path{dir}, ec);
+  if (ec) p = fs::path{dir};
+  p = p.lexically_normal();
+  if (p.filename().empty() && p.has_parent_path() && p != p.root_path()) p = p.parent_path();
+  return p;
+}
+
+}  // namespace
+
+bool is_model_folder(const std::string& dir) {
+  std::error_code ec;
+  return fs::is_regular_file(fs::path{dir} / "config.json", ec);
+}
+
 caf::expected<std::vector<actors::repository_folder>> read_repository(const std::string& dir,
                                                                       const std::string& only) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     return make_error(ec::io_error, "model repository " + dir + " is not a folder");
   std::vector<fs::path> folders;
-  if (!only.empty()) {
+  if (is_model_folder(dir)) {
+    // One model's folder given as the repository (as `vllm serve ./model` takes it): that
+    // model alone, named after the folder. Its subfolders are never models of their own
+    // (a Hugging Face download may carry some, e.g. original/).
+    auto self = folder_path(dir);
+    if (only.empty() || only == self.filename().string()) folders.push_back(self);
+  } else if (!only.empty()) {
     // A name is a folder name, never a path.
     if (only.find('/') == std::string::npos && only != "." && only != ".." &&
         fs::is_directory(fs::path{dir} / only, ec))
@@ -293,9 +319,11 @@ caf::expected<std::vector<actors::repository_folder>> read_repository(const std:
   }
   std::sort(folders.begin(), folders.end());
   std::vector<actors::repository_folder> out;
+  const bool single = is_model_folder(dir);
   for (auto& f : folders) {
-    // Hidden folders (.git, editors' caches) are never models.
-    if (f.filename().string().rfind('.', 0) == 0) continue;
+    // Hidden folders (.git, editors' caches) are never models; a model folder given
+    // itself is served whatever its name.
+    if (!single && f.filename().string().rfind('.', 0) == 0) continue;
     actors::repository_folder rf;
     rf.name = f.filename().string();
     auto m = read_folder(f);
@@ -322,7 +350,18 @@ caf::expected<std::vector<actors::model_config>> load_repository(const std::stri
 caf::error add_repository(serve_config& c, const std::string& dir) {
   auto folders = read_repository(dir);
   if (!folders) return folders.error();
+  for (auto& f : *folders)
+    for (auto& m : c.models)
+      if (m.name == f.name) {
+        auto why = fmt::format(
+            "model {} is both in the config's models and in the repository {}: rename one", f.name,
+            dir);
+        return make_error(ec::invalid_configuration, why);
+      }
   c.repository = dir;
+  if (is_model_folder(dir))
+    log::info("repository {} holds config.json: serving it as one model folder ({})", dir,
+              folders->empty() ? std::string{"?"} : folders->front().name);
   for (auto& f : *folders) {
     if (f.error) {
       // Listed by the repository index as failed, with this reason; the rest serve.
@@ -334,7 +373,8 @@ caf::error add_repository(serve_config& c, const std::string& dir) {
   return {};
 }
 
-caf::expected<serve_config> load_serve_config(const std::string& path) {
+caf::expected<serve_config> load_serve_config(const std::string& path,
+                                              const std::string& repository) {
   auto j = read_json_file(path);
   if (!j) return j.error();
   auto base = fs::path{path}.parent_path();
@@ -483,7 +523,10 @@ caf::expected<serve_config> load_serve_config(const std::string& path) {
   }
   std::string repo;
   if ((e = read(*j, "repository", w, repo))) return e;
-  if (!repo.empty()) {
+  if (!repository.empty()) {
+    // --repository: served instead of the file's repository, beside its inline models.
+    if (auto err = add_repository(c, repository)) return err;
+  } else if (!repo.empty()) {
     fs::path p{repo};
     if (auto err = add_repository(c, (p.is_absolute() ? p : base / p).string())) return err;
   }

@@ -401,3 +401,35 @@ TEST_CASE("the frontend cancels the requests of a requester that ends before its
   CHECK(outstanding() == 0);
   caf::anon_send_exit(fe, caf::exit_reason::user_shutdown);
 }
+
+TEST_CASE("a model larger than its device is refused at registration, before any host copy",
+          "[actors][manager]") {
+  manager_fixture f;  // one device of 100 MiB
+  model_config big;
+  big.name = "big";
+  big.kind = "toy";
+  big.devices = {0};
+  big.toy_shard_bytes = 150ull << 20;
+  auto refused = f.ask<model_info>(f.manager, register_atom_v, big);
+  REQUIRE_FALSE(refused);
+  CHECK(is(refused.error(), ec::out_of_device_memory));
+  CHECK_THAT(render(refused.error()),
+             Catch::Contains("model big needs 150.0 MiB on device 0, which holds 100.0 MiB"));
+  CHECK(f.script.prepares["big"] == 0);  // no host memory was filled for it
+  // Listed as failed with the sizes; its requests say why, and retrying cannot help.
+  auto info = f.ask<model_info>(f.manager, info_atom_v, std::string{"big"});
+  REQUIRE(info);
+  CHECK(info->state == "failed");
+  CHECK_THAT(info->reason, Catch::Contains("needs 150.0 MiB on device 0"));
+  infer_request r;
+  r.model = "big";
+  r.tokens = {1};
+  auto served = f.ask<infer_reply>(f.manager, infer_atom_v, r);
+  REQUIRE_FALSE(served);
+  CHECK(is(served.error(), ec::out_of_device_memory));
+  CHECK_THAT(render(served.error()), Catch::Contains("which holds 100.0 MiB"));
+  // One that fits registers as before.
+  big.toy_shard_bytes = 50ull << 20;
+  REQUIRE(f.ask<model_info>(f.manager, register_atom_v, big));
+  CHECK(f.script.prepares["big"] == 1);
+}

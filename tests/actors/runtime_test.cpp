@@ -253,12 +253,19 @@ TEST_CASE("bad requests get clear errors and the runtime keeps serving", "[actor
   auto slow_refused = f.add(slow);
   REQUIRE_FALSE(slow_refused);
   CHECK_THAT(render(slow_refused.error()), Catch::Contains("toy_compute_ms must be 0..60000"));
+  // More than a 2.5 MiB device: refused at registration with the sizes, and its
+  // requests say why (a code that maps to 503 without Retry-After: retrying cannot help).
   auto too_big = runtime_fixture::toy("big", 1);
-  too_big.toy_shard_bytes = 3 << 20;  // more than a 2.5 MiB device
-  REQUIRE(f.add(too_big));
+  too_big.toy_shard_bytes = 3 << 20;
+  auto big = f.add(too_big);
+  REQUIRE_FALSE(big);
+  CHECK(is(big.error(), ec::out_of_device_memory));
+  CHECK_THAT(render(big.error()),
+             Catch::Contains("model big needs 3.0 MiB on device 0, which holds 2.5 MiB"));
   auto refused = f.infer(request("big", {1}));
   REQUIRE_FALSE(refused);
   CHECK(is(refused.error(), ec::out_of_device_memory));
+  CHECK_THAT(render(refused.error()), Catch::Contains("failed to register"));
   CHECK(f.infer(request("m", {1, 2, 3})));
 }
 

@@ -218,14 +218,20 @@ TEST_CASE("a victim in use drains: no new leases until the waiting load had its 
 
 TEST_CASE("a load that can never fit is refused before anything moves", "[actors][scheduler]") {
   scheduler_fixture f;
-  f.add("huge", 150 * mb);
-  f.add("pinned", 60 * mb, true);
-  f.add("fits-alone", 60 * mb);
+  // Larger than its devices: refused at registration, with the sizes, and never listed.
+  auto huge = f.ask<bool>(f.sched_actor, register_atom_v,
+                          model_placement{"huge", {0, 1}, {150 * mb, 150 * mb}, false});
+  REQUIRE_FALSE(huge);
+  CHECK(is(huge.error(), ec::out_of_device_memory));
+  CHECK_THAT(render(huge.error()),
+             Catch::Contains("model huge needs 150.0 MiB on device 0, which holds 100.0 MiB"));
+  CHECK(f.state_of("huge") == "missing");
   auto r = f.acquire("huge");
   REQUIRE_FALSE(r);
-  CHECK(is(r.error(), ec::out_of_device_memory));
-  CHECK(render(r.error()).find("huge") != std::string::npos);
+  CHECK(is(r.error(), ec::unknown_model));
   CHECK(f.script.loads["huge"] == 0);
+  f.add("pinned", 60 * mb, true);
+  f.add("fits-alone", 60 * mb);
   // A pinned model's bytes never free: 60 + 60 > 100 on each device.
   f.use("pinned");
   auto r2 = f.acquire("fits-alone");

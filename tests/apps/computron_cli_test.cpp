@@ -6,8 +6,13 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include <unistd.h>
 
@@ -257,4 +262,117 @@ TEST_CASE("sim refuses negative figures instead of using its defaults", "[cli][s
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.all, Catch::Contains("evict_s must be a number, 0 or more"));
   std::remove(cost.c_str());
+}
+
+namespace {
+
+/// The subcommands `computron help` lists (its "Subcommands:" section).
+std::vector<std::string> listed_subcommands(const std::string& help) {
+  std::vector<std::string> out;
+  auto at = help.find("Subcommands:");
+  REQUIRE(at != std::string::npos);
+  std::istringstream lines{help.substr(at)};
+  std::string line;
+  std::getline(lines, line);
+  while (std::getline(lines, line)) {
+    std::istringstream words{line};
+    std::string name;
+    if (line.empty() || line[0] != ' ' || !(words >> name)) break;
+    out.push_back(name);
+  }
+  return out;
+}
+
+std::string read_source(const std::string& path) {
+  std::ifstream in{std::string{COMPUTRON_SOURCE_DIR} + "/" + path};
+  REQUIRE(in);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+}  // namespace
+
+TEST_CASE("help lists every subcommand, and the README names the same ones", "[cli][docs]") {
+  auto help = run("help", false);
+  REQUIRE(help.exit_code == 0);
+  auto listed = listed_subcommands(help.out);
+  std::set<std::string> have(listed.begin(), listed.end());
+  for (auto sub : {"serve", "node", "console", "demo", "loadgen", "sim", "generate", "bench",
+                   "devices", "help"})
+    CHECK(have.count(sub) == 1);
+  // Every `computron X` the README shows is a subcommand, and every subcommand is shown.
+  auto readme = read_source("README.md");
+  std::regex mention{R"(computron ([a-z][a-z-]*))"};
+  std::set<std::string> shown;
+  for (std::sregex_iterator i{readme.begin(), readme.end(), mention}, end; i != end; ++i)
+    shown.insert((*i)[1]);
+  shown.erase("binary");  // "the computron binary (serve, node, ...)"
+  for (auto& s : shown) {
+    INFO("README shows `computron " << s << "`");
+    CHECK(have.count(s) == 1);
+  }
+  for (auto& s : have) {
+    INFO("`computron help` lists " << s);
+    CHECK(shown.count(s) == 1);
+  }
+  // And `help SUB` gives that subcommand's flags.
+  auto serve = run("help serve", false);
+  REQUIRE(serve.exit_code == 0);
+  for (auto flag : {"--config", "--repository", "--devices", "--capacity-mb", "--port"})
+    CHECK_THAT(serve.out, Catch::Contains(flag));
+}
+
+TEST_CASE("the READMEs name only files the repository has", "[cli][docs]") {
+  // Files that tools write when they run, not files of the repository.
+  const std::set<std::string> written{"gpu-check.md", "gpu-check.json", "summary.json"};
+  for (std::string doc : {"README.md", "configs/README.md"}) {
+    auto text = read_source(doc);
+    auto folder = std::filesystem::path{doc}.parent_path();
+    // Markdown links and every *.md named in the text.
+    std::regex link{R"(\]\(([^)#\s]+)\))"}, md{R"(([A-Za-z0-9_./-]+\.md)\b)"};
+    std::set<std::string> named;
+    for (auto* re : {&link, &md})
+      for (std::sregex_iterator i{text.begin(), text.end(), *re}, end; i != end; ++i)
+        named.insert((*i)[1]);
+    for (auto& n : named) {
+      if (n.rfind("http", 0) == 0 || written.count(n) > 0) continue;
+      auto root = std::filesystem::path{COMPUTRON_SOURCE_DIR};
+      bool found = std::filesystem::exists(root / folder / n) || std::filesystem::exists(root / n);
+      // A bare name (RESULTS.md) may be one the text gave a path before.
+      for (auto& other : named)
+        if (!found && other.size() > n.size() &&
+            other.compare(other.size() - n.size(), n.size(), n) == 0)
+          found = std::filesystem::exists(root / other);
+      INFO(doc << " names " << n);
+      CHECK(found);
+    }
+  }
+}
+
+TEST_CASE("serve --capacity-mb sets the emulated devices' memory, and only theirs",
+          "[cli][serve]") {
+  // The built-in models (OPT-125M, about 116 MiB per shard) cannot fit 64 MiB devices:
+  // each is refused at registration with the sizes, and with no repository serve stops.
+  auto small = run("serve --port 0 --console-port -1 --capacity-mb 64", true);
+  INFO(small.all);
+  CHECK(small.exit_code == 1);
+  CHECK_THAT(small.all, Catch::Contains("on device 0, which holds 64.0 MiB"));
+  CHECK_THAT(small.all, Catch::Contains("none of the 3 models could be registered"));
+  // Refused where the devices are not emulated ones, and out of range.
+  auto dir = computron::test::temp_path("capacity");
+  std::filesystem::create_directories(dir);
+  for (std::string kind : {"cuda", "auto"}) {
+    std::ofstream{dir + "/" + kind + ".json"} << R"({"devices": {"kind": ")" + kind + R"("}})";
+    auto r = run(
+        "serve --port 0 --console-port -1 --capacity-mb 512 --config " + dir + "/" + kind + ".json",
+        true);
+    INFO(r.all);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.all, Catch::Contains("--capacity-mb sets the memory of emulated devices, and "
+                                      "the devices are '" +
+                                      kind + "'"));
+  }
+  auto zero = run("serve --port 0 --capacity-mb 0", true);
+  CHECK(zero.exit_code == 2);
+  CHECK_THAT(zero.all, Catch::Contains("--capacity-mb"));
+  std::filesystem::remove_all(dir);
 }

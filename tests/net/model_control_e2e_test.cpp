@@ -12,6 +12,7 @@
 
 #include "common/child_process.hpp"
 #include "net/http_client.hpp"
+#include "tests/support/index_entries.hpp"
 #include "tests/support/run_binary.hpp"
 #include "tests/support/temp_files.hpp"
 
@@ -56,18 +57,8 @@ json index_of(net::http_client& c) {
   return json::parse(r.body);
 }
 
-json entry(const json& index, const std::string& name) {
-  for (auto& e : index)
-    if (e["name"] == name) return e;
-  return json{};
-}
-
-json infer_body() {
-  return {
-      {"inputs",
-       {{{"name", "input_ids"}, {"datatype", "INT64"}, {"shape", {1, 3}}, {"data", {1, 2, 3}}}}},
-      {"parameters", {{"max_tokens", 2}}}};
-}
+using test::entry;
+using test::infer_body;
 
 }  // namespace
 

@@ -173,6 +173,26 @@ TEST_CASE("a load that can never fit is refused before anything moves", "[sched]
   CHECK(f.state(pinned) == "offloaded");
 }
 
+TEST_CASE("a placement larger than its devices is refused with the sizes", "[sched][ledger]") {
+  constexpr uint64_t dev = 100 * mb;
+  auto huge = check_fits("huge", {{0, 1}, {40 * mb, 120 * mb}}, {dev, dev});
+  REQUIRE(huge);
+  CHECK(huge->code == ec::out_of_device_memory);
+  CHECK(huge->reason.find("model huge needs 120.0 MiB on device 1, which holds 100.0 MiB") !=
+        std::string::npos);
+  // Exactly the device's bytes fit; one byte more does not, and the text says by how much.
+  CHECK_FALSE(check_fits("full", {{0}, {dev}}, {dev}));
+  auto over = check_fits("over", {{0}, {dev + 1}}, {dev});
+  REQUIRE(over);
+  CHECK(over->reason.find("(104857601 bytes)") != std::string::npos);
+  // The shards a placement puts on one device add up; a device past the list holds nothing.
+  auto twice = check_fits("t", {{0, 0}, {60 * mb, 60 * mb}}, {dev});
+  REQUIRE(twice);
+  CHECK(twice->reason.find("needs 120.0 MiB on device 0") != std::string::npos);
+  CHECK_FALSE(check_fits("t", {{0, 1}, {60 * mb, 60 * mb}}, {dev, dev}));
+  CHECK(check_fits("t", {{2}, {1}}, {dev, dev}));
+}
+
 TEST_CASE("a failed load frees its bytes and the model can load again", "[sched][ledger]") {
   ledger_fixture f;
   auto a = f.add("a");

@@ -57,8 +57,10 @@ struct fake_worker_script {
   /// Loads started (begin_load, once per shard) and models whose start fails.
   std::map<std::string, int> begins;
   std::set<std::string> failing_begin;
-  /// Models whose prepare fails (a registration that fails on a worker).
+  /// Models whose prepare fails (a registration that fails on a worker), and the
+  /// prepares asked of the workers.
   std::set<std::string> failing_prepare;
+  std::map<std::string, int> prepares;
   std::map<std::string, int> unregistered;
   /// Rows of each step the worker ran, and its keep list.
   std::vector<size_t> step_rows;
@@ -87,6 +89,7 @@ inline actors::shard_worker_actor::behavior_type fake_worker(
   using namespace actors;
   return {
       [=](prepare_atom, shard_spec& s) -> caf::result<shard_report> {
+        ++script->prepares[s.model.name];
         if (script->failing_prepare.count(s.model.name) > 0)
           return make_error(ec::io_error, "injected: cannot read the weights of " + s.model.name);
         return shard_report{s.model.name, device, 0, false};

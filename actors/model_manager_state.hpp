@@ -1,0 +1,138 @@
+#pragma once
+
+// The model manager's state and the pieces its files share (internal to actors/):
+// model_manager.cpp serves requests and runs batches, model_lifecycle.cpp registers
+// models and rejoins their groups when a node returns.
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <unordered_map>
+
+#include <caf/all.hpp>
+
+#include "actors/model_manager.hpp"
+#include "models/sampling.hpp"
+#include "sched/batching.hpp"
+#include "sched/ledger.hpp"
+
+namespace computron::actors::manager_detail {
+
+using namespace std::chrono_literals;
+
+struct queued_request {
+  infer_request req;
+  caf::typed_response_promise<infer_reply> rp;
+  sched::time_point arrival{};
+  sched::time_point deadline{};
+};
+
+struct batch {
+  uint64_t id = 0;
+  std::string model;
+  std::vector<queued_request> rows;
+  std::vector<std::vector<int64_t>> outputs;
+  /// The rows (indices into `rows`) the last step ran, in the workers' order: a row that
+  /// finished (max_tokens, EOS, cancelled) is answered at once and leaves this list.
+  std::vector<size_t> sent;
+  /// Request ids whose cancel arrived while they were in this batch.
+  std::set<uint64_t> cancelled;
+  /// The last step sent was marked last, so the workers dropped the batch's caches.
+  bool caches_dropped = false;
+  sched::time_point dispatched{};
+  /// When its first step started, on the trace clock (now_s): the span it reports is
+  /// measured on that one clock, so that spans of batches that follow each other never
+  /// overlap (mixing in the actor clock skewed their ends by the time between readings).
+  double run_s = 0;
+  double load_ms = 0;
+  double compute_ms = 0;
+  bool swapped = false;
+  /// Leased while its model still loaded: the first step also waits for the bytes (the
+  /// workers report compute without that wait), and it may take as long as the load.
+  bool loading = false;
+  double load_left_ms = 0;
+  sched::time_point leased_at{};
+  /// Steps run: the batcher's service estimate learns per step.
+  int64_t steps = 0;
+};
+
+using batch_ptr = std::shared_ptr<batch>;
+
+struct managed_model {
+  model_config cfg;
+  int64_t vocab = 0;
+  int64_t max_positions = 0;
+  uint64_t bytes = 0;
+  /// Its queue in the batcher (which also holds its in-flight count, at most pp, so that
+  /// a pipeline's stages all work) and its placement in the device gate.
+  uint32_t index = 0;
+  uint32_t gate_key = 0;
+  uint64_t served = 0;
+  /// Being unregistered: new requests are refused.
+  bool unregistering = false;
+};
+
+/// A registration that failed: listed with its reason until it registers or is
+/// unregistered. Requests for it are refused with the reason and `code`: out_of_device_memory
+/// where it can never fit its devices (a retry cannot help), else unavailable.
+struct failed_model {
+  model_config cfg;
+  std::string reason;
+  ec code = ec::unavailable;
+};
+
+struct model_manager_state {
+  static constexpr const char* name = "model_manager";
+  model_manager_options opts;
+  engine_registry engines;
+  std::vector<shard_worker_actor> workers;
+  swap_scheduler_actor scheduler;
+  std::map<std::string, managed_model> models;
+  /// Registrations under way, and those that failed (with why): both are listed, so
+  /// that operators see a model that is missing and the reason.
+  std::map<std::string, model_config> registering;
+  std::map<std::string, failed_model> failed;
+  /// Queues, admission, batch formation and dispatch order (sched/), and which batches
+  /// may share devices; the requests themselves wait in `waiting` under their keys.
+  std::shared_ptr<sched::batcher> batcher;
+  std::unique_ptr<sched::device_gate> gate;
+  std::vector<std::string> names;
+  std::unordered_map<uint64_t, queued_request> waiting;
+  /// The batch of every request taken from the queue and not yet answered (for cancel).
+  std::unordered_map<uint64_t, batch_ptr> batch_of;
+  uint64_t next_key = 1;
+  std::deque<batch_ptr> runnable;
+  uint64_t next_batch = 1;
+  /// Ticks armed and not yet received (see arm_tick).
+  std::set<sched::time_point> ticks;
+};
+
+using manager_pointer = model_manager_actor::stateful_pointer<model_manager_state>;
+
+/// The model's info as the list and info handlers answer it.
+model_info info_of(const sched::batcher& b, const managed_model& m, const residency_report* r);
+/// Replies with the model's info once the scheduler said where it stands.
+void with_info(manager_pointer self, const std::string& name,
+               caf::typed_response_promise<model_info> rp);
+/// The stages of `cfg` whose tensor-parallel ranks sit on several nodes.
+std::vector<size_t> split_stages(const model_manager_state& st, const model_config& cfg);
+/// Prepares every rank of `stages` of `cfg` on its worker (see model_lifecycle.cpp).
+void prepare_shards(manager_pointer self, const model_config& cfg, std::vector<size_t> stages,
+                    std::function<void(std::vector<shard_report>)> done,
+                    std::function<void(caf::error)> fail);
+/// "no model named ..." (unknown_model).
+caf::error unknown_model_error(const std::string& name);
+/// Why a name is not serving (failed, registering, unregistering), else unknown_model.
+caf::error not_serving(manager_pointer self, const std::string& name);
+/// A model listed without a managed entry (registering, failed, unregistered).
+model_info listed_only(const model_config& cfg, const std::string& state, std::string reason);
+/// Unregisters `name` (see model_lifecycle.cpp).
+caf::result<model_info> unregister_model(manager_pointer self, const std::string& name);
+/// Registers `requested` (see model_lifecycle.cpp).
+caf::result<model_info> register_model(manager_pointer self, model_config requested);
+/// Rejoins the cross-node groups of the stages on devices `devs` of a node that is back.
+void rejoin_groups(manager_pointer self, const std::vector<int32_t>& devs);
+
+}  // namespace computron::actors::manager_detail

@@ -1,0 +1,230 @@
+// `computron bench ...`: the benchmarks' subcommands, their flags and how each runs (the
+// figures go to bench/RESULTS.md). main.cpp adds them and hands over when one was chosen.
+#include "apps/computron/bench_cli.hpp"
+
+#include <cmath>
+#include <iostream>
+
+#include "common/error.hpp"
+
+namespace computron::app {
+
+namespace {
+
+constexpr int exit_failure = 1;
+constexpr int exit_usage = 2;
+
+uint64_t mib_to_bytes(double mib) {
+  return static_cast<uint64_t>(std::llround(mib * 1048576.0));
+}
+
+int run_bench_swap(const bench::swap_bench_options& opts, bool json) {
+  auto r = bench::run_swap_bench(opts);
+  if (!r) {
+    std::cerr << "computron bench swap: " << render(r.error()) << '\n';
+    return exit_failure;
+  }
+  if (json)
+    std::cout << bench::to_json(*r) << '\n';
+  else
+    bench::print_table(std::cout, *r);
+  return 0;
+}
+
+}  // namespace
+
+bench_cli::bench_cli(CLI::App& app) {
+  // bench swap
+  bench_cmd = app.add_subcommand("bench", "benchmarks (figures go to bench/RESULTS.md)");
+  bench_cmd->require_subcommand(1);
+  swap_cmd = bench_cmd->add_subcommand(
+      "swap", "load one model split over N devices at once (the model-parallel swap)");
+  size_mb = static_cast<double>(swap.size_bytes) / 1048576.0;
+  chunk_mb = static_cast<double>(swap.chunk_bytes) / 1048576.0;
+  swap_cmd->add_option("--devices", swap.devices, "devices; the model is split evenly over them")
+      ->capture_default_str();
+  swap_cmd->add_option("--link-gbps", swap.link_gbps, "emulated link rate per device, GB/s")
+      ->capture_default_str();
+  swap_cmd->add_option("--size-mb", size_mb, "whole model size, MiB")->capture_default_str();
+  swap_cmd->add_option("--chunk-mb", chunk_mb, "copy chunk size, MiB")->capture_default_str();
+  swap_cmd->add_option("--repeats", swap.repeats, "timed rounds (median reported)")
+      ->capture_default_str();
+  swap_cmd->add_option("--device-kind", swap.device_kind, "auto, emulated or cuda")
+      ->check(CLI::IsMember({"auto", "emulated", "cuda"}))
+      ->capture_default_str();
+  swap_cmd->add_option("--seed", swap.seed, "seed of the random weights")->capture_default_str();
+  swap_cmd->add_flag("--no-baseline", no_baseline, "skip the one-device comparison");
+  swap_cmd->add_flag("--no-verify", no_verify, "skip reading back and comparing bytes");
+  swap_cmd->add_flag("--json", swap_json, "print one JSON object");
+
+  // bench forward
+  fwd_cmd = bench_cmd->add_subcommand(
+      "forward", "prefill and decode latency of one decoder shard read from the weight store");
+  fwd_cmd
+      ->add_option("--model", fwd.model,
+                   "catalogue name (opt-tiny ... opt-175b, llama-3.2-1b, llama-3.1-8b, "
+                   "qwen2.5-0.5b, qwen2.5-7b, qwen3-0.6b, mistral-7b, ...)")
+      ->capture_default_str();
+  fwd_cmd->add_option("--dtype", fwd.dtype, "f32, bf16 or f16 (CUDA only)")->capture_default_str();
+  fwd_cmd->add_option("--batch", fwd.batch, "sequences per forward")->capture_default_str();
+  fwd_cmd->add_option("--seq", fwd.seq, "prompt tokens per sequence")->capture_default_str();
+  fwd_cmd->add_option("--decode-tokens", fwd.decode_tokens, "decode steps timed after the prefill")
+      ->capture_default_str();
+  fwd_cmd->add_option("--repeats", fwd.repeats, "timed rounds (median reported)")
+      ->capture_default_str();
+  fwd_cmd->add_option("--threads", fwd.threads, "compute threads (0: one per core)")
+      ->capture_default_str();
+  fwd_cmd->add_option("--device-kind", fwd.device_kind, "auto, emulated or cuda")
+      ->check(CLI::IsMember({"auto", "emulated", "cuda"}))
+      ->capture_default_str();
+  fwd_cmd->add_flag("--json", fwd_json, "print one JSON object");
+
+  // bench startup
+  su_cmd = bench_cmd->add_subcommand(
+      "startup", "GB/s of writing a model's host copy: seeded and from a safetensors folder");
+  su_cmd->add_option("--model", sub.model, "catalogue name")->capture_default_str();
+  su_cmd->add_option("--dtype", sub.dtype, "f32, bf16 or f16")->capture_default_str();
+  su_cmd->add_option("--threads", sub.threads, "fill threads (0: one per core)")
+      ->capture_default_str();
+  su_cmd->add_option("--files", sub.files, "safetensors files of the checkpoint")
+      ->capture_default_str();
+  su_cmd->add_option("--dir", sub.dir, "where to write the checkpoint (default: a temp folder)");
+  su_cmd->add_flag("--json", su_json, "print one JSON object");
+
+  // bench runtime
+  rt_cmd = bench_cmd->add_subcommand(
+      "runtime",
+      "actor-path dispatch rate and added latency, HTTP requests/s, swap via the actors");
+  rt_swap_mb = static_cast<double>(rtb.swap_bytes) / 1048576.0;
+  rt_cmd->add_option("--clients", rtb.clients, "closed-loop clients")->capture_default_str();
+  rt_cmd->add_option("--seconds", rtb.seconds, "duration of each throughput part")
+      ->capture_default_str();
+  rt_cmd->add_option("--latency-requests", rtb.latency_requests, "sequential requests timed")
+      ->capture_default_str();
+  rt_cmd->add_option("--swap-mb", rt_swap_mb, "model size of the swap part, MiB")
+      ->capture_default_str();
+  rt_cmd->add_option("--link-gbps", rtb.link_gbps, "emulated link rate, GB/s")
+      ->capture_default_str();
+  rt_cmd->add_option("--repeats", rtb.swap_repeats, "timed swap rounds (median)")
+      ->capture_default_str();
+  rt_cmd->add_flag("--json", rt_json, "print one JSON object");
+
+  // bench cluster
+  cl_cmd = bench_cmd->add_subcommand(
+      "cluster", "remote hop latency and a 4-shard swap over node processes vs in process");
+  cl_swap_mb = static_cast<double>(clb.swap_bytes) / 1048576.0;
+  cl_cmd->add_option("--hops", clb.hops, "sequential requests timed per hop kind")
+      ->capture_default_str();
+  cl_cmd->add_option("--steps", clb.steps, "sequential 2-stage steps timed")->capture_default_str();
+  cl_cmd->add_option("--swap-mb", cl_swap_mb, "model size of the swap part, MiB")
+      ->capture_default_str();
+  cl_cmd->add_option("--link-gbps", clb.link_gbps, "emulated link rate, GB/s")
+      ->capture_default_str();
+  cl_cmd->add_option("--repeats", clb.swap_repeats, "timed loads (median)")->capture_default_str();
+  cl_cmd->add_flag("--json", cl_json, "print one JSON object");
+
+  // bench exp1 / exp2
+  exp1_cmd = bench_cmd->add_subcommand(
+      "exp1", "the original's experiment 1 (swap scaling over TP x PP) against a real server");
+  exp2_cmd = bench_cmd->add_subcommand(
+      "exp2", "the original's experiment 2 (18 Gamma workloads) against a real server");
+  simfid_cmd = bench_cmd->add_subcommand(
+      "sim", "the simulator against the runtime: experiment 1 and every experiment-2 cell");
+  for (auto* c : {exp1_cmd, exp2_cmd, simfid_cmd}) {
+    c->add_option("--factor", exp.factor, "model bytes and link bandwidth divided by this")
+        ->capture_default_str();
+    c->add_option("--seed", exp.seed, "seed of weights, arrivals and prompts")
+        ->capture_default_str();
+    c->add_option("--out", exp.out_dir, "keep server configs and reports here");
+    c->add_flag("--json", exp.json, "print one JSON object");
+    c->add_flag("--no-overlap", exp_no_overlap,
+                "servers wait for a whole load before computing (no compute while loading)");
+  }
+  for (auto* c : {exp2_cmd, simfid_cmd}) {
+    c->add_option("--duration", exp.duration_s, "seconds of arrivals per cell")
+        ->capture_default_str();
+    c->add_option("--only", exp.only, "run only cells whose label contains this");
+    c->add_option("--policy", exp.policy, "eviction policy of the server (lru, cost)")
+        ->capture_default_str();
+  }
+  exp2_cmd->add_option("--batch-window-ms", exp.batch_window_ms, "server's batch window")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000));
+  exp2_cmd->add_option("--slo", exp.slo_s, "latency SLO in seconds: attainment per cell")
+      ->check(CLI::Range(0.0, 3600.0));
+  exp2_cmd->add_flag("--drop-late", exp.drop_late,
+                     "requests carry the SLO as their deadline with drop_late (needs --slo)");
+}
+
+std::optional<int> bench_cli::run() {
+  if (*swap_cmd) {
+    if (!(size_mb > 0) || !(chunk_mb > 0) || !std::isfinite(size_mb) || !std::isfinite(chunk_mb)) {
+      std::cerr << "computron bench swap: --size-mb and --chunk-mb must be positive\n";
+      return exit_usage;
+    }
+    swap.size_bytes = mib_to_bytes(size_mb);
+    swap.chunk_bytes = mib_to_bytes(chunk_mb);
+    swap.baseline = !no_baseline;
+    swap.verify = !no_verify;
+    return run_bench_swap(swap, swap_json);
+  }
+  if (*fwd_cmd) {
+    auto r = bench::run_forward_bench(fwd);
+    if (!r) {
+      std::cerr << "computron bench forward: " << render(r.error()) << '\n';
+      return exit_failure;
+    }
+    if (fwd_json)
+      std::cout << bench::to_json(*r) << '\n';
+    else
+      bench::print_table(std::cout, *r);
+    return 0;
+  }
+  if (*su_cmd) {
+    auto r = bench::run_startup_bench(sub);
+    if (!r) {
+      std::cerr << "computron bench startup: " << render(r.error()) << '\n';
+      return exit_failure;
+    }
+    if (su_json)
+      std::cout << bench::to_json(*r) << '\n';
+    else
+      bench::print_table(std::cout, *r);
+    return 0;
+  }
+  if (*rt_cmd) {
+    if (!(rt_swap_mb >= 4) || !std::isfinite(rt_swap_mb)) {
+      std::cerr << "computron bench runtime: --swap-mb must be at least 4\n";
+      return exit_usage;
+    }
+    rtb.swap_bytes = mib_to_bytes(rt_swap_mb);
+    auto r = bench::run_runtime_bench(rtb);
+    if (!r) {
+      std::cerr << "computron bench runtime: " << render(r.error()) << '\n';
+      return exit_failure;
+    }
+    std::cout << (rt_json ? bench::to_json(*r) + "\n" : bench::to_table(*r));
+    return 0;
+  }
+  if (*cl_cmd) {
+    if (!(cl_swap_mb >= 4) || !std::isfinite(cl_swap_mb)) {
+      std::cerr << "computron bench cluster: --swap-mb must be at least 4\n";
+      return exit_usage;
+    }
+    clb.swap_bytes = mib_to_bytes(cl_swap_mb);
+    auto r = bench::run_cluster_bench(clb);
+    if (!r) {
+      std::cerr << "computron bench cluster: " << render(r.error()) << '\n';
+      return exit_failure;
+    }
+    std::cout << (cl_json ? bench::to_json(*r) + "\n" : bench::to_table(*r));
+    return 0;
+  }
+  exp.compute_while_loading = !exp_no_overlap;
+  if (*exp1_cmd) return app::run_experiment1(exp);
+  if (*exp2_cmd) return app::run_experiment2(exp);
+  if (*simfid_cmd) return app::run_sim_fidelity(exp);
+  return std::nullopt;
+}
+
+}  // namespace computron::app

@@ -1,0 +1,75 @@
+#pragma once
+
+// One text request while it generates (internal to net/): the actor that sends a
+// request per prompt with itself as the token sink, turns tokens into text, cuts at stop
+// strings and answers, streamed as Server-Sent Events or whole.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <caf/all.hpp>
+
+#include "actors/interfaces.hpp"
+#include "models/tokenizer.hpp"
+#include "net/http_transport.hpp"
+#include "net/llm_api.hpp"
+#include "net/replies.hpp"
+
+namespace computron::net {
+
+using replies::responder;
+
+/// Which text API a generation answers in.
+enum class text_api { openai, triton };
+
+/// One prompt of a text request while it generates.
+struct gen_row {
+  std::vector<int64_t> prompt;
+  std::unique_ptr<models::stream_decoder> decoder;
+  /// The generated text, cut before a stop string once one appeared.
+  std::string text;
+  /// Bytes of `text` already streamed.
+  size_t emitted = 0;
+  size_t tokens = 0;
+  size_t completion_tokens = 0;
+  bool stopped = false;
+  bool done = false;
+  std::string finish;
+  /// The frontend's request id, known from the first token.
+  std::optional<uint64_t> id;
+};
+
+struct gen_state {
+  generation_request g;
+  text_api api = text_api::openai;
+  std::shared_ptr<const models::tokenizer> tok;
+  /// The model's vocabulary: the tokenizer's EOS stops generation only inside it.
+  int64_t vocab = 0;
+  models::stop_matcher stops;
+  std::vector<gen_row> rows;
+  size_t left = 0;
+  std::string completion_id;
+  int64_t created = 0;
+  responder reply;
+  sse_opener open_sse;
+  std::shared_ptr<sse_channel> sse;
+  /// Takes cancels of rows cut at a stop string.
+  actors::frontend_actor frontend;
+  bool failed = false;
+};
+
+/// Makes an actor that serves one request exit; the frontend then cancels its requests.
+std::function<void()> exit_on_gone(caf::actor a);
+
+/// The actor behind one text request: sends one infer request per prompt with itself as
+/// the token sink, turns tokens into text as they come, cuts at stop strings (and
+/// cancels the row there, so no step is spent past it), streams or answers at the end.
+/// When the client goes away the session makes it exit, and the frontend, which watches
+/// its requesters, cancels every row still queued or running.
+caf::behavior generation(caf::event_based_actor* self, std::shared_ptr<gen_state> sp,
+                         actors::frontend_actor fe, caf::timespan timeout);
+
+}  // namespace computron::net
