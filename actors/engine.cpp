@@ -190,9 +190,29 @@ models::host_tensor from_payload(const tensor_payload& p) {
   return t;
 }
 
+models::sampling_params to_sampling_params(const row_sampling& s) {
+  models::sampling_params p;
+  p.temperature = s.temperature;
+  p.top_k = s.top_k;
+  p.top_p = s.top_p;
+  p.seed = s.seed;
+  p.min_p = s.min_p;
+  p.repetition_penalty = s.repetition_penalty;
+  p.presence_penalty = s.presence_penalty;
+  p.frequency_penalty = s.frequency_penalty;
+  for (size_t i = 0; i < s.bias_ids.size() && i < s.bias_values.size(); ++i)
+    p.logit_bias.emplace_back(s.bias_ids[i], s.bias_values[i]);
+  p.min_tokens = s.min_tokens;
+  p.suppress = s.suppress;
+  p.logprobs = s.logprobs;
+  return p;
+}
+
 caf::expected<std::vector<int64_t>> sample_rows(const models::host_tensor& logits,
                                                 std::vector<models::sampler>& samplers,
-                                                const std::vector<row_sampling>& sampling) {
+                                                const std::vector<row_sampling>& sampling,
+                                                const std::vector<std::vector<int64_t>>& prompts,
+                                                std::vector<token_logprobs>* logprobs) {
   if (logits.type != gpu::dtype::f32 || logits.shape.size() != 2)
     return make_error(ec::invalid_state,
                       "last stage returned logits that are not [rows, vocab] f32");
@@ -202,15 +222,36 @@ caf::expected<std::vector<int64_t>> sample_rows(const models::host_tensor& logit
     return make_error(ec::invalid_request, "sampling parameters for " +
                                                std::to_string(sampling.size()) +
                                                " rows, logits for " + std::to_string(rows));
-  if (samplers.empty())
-    for (auto& s : sampling)
-      samplers.emplace_back(models::sampling_params{s.temperature, s.top_k, s.top_p, s.seed});
+  if (samplers.empty()) {
+    static const std::vector<int64_t> none;
+    for (size_t r = 0; r < sampling.size(); ++r)
+      samplers.emplace_back(to_sampling_params(sampling[r]),
+                            r < prompts.size() ? prompts[r] : none);
+  }
   std::vector<int64_t> out(rows);
   auto* data = reinterpret_cast<const float*>(logits.bytes.data());
   if (samplers.size() != rows)
     return make_error(ec::invalid_state, "the batch has " + std::to_string(samplers.size()) +
                                              " samplers for " + std::to_string(rows) + " rows");
-  for (size_t r = 0; r < rows; ++r) out[r] = samplers[r].next(data + r * vocab, vocab);
+  bool any = false;
+  for (auto& s : samplers) any = any || s.wants_logprobs();
+  if (!any || logprobs == nullptr) {
+    for (size_t r = 0; r < rows; ++r) out[r] = samplers[r].next(data + r * vocab, vocab);
+    return out;
+  }
+  logprobs->assign(rows, {});
+  for (size_t r = 0; r < rows; ++r) {
+    if (!samplers[r].wants_logprobs()) {
+      out[r] = samplers[r].next(data + r * vocab, vocab);
+      continue;
+    }
+    auto c = samplers[r].choose(data + r * vocab, vocab);
+    out[r] = c.token;
+    auto& lp = (*logprobs)[r];
+    lp.logprob = c.logprob;
+    lp.top_ids = std::move(c.top_ids);
+    lp.top_logprobs = std::move(c.top_logprobs);
+  }
   return out;
 }
 
@@ -344,7 +385,7 @@ caf::expected<std::vector<std::vector<int64_t>>> direct_generate(
       }
       if (first_error) return first_error;
     }
-    auto next = sample_rows(hidden[0], samplers, rows);
+    auto next = sample_rows(hidden[0], samplers, rows, prompts);
     if (!next) return next.error();
     for (size_t r = 0; r < out.size(); ++r) out[r].push_back((*next)[r]);
     last_tokens = std::move(*next);

@@ -87,11 +87,18 @@ engine_registry torch_free_engines();
 tensor_payload to_payload(const models::host_tensor& t);
 models::host_tensor from_payload(const tensor_payload& p);
 
+/// A row's sampling settings as the sampler takes them.
+models::sampling_params to_sampling_params(const row_sampling& s);
+
 /// Picks one token per row from last-stage logits [rows, vocab] f32 with one sampler
-/// per row (created from `sampling` at the first step; kept across steps).
+/// per row (created from `sampling` and the rows' `prompts` at the first step, the prompt
+/// being what the repetition penalty counts as seen; kept across steps). Where a row asks
+/// for log-probabilities, `logprobs` (when given) gets one entry per row.
 caf::expected<std::vector<int64_t>> sample_rows(const models::host_tensor& logits,
                                                 std::vector<models::sampler>& samplers,
-                                                const std::vector<row_sampling>& sampling);
+                                                const std::vector<row_sampling>& sampling,
+                                                const std::vector<std::vector<int64_t>>& prompts,
+                                                std::vector<token_logprobs>* logprobs = nullptr);
 
 /// Checks a model config against the engines: kind known, devices distinct and among
 /// `device_kinds` (the kind of every device, by global index), one per shard; then the

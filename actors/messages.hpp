@@ -121,17 +121,45 @@ typename Inspector::result_type inspect(Inspector& f, transfer_report& x) {
            x.largest_free_bytes);
 }
 
-/// How one sequence picks its tokens (models::sampling_params on the wire).
+/// How one sequence picks its tokens (models::sampling_params on the wire; the meanings
+/// are documented there). Every default is neutral.
 struct row_sampling {
   double temperature = 0;
   int64_t top_k = 0;
   double top_p = 1.0;
   uint64_t seed = 0;
+  double min_p = 0;
+  double repetition_penalty = 1.0;
+  double presence_penalty = 0;
+  double frequency_penalty = 0;
+  /// OpenAI's logit_bias as two parallel lists (ids, values).
+  std::vector<int64_t> bias_ids{};
+  std::vector<double> bias_values{};
+  /// Until this many tokens were drawn, the ids in `suppress` (EOS and stop ids) cannot be.
+  int64_t min_tokens = 0;
+  std::vector<int64_t> suppress{};
+  /// -1: no log-probabilities; k >= 0: the chosen token's and the top k.
+  int32_t logprobs = -1;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, row_sampling& x) {
-  return f(caf::meta::type_name("row_sampling"), x.temperature, x.top_k, x.top_p, x.seed);
+  return f(caf::meta::type_name("row_sampling"), x.temperature, x.top_k, x.top_p, x.seed, x.min_p,
+           x.repetition_penalty, x.presence_penalty, x.frequency_penalty, x.bias_ids, x.bias_values,
+           x.min_tokens, x.suppress, x.logprobs);
+}
+
+/// One generated (or prompt) token's log-probability under the model's raw distribution,
+/// with the most likely alternatives (row_sampling::logprobs of them), most likely first.
+struct token_logprobs {
+  float logprob = 0;
+  std::vector<int64_t> top_ids;
+  std::vector<float> top_logprobs;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, token_logprobs& x) {
+  return f(caf::meta::type_name("token_logprobs"), x.logprob, x.top_ids, x.top_logprobs);
 }
 
 /// Activations between pipeline stages, as bytes (gpu::dtype as an integer).
@@ -179,11 +207,14 @@ struct step_result {
   std::vector<int64_t> tokens;
   /// Compute time summed over the stages of the chain.
   double compute_ms = 0;
+  /// One per row when any row asks for log-probabilities (empty entries for the others);
+  /// empty otherwise. (`{}`: aggregate initialisations may leave it out.)
+  std::vector<token_logprobs> logprobs{};
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_result& x) {
-  return f(caf::meta::type_name("step_result"), x.tokens, x.compute_ms);
+  return f(caf::meta::type_name("step_result"), x.tokens, x.compute_ms, x.logprobs);
 }
 
 /// A device as its worker sees it.
@@ -310,8 +341,9 @@ struct infer_request {
   bool drop_late = false;
   /// Set by the frontend.
   uint64_t id = 0;
-  /// Generation stops when this token is sampled (it is not returned); -1: never.
-  int64_t eos = -1;
+  /// Generation stops when one of these tokens is sampled (it is not returned): the
+  /// model's EOS ids and a request's stop_token_ids. Empty: only at max_tokens.
+  std::vector<int64_t> stop_ids;
   /// Receives each token as soon as it exists (a token_sink_actor, actors/interfaces.hpp;
   /// untyped here because that header includes this one). It may answer the sender, the
   /// model manager, with (cancel_atom, id) to end the row early. Null: no streaming.
@@ -322,7 +354,7 @@ struct infer_request {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, infer_request& x) {
   return f(caf::meta::type_name("infer_request"), x.model, x.tokens, x.max_tokens, x.sampling,
-           x.deadline_ms, x.drop_late, x.id, x.eos, x.stream, x.stream_row);
+           x.deadline_ms, x.drop_late, x.id, x.stop_ids, x.stream, x.stream_row);
 }
 
 /// The generated tokens and where the time went.
@@ -337,14 +369,19 @@ struct infer_reply {
   double total_ms = 0;
   uint32_t batch_size = 0;
   bool swapped = false;
-  /// Why generation ended: "length" (max_tokens), "stop" (the EOS token) or "cancelled".
+  /// Why generation ended: "length" (max_tokens), "stop" (a stop id) or "cancelled".
   std::string finish_reason = "length";
+  /// One per token of `tokens` when the request asked for log-probabilities.
+  std::vector<token_logprobs> logprobs;
+  /// The stop id that ended the row ("stop"), -1 otherwise.
+  int64_t stop_id = -1;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, infer_reply& x) {
   return f(caf::meta::type_name("infer_reply"), x.id, x.model, x.tokens, x.queue_ms, x.load_ms,
-           x.compute_ms, x.total_ms, x.batch_size, x.swapped, x.finish_reason);
+           x.compute_ms, x.total_ms, x.batch_size, x.swapped, x.finish_reason, x.logprobs,
+           x.stop_id);
 }
 
 /// A registered model as clients see it.
@@ -389,6 +426,7 @@ CAF_ADD_TYPE_ID(computron_messages, (computron::actors::shard_spec))
 CAF_ADD_TYPE_ID(computron_messages, (computron::actors::shard_report))
 CAF_ADD_TYPE_ID(computron_messages, (computron::actors::transfer_report))
 CAF_ADD_TYPE_ID(computron_messages, (computron::actors::row_sampling))
+CAF_ADD_TYPE_ID(computron_messages, (computron::actors::token_logprobs))
 CAF_ADD_TYPE_ID(computron_messages, (computron::actors::tensor_payload))
 CAF_ADD_TYPE_ID(computron_messages, (computron::actors::step_request))
 CAF_ADD_TYPE_ID(computron_messages, (computron::actors::step_result))

@@ -11,6 +11,7 @@
 
 #include <caf/all.hpp>
 
+#include "actors/engine.hpp"
 #include "actors/join.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -41,9 +42,14 @@ caf::error check_request(const managed_model& m, const infer_request& r, int64_t
     if (t < 0 || t >= m.vocab)
       return bad("token id " + std::to_string(t) + " is outside the vocabulary of " + m.cfg.name +
                  " (0.." + std::to_string(m.vocab - 1) + ")");
-  if (r.eos < -1 || r.eos >= m.vocab)
-    return bad("eos token " + std::to_string(r.eos) + " is outside the vocabulary of " +
-               m.cfg.name);
+  for (auto id : r.stop_ids)
+    if (id < 0 || id >= m.vocab)
+      return bad("stop token " + std::to_string(id) + " is outside the vocabulary of " +
+                 m.cfg.name + " (0.." + std::to_string(m.vocab - 1) + ")");
+  for (auto id : r.sampling.bias_ids)
+    if (id < 0 || id >= m.vocab)
+      return bad("logit_bias names token " + std::to_string(id) + ", outside the vocabulary of " +
+                 m.cfg.name + " (0.." + std::to_string(m.vocab - 1) + ")");
   if (r.max_tokens < 1 || r.max_tokens > max_tokens_limit)
     return bad("max_tokens must be 1.." + std::to_string(max_tokens_limit) + ", got " +
                std::to_string(r.max_tokens));
@@ -51,9 +57,7 @@ caf::error check_request(const managed_model& m, const infer_request& r, int64_t
     return bad("prompt of " + std::to_string(r.tokens.size()) + " tokens plus max_tokens " +
                std::to_string(r.max_tokens) + " exceeds the " + std::to_string(m.max_positions) +
                " positions of " + m.cfg.name);
-  models::sampling_params sp{r.sampling.temperature, r.sampling.top_k, r.sampling.top_p,
-                             r.sampling.seed};
-  if (auto err = models::validate(sp)) return bad(render(err));
+  if (auto err = models::validate(to_sampling_params(r.sampling))) return bad(render(err));
   return {};
 }
 
@@ -104,7 +108,8 @@ void reply_error(manager_pointer self, queued_request& q, const caf::error& err)
 }
 
 /// Answers one row: its tokens so far and why it ended.
-void finish_row(manager_pointer self, const batch_ptr& b, size_t r, const std::string& reason) {
+void finish_row(manager_pointer self, const batch_ptr& b, size_t r, const std::string& reason,
+                int64_t stop_id = -1) {
   auto& st = self->state;
   auto& q = b->rows[r];
   st.batch_of.erase(q.req.id);
@@ -113,6 +118,7 @@ void finish_row(manager_pointer self, const batch_ptr& b, size_t r, const std::s
   rep.id = q.req.id;
   rep.model = b->model;
   if (r < b->outputs.size()) rep.tokens = std::move(b->outputs[r]);
+  if (r < b->logprobs.size()) rep.logprobs = std::move(b->logprobs[r]);
   rep.queue_ms = sched::seconds_between(q.arrival, b->dispatched) * 1e3;
   rep.load_ms = b->load_ms;
   rep.compute_ms = b->compute_ms;
@@ -120,6 +126,7 @@ void finish_row(manager_pointer self, const batch_ptr& b, size_t r, const std::s
   rep.batch_size = static_cast<uint32_t>(b->rows.size());
   rep.swapped = b->swapped;
   rep.finish_reason = reason;
+  rep.stop_id = stop_id;
   q.rp.deliver(std::move(rep));
   st.opts.obs->request_done(b->model, reason == "cancelled" ? "cancelled" : "ok",
                             sched::seconds_between(q.arrival, t));
@@ -200,14 +207,20 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vecto
             finish_row(self, b, r, "cancelled");
             continue;
           }
-          if (q.req.eos >= 0 && token == q.req.eos) {
-            finish_row(self, b, r, "stop");
+          auto& stops = q.req.stop_ids;
+          if (std::find(stops.begin(), stops.end(), token) != stops.end()) {
+            finish_row(self, b, r, "stop", token);
             continue;
           }
           b->outputs[r].push_back(token);
+          token_logprobs lp;
+          if (q.req.sampling.logprobs >= 0 && p < first.logprobs.size()) {
+            lp = std::move(first.logprobs[p]);
+            b->logprobs[r].push_back(lp);
+          }
           if (q.req.stream)
             self->send(caf::actor_cast<token_sink_actor>(q.req.stream), token_atom_v, q.req.id,
-                       q.req.stream_row, token);
+                       q.req.stream_row, token, std::move(lp));
           if (static_cast<int64_t>(b->outputs[r].size()) >= q.req.max_tokens) {
             finish_row(self, b, r, "length");
             continue;
@@ -299,6 +312,7 @@ void try_run(manager_pointer self) {
       continue;
     }
     b->outputs.assign(b->rows.size(), {});
+    b->logprobs.assign(b->rows.size(), {});
     b->sent.clear();
     for (size_t r = 0; r < b->rows.size(); ++r) b->sent.push_back(r);
     b->run_s = now_s();

@@ -34,6 +34,8 @@ struct batch {
   std::string model;
   std::vector<queued_request> rows;
   std::vector<std::vector<int64_t>> outputs;
+  /// Per row, the log-probabilities of its outputs (rows that ask for them only).
+  std::vector<std::vector<token_logprobs>> logprobs;
   /// The rows (indices into `rows`) the last step ran, in the workers' order: a row that
   /// finished (max_tokens, EOS, cancelled) is answered at once and leaves this list.
   std::vector<size_t> sent;

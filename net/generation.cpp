@@ -16,26 +16,89 @@ std::function<void()> exit_on_gone(caf::actor a) {
 
 namespace {
 
-json chunk_json(const gen_state& st, size_t row, const std::string& text, const json& finish) {
+/// One token as the logprobs objects show it: its own text, special tokens included.
+std::string token_text(const gen_state& st, int64_t id) {
+  return st.tok->decode({id}, false);
+}
+
+json utf8_bytes(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(c);
+  return b;
+}
+
+/// The log-probabilities of a row's generated tokens [from, to) in the route's shape:
+/// chat's {"content": [{token, logprob, bytes, top_logprobs}]} or completions' parallel
+/// lists {tokens, token_logprobs, top_logprobs, text_offset}. Null when none were asked.
+json logprobs_json(const gen_state& st, const gen_row& r, size_t from, size_t to) {
+  if (st.g.sampling.logprobs < 0) return nullptr;
+  to = std::min(to, r.logprobs.size());
+  if (st.api == text_api::chat) {
+    json content = json::array();
+    for (size_t i = from; i < to; ++i) {
+      auto text = token_text(st, r.ids[i]);
+      json top = json::array();
+      auto& lp = r.logprobs[i];
+      for (size_t k = 0; k < lp.top_ids.size() && k < lp.top_logprobs.size(); ++k) {
+        auto t = token_text(st, lp.top_ids[k]);
+        top.push_back({{"token", t}, {"logprob", lp.top_logprobs[k]}, {"bytes", utf8_bytes(t)}});
+      }
+      content.push_back({{"token", text},
+                         {"logprob", lp.logprob},
+                         {"bytes", utf8_bytes(text)},
+                         {"top_logprobs", top}});
+    }
+    return json{{"content", content}};
+  }
+  json tokens = json::array(), values = json::array(), tops = json::array(),
+       offsets = json::array();
+  size_t offset = r.echo.size();
+  for (size_t i = 0; i < from && i < r.ids.size(); ++i) offset += token_text(st, r.ids[i]).size();
+  for (size_t i = from; i < to; ++i) {
+    auto text = token_text(st, r.ids[i]);
+    auto& lp = r.logprobs[i];
+    tokens.push_back(text);
+    values.push_back(lp.logprob);
+    json top = json::object();
+    for (size_t k = 0; k < lp.top_ids.size() && k < lp.top_logprobs.size(); ++k)
+      top[token_text(st, lp.top_ids[k])] = lp.top_logprobs[k];
+    tops.push_back(top);
+    offsets.push_back(offset);
+    offset += text.size();
+  }
+  return json{{"tokens", tokens},
+              {"token_logprobs", values},
+              {"top_logprobs", tops},
+              {"text_offset", offsets}};
+}
+
+json chunk_json(const gen_state& st, size_t row, const std::string& text, const json& finish,
+                json logprobs = nullptr) {
   if (st.api == text_api::triton) {
     json j{{"model_name", st.g.model}, {"model_version", "1"}, {"text_output", text}};
     if (!finish.is_null()) j["finish_reason"] = finish;
     return j;
   }
-  return json{
-      {"id", st.completion_id},
-      {"object", "text_completion"},
-      {"created", st.created},
-      {"model", st.g.model},
-      {"choices",
-       json::array({json{
-           {"index", row}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", finish}}})}};
+  json choice{{"index", row}, {"logprobs", std::move(logprobs)}, {"finish_reason", finish}};
+  if (st.api == text_api::chat) {
+    // The last chunk of a choice carries an empty delta with its finish_reason.
+    choice["delta"] = text.empty() && !finish.is_null() ? json::object() : json{{"content", text}};
+  } else {
+    choice["text"] = text;
+  }
+  return json{{"id", st.completion_id},
+              {"object", st.api == text_api::chat ? "chat.completion.chunk" : "text_completion"},
+              {"created", st.created},
+              {"model", st.g.model},
+              {"choices", json::array({std::move(choice)})}};
 }
 
 json usage_json(const gen_state& st) {
   size_t prompt = 0, completion = 0;
-  for (auto& r : st.rows) {
-    prompt += r.prompt.size();
+  for (size_t i = 0; i < st.rows.size(); ++i) {
+    auto& r = st.rows[i];
+    // n samples of one prompt read it once.
+    if (i % static_cast<size_t>(st.g.n) == 0) prompt += r.prompt.size();
     completion += r.completion_tokens;
   }
   return json{{"prompt_tokens", prompt},
@@ -53,19 +116,44 @@ void send_event(gen_state& st, const json& j) {
   st.sse->send(j.dump(-1, ' ', false, json::error_handler_t::replace));
 }
 
-/// Streams what of a row's text is safe to show (never the start of a stop string).
+/// Chat streams start each choice with a chunk that names the role.
+void send_role(gen_state& st, size_t row) {
+  auto& r = st.rows[row];
+  if (st.api != text_api::chat || r.role_sent) return;
+  r.role_sent = true;
+  auto j = chunk_json(st, row, "", nullptr);
+  j["choices"][0]["delta"] = json{{"role", "assistant"}, {"content", ""}};
+  send_event(st, j);
+}
+
+/// Streams what of a row's text is safe to show (never the start of a stop string),
+/// with the log-probabilities of the tokens that came since the last chunk.
 void stream_text(gen_state& st, size_t row, bool all) {
   auto& r = st.rows[row];
   auto upto = all ? r.text.size() : st.stops.safe_prefix(r.text);
-  if (upto <= r.emitted) return;
-  send_event(st, chunk_json(st, row, r.text.substr(r.emitted, upto - r.emitted), nullptr));
+  const bool echo_now = !r.echo_sent && !r.echo.empty() && (all || upto > r.emitted);
+  if (upto <= r.emitted && !echo_now) return;
+  send_role(st, row);
+  auto lp = logprobs_json(st, r, r.logprobs_sent, r.logprobs.size());
+  r.logprobs_sent = r.logprobs.size();
+  auto text = r.text.substr(r.emitted, upto - r.emitted);
+  if (echo_now) text = r.echo + text;
+  r.echo_sent = true;
+  send_event(st, chunk_json(st, row, text, nullptr, std::move(lp)));
   r.emitted = upto;
+}
+
+response json_response(const json& out) {
+  response res{http::status::ok, 11};
+  res.set(http::field::content_type, "application/json");
+  res.body() = out.dump(-1, ' ', false, json::error_handler_t::replace);
+  return res;
 }
 
 /// Every row answered: the whole response, or the stream's end.
 void finish_generation(caf::event_based_actor* self, gen_state& st) {
   if (st.g.stream) {
-    if (st.api == text_api::openai) {
+    if (st.api != text_api::triton) {
       if (st.g.stream_usage) {
         auto j = chunk_json(st, 0, "", nullptr);
         j["choices"] = json::array();
@@ -78,28 +166,31 @@ void finish_generation(caf::event_based_actor* self, gen_state& st) {
     if (st.sse) st.sse->end();
   } else if (st.api == text_api::triton) {
     auto& r = st.rows[0];
-    json out{{"model_name", st.g.model},
-             {"model_version", "1"},
-             {"text_output", r.text},
-             {"finish_reason", r.finish},
-             {"usage", usage_json(st)}};
-    response res{http::status::ok, 11};
-    res.set(http::field::content_type, "application/json");
-    res.body() = out.dump(-1, ' ', false, json::error_handler_t::replace);
-    st.reply(std::move(res));
+    st.reply(json_response(json{{"model_name", st.g.model},
+                                {"model_version", "1"},
+                                {"text_output", r.text},
+                                {"finish_reason", r.finish},
+                                {"usage", usage_json(st)}}));
   } else {
+    const bool chat = st.api == text_api::chat;
     json choices = json::array();
-    for (size_t i = 0; i < st.rows.size(); ++i)
-      choices.push_back(json{{"index", i},
-                             {"text", st.rows[i].text},
-                             {"logprobs", nullptr},
-                             {"finish_reason", st.rows[i].finish}});
-    json out{{"id", st.completion_id}, {"object", "text_completion"}, {"created", st.created},
-             {"model", st.g.model},    {"choices", choices},          {"usage", usage_json(st)}};
-    response res{http::status::ok, 11};
-    res.set(http::field::content_type, "application/json");
-    res.body() = out.dump(-1, ' ', false, json::error_handler_t::replace);
-    st.reply(std::move(res));
+    for (size_t i = 0; i < st.rows.size(); ++i) {
+      auto& r = st.rows[i];
+      json c{{"index", i},
+             {"logprobs", logprobs_json(st, r, 0, r.logprobs.size())},
+             {"finish_reason", r.finish}};
+      if (chat)
+        c["message"] = json{{"role", "assistant"}, {"content", r.text}};
+      else
+        c["text"] = r.echo + r.text;
+      choices.push_back(std::move(c));
+    }
+    st.reply(json_response(json{{"id", st.completion_id},
+                                {"object", chat ? "chat.completion" : "text_completion"},
+                                {"created", st.created},
+                                {"model", st.g.model},
+                                {"choices", choices},
+                                {"usage", usage_json(st)}}));
   }
   self->quit();
 }
@@ -108,9 +199,18 @@ void cancel_row(caf::event_based_actor* self, gen_state& st, const gen_row& r) {
   if (r.id) self->send(st.frontend, actors::cancel_atom_v, *r.id);
 }
 
+/// Where a row's text ends once a stop string starts at `at`: before it, or after it
+/// with include_stop_str_in_output.
+size_t cut_at(const gen_state& st, const std::string& text, size_t at) {
+  if (!st.g.include_stop_str_in_output) return at;
+  for (auto& s : st.g.stop)
+    if (text.compare(at, s.size(), s) == 0) return at + s.size();
+  return at;
+}
+
 }  // namespace
 
-/// The actor behind one text request: sends one infer request per prompt with itself as
+/// The actor behind one text request: sends one infer request per choice with itself as
 /// the token sink, turns tokens into text as they come, cuts at stop strings (and
 /// cancels the row there, so no step is spent past it), streams or answers at the end.
 /// When the client goes away the session makes it exit, and the frontend, which watches
@@ -126,7 +226,7 @@ caf::behavior generation(caf::event_based_actor* self, std::shared_ptr<gen_state
   // tokens are decoded once.
   const bool watch = st.g.stream || !st.g.stop.empty();
   for (size_t i = 0; i < st.rows.size(); ++i) {
-    st.rows[i].decoder = std::make_unique<models::stream_decoder>(st.tok);
+    st.rows[i].decoder = std::make_unique<models::stream_decoder>(st.tok, st.g.skip_special_tokens);
     actors::infer_request req;
     req.model = st.g.model;
     req.tokens = st.rows[i].prompt;
@@ -135,7 +235,8 @@ caf::behavior generation(caf::event_based_actor* self, std::shared_ptr<gen_state
     req.sampling.seed = st.g.sampling.seed + i;
     req.deadline_ms = st.g.deadline_ms;
     req.drop_late = st.g.drop_late;
-    if (auto eos = st.tok->eos(); eos && *eos < st.vocab) req.eos = *eos;
+    req.stop_ids = st.stop_ids;
+    if (req.sampling.min_tokens > 0) req.sampling.suppress = st.stop_ids;
     if (watch) {
       req.stream = caf::actor_cast<caf::actor>(self);
       req.stream_row = static_cast<uint32_t>(i);
@@ -148,11 +249,14 @@ caf::behavior generation(caf::event_based_actor* self, std::shared_ptr<gen_state
               r.done = true;
               if (!r.stopped) {
                 auto grown_from = r.text.size();
-                if (!watch)
+                if (!watch) {
                   for (auto t : rep.tokens) r.text += r.decoder->push(t);
+                  r.ids = rep.tokens;
+                  r.logprobs = std::move(rep.logprobs);
+                }
                 r.text += r.decoder->finish();
                 if (auto at = st.stops.find(r.text, grown_from)) {
-                  r.text.resize(*at);
+                  r.text.resize(cut_at(st, r.text, *at));
                   r.stopped = true;
                 }
                 r.completion_tokens = rep.tokens.size();
@@ -160,7 +264,11 @@ caf::behavior generation(caf::event_based_actor* self, std::shared_ptr<gen_state
               r.finish = r.stopped || rep.finish_reason == "stop" ? "stop" : "length";
               if (st.g.stream && !st.failed) {
                 stream_text(st, i, true);
-                send_event(st, chunk_json(st, i, "", r.finish));
+                send_role(st, i);
+                send_event(st,
+                           chunk_json(st, i, "", r.finish,
+                                      logprobs_json(st, r, r.logprobs_sent, r.logprobs.size())));
+                r.logprobs_sent = r.logprobs.size();
               }
               if (--st.left == 0 && !st.failed) finish_generation(self, st);
             },
@@ -177,26 +285,29 @@ caf::behavior generation(caf::event_based_actor* self, std::shared_ptr<gen_state
                 bool retry = false;
                 auto status = static_cast<int>(status_of(e, retry));
                 send_event(st, openai_error(status, render(e), code_of(e)));
-                if (st.api == text_api::openai) st.sse->send("[DONE]");
+                if (st.api != text_api::triton) st.sse->send("[DONE]");
                 st.sse->end();
               } else {
-                st.reply(st.api == text_api::openai ? openai_error_response(e) : error_response(e));
+                st.reply(st.api == text_api::triton ? error_response(e) : openai_error_response(e));
               }
               self->quit();
             });
   }
   return {
-      [=](actors::token_atom, uint64_t id, uint32_t row, int64_t token) {
+      [=](actors::token_atom, uint64_t id, uint32_t row, int64_t token,
+          actors::token_logprobs& lp) {
         auto& st = *sp;
         if (row >= st.rows.size()) return;
         auto& r = st.rows[row];
         r.id = id;
         if (r.done || r.stopped || st.failed) return;
         ++r.tokens;
+        r.ids.push_back(token);
+        if (st.g.sampling.logprobs >= 0) r.logprobs.push_back(std::move(lp));
         auto grown_from = r.text.size();
         r.text += r.decoder->push(token);
         if (auto at = st.stops.find(r.text, grown_from)) {
-          r.text.resize(*at);
+          r.text.resize(cut_at(st, r.text, *at));
           r.stopped = true;
           r.completion_tokens = r.tokens;
           cancel_row(self, st, r);

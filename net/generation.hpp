@@ -23,12 +23,17 @@ namespace computron::net {
 using replies::responder;
 
 /// Which text API a generation answers in.
-enum class text_api { openai, triton };
+enum class text_api { openai, chat, triton };
 
-/// One prompt of a text request while it generates.
+/// One choice of a text request while it generates (a prompt, or one of its n samples).
 struct gen_row {
   std::vector<int64_t> prompt;
+  /// Which prompt of the request (choices are prompt * n + sample).
+  size_t prompt_index = 0;
   std::unique_ptr<models::stream_decoder> decoder;
+  /// echo: the prompt's text, which comes before the completion's (in the first chunk).
+  std::string echo;
+  bool echo_sent = false;
   /// The generated text, cut before a stop string once one appeared.
   std::string text;
   /// Bytes of `text` already streamed.
@@ -40,6 +45,13 @@ struct gen_row {
   std::string finish;
   /// The frontend's request id, known from the first token.
   std::optional<uint64_t> id;
+  /// Generated ids and their log-probabilities (when the request asked), and how many of
+  /// them a streamed chunk carried already.
+  std::vector<int64_t> ids;
+  std::vector<actors::token_logprobs> logprobs;
+  size_t logprobs_sent = 0;
+  /// Whether the chat stream's first chunk (the role) went out.
+  bool role_sent = false;
 };
 
 struct gen_state {
@@ -48,6 +60,9 @@ struct gen_state {
   std::shared_ptr<const models::tokenizer> tok;
   /// The model's vocabulary: the tokenizer's EOS stops generation only inside it.
   int64_t vocab = 0;
+  /// What ends a row besides max_tokens: the model's EOS ids (unless ignore_eos) and the
+  /// request's stop_token_ids.
+  std::vector<int64_t> stop_ids;
   models::stop_matcher stops;
   std::vector<gen_row> rows;
   size_t left = 0;

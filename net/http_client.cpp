@@ -36,9 +36,11 @@ struct http_client::impl {
   }
 
   caf::expected<http_result> once(const std::string& method, const std::string& target,
-                                  const std::string& body, std::chrono::milliseconds timeout) {
+                                  const std::string& body, std::chrono::milliseconds timeout,
+                                  const std::vector<std::pair<std::string, std::string>>& headers) {
     http::request<http::string_body> req{http::string_to_verb(method), target, 11};
     req.set(http::field::host, host);
+    for (auto& [name, value] : headers) req.set(name, value);
     req.keep_alive(true);
     if (!body.empty()) req.set(http::field::content_type, "application/json");
     req.body() = body;
@@ -78,14 +80,15 @@ caf::expected<std::unique_ptr<http_client>> http_client::connect(
   return std::unique_ptr<http_client>{new http_client(std::move(p))};
 }
 
-caf::expected<http_result> http_client::request(const std::string& method,
-                                                const std::string& target, const std::string& body,
-                                                std::chrono::milliseconds timeout) {
+caf::expected<http_result> http_client::request(
+    const std::string& method, const std::string& target, const std::string& body,
+    std::chrono::milliseconds timeout,
+    const std::vector<std::pair<std::string, std::string>>& headers) {
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (!impl_->stream)
       if (auto err = impl_->open()) return err;
     const bool reused = attempt == 0;
-    auto r = impl_->once(method, target, body, timeout);
+    auto r = impl_->once(method, target, body, timeout, headers);
     if (r || attempt == 1) return r;
     impl_->stream.reset();
     // Retry only when a kept-alive connection turned out closed before any answer (the

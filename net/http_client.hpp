@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <caf/expected.hpp>
 
@@ -28,9 +30,11 @@ class http_client {
 
   /// Sends one request and reads its response on this connection (reconnecting once
   /// when the server closed it). Errors: io_error, timeouts.
-  caf::expected<http_result> request(const std::string& method, const std::string& target,
-                                     const std::string& body = {},
-                                     std::chrono::milliseconds timeout = std::chrono::seconds(60));
+  /// `headers`: more request fields (name, value), e.g. Authorization.
+  caf::expected<http_result> request(
+      const std::string& method, const std::string& target, const std::string& body = {},
+      std::chrono::milliseconds timeout = std::chrono::seconds(60),
+      const std::vector<std::pair<std::string, std::string>>& headers = {});
 
   struct impl;
 

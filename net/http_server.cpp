@@ -27,6 +27,7 @@
 #include "net/metrics.hpp"
 #include "net/replies.hpp"
 #include "net/routes.hpp"
+#include "net/text_models.hpp"
 #include "net/trace.hpp"
 
 namespace computron::net {
@@ -55,9 +56,8 @@ struct http_server::impl {
   /// The connections' side: accepts and reads requests, hands them to route().
   std::unique_ptr<transport::listener> listen;
   uint16_t bound_port = 0;
-  /// Tokenizers by path, read once (a GPT-2 vocabulary takes a moment to parse).
-  std::mutex tokenizers_mtx;
-  std::map<std::string, std::shared_ptr<const models::tokenizer>> tokenizers;
+  /// Tokenizers, chat templates and generation defaults by tokenizer path, read once.
+  text_models texts;
 
   impl(caf::actor_system& s, actors::frontend_actor fe, std::shared_ptr<metrics> m,
        std::shared_ptr<trace_recorder> t, http_options o, actors::repository_actor r)
@@ -222,31 +222,12 @@ struct http_server::impl {
     on_gone(exit_on_gone(asker));
   }
 
-  caf::expected<std::shared_ptr<const models::tokenizer>> tokenizer_of(
-      const actors::model_info& i) {
-    const auto& path = i.config.tokenizer;
-    if (path.empty())
-      return make_error(ec::invalid_request,
-                        "model " + i.config.name +
-                            " has no tokenizer, so it takes token ids only: send them to "
-                            "/v2/models/" +
-                            i.config.name +
-                            "/infer, or give the model a tokenizer (configs/README.md)");
-    if (path == "bytes") return models::tokenizer::bytes();
-    std::lock_guard<std::mutex> guard{tokenizers_mtx};
-    if (auto t = tokenizers.find(path); t != tokenizers.end()) return t->second;
-    auto t = models::tokenizer::open(path);
-    if (!t) return with_context(t.error(), "model " + i.config.name);
-    tokenizers.emplace(path, *t);
-    return *t;
-  }
-
-  /// A text request (OpenAI completions, Triton generate): read strictly, then the
-  /// model's tokenizer, then a generation actor does the rest.
+  /// A text request (OpenAI completions and chat, Triton generate): read strictly, then
+  /// the model's text files, then a generation actor does the rest.
   void text_request(text_api api, const std::string& model, const std::string& body, bool stream,
                     responder reply, sse_opener open_sse, gone_hook on_gone) {
     auto bad = [&](const request_error& e) {
-      reply(api == text_api::openai
+      reply(api != text_api::triton
                 ? openai_bad_request(e)
                 : make_error_response(http::status::bad_request, "invalid_request: " + e.message));
     };
@@ -254,13 +235,15 @@ struct http_server::impl {
     if (j.is_discarded()) return bad({"the body is not valid JSON", ""});
     auto parsed = api == text_api::openai
                       ? parse_completion(j, opts.max_batch_rows, opts.max_tokens)
-                      : parse_generate(j, model, stream, opts.max_tokens);
+                  : api == text_api::chat ? parse_chat(j, opts.max_tokens)
+                                          : parse_generate(j, model, stream, opts.max_tokens);
     if (auto e = std::get_if<request_error>(&parsed)) return bad(*e);
     auto g = std::make_shared<generation_request>(std::move(std::get<generation_request>(parsed)));
     auto fe = frontend;
     auto timeout = caf::timespan{opts.request_timeout};
+    auto limit = opts.max_tokens;
     auto fail = [api, reply](const caf::error& e) {
-      reply(api == text_api::openai ? openai_error_response(e) : error_response(e));
+      reply(api == text_api::triton ? error_response(e) : openai_error_response(e));
     };
     // The model as the index lists it: one that cannot serve answers with the reason
     // before its tokenizer is looked at.
@@ -268,31 +251,85 @@ struct http_server::impl {
         g->model,
         [=](actors::model_info& info) {
           if (auto why = serving_error(info)) return fail(why);
-          auto tok = tokenizer_of(info);
-          if (!tok) return fail(tok.error());
+          auto text = texts.of(info);
+          if (!text) return fail(text.error());
           auto st = std::make_shared<gen_state>();
           st->g = std::move(*g);
           st->api = api;
-          st->tok = *tok;
+          st->tok = (*text)->tok;
           st->vocab = info.vocab;
           st->reply = reply;
           st->open_sse = open_sse;
           st->created = std::chrono::duration_cast<std::chrono::seconds>(
                             std::chrono::system_clock::now().time_since_epoch())
                             .count();
-          static std::atomic<uint64_t> next_completion{1};
-          st->completion_id = "cmpl-" + std::to_string(next_completion++);
-          for (auto& p : st->g.prompts) {
-            gen_row r;
-            if (auto text = std::get_if<std::string>(&p))
-              r.prompt = (*tok)->encode(*text);
-            else
-              r.prompt = std::get<std::vector<int64_t>>(p);
-            st->rows.push_back(std::move(r));
-          }
+          st->completion_id = fresh_completion_id(api == text_api::chat ? "chatcmpl-" : "cmpl-");
+          if (auto err = prepare_rows(*st, **text, info, limit)) return fail(err);
           on_gone(exit_on_gone(sys.spawn(generation, st, fe, timeout)));
         },
         [=](const caf::error& e) { fail(e); });
+  }
+
+  /// Calls `ok(info, text)` with a model that can serve text, else `fail` with why.
+  template <class OnOk, class OnErr>
+  void with_text(const std::string& model, OnOk ok, OnErr fail) {
+    info_of(
+        model,
+        [=](actors::model_info& info) {
+          if (auto why = serving_error(info)) return fail(why);
+          auto text = texts.of(info);
+          if (!text) return fail(text.error());
+          ok(info, **text);
+        },
+        [=](const caf::error& e) { fail(e); });
+  }
+
+  /// POST /tokenize and /detokenize, as vLLM serves them.
+  void tokenize(const std::string& body, bool forward, responder reply) {
+    auto fail = [reply](const caf::error& e) { reply(openai_error_response(e)); };
+    auto j = json::parse(body, nullptr, false);
+    if (j.is_discarded()) return reply(openai_bad_request({"the body is not valid JSON", ""}));
+    if (!forward) {
+      auto d = parse_detokenize(j);
+      if (auto e = std::get_if<request_error>(&d)) return reply(openai_bad_request(*e));
+      auto req = std::get<detokenize_body>(d);
+      return with_text(
+          req.model,
+          [=](const actors::model_info& info, const model_text& text) {
+            for (auto id : req.tokens)
+              if (id >= info.vocab)
+                return reply(
+                    openai_bad_request({"token id " + std::to_string(id) +
+                                            " is outside the vocabulary of " + info.config.name,
+                                        "tokens"}));
+            reply(make_json(http::status::ok, json{{"prompt", text.tok->decode(req.tokens)}}));
+          },
+          fail);
+    }
+    auto t = parse_tokenize(j);
+    if (auto e = std::get_if<request_error>(&t)) return reply(openai_bad_request(*e));
+    auto req = std::get<tokenize_body>(t);
+    with_text(
+        req.g.model,
+        [=](const actors::model_info& info, const model_text& text) {
+          std::string prompt;
+          if (req.g.chat()) {
+            auto rendered = render_chat(text, req.g, info.config.name);
+            if (!rendered) return reply(openai_error_response(rendered.error()));
+            prompt = *rendered;
+          } else {
+            prompt = std::get<std::string>(req.g.prompts.at(0));
+          }
+          auto ids = text.tok->encode(prompt, req.add_special_tokens);
+          json out{{"count", ids.size()}, {"max_model_len", info.max_positions}, {"tokens", ids}};
+          if (req.token_strs) {
+            json strs = json::array();
+            for (auto id : ids) strs.push_back(text.tok->decode({id}, false));
+            out["token_strs"] = strs;
+          }
+          reply(make_json(http::status::ok, out));
+        },
+        fail);
   }
 
   /// Routes one request; every path ends in exactly one call of `reply`, or in a stream
@@ -300,13 +337,50 @@ struct http_server::impl {
   void route(const request& req, responder reply, sse_opener open_sse, gone_hook on_gone) {
     auto method = req.method_string();
     auto target_in = req.target();
-    auto matched = match_route(std::string_view{method.data(), method.size()},
-                               std::string_view{target_in.data(), target_in.size()});
-    if (auto no = std::get_if<route_refusal>(&matched))
+    auto target = std::string_view{target_in.data(), target_in.size()};
+    auto matched = match_route(std::string_view{method.data(), method.size()}, target);
+    const bool openai = openai_target(target);
+    if (auto no = std::get_if<route_refusal>(&matched)) {
+      if (openai)
+        return reply(
+            make_json(static_cast<http::status>(no->status),
+                      openai_error(no->status, no->message,
+                                   no->status == 404 ? "not_found" : "method_not_allowed")));
       return reply(make_error_response(static_cast<http::status>(no->status), no->message));
+    }
     auto& m = std::get<route_match>(matched);
     const auto& model = m.model;
+    if (!opts.api_key.empty() && !open_route(m.id)) {
+      auto auth = req[http::field::authorization];
+      if (!bearer_matches(std::string_view{auth.data(), auth.size()}, opts.api_key)) {
+        const std::string why = "a valid API key is required (Authorization: Bearer KEY)";
+        auto res = openai ? make_json(http::status::unauthorized,
+                                      openai_error(401, why, "invalid_api_key"))
+                          : make_error_response(http::status::unauthorized, why);
+        res.set(http::field::www_authenticate, "Bearer");
+        return reply(std::move(res));
+      }
+    }
     switch (m.id) {
+      case route_id::health:
+        return reply(make_json(http::status::ok, json::object()));
+      case route_id::version:
+        return reply(make_json(http::status::ok, json{{"version", "0.1.0"}}));
+      case route_id::tokenize:
+      case route_id::detokenize:
+        return tokenize(req.body(), m.id == route_id::tokenize, std::move(reply));
+      case route_id::model_card:
+        return info_of(
+            model,
+            [reply](actors::model_info& i) {
+              if (auto why = serving_error(i)) return reply(openai_error_response(why));
+              reply(make_json(http::status::ok, json{{"id", i.config.name},
+                                                     {"object", "model"},
+                                                     {"created", 0},
+                                                     {"owned_by", "computron"},
+                                                     {"max_model_len", i.max_positions}}));
+            },
+            [reply](const caf::error& e) { reply(openai_error_response(e)); });
       case route_id::live:
         return reply(make_json(http::status::ok, json{{"live", !stopped.load()}}));
       case route_id::ready:
@@ -394,27 +468,9 @@ struct http_server::impl {
       case route_id::completions:
         return text_request(text_api::openai, {}, req.body(), false, std::move(reply),
                             std::move(open_sse), std::move(on_gone));
-      case route_id::chat_completions: {
-        // No model here declares a chat template (OPT has none): say so for a known model,
-        // 404 for an unknown one, as OpenAI would.
-        auto j = json::parse(req.body(), nullptr, false);
-        auto name = j.is_object() && j.contains("model") && j["model"].is_string()
-                        ? j["model"].get<std::string>()
-                        : std::string{};
-        if (name.empty()) return reply(openai_bad_request({"'model' must name a model", "model"}));
-        return info_of(
-            name,
-            [reply](actors::model_info& i) {
-              if (auto why = serving_error(i)) return reply(openai_error_response(why));
-              reply(make_json(
-                  http::status::bad_request,
-                  openai_error(400,
-                               "invalid_request: model " + i.config.name +
-                                   " declares no chat template; send a prompt to /v1/completions",
-                               "invalid_request", "messages")));
-            },
-            [reply](const caf::error& e) { reply(openai_error_response(e)); });
-      }
+      case route_id::chat_completions:
+        return text_request(text_api::chat, {}, req.body(), false, std::move(reply),
+                            std::move(open_sse), std::move(on_gone));
       case route_id::repository_load:
       case route_id::repository_unload: {
         bool load = m.id == route_id::repository_load;

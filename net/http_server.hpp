@@ -34,6 +34,9 @@ struct http_options {
   std::chrono::seconds idle_timeout{30};
   /// Longest the server waits for the frontend's answer.
   std::chrono::seconds request_timeout{300};
+  /// Non-empty: every route but the health probes and the metrics answers 401 unless the
+  /// request carries `Authorization: Bearer <api_key>` (serve's --api-key).
+  std::string api_key;
 };
 
 class http_server {

@@ -1,6 +1,8 @@
 #include "net/llm_api.hpp"
 
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <set>
 
@@ -102,10 +104,16 @@ bool int_list(const json& j) {
 
 /// Sampling and length settings shared by the text APIs.
 void read_generation(reader& r, generation_request& g, int64_t max_tokens) {
+  if (r.find("max_tokens")) g.max_tokens_given = true;
   r.integer("max_tokens", g.max_tokens, 1, max_tokens);
+  auto named = [&](const char* key) {
+    if (r.find(key)) g.given.insert(key);
+  };
+  for (auto key : {"temperature", "top_p", "top_k", "seed"}) named(key);
   r.number("temperature", g.sampling.temperature, 0, 100);
   r.number("top_p", g.sampling.top_p, 1e-9, 1);
-  r.integer("top_k", g.sampling.top_k, 0, 1 << 30);
+  r.integer("top_k", g.sampling.top_k, -1, 1 << 30);
+  if (g.sampling.top_k == -1) g.sampling.top_k = 0;  // vLLM's "off"
   int64_t seed = 0;
   r.integer("seed", seed, 0, INT64_MAX);
   g.sampling.seed = static_cast<uint64_t>(seed);
@@ -116,6 +124,185 @@ void read_generation(reader& r, generation_request& g, int64_t max_tokens) {
   r.stops("stop", g.stop);
 }
 
+/// The settings OpenAI's and vLLM's clients send to both /v1 routes.
+const std::set<std::string> openai_shared = {"model",
+                                             "max_tokens",
+                                             "temperature",
+                                             "top_p",
+                                             "top_k",
+                                             "min_p",
+                                             "n",
+                                             "stop",
+                                             "seed",
+                                             "stream",
+                                             "stream_options",
+                                             "presence_penalty",
+                                             "frequency_penalty",
+                                             "repetition_penalty",
+                                             "logit_bias",
+                                             "user",
+                                             "ignore_eos",
+                                             "min_tokens",
+                                             "stop_token_ids",
+                                             "include_stop_str_in_output",
+                                             "skip_special_tokens",
+                                             "best_of",
+                                             "response_format",
+                                             "deadline_ms",
+                                             "drop_late"};
+
+/// Reads what both /v1 routes share (after read_generation); the route reads its own.
+void read_openai(reader& r, generation_request& g, int64_t max_tokens) {
+  auto model = r.find("model");
+  if (!model || !model->is_string() || model->get<std::string>().empty())
+    r.fail("model", "'model' must name a model (GET /v1/models lists them)");
+  else
+    g.model = model->get<std::string>();
+  read_generation(r, g, max_tokens);
+  for (auto key : {"min_p", "repetition_penalty"})
+    if (r.find(key)) g.given.insert(key);
+  r.number("min_p", g.sampling.min_p, 0, 1);
+  r.number("repetition_penalty", g.sampling.repetition_penalty, 1e-9, 100);
+  r.number("presence_penalty", g.sampling.presence_penalty, -2, 2);
+  r.number("frequency_penalty", g.sampling.frequency_penalty, -2, 2);
+  r.integer("n", g.n, 1, 16);
+  if (auto b = r.find("best_of"); b && *b != json(1))
+    r.fail("best_of", "'best_of' is not supported (n gives several samples)");
+  if (auto f = r.find("response_format"); f && *f != json{{"type", "text"}})
+    r.fail("response_format", "'response_format' is not supported (no structured outputs)");
+  r.boolean("stream", g.stream);
+  r.boolean("ignore_eos", g.ignore_eos);
+  r.boolean("include_stop_str_in_output", g.include_stop_str_in_output);
+  r.boolean("skip_special_tokens", g.skip_special_tokens);
+  r.integer("min_tokens", g.sampling.min_tokens, 0, max_tokens);
+  if (auto ids = r.find("stop_token_ids"); ids && !r.error) {
+    if (!ids->is_array() || ids->size() > 64)
+      r.fail("stop_token_ids", "'stop_token_ids' must be a list of at most 64 token ids");
+    for (auto& x : ids->is_array() ? *ids : json::array()) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0) {
+        r.fail("stop_token_ids", "'stop_token_ids' must hold token ids (integers >= 0)");
+        break;
+      }
+      g.stop_token_ids.push_back(x.get<int64_t>());
+    }
+  }
+  if (auto bias = r.find("logit_bias"); bias && !r.error) {
+    // OpenAI's keys are token ids written as strings.
+    static const json none = json::object();
+    if (!bias->is_object() || bias->size() > 300)
+      r.fail("logit_bias", "'logit_bias' must map at most 300 token ids to numbers");
+    for (auto& [k, v] : (bias->is_object() ? *bias : none).items()) {
+      char* end = nullptr;
+      errno = 0;
+      auto id = std::strtoll(k.c_str(), &end, 10);
+      if (k.empty() || *end != '\0' || errno != 0 || id < 0) {
+        r.fail("logit_bias", "'logit_bias' keys must be token ids, got '" + k + "'");
+        break;
+      }
+      double value = v.is_number() ? v.template get<double>() : NAN;
+      if (!std::isfinite(value) || value < -100 || value > 100) {
+        r.fail("logit_bias", "'logit_bias' values must be numbers in -100..100");
+        break;
+      }
+      g.sampling.bias_ids.push_back(id);
+      g.sampling.bias_values.push_back(value);
+    }
+  }
+  if (auto u = r.find("user"); u && !u->is_string()) r.fail("user", "'user' must be a string");
+  if (auto so = r.find("stream_options"); so && !r.error) {
+    if (!so->is_object()) {
+      r.fail("stream_options", "'stream_options' must be an object");
+    } else {
+      reader s{*so, "stream_options."};
+      s.only({"include_usage", "continuous_usage_stats"});
+      s.boolean("include_usage", g.stream_usage);
+      s.only_value("continuous_usage_stats", false, "is not supported");
+      if (s.error) r.error = s.error;
+    }
+  }
+}
+
+/// What a chat request tells its template besides the messages.
+void read_template_settings(reader& r, generation_request& g) {
+  r.boolean("add_generation_prompt", g.add_generation_prompt);
+  if (auto kw = r.find("chat_template_kwargs"); kw && !r.error) {
+    if (!kw->is_object())
+      r.fail("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    else
+      g.template_kwargs = *kw;
+  }
+}
+
+/// One chat message's content as the template reads it: a string, or a list of text
+/// parts joined with newlines (as vLLM does for text-only content).
+std::optional<json> message_content(reader& r, const json& content, const std::string& where) {
+  if (content.is_string()) return content;
+  if (!content.is_array()) {
+    r.fail("messages", where + ".content must be a string or a list of text parts");
+    return std::nullopt;
+  }
+  std::string text;
+  for (size_t i = 0; i < content.size(); ++i) {
+    auto& part = content[i];
+    auto type = part.is_object() ? part.value("type", std::string{}) : std::string{};
+    if (type != "text" || !part.contains("text") || !part["text"].is_string()) {
+      r.fail("messages", where + ".content[" + std::to_string(i) +
+                             "] must be a text part ({\"type\": \"text\", \"text\": ...}); " +
+                             (type.empty() ? "" : "'" + type + "' parts are not supported"));
+      return std::nullopt;
+    }
+    if (i > 0) text += "\n";
+    text += part["text"].get<std::string>();
+  }
+  return json(text);
+}
+
+/// The messages of a chat request, checked: roles the templates know, text content.
+json read_messages(reader& r) {
+  auto m = r.find("messages");
+  if (!m || !m->is_array() || m->empty()) {
+    r.fail("messages", "'messages' must be a non-empty list of messages");
+    return json{};
+  }
+  static const std::set<std::string> roles = {"system", "user", "assistant", "developer", "tool"};
+  json out = json::array();
+  for (size_t i = 0; i < m->size() && !r.error; ++i) {
+    auto where = "messages[" + std::to_string(i) + "]";
+    auto& msg = (*m)[i];
+    if (!msg.is_object()) {
+      r.fail("messages", where + " must be an object");
+      break;
+    }
+    reader mr{msg, where + "."};
+    mr.only({"role", "content", "name", "tool_call_id", "tool_calls", "reasoning_content"});
+    mr.only_value("tool_calls", json{}, "is not supported (no tool calling)");
+    if (mr.error) {
+      r.fail("messages", mr.error->message);
+      break;
+    }
+    auto role = msg.find("role");
+    if (role == msg.end() || !role->is_string() || roles.count(role->get<std::string>()) == 0) {
+      r.fail("messages", where + ".role must be system, user, assistant, developer or tool");
+      break;
+    }
+    json copy = json::object();
+    for (auto& [k, v] : msg.items())
+      if (!v.is_null()) copy[k] = v;
+    auto content = msg.find("content");
+    if (content == msg.end() || content->is_null()) {
+      if (*role != "assistant") {
+        r.fail("messages", where + ".content is required");
+        break;
+      }
+      copy["content"] = "";
+    } else if (auto c = message_content(r, *content, where)) {
+      copy["content"] = *c;
+    }
+    out.push_back(std::move(copy));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::variant<generation_request, request_error> parse_completion(const json& body,
@@ -123,33 +310,11 @@ std::variant<generation_request, request_error> parse_completion(const json& bod
                                                                  int64_t max_tokens) {
   if (!body.is_object()) return request_error{"the body must be a JSON object", ""};
   reader r{body};
-  r.only({"model",
-          "prompt",
-          "max_tokens",
-          "temperature",
-          "top_p",
-          "top_k",
-          "n",
-          "stop",
-          "seed",
-          "stream",
-          "stream_options",
-          "echo",
-          "logprobs",
-          "best_of",
-          "presence_penalty",
-          "frequency_penalty",
-          "user",
-          "suffix",
-          "deadline_ms",
-          "drop_late"});
+  auto allowed = openai_shared;
+  allowed.insert({"prompt", "echo", "logprobs", "suffix"});
+  r.only(allowed);
   generation_request g;
   g.sampling.temperature = 1.0;  // OpenAI's default
-  auto model = r.find("model");
-  if (!model || !model->is_string() || model->get<std::string>().empty())
-    r.fail("model", "'model' must name a model (GET /v1/models lists them)");
-  else
-    g.model = model->get<std::string>();
   auto p = r.find("prompt");
   if (!r.error) {
     if (!p) {
@@ -174,34 +339,106 @@ std::variant<generation_request, request_error> parse_completion(const json& bod
              "'prompt' must be a string, a list of strings, a list of token ids or a "
              "list of such lists");
     }
-    if (!r.error && g.prompts.size() > max_prompts)
-      r.fail("prompt", "at most " + std::to_string(max_prompts) + " prompts per request");
   }
-  read_generation(r, g, max_tokens);
-  int64_t n = 1;
-  r.integer("n", n, 1, 1);
-  int64_t best_of = 1;
-  r.integer("best_of", best_of, 1, 1);
-  r.boolean("stream", g.stream);
-  r.only_value("echo", false, "is not supported (only false)");
-  r.only_value("logprobs", json{}, "is not supported");
+  read_openai(r, g, max_tokens);
+  if (!r.error && g.prompts.size() * static_cast<size_t>(g.n) > max_prompts)
+    r.fail("prompt",
+           "at most " + std::to_string(max_prompts) + " sequences (prompts times n) per request");
+  r.boolean("echo", g.echo);
+  int64_t logprobs = -1;
+  r.integer("logprobs", logprobs, 0, 20);
+  g.sampling.logprobs = static_cast<int32_t>(logprobs);
   r.only_value("suffix", json{}, "is not supported");
-  double penalty = 0;
-  r.number("presence_penalty", penalty, 0, 0);
-  r.number("frequency_penalty", penalty, 0, 0);
-  if (auto u = r.find("user"); u && !u->is_string()) r.fail("user", "'user' must be a string");
-  if (auto so = r.find("stream_options"); so && !r.error) {
-    if (!so->is_object()) {
-      r.fail("stream_options", "'stream_options' must be an object");
-    } else {
-      reader s{*so, "stream_options."};
-      s.only({"include_usage"});
-      s.boolean("include_usage", g.stream_usage);
-      if (s.error) r.error = s.error;
-    }
-  }
+  if (!r.error && g.echo && logprobs >= 0)
+    r.fail("echo", "'echo' with 'logprobs' (the prompt's log-probabilities) is not supported yet");
   if (r.error) return *r.error;
   return g;
+}
+
+std::variant<generation_request, request_error> parse_chat(const json& body, int64_t max_tokens) {
+  if (!body.is_object()) return request_error{"the body must be a JSON object", ""};
+  reader r{body};
+  auto allowed = openai_shared;
+  allowed.insert({"messages", "max_completion_tokens", "logprobs", "top_logprobs",
+                  "add_generation_prompt", "chat_template_kwargs", "tools", "tool_choice",
+                  "parallel_tool_calls", "echo", "continue_final_message"});
+  r.only(allowed);
+  generation_request g;
+  g.sampling.temperature = 1.0;  // OpenAI's default
+  read_openai(r, g, max_tokens);
+  g.messages = read_messages(r);
+  if (r.find("max_completion_tokens")) {
+    g.max_tokens_given = true;
+    r.integer("max_completion_tokens", g.max_tokens, 1, max_tokens);
+  }
+  bool logprobs = false;
+  r.boolean("logprobs", logprobs);
+  int64_t top = 0;
+  r.integer("top_logprobs", top, 0, 20);
+  if (!r.error && top > 0 && !logprobs)
+    r.fail("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  if (logprobs) g.sampling.logprobs = static_cast<int32_t>(top);
+  read_template_settings(r, g);
+  if (auto t = r.find("tools"); t && !(t->is_array() && t->empty()))
+    r.fail("tools", "'tools' is not supported (no tool calling)");
+  if (auto t = r.find("tool_choice"); t && *t != "none")
+    r.fail("tool_choice", "'tool_choice' is not supported (no tool calling)");
+  r.only_value("parallel_tool_calls", json{}, "is not supported (no tool calling)");
+  r.only_value("echo", false, "is not supported in chat");
+  r.only_value("continue_final_message", false, "is not supported");
+  g.prompts.emplace_back(std::string{});  // rendered from the messages with the model's template
+  if (r.error) return *r.error;
+  return g;
+}
+
+std::variant<tokenize_body, request_error> parse_tokenize(const json& body) {
+  if (!body.is_object()) return request_error{"the body must be a JSON object", ""};
+  reader r{body};
+  r.only({"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
+          "chat_template_kwargs", "return_token_strs"});
+  tokenize_body t;
+  auto& g = t.g;
+  auto model = r.find("model");
+  if (!model || !model->is_string() || model->get<std::string>().empty())
+    r.fail("model", "'model' must name a model (GET /v1/models lists them)");
+  else
+    g.model = model->get<std::string>();
+  if (r.find("messages")) {
+    g.messages = read_messages(r);
+    t.add_special_tokens = false;
+    read_template_settings(r, g);
+  } else if (auto p = r.find("prompt"); p && p->is_string()) {
+    g.prompts.emplace_back(p->get<std::string>());
+  } else if (!r.error) {
+    r.fail("prompt", "'prompt' (a string) or 'messages' is required");
+  }
+  r.boolean("add_special_tokens", t.add_special_tokens);
+  r.boolean("return_token_strs", t.token_strs);
+  if (r.error) return *r.error;
+  return t;
+}
+
+std::variant<detokenize_body, request_error> parse_detokenize(const json& body) {
+  if (!body.is_object()) return request_error{"the body must be a JSON object", ""};
+  reader r{body};
+  r.only({"model", "tokens"});
+  detokenize_body d;
+  auto model = r.find("model");
+  if (!model || !model->is_string() || model->get<std::string>().empty())
+    r.fail("model", "'model' must name a model (GET /v1/models lists them)");
+  else
+    d.model = model->get<std::string>();
+  auto t = r.find("tokens");
+  if (!r.error && (!t || !t->is_array())) r.fail("tokens", "'tokens' must be a list of token ids");
+  for (auto& x : t && t->is_array() ? *t : json::array()) {
+    if (!x.is_number_integer() || x.get<int64_t>() < 0) {
+      r.fail("tokens", "'tokens' must hold token ids (integers >= 0)");
+      break;
+    }
+    d.tokens.push_back(x.get<int64_t>());
+  }
+  if (r.error) return *r.error;
+  return d;
 }
 
 std::variant<generation_request, request_error> parse_generate(const json& body,
@@ -323,11 +560,13 @@ std::variant<infer_body, request_error> parse_infer_body(const json& j, uint32_t
 
 json openai_error(int http_status, const std::string& message, const std::string& code,
                   const std::string& param) {
-  std::string type = http_status == 400 || http_status == 404 || http_status == 413
-                         ? "invalid_request_error"
-                     : http_status == 429 ? "rate_limit_error"
-                     : http_status == 503 ? "service_unavailable"
-                                          : "server_error";
+  std::string type =
+      http_status == 400 || http_status == 404 || http_status == 405 || http_status == 413
+          ? "invalid_request_error"
+      : http_status == 401 ? "authentication_error"
+      : http_status == 429 ? "rate_limit_error"
+      : http_status == 503 ? "service_unavailable"
+                           : "server_error";
   json e{{"message", message}, {"type", type}, {"code", code}};
   e["param"] = param.empty() ? json{} : json(param);
   return json{{"error", e}};

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <variant>
 #include <vector>
@@ -26,14 +27,38 @@ struct generation_request {
   std::string model;
   std::vector<prompt> prompts;
   int64_t max_tokens = 16;
+  /// max_tokens was given (else chat answers up to the model's context, and a model's
+  /// generation_config.json max_new_tokens applies).
+  bool max_tokens_given = false;
   actors::row_sampling sampling;
+  /// The sampling settings the request named ("temperature", "top_p", "top_k", "min_p",
+  /// "repetition_penalty", "seed"): generation_config.json's defaults fill the others,
+  /// and a request without a seed samples anew.
+  std::set<std::string> given;
   std::vector<std::string> stop;
+  /// Token ids that end a row besides the model's EOS ids (vLLM's stop_token_ids).
+  std::vector<int64_t> stop_token_ids;
+  bool include_stop_str_in_output = false;
+  bool skip_special_tokens = true;
+  /// The model's EOS ids do not end a row (stop_token_ids still do).
+  bool ignore_eos = false;
+  /// Samples per prompt (choices prompt * n + j).
+  int64_t n = 1;
+  /// Completions: the prompt's text comes before the completion's.
+  bool echo = false;
   bool stream = false;
   /// OpenAI's stream_options.include_usage: a last chunk with the counts.
   bool stream_usage = false;
   uint32_t deadline_ms = 0;
   /// Refused rather than answered late (infer_request::drop_late).
   bool drop_late = false;
+  /// Chat: the messages as given (checked: roles, text content); null for completions.
+  nlohmann::json messages;
+  bool add_generation_prompt = true;
+  /// More variables for the chat template (vLLM's chat_template_kwargs, e.g. Qwen3's
+  /// enable_thinking).
+  nlohmann::json template_kwargs = nlohmann::json::object();
+  bool chat() const { return !messages.is_null(); }
 };
 
 /// A 400 (invalid_request) that names the offending field, OpenAI's `param`.
@@ -43,12 +68,38 @@ struct request_error {
 };
 
 /// POST /v1/completions. Accepts model, prompt (text, list of texts, token ids, list of
-/// token-id lists), max_tokens (default 16), temperature (default 1), top_p, top_k, n (1),
-/// stop (a string or up to 4), seed, stream, stream_options, echo (false), logprobs (null),
-/// best_of (1), presence/frequency_penalty (0), user, suffix (null), deadline_ms, drop_late.
+/// token-id lists), max_tokens (default 16), n, echo, logprobs (0..20), the sampling and
+/// stopping settings every text API shares (README), stream, stream_options, user,
+/// deadline_ms, drop_late; best_of and suffix are refused as unsupported.
 std::variant<generation_request, request_error> parse_completion(const nlohmann::json& body,
                                                                  uint32_t max_prompts,
                                                                  int64_t max_tokens);
+
+/// POST /v1/chat/completions, as vLLM serves it: model, messages (system, user, assistant,
+/// developer, tool; content a string or a list of text parts), max_tokens or
+/// max_completion_tokens, logprobs (bool) with top_logprobs, add_generation_prompt,
+/// chat_template_kwargs and the shared settings; tools, response_format and other
+/// structured outputs are refused as unsupported.
+std::variant<generation_request, request_error> parse_chat(const nlohmann::json& body,
+                                                           int64_t max_tokens);
+
+/// POST /tokenize, as vLLM serves it: {model, prompt, add_special_tokens (true),
+/// return_token_strs} or {model, messages, add_generation_prompt, chat_template_kwargs,
+/// add_special_tokens (false: templates write their own)}. The result's `prompts` holds
+/// the prompt (chat: rendered later); `echo` carries return_token_strs.
+struct tokenize_body {
+  generation_request g;
+  bool add_special_tokens = true;
+  bool token_strs = false;
+};
+std::variant<tokenize_body, request_error> parse_tokenize(const nlohmann::json& body);
+
+/// POST /detokenize: {model, tokens}.
+struct detokenize_body {
+  std::string model;
+  std::vector<int64_t> tokens;
+};
+std::variant<detokenize_body, request_error> parse_detokenize(const nlohmann::json& body);
 
 /// POST /v2/models/{m}/generate[_stream]: text_input, and max_tokens, temperature,
 /// top_p, top_k, seed, stop, deadline_ms, drop_late at the top level or under "parameters" (greedy

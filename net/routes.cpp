@@ -24,6 +24,10 @@ constexpr fixed_route fixed_routes[] = {
     {"/v1/models", "GET", route_id::models_list},
     {"/v1/completions", "POST", route_id::completions},
     {"/v1/chat/completions", "POST", route_id::chat_completions},
+    {"/health", "GET", route_id::health},
+    {"/version", "GET", route_id::version},
+    {"/tokenize", "POST", route_id::tokenize},
+    {"/detokenize", "POST", route_id::detokenize},
 };
 
 bool starts_with(std::string_view s, std::string_view prefix) {
@@ -45,6 +49,12 @@ std::variant<route_match, route_refusal> match_route(std::string_view method,
   for (auto& r : fixed_routes)
     if (target == r.target) return need(r.method, r.id);
 
+  constexpr std::string_view cards = "/v1/models/";
+  if (starts_with(target, cards)) {
+    auto model = std::string{std::string_view{target}.substr(cards.size())};
+    if (model.empty() || model.find('/') != std::string::npos) return no_route();
+    return need("GET", route_id::model_card, std::move(model));
+  }
   constexpr std::string_view repo = "/v2/repository/models/";
   if (starts_with(target, repo)) {
     auto rest = std::string_view{target}.substr(repo.size());
@@ -70,6 +80,28 @@ std::variant<route_match, route_refusal> match_route(std::string_view method,
     if (verb == "generate_stream") return need("POST", route_id::generate_stream, std::move(model));
   }
   return no_route();
+}
+
+bool open_route(route_id id) {
+  return id == route_id::live || id == route_id::ready || id == route_id::health ||
+         id == route_id::metrics;
+}
+
+bool openai_target(std::string_view target) {
+  return starts_with(target, "/v1/") || target == "/v1";
+}
+
+bool bearer_matches(std::string_view header, const std::string& key) {
+  constexpr std::string_view scheme = "Bearer ";
+  if (!starts_with(header, scheme)) return false;
+  auto given = header.substr(scheme.size());
+  // Every byte is looked at whatever the first difference: the time says nothing of it.
+  unsigned diff = given.size() == key.size() ? 0u : 1u;
+  for (size_t i = 0; i < given.size(); ++i)
+    diff |=
+        static_cast<unsigned>(static_cast<unsigned char>(given[i]) ^
+                              static_cast<unsigned char>(key[i % (key.empty() ? 1 : key.size())]));
+  return diff == 0 && !key.empty();
 }
 
 std::variant<json, std::string> control_parameters(const std::string& body,

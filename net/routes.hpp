@@ -31,6 +31,11 @@ enum class route_id {
   infer,
   generate,
   generate_stream,
+  health,
+  version,
+  tokenize,
+  detokenize,
+  model_card,
 };
 
 struct route_match {
@@ -49,6 +54,7 @@ struct route_refusal {
 };
 
 /// Routes `method` ("GET", "POST", ...) and `target` (a query string is ignored).
+/// GET /v1/models/{id} names its model as the /v2 routes do.
 std::variant<route_match, route_refusal> match_route(std::string_view method,
                                                      std::string_view target);
 
@@ -56,6 +62,18 @@ std::variant<route_match, route_refusal> match_route(std::string_view method,
 /// parameters object, or why it is refused (a 400). Only `allowed` keys, each a boolean.
 std::variant<nlohmann::json, std::string> control_parameters(
     const std::string& body, std::initializer_list<const char*> allowed);
+
+/// Whether a route answers without the API key (`--api-key`): the health probes and the
+/// metrics, as vLLM leaves them open.
+bool open_route(route_id id);
+
+/// Whether `target` is one of OpenAI's routes (/v1/...), whose every reply, a 404 too, has
+/// OpenAI's error shape.
+bool openai_target(std::string_view target);
+
+/// Whether an Authorization header value carries `key` ("Bearer KEY"), compared in time
+/// that does not depend on where they differ.
+bool bearer_matches(std::string_view header, const std::string& key);
 
 /// The repository index's body: empty, or `{"ready": bool}`. True: READY models only.
 std::variant<bool, std::string> index_filter(const std::string& body);

@@ -184,6 +184,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1.0, 1024.0 * 1024 * 1024));
   serve_cmd->add_option("--trace", serve_trace,
                         "write a Chrome trace of loads and batches here at exit");
+  std::string serve_api_key;
+  serve_cmd->add_option("--api-key", serve_api_key,
+                        "require `Authorization: Bearer KEY` on every route but /health, "
+                        "/v2/health/* and /metrics (default: $COMPUTRON_API_KEY; none: open)");
 
   std::string serve_nodes;
   net::tls_options serve_tls;
@@ -433,6 +437,8 @@ int main(int argc, char** argv) {
     if (serve_port >= 0) cfg->http.port = static_cast<uint16_t>(serve_port);
     if (serve_devices > 0) cfg->runtime.devices.count = serve_devices;
     if (!serve_trace.empty()) cfg->trace_file = serve_trace;
+    if (const char* k = std::getenv("COMPUTRON_API_KEY"); k && *k) cfg->http.api_key = k;
+    if (!serve_api_key.empty()) cfg->http.api_key = serve_api_key;
     if (!serve_nodes.empty()) {
       auto nodes = net::parse_node_list(serve_nodes);
       if (!nodes) {

@@ -125,7 +125,7 @@ TEST_CASE("rows leave the batch as they finish: max_tokens per row, EOS, no wast
     r.model = "m";
     r.tokens = {1, 2, 3};
     r.max_tokens = max_tokens;
-    r.eos = eos;
+    if (eos >= 0) r.stop_ids = {eos};
     return r;
   };
   auto a = f.self->request(f.manager, caf::timespan{24h}, infer_atom_v, make(2, -1));
@@ -155,13 +155,55 @@ TEST_CASE("rows leave the batch as they finish: max_tokens per row, EOS, no wast
   CHECK(f.script.keeps[4].empty());
 }
 
+TEST_CASE("any of several stop ids ends a row; log-probabilities travel with the tokens",
+          "[actors][manager]") {
+  manager_fixture f;
+  infer_request a;
+  a.model = "m";
+  a.tokens = {1, 2, 3};
+  a.max_tokens = 6;
+  a.stop_ids = {42, 9, 43};  // 7, 8, then 9 is sampled
+  a.sampling.logprobs = 1;
+  infer_request b = a;
+  b.stop_ids = {};
+  b.max_tokens = 2;
+  b.sampling.logprobs = -1;
+  auto ha = f.self->request(f.manager, caf::timespan{24h}, infer_atom_v, a);
+  auto hb = f.self->request(f.manager, caf::timespan{24h}, infer_atom_v, b);
+  f.sched.run();
+  f.sched.advance_time(6ms);
+  f.sched.run();
+  std::vector<infer_reply> got;
+  for (auto* h : {&ha, &hb})
+    std::move(*h).receive([&](infer_reply& r) { got.push_back(r); },
+                          [](caf::error& e) { FAIL(render(e)); });
+  REQUIRE(got.size() == 2);
+  CHECK(got[0].tokens == std::vector<int64_t>{7, 8});
+  CHECK(got[0].finish_reason == "stop");
+  CHECK(got[0].stop_id == 9);
+  REQUIRE(got[0].logprobs.size() == 2);
+  CHECK(got[0].logprobs[0].logprob == Approx(-0.07));
+  CHECK(got[0].logprobs[1].top_ids == std::vector<int64_t>{8});
+  CHECK(got[1].tokens == std::vector<int64_t>{7, 8});
+  CHECK(got[1].logprobs.empty());
+  CHECK(got[1].stop_id == -1);
+  // A stop id outside the vocabulary is refused.
+  infer_request bad = a;
+  bad.stop_ids = {1 << 30};
+  auto hc = f.self->request(f.manager, caf::timespan{24h}, infer_atom_v, bad);
+  f.sched.run();
+  std::move(hc).receive(
+      [](infer_reply&) { FAIL("accepted"); },
+      [](caf::error& e) { CHECK_THAT(render(e), Catch::Contains("stop token")); });
+}
+
 namespace {
 
 /// Receives streamed tokens; after `cancel_after` of them it cancels its request.
 caf::behavior stream_listener(caf::event_based_actor* self, std::vector<int64_t>* seen,
                               size_t cancel_after) {
   return {
-      [=](token_atom, uint64_t id, uint32_t row, int64_t token) {
+      [=](token_atom, uint64_t id, uint32_t row, int64_t token, const token_logprobs&) {
         CHECK(row == 3u);
         seen->push_back(token);
         if (seen->size() == cancel_after)

@@ -18,6 +18,7 @@
 #include "net/http_client.hpp"
 #include "tests/support/npm.hpp"
 #include "tests/support/run_binary.hpp"
+#include "tests/support/sse.hpp"
 #include "tests/support/temp_files.hpp"
 
 using namespace computron;
@@ -84,15 +85,7 @@ struct server {
 
 /// The data payloads of a Server-Sent Events body.
 std::vector<std::string> events(const std::string& body) {
-  std::vector<std::string> out;
-  size_t at = 0;
-  while ((at = body.find("data: ", at)) != std::string::npos) {
-    auto end = body.find("\n\n", at);
-    REQUIRE(end != std::string::npos);
-    out.push_back(body.substr(at + 6, end - at - 6));
-    at = end + 2;
-  }
-  return out;
+  return test::sse_events(body);
 }
 
 }  // namespace
@@ -195,22 +188,24 @@ TEST_CASE("strict requests: unknown parameters, input names, models without a to
   CHECK_THAT(r.body, Catch::Contains("no tokenizer"));
   r = s.post("/v2/models/raw/generate", {{"text_input", "hello"}});
   CHECK(r.status == 400);
-  // Unsupported OpenAI features are refused by name, not ignored.
+  // Unsupported OpenAI features are refused by name as unsupported, not ignored.
   for (auto [key, value] : std::vector<std::pair<std::string, json>>{
-           {"n", 2}, {"logprobs", 3}, {"echo", true}, {"best_of", 2}}) {
+           {"best_of", 2}, {"suffix", "x"}, {"response_format", {{"type", "json_object"}}}}) {
     json body{{"model", "toy"}, {"prompt", "a"}};
     body[key] = value;
     r = s.post("/v1/completions", body);
     INFO(key);
     CHECK(r.status == 400);
     CHECK(json::parse(r.body)["error"]["param"] == key);
+    CHECK_THAT(r.body, Catch::Contains("not supported"));
   }
   r = s.post("/v1/chat/completions",
              {{"model", "toy"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}});
   CHECK(r.status == 400);
   CHECK_THAT(r.body, Catch::Contains("chat template"));
-  CHECK(s.post("/v1/chat/completions", {{"model", "nope"}, {"messages", json::array()}}).status ==
-        404);
+  CHECK(s.post("/v1/chat/completions",
+               {{"model", "nope"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}})
+            .status == 404);
   // A model that is not a string is a 400 naming it (it once threw inside the route).
   r = s.post("/v1/chat/completions", {{"model", 5}, {"messages", json::array()}});
   CHECK(r.status == 400);
@@ -257,6 +252,63 @@ double await_metric(server& s, const std::string& series, double n) {
 }
 
 }  // namespace
+
+TEST_CASE("the parameters vLLM clients send: n, echo, logprobs, penalties, seeds",
+          "[net][e2e][openai]") {
+  server s;
+  auto post = [&](json body) {
+    body["model"] = "toy";
+    auto r = s.post("/v1/completions", body);
+    INFO(body.dump() << " -> " << r.body);
+    REQUIRE(r.status == 200);
+    return json::parse(r.body);
+  };
+  // n samples of one prompt: one choice each, the prompt counted once.
+  auto j = post({{"prompt", "a b c"}, {"n", 3}, {"max_tokens", 4}, {"seed", 1}});
+  REQUIRE(j["choices"].size() == 3);
+  for (int i = 0; i < 3; ++i) CHECK(j["choices"][i]["index"] == i);
+  CHECK(j["usage"]["prompt_tokens"] == 3);
+  CHECK(j["usage"]["completion_tokens"] == 12);
+  // echo: the prompt's text first.
+  j = post({{"prompt", "a b c"}, {"echo", true}, {"max_tokens", 2}, {"temperature", 0}});
+  auto greedy = post({{"prompt", "a b c"}, {"max_tokens", 2}, {"temperature", 0}});
+  CHECK(j["choices"][0]["text"] == "a b c" + greedy["choices"][0]["text"].get<std::string>());
+  // logprobs: one entry per token, at most k alternatives, the tokens spell the text.
+  j = post({{"prompt", "a b c"}, {"logprobs", 2}, {"max_tokens", 5}, {"temperature", 0}});
+  auto& lp = j["choices"][0]["logprobs"];
+  REQUIRE(lp["tokens"].size() == 5);
+  std::string spelled;
+  for (size_t i = 0; i < 5; ++i) {
+    spelled += lp["tokens"][i].get<std::string>();
+    CHECK(lp["token_logprobs"][i].get<double>() <= 0);
+    CHECK(lp["top_logprobs"][i].size() <= 2);
+    CHECK(lp["top_logprobs"][i].size() >= 1);
+  }
+  CHECK(spelled == j["choices"][0]["text"]);
+  CHECK(lp["text_offset"][0] == 0);
+  // Penalties, min_p and top_k -1 at work (accepted, and the tokens still come).
+  j = post({{"prompt", "a b c"},
+            {"repetition_penalty", 1.3},
+            {"presence_penalty", 0.5},
+            {"frequency_penalty", 0.5},
+            {"min_p", 0.05},
+            {"top_k", -1},
+            {"max_tokens", 4},
+            {"seed", 3}});
+  CHECK(j["usage"]["completion_tokens"] == 4);
+  // Out of range: refused by name.
+  auto r =
+      s.post("/v1/completions", {{"model", "toy"}, {"prompt", "a"}, {"repetition_penalty", 0}});
+  CHECK(r.status == 400);
+  CHECK(json::parse(r.body)["error"]["param"] == "repetition_penalty");
+  r = s.post("/v1/completions", {{"model", "toy"}, {"prompt", "a"}, {"logit_bias", {{"5000", 1}}}});
+  CHECK(r.status == 400);
+  CHECK_THAT(r.body, Catch::Contains("outside the vocabulary"));
+  // Without a seed, each request samples anew (it was always seed 0 before).
+  auto a = post({{"prompt", "a b c"}, {"max_tokens", 12}});
+  auto b = post({{"prompt", "a b c"}, {"max_tokens", 12}});
+  CHECK(a["choices"][0]["text"] != b["choices"][0]["text"]);
+}
 
 TEST_CASE("a client that walks away from a stream cancels its row", "[net][e2e]") {
   server s;

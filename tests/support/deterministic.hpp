@@ -126,10 +126,20 @@ inline actors::shard_worker_actor::behavior_type fake_worker(
         // token plus one. The steps' row counts and keep lists are recorded.
         script->step_rows.push_back(r.step == 0 ? r.prompts.size() : r.tokens.size());
         script->keeps.push_back(r.keep);
-        if (r.step == 0) return step_result{std::vector<int64_t>(r.prompts.size(), 7), 0};
         std::vector<int64_t> next;
-        for (auto t : r.tokens) next.push_back(t + 1);
-        return step_result{next, 0};
+        if (r.step == 0)
+          next.assign(r.prompts.size(), 7);
+        else
+          for (auto t : r.tokens) next.push_back(t + 1);
+        // Rows that ask for log-probabilities get -token/100 with the token as the top one.
+        std::vector<token_logprobs> lps;
+        for (size_t i = 0; i < r.sampling.size() && i < next.size(); ++i)
+          if (r.sampling[i].logprobs >= 0) {
+            lps.resize(next.size());
+            auto lp = static_cast<float>(-static_cast<double>(next[i]) / 100);
+            lps[i] = token_logprobs{lp, {next[i]}, {lp}};
+          }
+        return step_result{next, 0, lps};
       },
       [=](cancel_atom, std::string&, uint64_t) {},
       [=](devices_atom) { return device_report{}; },

