@@ -208,11 +208,50 @@ models::sampling_params to_sampling_params(const row_sampling& s) {
   return p;
 }
 
-caf::expected<std::vector<int64_t>> sample_rows(const models::host_tensor& logits,
-                                                std::vector<models::sampler>& samplers,
-                                                const std::vector<row_sampling>& sampling,
-                                                const std::vector<std::vector<int64_t>>& prompts,
-                                                std::vector<token_logprobs>* logprobs) {
+namespace {
+
+token_logprobs to_wire(models::token_choice c) {
+  return token_logprobs{c.logprob, std::move(c.top_ids), std::move(c.top_logprobs)};
+}
+
+}  // namespace
+
+caf::expected<std::vector<int64_t>> sample_rows(
+    const models::host_tensor& logits, std::vector<models::sampler>& samplers,
+    const std::vector<row_sampling>& sampling, const std::vector<std::vector<int64_t>>& prompts,
+    std::vector<token_logprobs>* logprobs,
+    std::vector<std::vector<token_logprobs>>* prompt_logprobs) {
+  if (logits.type == gpu::dtype::f32 && logits.shape.size() == 3) {
+    // Every position's logits (a row asked for its prompt's log-probabilities): score the
+    // prompts, then sample from each row's last position as usual.
+    const auto rows = logits.shape[0], len = logits.shape[1], vocab = logits.shape[2];
+    if (static_cast<int64_t>(prompts.size()) != rows)
+      return make_error(ec::invalid_state, "prompt logits for " + std::to_string(rows) + " rows, " +
+                                               std::to_string(prompts.size()) + " prompts");
+    auto* all = reinterpret_cast<const float*>(logits.bytes.data());
+    if (prompt_logprobs) prompt_logprobs->assign(static_cast<size_t>(rows), {});
+    models::host_tensor last;
+    last.type = gpu::dtype::f32;
+    last.shape = {rows, vocab};
+    last.bytes.resize(static_cast<size_t>(rows * vocab) * sizeof(float));
+    auto* dst = reinterpret_cast<float*>(last.bytes.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = all + r * len * vocab;
+      std::copy(row + (len - 1) * vocab, row + len * vocab, dst + r * vocab);
+      auto& p = prompts[static_cast<size_t>(r)];
+      auto k = static_cast<size_t>(r) < sampling.size()
+                   ? sampling[static_cast<size_t>(r)].prompt_logprobs
+                   : -1;
+      auto n = static_cast<int64_t>(p.size());
+      if (k < 0 || !prompt_logprobs || n < 2 || n > len) continue;
+      // Left padding: the prompt fills the last n positions; position i predicts token i+1.
+      std::vector<int64_t> next(p.begin() + 1, p.end());
+      auto scored = models::score_tokens(row + (len - n) * vocab, n - 1, vocab, next, k);
+      auto& out = (*prompt_logprobs)[static_cast<size_t>(r)];
+      for (auto& c : scored) out.push_back(to_wire(std::move(c)));
+    }
+    return sample_rows(last, samplers, sampling, prompts, logprobs, nullptr);
+  }
   if (logits.type != gpu::dtype::f32 || logits.shape.size() != 2)
     return make_error(ec::invalid_state,
                       "last stage returned logits that are not [rows, vocab] f32");
@@ -223,6 +262,13 @@ caf::expected<std::vector<int64_t>> sample_rows(const models::host_tensor& logit
                                                std::to_string(sampling.size()) +
                                                " rows, logits for " + std::to_string(rows));
   if (samplers.empty()) {
+    // The first step: where a row wanted its prompt scored, the logits would have had
+    // every position.
+    for (auto& s : sampling)
+      if (s.prompt_logprobs >= 0 && prompt_logprobs)
+        return make_error(ec::invalid_request,
+                          "this model kind computes the last position's logits only, so it "
+                          "cannot give a prompt's log-probabilities");
     static const std::vector<int64_t> none;
     for (size_t r = 0; r < sampling.size(); ++r)
       samplers.emplace_back(to_sampling_params(sampling[r]),
@@ -247,10 +293,7 @@ caf::expected<std::vector<int64_t>> sample_rows(const models::host_tensor& logit
     }
     auto c = samplers[r].choose(data + r * vocab, vocab);
     out[r] = c.token;
-    auto& lp = (*logprobs)[r];
-    lp.logprob = c.logprob;
-    lp.top_ids = std::move(c.top_ids);
-    lp.top_logprobs = std::move(c.top_logprobs);
+    (*logprobs)[r] = to_wire(std::move(c));
   }
   return out;
 }

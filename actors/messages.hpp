@@ -140,6 +140,9 @@ struct row_sampling {
   std::vector<int64_t> suppress{};
   /// -1: no log-probabilities; k >= 0: the chosen token's and the top k.
   int32_t logprobs = -1;
+  /// -1: none; k >= 0: the log-probability of each prompt token after the first, with the
+  /// top k (echo with logprobs; the last stage computes every position's logits).
+  int32_t prompt_logprobs = -1;
 };
 
 template <class Inspector>
@@ -210,11 +213,15 @@ struct step_result {
   /// One per row when any row asks for log-probabilities (empty entries for the others);
   /// empty otherwise. (`{}`: aggregate initialisations may leave it out.)
   std::vector<token_logprobs> logprobs{};
+  /// Step 0: per row, its prompt tokens' log-probabilities (from the second token on)
+  /// where the row asks for them (row_sampling::prompt_logprobs); empty otherwise.
+  std::vector<std::vector<token_logprobs>> prompt_logprobs{};
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_result& x) {
-  return f(caf::meta::type_name("step_result"), x.tokens, x.compute_ms, x.logprobs);
+  return f(caf::meta::type_name("step_result"), x.tokens, x.compute_ms, x.logprobs,
+           x.prompt_logprobs);
 }
 
 /// A device as its worker sees it.
@@ -375,13 +382,15 @@ struct infer_reply {
   std::vector<token_logprobs> logprobs;
   /// The stop id that ended the row ("stop"), -1 otherwise.
   int64_t stop_id = -1;
+  /// The prompt's log-probabilities from its second token on, when asked.
+  std::vector<token_logprobs> prompt_logprobs;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, infer_reply& x) {
   return f(caf::meta::type_name("infer_reply"), x.id, x.model, x.tokens, x.queue_ms, x.load_ms,
            x.compute_ms, x.total_ms, x.batch_size, x.swapped, x.finish_reason, x.logprobs,
-           x.stop_id);
+           x.stop_id, x.prompt_logprobs);
 }
 
 /// A registered model as clients see it.

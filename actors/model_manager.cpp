@@ -58,6 +58,9 @@ caf::error check_request(const managed_model& m, const infer_request& r, int64_t
                std::to_string(r.max_tokens) + " exceeds the " + std::to_string(m.max_positions) +
                " positions of " + m.cfg.name);
   if (auto err = models::validate(to_sampling_params(r.sampling))) return bad(render(err));
+  if (r.sampling.prompt_logprobs < -1 || r.sampling.prompt_logprobs > 20)
+    return bad("prompt_logprobs must be in 0..20 (or -1 for none), got " +
+               std::to_string(r.sampling.prompt_logprobs));
   return {};
 }
 
@@ -119,6 +122,7 @@ void finish_row(manager_pointer self, const batch_ptr& b, size_t r, const std::s
   rep.model = b->model;
   if (r < b->outputs.size()) rep.tokens = std::move(b->outputs[r]);
   if (r < b->logprobs.size()) rep.logprobs = std::move(b->logprobs[r]);
+  if (r < b->prompt_logprobs.size()) rep.prompt_logprobs = std::move(b->prompt_logprobs[r]);
   rep.queue_ms = sched::seconds_between(q.arrival, b->dispatched) * 1e3;
   rep.load_ms = b->load_ms;
   rep.compute_ms = b->compute_ms;
@@ -203,6 +207,8 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vecto
           auto r = b->sent[p];
           auto& q = b->rows[r];
           auto token = first.tokens[p];
+          if (step == 0 && p < first.prompt_logprobs.size())
+            b->prompt_logprobs[r] = std::move(first.prompt_logprobs[p]);
           if (b->cancelled.count(q.req.id) > 0) {
             finish_row(self, b, r, "cancelled");
             continue;
@@ -313,6 +319,7 @@ void try_run(manager_pointer self) {
     }
     b->outputs.assign(b->rows.size(), {});
     b->logprobs.assign(b->rows.size(), {});
+    b->prompt_logprobs.assign(b->rows.size(), {});
     b->sent.clear();
     for (size_t r = 0; r < b->rows.size(); ++r) b->sent.push_back(r);
     b->run_s = now_s();

@@ -34,8 +34,10 @@ struct batch {
   std::string model;
   std::vector<queued_request> rows;
   std::vector<std::vector<int64_t>> outputs;
-  /// Per row, the log-probabilities of its outputs (rows that ask for them only).
+  /// Per row, the log-probabilities of its outputs (rows that ask for them only), and of
+  /// its prompt (step 0, where asked).
   std::vector<std::vector<token_logprobs>> logprobs;
+  std::vector<std::vector<token_logprobs>> prompt_logprobs;
   /// The rows (indices into `rows`) the last step ran, in the workers' order: a row that
   /// finished (max_tokens, EOS, cancelled) is answered at once and leaves this list.
   std::vector<size_t> sent;

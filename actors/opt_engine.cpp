@@ -81,9 +81,12 @@ class decoder_program final : public shard_program {
         return err;
       }
     }
-    caf::expected<models::host_tensor> out = req.step == 0
-                                                 ? stage_->prefill(req.prompts, hidden, cache)
-                                                 : stage_->decode(req.tokens, hidden, cache);
+    // A row that asks for its prompt's log-probabilities needs every position's logits.
+    bool all_positions = false;
+    for (auto& s : req.sampling) all_positions = all_positions || s.prompt_logprobs >= 0;
+    caf::expected<models::host_tensor> out =
+        req.step == 0 ? stage_->prefill(req.prompts, hidden, cache, all_positions)
+                      : stage_->decode(req.tokens, hidden, cache);
     if (req.last || !out) caches_.erase(req.batch_id);
     return out;
   }

@@ -428,7 +428,8 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
               }
               ctx->samplers = std::move(kept);
             }
-            auto tokens = sample_rows(*r, ctx->samplers, in->sampling, in->prompts, &out->logprobs);
+            auto tokens = sample_rows(*r, ctx->samplers, in->sampling, in->prompts, &out->logprobs,
+                                      &out->prompt_logprobs);
             if (!tokens) return tokens.error();
             out->tokens = std::move(*tokens);
           } else if (!last_stage) {

@@ -144,7 +144,8 @@ struct decoder_stage::impl : detail::stage_state {
   /// Shared by prefill and decode once inputs are tensors: the layers, then either the
   /// hidden states or the last position's logits.
   caf::expected<host_tensor> run(at::Tensor x, const at::Tensor& allowed,
-                                 const at::Tensor& positions, kv_cache::impl& cache) {
+                                 const at::Tensor& positions, kv_cache::impl& cache,
+                                 bool all_positions = false) {
     for (auto i = layer_begin; i < layer_end; ++i) {
       auto li = static_cast<size_t>(i - layer_begin);
       if (auto err = wait_for(layer_ready_bytes[li])) return err;
@@ -154,6 +155,8 @@ struct decoder_stage::impl : detail::stage_state {
     }
     if (!last()) return detail::to_host(x);
     if (auto err = weights->wait_loaded(layer_wait)) return err;
+    // Every position's logits: the prompt's log-probabilities (echo with logprobs).
+    if (all_positions) return detail::to_host(block->head(*this, x));
     auto last_tok = x.select(1, x.size(1) - 1);  // left padding: the last token is last
     return detail::to_host(block->head(*this, last_tok));
   }
@@ -252,7 +255,8 @@ caf::expected<std::unique_ptr<decoder_stage>> decoder_stage::create(const decode
 }
 
 caf::expected<host_tensor> decoder_stage::prefill(const std::vector<std::vector<int64_t>>& prompts,
-                                                  const host_tensor* hidden, kv_cache& cache) {
+                                                  const host_tensor* hidden, kv_cache& cache,
+                                                  bool all_positions) {
   auto& m = *impl_;
   if (prompts.empty()) return bad("empty batch");
   int64_t t = 0;
@@ -307,7 +311,7 @@ caf::expected<host_tensor> decoder_stage::prefill(const std::vector<std::vector<
       if (!h) return std::move(h.error());
       x = *h;
     }
-    return m.run(x, allowed, dev_pos, c);
+    return m.run(x, allowed, dev_pos, c, all_positions);
   } catch (const std::exception& e) {
     return detail::compute_error(m.spec.name + " prefill", e);
   }

@@ -70,10 +70,13 @@ class decoder_stage {
   /// first stage reads the tokens; later stages read `hidden` from the previous stage
   /// and use the prompts only for their lengths. Returns hidden states [batch, len,
   /// hidden], or on the last stage the logits of each prompt's last token [batch, vocab]
-  /// in f32. Errors: empty batch or prompt, token ids outside the vocabulary, prompts
-  /// longer than the positions, missing or misshapen hidden states, weights not loaded.
+  /// in f32; with `all_positions`, every position's logits [batch, len, vocab] (left
+  /// padded: a prompt of length L fills the last L). Errors: empty batch or prompt, token
+  /// ids outside the vocabulary, prompts longer than the positions, missing or misshapen
+  /// hidden states, weights not loaded.
   caf::expected<host_tensor> prefill(const std::vector<std::vector<int64_t>>& prompts,
-                                     const host_tensor* hidden, kv_cache& cache);
+                                     const host_tensor* hidden, kv_cache& cache,
+                                     bool all_positions = false);
 
   /// One more token per sequence, using and extending the cache.
   caf::expected<host_tensor> decode(const std::vector<int64_t>& tokens, const host_tensor* hidden,

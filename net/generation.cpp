@@ -52,7 +52,28 @@ json logprobs_json(const gen_state& st, const gen_row& r, size_t from, size_t to
   }
   json tokens = json::array(), values = json::array(), tops = json::array(),
        offsets = json::array();
-  size_t offset = r.echo.size();
+  size_t offset = 0;
+  if (from == 0 && !r.prompt_logprobs.empty()) {
+    // echo: the prompt's tokens first; the first has nothing before it to be scored by.
+    for (size_t i = 0; i < r.prompt.size(); ++i) {
+      auto text = token_text(st, r.prompt[i]);
+      tokens.push_back(text);
+      offsets.push_back(offset);
+      offset += text.size();
+      if (i == 0 || i - 1 >= r.prompt_logprobs.size()) {
+        values.push_back(nullptr);
+        tops.push_back(nullptr);
+        continue;
+      }
+      auto& lp = r.prompt_logprobs[i - 1];
+      values.push_back(lp.logprob);
+      json top = json::object();
+      for (size_t k = 0; k < lp.top_ids.size() && k < lp.top_logprobs.size(); ++k)
+        top[token_text(st, lp.top_ids[k])] = lp.top_logprobs[k];
+      tops.push_back(top);
+    }
+  }
+  offset = r.echo.size();
   for (size_t i = 0; i < from && i < r.ids.size(); ++i) offset += token_text(st, r.ids[i]).size();
   for (size_t i = from; i < to; ++i) {
     auto text = token_text(st, r.ids[i]);
@@ -254,6 +275,7 @@ caf::behavior generation(caf::event_based_actor* self, std::shared_ptr<gen_state
                   r.ids = rep.tokens;
                   r.logprobs = std::move(rep.logprobs);
                 }
+                r.prompt_logprobs = std::move(rep.prompt_logprobs);
                 r.text += r.decoder->finish();
                 if (auto at = st.stops.find(r.text, grown_from)) {
                   r.text.resize(cut_at(st, r.text, *at));

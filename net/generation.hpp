@@ -50,6 +50,8 @@ struct gen_row {
   std::vector<int64_t> ids;
   std::vector<actors::token_logprobs> logprobs;
   size_t logprobs_sent = 0;
+  /// echo with logprobs: the prompt's, from its second token on.
+  std::vector<actors::token_logprobs> prompt_logprobs;
   /// Whether the chat stream's first chunk (the role) went out.
   bool role_sent = false;
 };

@@ -349,8 +349,12 @@ std::variant<generation_request, request_error> parse_completion(const json& bod
   r.integer("logprobs", logprobs, 0, 20);
   g.sampling.logprobs = static_cast<int32_t>(logprobs);
   r.only_value("suffix", json{}, "is not supported");
-  if (!r.error && g.echo && logprobs >= 0)
-    r.fail("echo", "'echo' with 'logprobs' (the prompt's log-probabilities) is not supported yet");
+  if (g.echo && logprobs >= 0) {
+    // The prompt's log-probabilities come with the answer, not before the first token.
+    if (!r.error && g.stream)
+      r.fail("echo", "'echo' with 'logprobs' is not supported when streaming");
+    g.sampling.prompt_logprobs = static_cast<int32_t>(logprobs);
+  }
   if (r.error) return *r.error;
   return g;
 }

@@ -5,6 +5,8 @@
 // the tokenize routes, the model card and the API key are checked over plain HTTP.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -237,6 +239,38 @@ TEST_CASE("the bodies vllm bench serve sends, tokenize, detokenize, the model ca
             {"max_tokens", 3}});
   CHECK(j["choices"][0]["text"] == piece);
   CHECK(j["choices"][0]["finish_reason"] == "stop");
+
+  // echo with logprobs (what lm-evaluation-harness sends): the prompt's tokens scored as
+  // the independent float64 reference scores them, the first one without a score.
+  j = post({{"prompt", "Hello world"},
+            {"echo", true},
+            {"logprobs", 1},
+            {"max_tokens", 2},
+            {"temperature", 0}});
+  auto& scored = j["choices"][0]["logprobs"];
+  REQUIRE(scored["tokens"].size() == 5);  // <|begin_of_text|>, Hello, " world", and two more
+  CHECK(scored["tokens"][0] == "<|begin_of_text|>");
+  CHECK(scored["token_logprobs"][0].is_null());
+  CHECK(scored["top_logprobs"][0].is_null());
+  CHECK(j["choices"][0]["text"].get<std::string>().rfind("Hello world", 0) == 0);
+  auto ref = test::llama_reference::open(s.dir.path() + "/repo/chat");
+  std::vector<int64_t> prompt_ids{128000, 9906, 1917};
+  for (size_t i = 1; i < prompt_ids.size(); ++i) {
+    auto logits = ref.logits({prompt_ids.begin(), prompt_ids.begin() + static_cast<long>(i)});
+    double top = *std::max_element(logits.begin(), logits.end()), sum = 0;
+    for (auto l : logits) sum += std::exp(l - top);
+    double want = logits[static_cast<size_t>(prompt_ids[i])] - top - std::log(sum);
+    INFO("prompt token " << i);
+    CHECK(scored["token_logprobs"][i].get<double>() == Approx(want).margin(1e-3));
+    CHECK(scored["top_logprobs"][i].size() == 1);
+  }
+  // Streamed, the prompt's scores would come after its first token: refused by name.
+  auto refused = s.call(
+      "POST", "/v1/completions",
+      json{{"model", "chat"}, {"prompt", "Hi"}, {"echo", true}, {"logprobs", 1}, {"stream", true}}
+          .dump());
+  CHECK(refused.status == 400);
+  CHECK(json::parse(refused.body)["error"]["param"] == "echo");
 
   // /tokenize of the same messages counts what chat's usage counts.
   json messages{{{"role", "user"}, {"content", "Hi there"}}};
