@@ -211,7 +211,11 @@ models::sampling_params to_sampling_params(const row_sampling& s) {
 namespace {
 
 token_logprobs to_wire(models::token_choice c) {
-  return token_logprobs{c.logprob, std::move(c.top_ids), std::move(c.top_logprobs)};
+  // -inf (a token the model rules out, an f16 overflow) and NaN are not numbers a message
+  // or JSON can carry: -9999, as vLLM clamps them.
+  auto finite = [](float x) { return std::isfinite(x) ? x : -9999.0f; };
+  for (auto& x : c.top_logprobs) x = finite(x);
+  return token_logprobs{finite(c.logprob), std::move(c.top_ids), std::move(c.top_logprobs)};
 }
 
 }  // namespace
@@ -221,35 +225,45 @@ caf::expected<std::vector<int64_t>> sample_rows(
     const std::vector<row_sampling>& sampling, const std::vector<std::vector<int64_t>>& prompts,
     std::vector<token_logprobs>* logprobs,
     std::vector<std::vector<token_logprobs>>* prompt_logprobs) {
-  if (logits.type == gpu::dtype::f32 && logits.shape.size() == 3) {
-    // Every position's logits (a row asked for its prompt's log-probabilities): score the
-    // prompts, then sample from each row's last position as usual.
-    const auto rows = logits.shape[0], len = logits.shape[1], vocab = logits.shape[2];
-    if (static_cast<int64_t>(prompts.size()) != rows)
-      return make_error(ec::invalid_state, "prompt logits for " + std::to_string(rows) + " rows, " +
-                                               std::to_string(prompts.size()) + " prompts");
+  if (logits.type == gpu::dtype::f32 && logits.shape.size() == 2 &&
+      logits.shape[0] > static_cast<int64_t>(sampling.size())) {
+    // A prefill where rows asked for their prompt's log-probabilities: after the batch's
+    // rows come each such row's positions before its last (decoder_stage::prefill).
+    const auto rows = static_cast<int64_t>(sampling.size()), vocab = logits.shape[1];
     auto* all = reinterpret_cast<const float*>(logits.bytes.data());
-    if (prompt_logprobs) prompt_logprobs->assign(static_cast<size_t>(rows), {});
+    auto scored_positions = [&](int64_t r) -> int64_t {
+      auto n = static_cast<size_t>(r) < prompts.size()
+                   ? static_cast<int64_t>(prompts[static_cast<size_t>(r)].size())
+                   : 0;
+      return sampling[static_cast<size_t>(r)].prompt_logprobs >= 0 && n >= 2 ? n - 1 : 0;
+    };
+    int64_t need = rows;
+    for (int64_t r = 0; r < rows; ++r) need += scored_positions(r);
+    if (need != logits.shape[0])
+      return make_error(ec::invalid_state,
+                        "last stage returned " + std::to_string(logits.shape[0]) +
+                            " rows of logits; the batch and its scored prompts need " +
+                            std::to_string(need));
+    if (prompt_logprobs) prompt_logprobs->assign(sampling.size(), {});
+    int64_t cursor = rows;
+    for (int64_t r = 0; r < rows; ++r) {
+      auto k = sampling[static_cast<size_t>(r)].prompt_logprobs;
+      auto n = scored_positions(r) + 1;
+      if (n < 2) continue;
+      auto& p = prompts[static_cast<size_t>(r)];
+      std::vector<int64_t> next(p.begin() + 1, p.end());
+      if (prompt_logprobs) {
+        auto& out = (*prompt_logprobs)[static_cast<size_t>(r)];
+        for (auto& c : models::score_tokens(all + cursor * vocab, n - 1, vocab, next, k))
+          out.push_back(to_wire(std::move(c)));
+      }
+      cursor += n - 1;
+    }
     models::host_tensor last;
     last.type = gpu::dtype::f32;
     last.shape = {rows, vocab};
-    last.bytes.resize(static_cast<size_t>(rows * vocab) * sizeof(float));
-    auto* dst = reinterpret_cast<float*>(last.bytes.data());
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* row = all + r * len * vocab;
-      std::copy(row + (len - 1) * vocab, row + len * vocab, dst + r * vocab);
-      auto& p = prompts[static_cast<size_t>(r)];
-      auto k = static_cast<size_t>(r) < sampling.size()
-                   ? sampling[static_cast<size_t>(r)].prompt_logprobs
-                   : -1;
-      auto n = static_cast<int64_t>(p.size());
-      if (k < 0 || !prompt_logprobs || n < 2 || n > len) continue;
-      // Left padding: the prompt fills the last n positions; position i predicts token i+1.
-      std::vector<int64_t> next(p.begin() + 1, p.end());
-      auto scored = models::score_tokens(row + (len - n) * vocab, n - 1, vocab, next, k);
-      auto& out = (*prompt_logprobs)[static_cast<size_t>(r)];
-      for (auto& c : scored) out.push_back(to_wire(std::move(c)));
-    }
+    last.bytes.assign(logits.bytes.begin(),
+                      logits.bytes.begin() + static_cast<ptrdiff_t>(rows * vocab * 4));
     return sample_rows(last, samplers, sampling, prompts, logprobs, nullptr);
   }
   if (logits.type != gpu::dtype::f32 || logits.shape.size() != 2)
@@ -262,13 +276,8 @@ caf::expected<std::vector<int64_t>> sample_rows(
                                                std::to_string(sampling.size()) +
                                                " rows, logits for " + std::to_string(rows));
   if (samplers.empty()) {
-    // The first step: where a row wanted its prompt scored, the logits would have had
-    // every position.
-    for (auto& s : sampling)
-      if (s.prompt_logprobs >= 0 && prompt_logprobs)
-        return make_error(ec::invalid_request,
-                          "this model kind computes the last position's logits only, so it "
-                          "cannot give a prompt's log-probabilities");
+    // A row that asked for its prompt's scores from a model kind that gives only the last
+    // position's logits gets none (the text API says so); its batch is not failed.
     static const std::vector<int64_t> none;
     for (size_t r = 0; r < sampling.size(); ++r)
       samplers.emplace_back(to_sampling_params(sampling[r]),

@@ -93,10 +93,11 @@ models::sampling_params to_sampling_params(const row_sampling& s);
 /// Picks one token per row from last-stage logits [rows, vocab] f32 with one sampler
 /// per row (created from `sampling` and the rows' `prompts` at the first step, the prompt
 /// being what the repetition penalty counts as seen; kept across steps). Where a row asks
-/// for log-probabilities, `logprobs` (when given) gets one entry per row. Logits of every
-/// position [rows, len, vocab] (a prefill where a row asked for its prompt's
-/// log-probabilities) also fill `prompt_logprobs`, one list per row; a model kind that
-/// gives only [rows, vocab] cannot, and such a row is refused.
+/// for log-probabilities, `logprobs` (when given) gets one entry per row. Logits with more
+/// rows than the batch (a prefill where rows asked for their prompt's log-probabilities:
+/// each such row's positions before its last follow the batch, decoder_stage::prefill) also
+/// fill `prompt_logprobs`, one list per row; a model kind that gives only the batch's rows
+/// leaves them empty. Non-finite log-probabilities become -9999.
 caf::expected<std::vector<int64_t>> sample_rows(
     const models::host_tensor& logits, std::vector<models::sampler>& samplers,
     const std::vector<row_sampling>& sampling, const std::vector<std::vector<int64_t>>& prompts,

@@ -149,7 +149,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, row_sampling& x) {
   return f(caf::meta::type_name("row_sampling"), x.temperature, x.top_k, x.top_p, x.seed, x.min_p,
            x.repetition_penalty, x.presence_penalty, x.frequency_penalty, x.bias_ids, x.bias_values,
-           x.min_tokens, x.suppress, x.logprobs);
+           x.min_tokens, x.suppress, x.logprobs, x.prompt_logprobs);
 }
 
 /// One generated (or prompt) token's log-probability under the model's raw distribution,

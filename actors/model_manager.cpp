@@ -61,6 +61,15 @@ caf::error check_request(const managed_model& m, const infer_request& r, int64_t
   if (r.sampling.prompt_logprobs < -1 || r.sampling.prompt_logprobs > 20)
     return bad("prompt_logprobs must be in 0..20 (or -1 for none), got " +
                std::to_string(r.sampling.prompt_logprobs));
+  // Scoring a prompt holds a row of f32 logits per prompt token on the device and the host.
+  constexpr uint64_t max_scored_floats = uint64_t{1} << 27;  // 512 MiB
+  if (r.sampling.prompt_logprobs >= 0 &&
+      r.tokens.size() * static_cast<uint64_t>(m.vocab) > max_scored_floats)
+    return bad("scoring a prompt of " + std::to_string(r.tokens.size()) + " tokens over " +
+               m.cfg.name + "'s vocabulary of " + std::to_string(m.vocab) + " takes over 512 MiB " +
+               "of logits; at most " +
+               std::to_string(max_scored_floats / static_cast<uint64_t>(m.vocab)) +
+               " tokens can be scored");
   return {};
 }
 

@@ -81,11 +81,11 @@ class decoder_program final : public shard_program {
         return err;
       }
     }
-    // A row that asks for its prompt's log-probabilities needs every position's logits.
-    bool all_positions = false;
-    for (auto& s : req.sampling) all_positions = all_positions || s.prompt_logprobs >= 0;
+    // Rows that ask for their prompt's log-probabilities get their positions' logits.
+    std::vector<bool> score;
+    for (auto& s : req.sampling) score.push_back(s.prompt_logprobs >= 0);
     caf::expected<models::host_tensor> out =
-        req.step == 0 ? stage_->prefill(req.prompts, hidden, cache, all_positions)
+        req.step == 0 ? stage_->prefill(req.prompts, hidden, cache, score)
                       : stage_->decode(req.tokens, hidden, cache);
     if (req.last || !out) caches_.erase(req.batch_id);
     return out;

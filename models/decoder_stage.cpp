@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <limits>
+#include <map>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -143,9 +144,11 @@ struct decoder_stage::impl : detail::stage_state {
 
   /// Shared by prefill and decode once inputs are tensors: the layers, then either the
   /// hidden states or the last position's logits.
+  /// `scored`: prefill rows (with their prompt lengths) whose every position before the
+  /// last also gets logits, appended after the batch's rows.
   caf::expected<host_tensor> run(at::Tensor x, const at::Tensor& allowed,
                                  const at::Tensor& positions, kv_cache::impl& cache,
-                                 bool all_positions = false) {
+                                 const std::vector<std::pair<int64_t, int64_t>>& scored = {}) {
     for (auto i = layer_begin; i < layer_end; ++i) {
       auto li = static_cast<size_t>(i - layer_begin);
       if (auto err = wait_for(layer_ready_bytes[li])) return err;
@@ -155,10 +158,15 @@ struct decoder_stage::impl : detail::stage_state {
     }
     if (!last()) return detail::to_host(x);
     if (auto err = weights->wait_loaded(layer_wait)) return err;
-    // Every position's logits: the prompt's log-probabilities (echo with logprobs).
-    if (all_positions) return detail::to_host(block->head(*this, x));
     auto last_tok = x.select(1, x.size(1) - 1);  // left padding: the last token is last
-    return detail::to_host(block->head(*this, last_tok));
+    if (scored.empty()) return detail::to_host(block->head(*this, last_tok));
+    // The prompt's log-probabilities (echo with logprobs): only the rows that ask pay for
+    // their positions' logits.
+    std::vector<at::Tensor> parts{last_tok};
+    const auto t = x.size(1);
+    for (auto [row, len] : scored)
+      if (len > 1) parts.push_back(x.select(0, row).narrow(0, t - len, len - 1));
+    return detail::to_host(block->head(*this, at::cat(parts, 0)));
   }
 
   caf::expected<at::Tensor> hidden_input(const host_tensor* hidden, int64_t b, int64_t t) {
@@ -254,9 +262,55 @@ caf::expected<std::unique_ptr<decoder_stage>> decoder_stage::create(const decode
   return std::unique_ptr<decoder_stage>{new decoder_stage(std::move(p))};
 }
 
+namespace {
+
+/// Rows `rows` of a host tensor whose first dimension is the batch, in that order.
+host_tensor select_rows(const host_tensor& t, const std::vector<int64_t>& rows) {
+  host_tensor out;
+  out.type = t.type;
+  out.shape = t.shape;
+  out.shape[0] = static_cast<int64_t>(rows.size());
+  auto row_bytes = t.bytes.size() / static_cast<size_t>(t.shape[0]);
+  out.bytes.resize(row_bytes * rows.size());
+  for (size_t i = 0; i < rows.size(); ++i)
+    std::memcpy(out.bytes.data() + i * row_bytes,
+                t.bytes.data() + static_cast<size_t>(rows[i]) * row_bytes, row_bytes);
+  return out;
+}
+
+}  // namespace
+
 caf::expected<host_tensor> decoder_stage::prefill(const std::vector<std::vector<int64_t>>& prompts,
                                                   const host_tensor* hidden, kv_cache& cache,
-                                                  bool all_positions) {
+                                                  const std::vector<bool>& score) {
+  if (std::find(score.begin(), score.end(), true) != score.end())
+    return prefill_rows(prompts, hidden, cache, score);
+  // Each distinct prompt once; `expand` maps every row to its distinct prompt.
+  std::map<std::vector<int64_t>, int64_t> seen;
+  std::vector<int64_t> first_rows, expand;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto [at, fresh] = seen.emplace(prompts[i], static_cast<int64_t>(first_rows.size()));
+    if (fresh) first_rows.push_back(static_cast<int64_t>(i));
+    expand.push_back(at->second);
+  }
+  if (first_rows.size() == prompts.size()) return prefill_rows(prompts, hidden, cache, score);
+  std::vector<std::vector<int64_t>> distinct;
+  for (auto r : first_rows) distinct.push_back(prompts[static_cast<size_t>(r)]);
+  host_tensor sub;
+  if (hidden != nullptr) {
+    if (hidden->shape.empty() || hidden->shape[0] != static_cast<int64_t>(prompts.size()))
+      return bad("hidden states do not match the batch");
+    sub = select_rows(*hidden, first_rows);
+  }
+  auto out = prefill_rows(distinct, hidden ? &sub : nullptr, cache, {});
+  if (!out) return out;
+  if (auto err = cache.keep_rows(expand)) return err;
+  return select_rows(*out, expand);
+}
+
+caf::expected<host_tensor> decoder_stage::prefill_rows(
+    const std::vector<std::vector<int64_t>>& prompts, const host_tensor* hidden, kv_cache& cache,
+    const std::vector<bool>& score) {
   auto& m = *impl_;
   if (prompts.empty()) return bad("empty batch");
   int64_t t = 0;
@@ -311,7 +365,10 @@ caf::expected<host_tensor> decoder_stage::prefill(const std::vector<std::vector<
       if (!h) return std::move(h.error());
       x = *h;
     }
-    return m.run(x, allowed, dev_pos, c, all_positions);
+    std::vector<std::pair<int64_t, int64_t>> scored;
+    for (size_t i = 0; i < score.size() && i < prompts.size(); ++i)
+      if (score[i]) scored.emplace_back(static_cast<int64_t>(i), prompts[i].size());
+    return m.run(x, allowed, dev_pos, c, scored);
   } catch (const std::exception& e) {
     return detail::compute_error(m.spec.name + " prefill", e);
   }

@@ -40,7 +40,8 @@ class kv_cache {
   /// Cached positions per sequence, padding included (0 before prefill).
   int64_t length() const;
   /// Keeps only these sequences (their positions in the batch, in the order they go on);
-  /// the others left the batch. Errors: an index outside the batch.
+  /// the others left the batch. A position may repeat: that sequence is copied (a shared
+  /// prefill's rows). Errors: an index outside the batch.
   caf::error keep_rows(const std::vector<int64_t>& rows);
 
  private:
@@ -70,13 +71,16 @@ class decoder_stage {
   /// first stage reads the tokens; later stages read `hidden` from the previous stage
   /// and use the prompts only for their lengths. Returns hidden states [batch, len,
   /// hidden], or on the last stage the logits of each prompt's last token [batch, vocab]
-  /// in f32; with `all_positions`, every position's logits [batch, len, vocab] (left
-  /// padded: a prompt of length L fills the last L). Errors: empty batch or prompt, token
-  /// ids outside the vocabulary, prompts longer than the positions, missing or misshapen
-  /// hidden states, weights not loaded.
+  /// in f32. `score[i]` (a row that asks for its prompt's log-probabilities): the last
+  /// stage appends the logits of prompt i's positions before its last, len_i - 1 rows in
+  /// order, after the batch's rows ([batch + sum, vocab]). Identical prompts (n samples of
+  /// one prompt) share one prefill where none is scored: it runs once and its cache rows
+  /// and outputs are copied. Errors: empty batch or prompt, token ids outside the
+  /// vocabulary, prompts longer than the positions, missing or misshapen hidden states,
+  /// weights not loaded.
   caf::expected<host_tensor> prefill(const std::vector<std::vector<int64_t>>& prompts,
                                      const host_tensor* hidden, kv_cache& cache,
-                                     bool all_positions = false);
+                                     const std::vector<bool>& score = {});
 
   /// One more token per sequence, using and extending the cache.
   caf::expected<host_tensor> decode(const std::vector<int64_t>& tokens, const host_tensor* hidden,
@@ -86,6 +90,10 @@ class decoder_stage {
   caf::expected<const void*> parameter_address(const std::string& name);
 
  private:
+  /// prefill() without sharing: every row computed.
+  caf::expected<host_tensor> prefill_rows(const std::vector<std::vector<int64_t>>& prompts,
+                                          const host_tensor* hidden, kv_cache& cache,
+                                          const std::vector<bool>& score);
   struct impl;
   explicit decoder_stage(std::unique_ptr<impl> p);
   std::unique_ptr<impl> impl_;

@@ -53,7 +53,8 @@ json logprobs_json(const gen_state& st, const gen_row& r, size_t from, size_t to
   json tokens = json::array(), values = json::array(), tops = json::array(),
        offsets = json::array();
   size_t offset = 0;
-  if (from == 0 && !r.prompt_logprobs.empty()) {
+  const bool listed_prompt = from == 0 && st.g.echo && st.g.sampling.prompt_logprobs >= 0;
+  if (listed_prompt) {
     // echo: the prompt's tokens first; the first has nothing before it to be scored by.
     for (size_t i = 0; i < r.prompt.size(); ++i) {
       auto text = token_text(st, r.prompt[i]);
@@ -73,7 +74,9 @@ json logprobs_json(const gen_state& st, const gen_row& r, size_t from, size_t to
       tops.push_back(top);
     }
   }
-  offset = r.echo.size();
+  // One running offset: after the prompt's tokens where they were listed (as vLLM counts
+  // them, token texts), else after the echoed text.
+  if (!listed_prompt) offset = r.echo.size();
   for (size_t i = 0; i < from && i < r.ids.size(); ++i) offset += token_text(st, r.ids[i]).size();
   for (size_t i = from; i < to; ++i) {
     auto text = token_text(st, r.ids[i]);
@@ -229,6 +232,28 @@ size_t cut_at(const gen_state& st, const std::string& text, size_t at) {
   return at;
 }
 
+/// A row failed: every other row is cancelled and the request answers with the error
+/// (the last event of a stream already under way).
+void fail_generation(caf::event_based_actor* self, const std::shared_ptr<gen_state>& sp,
+                     const caf::error& e) {
+  auto& st = *sp;
+  --st.left;
+  if (st.failed) return;
+  st.failed = true;
+  for (auto& r : st.rows)
+    if (!r.done) cancel_row(self, st, r);
+  if (st.sse) {
+    bool retry = false;
+    auto status = static_cast<int>(status_of(e, retry));
+    send_event(st, openai_error(status, render(e), code_of(e)));
+    if (st.api != text_api::triton) st.sse->send("[DONE]");
+    st.sse->end();
+  } else {
+    st.reply(st.api == text_api::triton ? error_response(e) : openai_error_response(e));
+  }
+  self->quit();
+}
+
 }  // namespace
 
 /// The actor behind one text request: sends one infer request per choice with itself as
@@ -268,6 +293,17 @@ caf::behavior generation(caf::event_based_actor* self, std::shared_ptr<gen_state
               auto& st = *sp;
               auto& r = st.rows[i];
               r.done = true;
+              r.prompt_logprobs = std::move(rep.prompt_logprobs);
+              if (st.g.sampling.prompt_logprobs >= 0 &&
+                  r.prompt_logprobs.size() + 1 < r.prompt.size()) {
+                // A model kind that computes only the last position's logits (toy,
+                // TorchScript) scored nothing: say so rather than answer without scores.
+                caf::error e = make_error(ec::invalid_request,
+                                          "model " + st.g.model +
+                                              " cannot score a prompt (echo with logprobs): "
+                                              "its kind computes the last position only");
+                return fail_generation(self, sp, e);
+              }
               if (!r.stopped) {
                 auto grown_from = r.text.size();
                 if (!watch) {
@@ -275,7 +311,6 @@ caf::behavior generation(caf::event_based_actor* self, std::shared_ptr<gen_state
                   r.ids = rep.tokens;
                   r.logprobs = std::move(rep.logprobs);
                 }
-                r.prompt_logprobs = std::move(rep.prompt_logprobs);
                 r.text += r.decoder->finish();
                 if (auto at = st.stops.find(r.text, grown_from)) {
                   r.text.resize(cut_at(st, r.text, *at));
@@ -295,24 +330,8 @@ caf::behavior generation(caf::event_based_actor* self, std::shared_ptr<gen_state
               if (--st.left == 0 && !st.failed) finish_generation(self, st);
             },
             [=](caf::error& e) {
-              auto& st = *sp;
-              st.rows[i].done = true;
-              --st.left;
-              if (st.failed) return;
-              st.failed = true;
-              for (auto& r : st.rows)
-                if (!r.done) cancel_row(self, st, r);
-              if (st.sse) {
-                // Mid-stream: the error is the last event.
-                bool retry = false;
-                auto status = static_cast<int>(status_of(e, retry));
-                send_event(st, openai_error(status, render(e), code_of(e)));
-                if (st.api != text_api::triton) st.sse->send("[DONE]");
-                st.sse->end();
-              } else {
-                st.reply(st.api == text_api::triton ? error_response(e) : openai_error_response(e));
-              }
-              self->quit();
+              sp->rows[i].done = true;
+              fail_generation(self, sp, e);
             });
   }
   return {

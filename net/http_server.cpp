@@ -235,7 +235,7 @@ struct http_server::impl {
     if (j.is_discarded()) return bad({"the body is not valid JSON", ""});
     auto parsed = api == text_api::openai
                       ? parse_completion(j, opts.max_batch_rows, opts.max_tokens)
-                  : api == text_api::chat ? parse_chat(j, opts.max_tokens)
+                  : api == text_api::chat ? parse_chat(j, opts.max_batch_rows, opts.max_tokens)
                                           : parse_generate(j, model, stream, opts.max_tokens);
     if (auto e = std::get_if<request_error>(&parsed)) return bad(*e);
     auto g = std::make_shared<generation_request>(std::move(std::get<generation_request>(parsed)));
@@ -590,7 +590,20 @@ caf::expected<std::unique_ptr<http_server>> http_server::start(
   p->listen = std::make_unique<transport::listener>(transport::listener{
       p->ioc, p->acceptor, p->stopped, p->opts,
       [srv = p.get()](const request& req, responder reply, sse_opener open_sse, gone_hook on_gone) {
-        srv->route(req, std::move(reply), std::move(open_sse), std::move(on_gone));
+        // An exception here is a bug; it must not end the process from an I/O thread.
+        // The request still gets its one answer (a 500) unless it had one already.
+        auto answered = std::make_shared<std::atomic<bool>>(false);
+        responder once = [reply = std::move(reply), answered](response r) {
+          if (!answered->exchange(true)) reply(std::move(r));
+        };
+        try {
+          srv->route(req, once, std::move(open_sse), std::move(on_gone));
+        } catch (const std::exception& e) {
+          log::error("http: {} {} threw: {}", std::string{req.method_string()},
+                     std::string{req.target()}, e.what());
+          once(make_error_response(http::status::internal_server_error,
+                                   std::string{"internal error: "} + e.what()));
+        }
       }});
   transport::accept(*p->listen);
   for (int i = 0; i < o.threads; ++i) p->threads.emplace_back([ioc = &p->ioc] { ioc->run(); });

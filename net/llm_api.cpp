@@ -222,6 +222,21 @@ void read_openai(reader& r, generation_request& g, int64_t max_tokens) {
   }
 }
 
+/// Whether `j` nests deeper than `limit` arrays and objects. Iterative: copying a JSON
+/// value recurses, so a body of a few hundred kilobytes nested 100k deep would overflow
+/// the stack where a route copies it.
+bool nests_deeper(const json& j, int limit) {
+  std::vector<std::pair<const json*, int>> todo{{&j, 0}};
+  while (!todo.empty()) {
+    auto [v, depth] = todo.back();
+    todo.pop_back();
+    if (!v->is_structured()) continue;
+    if (depth >= limit) return true;
+    for (auto& x : *v) todo.emplace_back(&x, depth + 1);
+  }
+  return false;
+}
+
 /// What a chat request tells its template besides the messages.
 void read_template_settings(reader& r, generation_request& g) {
   r.boolean("add_generation_prompt", g.add_generation_prompt);
@@ -244,7 +259,10 @@ std::optional<json> message_content(reader& r, const json& content, const std::s
   std::string text;
   for (size_t i = 0; i < content.size(); ++i) {
     auto& part = content[i];
-    auto type = part.is_object() ? part.value("type", std::string{}) : std::string{};
+    // Read without json::value, which throws on a non-string type.
+    auto t = part.is_object() ? part.find("type") : part.end();
+    auto type = part.is_object() && t != part.end() && t->is_string() ? t->get<std::string>()
+                                                                      : std::string{};
     if (type != "text" || !part.contains("text") || !part["text"].is_string()) {
       r.fail("messages", where + ".content[" + std::to_string(i) +
                              "] must be a text part ({\"type\": \"text\", \"text\": ...}); " +
@@ -276,6 +294,9 @@ json read_messages(reader& r) {
     reader mr{msg, where + "."};
     mr.only({"role", "content", "name", "tool_call_id", "tool_calls", "reasoning_content"});
     mr.only_value("tool_calls", json{}, "is not supported (no tool calling)");
+    for (auto key : {"name", "tool_call_id", "reasoning_content"})
+      if (auto v = mr.find(key); v && !v->is_string())
+        mr.fail(key, "'" + where + "." + key + "' must be a string");
     if (mr.error) {
       r.fail("messages", mr.error->message);
       break;
@@ -350,17 +371,21 @@ std::variant<generation_request, request_error> parse_completion(const json& bod
   g.sampling.logprobs = static_cast<int32_t>(logprobs);
   r.only_value("suffix", json{}, "is not supported");
   if (g.echo && logprobs >= 0) {
-    // The prompt's log-probabilities come with the answer, not before the first token.
+    // The prompt's log-probabilities come with the answer, not before the first token;
+    // every position's logits cost memory per sample, so one sample per prompt.
     if (!r.error && g.stream)
       r.fail("echo", "'echo' with 'logprobs' is not supported when streaming");
+    if (!r.error && g.n > 1) r.fail("n", "'echo' with 'logprobs' takes n = 1");
     g.sampling.prompt_logprobs = static_cast<int32_t>(logprobs);
   }
   if (r.error) return *r.error;
   return g;
 }
 
-std::variant<generation_request, request_error> parse_chat(const json& body, int64_t max_tokens) {
+std::variant<generation_request, request_error> parse_chat(const json& body, uint32_t max_choices,
+                                                           int64_t max_tokens) {
   if (!body.is_object()) return request_error{"the body must be a JSON object", ""};
+  if (nests_deeper(body, 64)) return request_error{"the body nests deeper than 64 levels", ""};
   reader r{body};
   auto allowed = openai_shared;
   allowed.insert({"messages", "max_completion_tokens", "logprobs", "top_logprobs",
@@ -390,6 +415,8 @@ std::variant<generation_request, request_error> parse_chat(const json& body, int
   r.only_value("parallel_tool_calls", json{}, "is not supported (no tool calling)");
   r.only_value("echo", false, "is not supported in chat");
   r.only_value("continue_final_message", false, "is not supported");
+  if (!r.error && static_cast<uint64_t>(g.n) > max_choices)
+    r.fail("n", "at most " + std::to_string(max_choices) + " choices per request");
   g.prompts.emplace_back(std::string{});  // rendered from the messages with the model's template
   if (r.error) return *r.error;
   return g;
@@ -397,6 +424,7 @@ std::variant<generation_request, request_error> parse_chat(const json& body, int
 
 std::variant<tokenize_body, request_error> parse_tokenize(const json& body) {
   if (!body.is_object()) return request_error{"the body must be a JSON object", ""};
+  if (nests_deeper(body, 64)) return request_error{"the body nests deeper than 64 levels", ""};
   reader r{body};
   r.only({"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
           "chat_template_kwargs", "return_token_strs"});

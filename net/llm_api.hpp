@@ -81,6 +81,7 @@ std::variant<generation_request, request_error> parse_completion(const nlohmann:
 /// chat_template_kwargs and the shared settings; tools, response_format and other
 /// structured outputs are refused as unsupported.
 std::variant<generation_request, request_error> parse_chat(const nlohmann::json& body,
+                                                           uint32_t max_choices,
                                                            int64_t max_tokens);
 
 /// POST /tokenize, as vLLM serves it: {model, prompt, add_special_tokens (true),

@@ -1,5 +1,7 @@
 #include "net/routes.hpp"
 
+#include <cctype>
+
 namespace computron::net {
 
 using json = nlohmann::json;
@@ -92,8 +94,11 @@ bool openai_target(std::string_view target) {
 }
 
 bool bearer_matches(std::string_view header, const std::string& key) {
-  constexpr std::string_view scheme = "Bearer ";
-  if (!starts_with(header, scheme)) return false;
+  // The scheme's name is case-insensitive (RFC 9110); the key is not.
+  constexpr std::string_view scheme = "bearer ";
+  if (header.size() < scheme.size()) return false;
+  for (size_t i = 0; i < scheme.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(header[i])) != scheme[i]) return false;
   auto given = header.substr(scheme.size());
   // Every byte is looked at whatever the first difference: the time says nothing of it.
   unsigned diff = given.size() == key.size() ? 0u : 1u;

@@ -35,7 +35,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (void)computron::net::parse_detokenize(body);
       break;
     default:
-      (void)computron::net::parse_chat(body, max_tokens);
+      (void)computron::net::parse_chat(body, max_rows, max_tokens);
       break;
   }
   return 0;

@@ -203,6 +203,56 @@ TEST_CASE("a batch of Llama prompts gives each prompt's own tokens", "[llama]") 
   for (size_t i = 0; i < prompts.size(); ++i) CHECK(batch.tokens[i] == ref.greedy(prompts[i], 6));
 }
 
+TEST_CASE("identical prompts share one prefill and then decode as separate rows", "[llama]") {
+  test::temp_dir dir;
+  test::write_tiny_llama_folder(dir.path(), variants()[0].second);
+  hf_model hf{dir.path()};
+  // A prefill of {p, q, p, p}, then each row decodes its own tokens: every row's logits
+  // equal that row run alone, at TP1 and at TP2 x PP2 (where later stages read the
+  // expanded hidden states).
+  const std::vector<std::vector<int64_t>> prompts = {prompt, {3, 9, 27}, prompt, prompt};
+  // Per decode step, one token per row: the copies of p go different ways.
+  const std::vector<std::vector<int64_t>> forced = {{5, 6, 7, 8}, {40, 41, 42, 43}};
+  auto run = [&](test::sharded_model& m, const std::vector<std::vector<int64_t>>& rows,
+                 const std::vector<std::vector<int64_t>>& steps) {
+    return m.on_all_ranks([&](std::vector<decoder_stage*> chain)
+                              -> caf::expected<std::vector<std::vector<std::vector<float>>>> {
+      std::vector<std::vector<std::vector<float>>> out;  // per step, per row
+      std::vector<kv_cache> caches(chain.size());
+      for (size_t step = 0; step <= steps.size(); ++step) {
+        host_tensor h;
+        for (size_t s = 0; s < chain.size(); ++s) {
+          auto r = step == 0 ? chain[s]->prefill(rows, s == 0 ? nullptr : &h, caches[s])
+                             : chain[s]->decode(steps[step - 1], s == 0 ? nullptr : &h, caches[s]);
+          if (!r) return std::move(r.error());
+          h = std::move(*r);
+        }
+        auto f = h.to_floats();
+        auto vocab = h.shape.back();
+        out.emplace_back();
+        for (size_t i = 0; i < rows.size(); ++i)
+          out.back().emplace_back(f.begin() + static_cast<int64_t>(i) * vocab,
+                                  f.begin() + static_cast<int64_t>(i + 1) * vocab);
+      }
+      return out;
+    });
+  };
+  for (auto par : {parallel_config{1, 1}, parallel_config{2, 2}}) {
+    auto m = hf.load(par);
+    auto shared = run(m, prompts, forced);
+    for (size_t row = 0; row < prompts.size(); ++row) {
+      std::vector<std::vector<int64_t>> alone_steps;
+      for (auto& step : forced) alone_steps.push_back({step[row]});
+      auto alone = run(m, {prompts[row]}, alone_steps);
+      for (size_t step = 0; step < alone.size(); ++step) {
+        INFO("tp " << par.tp << " pp " << par.pp << " row " << row << " step " << step);
+        std::vector<double> want(alone[step][0].begin(), alone[step][0].end());
+        CHECK(relative_error(shared[step][row], want) < 1e-5);
+      }
+    }
+  }
+}
+
 TEST_CASE("Llama catalogue shapes run from seeded weights in bf16 and split like OPT", "[llama]") {
   auto spec = find_spec("llama-tiny");
   REQUIRE(spec);

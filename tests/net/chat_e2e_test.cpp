@@ -264,6 +264,24 @@ TEST_CASE("the bodies vllm bench serve sends, tokenize, detokenize, the model ca
     CHECK(scored["token_logprobs"][i].get<double>() == Approx(want).margin(1e-3));
     CHECK(scored["top_logprobs"][i].size() == 1);
   }
+  // The same with a stop string that ends the row: the prompt's scores stay; the text
+  // offsets run on across prompt and completion.
+  auto stopped = post({{"prompt", "Hello world"},
+                       {"echo", true},
+                       {"logprobs", 0},
+                       {"max_tokens", 4},
+                       {"logit_bias", {{"9906", 100}}},
+                       {"stop", "Hello"}});
+  auto& kept = stopped["choices"][0]["logprobs"];
+  REQUIRE(kept["token_logprobs"].size() >= 3);
+  CHECK(kept["token_logprobs"][1].get<double>() ==
+        Approx(scored["token_logprobs"][1].get<double>()));
+  for (size_t i = 1; i < kept["text_offset"].size(); ++i)
+    CHECK(kept["text_offset"][i].get<int64_t>() > kept["text_offset"][i - 1].get<int64_t>());
+  // A one-token prompt is listed too, without a score.
+  auto one = post({{"prompt", {9906}}, {"echo", true}, {"logprobs", 0}, {"max_tokens", 1}});
+  CHECK(one["choices"][0]["logprobs"]["tokens"][0] == "Hello");
+  CHECK(one["choices"][0]["logprobs"]["token_logprobs"][0].is_null());
   // Streamed, the prompt's scores would come after its first token: refused by name.
   auto refused = s.call(
       "POST", "/v1/completions",

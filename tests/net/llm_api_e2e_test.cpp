@@ -206,6 +206,27 @@ TEST_CASE("strict requests: unknown parameters, input names, models without a to
   CHECK(s.post("/v1/chat/completions",
                {{"model", "nope"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}})
             .status == 404);
+  // A content part whose type is not a string, and a body nested 100k deep (copying it
+  // would overflow the stack): 400s, and the server goes on.
+  r = s.post("/v1/chat/completions",
+             {{"model", "toy"}, {"messages", {{{"role", "user"}, {"content", {{{"type", 1}}}}}}}});
+  CHECK(r.status == 400);
+  CHECK(json::parse(r.body)["error"]["param"] == "messages");
+  {
+    std::string deep = R"({"model": "toy", "messages": [{"role": "user", "content": "x"}], )"
+                       R"("chat_template_kwargs": {"a": )" +
+                       std::string(100000, '[') + std::string(100000, ']') + "}}";
+    auto c = std::move(net::http_client::connect("127.0.0.1", s.port, 5s).value());
+    auto d = c->request("POST", "/v1/chat/completions", deep, 60s).value();
+    CHECK(d.status == 400);
+    CHECK_THAT(d.body, Catch::Contains("nests deeper"));
+  }
+  // echo with logprobs needs every position's logits, which the toy kind does not give.
+  r = s.post("/v1/completions",
+             {{"model", "toy"}, {"prompt", "a b"}, {"echo", true}, {"logprobs", 1}});
+  CHECK(r.status == 400);
+  CHECK_THAT(r.body, Catch::Contains("cannot score a prompt"));
+  CHECK(s.post("/v1/completions", {{"model", "toy"}, {"prompt", "a"}}).status == 200);
   // A model that is not a string is a 400 naming it (it once threw inside the route).
   r = s.post("/v1/chat/completions", {{"model", 5}, {"messages", json::array()}});
   CHECK(r.status == 400);
