@@ -56,17 +56,20 @@ struct http_server::impl {
   /// The connections' side: accepts and reads requests, hands them to route().
   std::unique_ptr<transport::listener> listen;
   uint16_t bound_port = 0;
-  /// Tokenizers, chat templates and generation defaults by tokenizer path, read once.
+  /// Tokenizers, chat templates and generation defaults: serve's directory, where
+  /// registration opened them.
   text_models texts;
 
   impl(caf::actor_system& s, actors::frontend_actor fe, std::shared_ptr<metrics> m,
-       std::shared_ptr<trace_recorder> t, http_options o, actors::repository_actor r)
+       std::shared_ptr<trace_recorder> t, http_options o, actors::repository_actor r,
+       std::shared_ptr<models::text_directory> d)
       : sys(s),
         frontend(std::move(fe)),
         metrics_(std::move(m)),
         trace(std::move(t)),
         opts(std::move(o)),
-        repository(std::move(r)) {}
+        repository(std::move(r)),
+        texts(std::move(d)) {}
 
   /// Asks the frontend and answers with `ok(result)` or the error's response. Runs in
   /// a short-lived actor so that no I/O thread ever blocks on an actor.
@@ -568,10 +571,11 @@ void http_server::stop() {
 
 caf::expected<std::unique_ptr<http_server>> http_server::start(
     caf::actor_system& sys, actors::frontend_actor frontend, std::shared_ptr<metrics> m,
-    std::shared_ptr<trace_recorder> trace, http_options opts, actors::repository_actor repository) {
+    std::shared_ptr<trace_recorder> trace, http_options opts, actors::repository_actor repository,
+    std::shared_ptr<models::text_directory> texts) {
   if (opts.threads < 1) return make_error(ec::invalid_configuration, "http: at least one thread");
   auto p = std::make_unique<impl>(sys, std::move(frontend), std::move(m), std::move(trace),
-                                  std::move(opts), std::move(repository));
+                                  std::move(opts), std::move(repository), std::move(texts));
   auto& o = p->opts;
   beast::error_code ec;
   auto addr = asio::ip::make_address(o.host, ec);

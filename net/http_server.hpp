@@ -9,6 +9,7 @@
 #include <caf/expected.hpp>
 
 #include "actors/interfaces.hpp"
+#include "models/text_directory.hpp"
 
 /// The HTTP API (KServe v2 / Triton REST conventions) on Boost.Beast, talking only to
 /// the frontend actor. Beast and Asio stay inside http_server.cpp.
@@ -43,12 +44,14 @@ class http_server {
  public:
   /// Binds and starts serving. Model control (the repository index, load, unload and
   /// unregister) goes to `repository` where there is one, else to the frontend (no
-  /// unregister). Errors: the address cannot be bound (io_error, with the
-  /// reason).
+  /// unregister). `texts`: the models' tokenizers, chat templates and generation
+  /// defaults, opened where they were registered (null: the server opens each on its first
+  /// text request). Errors: the address cannot be bound (io_error, with the reason).
   static caf::expected<std::unique_ptr<http_server>> start(
       caf::actor_system& sys, actors::frontend_actor frontend, std::shared_ptr<metrics> metrics,
       std::shared_ptr<trace_recorder> trace, http_options opts,
-      actors::repository_actor repository = {});
+      actors::repository_actor repository = {},
+      std::shared_ptr<models::text_directory> texts = nullptr);
   ~http_server();
 
   /// The bound port.

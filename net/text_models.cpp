@@ -20,28 +20,9 @@ caf::expected<std::shared_ptr<const model_text>> text_models::of(const actors::m
                           "/v2/models/" +
                           i.config.name +
                           "/infer, or give the model a tokenizer (configs/README.md)");
-  std::lock_guard<std::mutex> guard{mtx_};
-  if (auto t = by_path_.find(path); t != by_path_.end()) return t->second;
-  auto text = std::make_shared<model_text>();
-  if (path == "bytes") {
-    text->tok = models::tokenizer::bytes();
-  } else {
-    auto t = models::tokenizer::open(path);
-    if (!t) return with_context(t.error(), "model " + i.config.name);
-    text->tok = *t;
-    auto d = models::read_generation_defaults(path);
-    if (!d) return with_context(d.error(), "model " + i.config.name);
-    text->defaults = *d;
-    if (auto source = text->tok->chat_template()) {
-      auto c = models::chat_template::parse(*source);
-      if (c)
-        text->chat = *c;
-      else
-        text->chat_error = c.error();
-    }
-  }
-  by_path_.emplace(path, text);
-  return std::shared_ptr<const model_text>{text};
+  auto t = directory_->open(path);
+  if (!t) return with_context(t.error(), "model " + i.config.name);
+  return t;
 }
 
 caf::expected<std::string> render_chat(const model_text& text, const generation_request& g,

@@ -1,44 +1,35 @@
 #pragma once
 
-// What a model's files say about text (internal to net/): its tokenizer, chat template and
-// generation_config.json defaults, read once per tokenizer path; and how a text request
+// What a model's files say about text (internal to net/), looked up in serve's
+// models::text_directory; and how a text request
 // becomes the rows a generation actor sends (chat rendered, prompts encoded, n choices,
 // defaults, seed, stop ids, max_tokens). No actors, no sockets.
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include <caf/expected.hpp>
 
 #include "actors/messages.hpp"
-#include "models/chat_template.hpp"
-#include "models/generation_config.hpp"
-#include "models/tokenizer.hpp"
+#include "models/text_directory.hpp"
 #include "net/generation.hpp"
 
 namespace computron::net {
 
-struct model_text {
-  std::shared_ptr<const models::tokenizer> tok;
-  /// Null where the files hold none, or where it could not be parsed (`chat_error` says
-  /// why: an unsupported construct, with its line).
-  std::shared_ptr<const models::chat_template> chat;
-  caf::error chat_error;
-  models::generation_defaults defaults;
-};
+using models::model_text;
 
-/// model_text by tokenizer path, read once (a large vocabulary takes a moment to parse).
-/// Thread-safe.
+/// The text files of the models a server answers for: a models::text_directory (serve's,
+/// filled where models are registered; or the server's own), looked up by model.
 class text_models {
  public:
+  explicit text_models(std::shared_ptr<models::text_directory> directory)
+      : directory_(directory ? std::move(directory) : std::make_shared<models::text_directory>()) {}
+
   /// The model's text files. Errors: the model has no tokenizer (it takes ids only), or
   /// its files are unreadable (the reader's error, with the model named).
   caf::expected<std::shared_ptr<const model_text>> of(const actors::model_info& i);
 
  private:
-  std::mutex mtx_;
-  std::map<std::string, std::shared_ptr<const model_text>> by_path_;
+  std::shared_ptr<models::text_directory> directory_;
 };
 
 /// The prompt a chat request's messages render to with the model's template (400 for a

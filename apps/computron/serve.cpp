@@ -108,6 +108,14 @@ int run_serve(serve_config cfg) {
   }
   size_t registered = 0;
   auto reg_start = std::chrono::steady_clock::now();
+  // The models' tokenizers, chat templates and generation defaults, opened here (this
+  // thread) and by the repository's scans (its own thread), never on a request's path.
+  auto texts = std::make_shared<models::text_directory>();
+  for (auto& m : cfg.models)
+    if (!m.tokenizer.empty())
+      if (auto t = texts->open(m.tokenizer); !t)
+        log::warn("model {}: its tokenizer cannot be read ({}); text requests will say so", m.name,
+                  render(t.error()));
   {
     // Every model at once: their host copies fill in parallel (each worker fills its
     // shards over all cores, and the workers run side by side).
@@ -136,8 +144,8 @@ int run_serve(serve_config cfg) {
   }
   actors::repository_options ro;
   if (!cfg.repository.empty())
-    ro.scan = [dir = cfg.repository](const std::string& only) {
-      auto folders = read_repository(dir, only);
+    ro.scan = [dir = cfg.repository, texts](const std::string& only) {
+      auto folders = read_repository(dir, only, texts.get());
       if (folders) return std::move(*folders);
       // The folder itself went away: one entry that says so.
       actors::repository_folder f;
@@ -152,7 +160,7 @@ int run_serve(serve_config cfg) {
     nodes.shutdown();
     return 1;
   }
-  auto srv = net::http_server::start(sys, rt->frontend, metrics, trace, cfg.http, *repo);
+  auto srv = net::http_server::start(sys, rt->frontend, metrics, trace, cfg.http, *repo, texts);
   if (!srv) {
     std::cerr << "computron serve: " << render(srv.error()) << '\n';
     caf::anon_send_exit(*repo, caf::exit_reason::user_shutdown);

@@ -7,6 +7,7 @@
 
 #include "actors/node.hpp"
 #include "actors/repository.hpp"
+#include "models/text_directory.hpp"
 #include "net/cluster.hpp"
 #include "net/http_server.hpp"
 
@@ -70,9 +71,11 @@ bool is_model_folder(const std::string& dir);
 /// folder (or only the one named `only`; hidden ones never) comes back with its model or
 /// the error that names the folder and the problem. A `dir` that is itself a model folder
 /// (is_model_folder) is a repository of that one model, named after the folder; its
-/// subfolders are not read. Error: `dir` is not a folder.
-caf::expected<std::vector<actors::repository_folder>> read_repository(const std::string& dir,
-                                                                      const std::string& only = {});
+/// subfolders are not read. `texts`: where a folder's tokenizer, chat template and
+/// generation defaults are opened (read again after a change on disk); null: the
+/// tokenizer is opened only for the vocabulary check. Error: `dir` is not a folder.
+caf::expected<std::vector<actors::repository_folder>> read_repository(
+    const std::string& dir, const std::string& only = {}, models::text_directory* texts = nullptr);
 
 /// read_repository, strict: the first folder that cannot be read is the error.
 caf::expected<std::vector<actors::model_config>> load_repository(const std::string& dir);

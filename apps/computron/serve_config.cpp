@@ -220,7 +220,7 @@ serve_config default_serve_config() {
 namespace {
 
 /// One repository folder as a model, or the error that keeps it from being one.
-caf::expected<actors::model_config> read_folder(const fs::path& f) {
+caf::expected<actors::model_config> read_folder(const fs::path& f, models::text_directory* texts) {
   auto cfg_path = f / "config.json";
   actors::model_config m;
   m.name = f.filename().string();
@@ -242,8 +242,18 @@ caf::expected<actors::model_config> read_folder(const fs::path& f) {
     m.weights_path = f.string();
     if (has_tokenizer_files(f)) {
       m.tokenizer = f.string();
-      // Ids the tokenizer can produce must all be rows of the embedding.
-      auto tok = models::tokenizer::open(m.tokenizer);
+      // Ids the tokenizer can produce must all be rows of the embedding. Read into the
+      // directory the server looks text files up in (anew: the folder may have changed
+      // since a load before), so that no request opens them.
+      caf::expected<std::shared_ptr<const models::tokenizer>> tok{nullptr};
+      if (texts) {
+        texts->forget(m.tokenizer);
+        auto t = texts->open(m.tokenizer);
+        if (!t) return t.error();
+        tok = (*t)->tok;
+      } else {
+        tok = models::tokenizer::open(m.tokenizer);
+      }
       if (!tok) return tok.error();
       if ((*tok)->size() > hf->spec.vocab)
         return bad((f / "config.json").string(),
@@ -270,6 +280,11 @@ caf::expected<actors::model_config> read_folder(const fs::path& f) {
   if (m.weights_path.empty() && fs::exists(f / "weights.safetensors"))
     m.weights_path = (f / "weights.safetensors").string();
   if (m.tokenizer.empty() && has_tokenizer_files(f)) m.tokenizer = f.string();
+  if (texts && !m.tokenizer.empty()) {
+    // Opened here, off the request path; a broken tokenizer is the text requests' error.
+    texts->forget(m.tokenizer);
+    (void)texts->open(m.tokenizer);
+  }
   return m;
 }
 
@@ -295,8 +310,8 @@ bool is_model_folder(const std::string& dir) {
   return fs::is_regular_file(fs::path{dir} / "config.json", ec);
 }
 
-caf::expected<std::vector<actors::repository_folder>> read_repository(const std::string& dir,
-                                                                      const std::string& only) {
+caf::expected<std::vector<actors::repository_folder>> read_repository(
+    const std::string& dir, const std::string& only, models::text_directory* texts) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     return make_error(ec::io_error, "model repository " + dir + " is not a folder");
@@ -326,7 +341,7 @@ caf::expected<std::vector<actors::repository_folder>> read_repository(const std:
     if (!single && f.filename().string().rfind('.', 0) == 0) continue;
     actors::repository_folder rf;
     rf.name = f.filename().string();
-    auto m = read_folder(f);
+    auto m = read_folder(f, texts);
     if (m)
       rf.config = std::move(*m);
     else

@@ -50,10 +50,11 @@ namespace {
 /// `computron sim` over one seeded catalogue model on one device; its JSON report.
 json simulate(const std::string& spec) {
   computron::test::temp_dir dir{"sim-llama"};
-  json cfg{{"devices", {{"kind", "emulated"}, {"count", 1}, {"capacity_mb", 40000}, {"link_gbps", 16}}},
-           {"batching", {{"max_batch_size", 8}, {"batch_window_ms", 10}}},
-           {"models",
-            {{{"name", "m"}, {"kind", "llama"}, {"spec", spec}, {"devices", {0}}, {"dtype", "bf16"}}}}};
+  json cfg{
+      {"devices", {{"kind", "emulated"}, {"count", 1}, {"capacity_mb", 40000}, {"link_gbps", 16}}},
+      {"batching", {{"max_batch_size", 8}, {"batch_window_ms", 10}}},
+      {"models",
+       {{{"name", "m"}, {"kind", "llama"}, {"spec", spec}, {"devices", {0}}, {"dtype", "bf16"}}}}};
   std::ofstream{dir.path() + "/sim.json"} << cfg.dump();
   auto r = run("sim --config " + dir.path() + "/sim.json --rates 1 --duration 10 --seed 1 --json",
                false);

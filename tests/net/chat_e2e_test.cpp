@@ -347,3 +347,19 @@ TEST_CASE("with an API key, /v1 and /v2 answer 401 without the key; health and m
   CHECK(s.call("GET", "/v2/health/live").status == 200);
   CHECK(s.call("GET", "/metrics").status == 200);
 }
+
+TEST_CASE("a model's text files are opened where it registers, not by its requests",
+          "[net][e2e][chat]") {
+  chat_server s;
+  // Gone from disk after the server started: the server still has them, opened when the
+  // folder was read, so requests neither read files nor wait for a vocabulary to parse.
+  for (auto f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json"})
+    fs::remove(s.dir.path() + "/repo/chat/" + f);
+  json messages{{{"role", "user"}, {"content", "Hi"}}};
+  auto r = s.call("POST", "/v1/chat/completions",
+                  json{{"model", "chat"}, {"messages", messages}, {"max_tokens", 2}}.dump());
+  INFO(r.body);
+  CHECK(r.status == 200);
+  r = s.call("POST", "/tokenize", json{{"model", "chat"}, {"prompt", "Hello world"}}.dump());
+  CHECK(r.status == 200);
+}
