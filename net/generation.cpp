@@ -316,7 +316,8 @@ caf::behavior generation(caf::event_based_actor* self, std::shared_ptr<gen_state
                   r.text.resize(cut_at(st, r.text, *at));
                   r.stopped = true;
                 }
-                r.completion_tokens = rep.tokens.size();
+                // The stop id was generated too, as vLLM counts it (not shown in the text).
+                r.completion_tokens = rep.tokens.size() + (rep.stop_id >= 0 ? 1 : 0);
               }
               r.finish = r.stopped || rep.finish_reason == "stop" ? "stop" : "length";
               if (st.g.stream && !st.failed) {

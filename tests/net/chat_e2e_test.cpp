@@ -131,6 +131,7 @@ TEST_CASE("the official OpenAI client chats with a Llama folder; the oracle chec
   CHECK(out["eot"] == 128009);
   CHECK(out["forced"]["finish"] == "stop");
   CHECK(out["forced"]["content"] == "");
+  CHECK(out["forced"]["usage"]["completion_tokens"] == 1);  // the EOS id, counted as vLLM does
   CHECK(out["ignored"]["finish"] == "length");
   CHECK(out["ignored"]["usage"]["completion_tokens"] == 3);
   CHECK(out["ignored"]["content"] == "<|eot_id|><|eot_id|><|eot_id|>");
@@ -227,7 +228,7 @@ TEST_CASE("the bodies vllm bench serve sends, tokenize, detokenize, the model ca
             {"min_tokens", 2},
             {"max_tokens", 6}});
   CHECK(j["choices"][0]["finish_reason"] == "stop");
-  CHECK(j["usage"]["completion_tokens"] == 2);
+  CHECK(j["usage"]["completion_tokens"] == 3);  // two held back by min_tokens, then the stop id
   // include_stop_str_in_output keeps the stop string.
   auto piece =
       json::parse(s.call("POST", "/detokenize", json{{"model", "chat"}, {"tokens", {9906}}}.dump())
