@@ -39,9 +39,4 @@ caf::expected<std::shared_ptr<const model_text>> text_directory::open(const std:
   return at->second;
 }
 
-void text_directory::forget(const std::string& path) {
-  std::lock_guard<std::mutex> guard{mtx_};
-  by_path_.erase(path);
-}
-
 }  // namespace computron::models

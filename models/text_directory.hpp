@@ -36,10 +36,6 @@ class text_directory {
   /// it is logged once, and chat requests get its message.
   caf::expected<std::shared_ptr<const model_text>> open(const std::string& path);
 
-  /// Forgets `path`'s entry: the next open() reads its files again (a folder replaced on
-  /// disk and read anew).
-  void forget(const std::string& path);
-
  private:
   std::mutex mtx_;
   std::map<std::string, std::shared_ptr<const model_text>> by_path_;

@@ -600,8 +600,13 @@ caf::expected<std::unique_ptr<http_server>> http_server::start(
         responder once = [reply = std::move(reply), answered](response r) {
           if (!answered->exchange(true)) reply(std::move(r));
         };
+        // A stream opened is an answer begun: no 500 after it.
+        sse_opener opener = [open_sse = std::move(open_sse), answered] {
+          answered->store(true);
+          return open_sse();
+        };
         try {
-          srv->route(req, once, std::move(open_sse), std::move(on_gone));
+          srv->route(req, once, std::move(opener), std::move(on_gone));
         } catch (const std::exception& e) {
           log::error("http: {} {} threw: {}", std::string{req.method_string()},
                      std::string{req.target()}, e.what());

@@ -243,11 +243,10 @@ caf::expected<actors::model_config> read_folder(const fs::path& f, models::text_
     if (has_tokenizer_files(f)) {
       m.tokenizer = f.string();
       // Ids the tokenizer can produce must all be rows of the embedding. Read into the
-      // directory the server looks text files up in (anew: the folder may have changed
-      // since a load before), so that no request opens them.
+      // directory the server looks text files up in, so that no request opens them; an
+      // entry there is never replaced (models serving with it keep it).
       caf::expected<std::shared_ptr<const models::tokenizer>> tok{nullptr};
       if (texts) {
-        texts->forget(m.tokenizer);
         auto t = texts->open(m.tokenizer);
         if (!t) return t.error();
         tok = (*t)->tok;
@@ -282,7 +281,6 @@ caf::expected<actors::model_config> read_folder(const fs::path& f, models::text_
   if (m.tokenizer.empty() && has_tokenizer_files(f)) m.tokenizer = f.string();
   if (texts && !m.tokenizer.empty()) {
     // Opened here, off the request path; a broken tokenizer is the text requests' error.
-    texts->forget(m.tokenizer);
     (void)texts->open(m.tokenizer);
   }
   return m;

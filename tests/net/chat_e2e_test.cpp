@@ -356,6 +356,9 @@ TEST_CASE("a model's text files are opened where it registers, not by its reques
   // folder was read, so requests neither read files nor wait for a vocabulary to parse.
   for (auto f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json"})
     fs::remove(s.dir.path() + "/repo/chat/" + f);
+  // Listing the repository reads every folder again; what the served model uses stays.
+  auto index = s.call("POST", "/v2/repository/index");
+  CHECK(index.status == 200);
   json messages{{{"role", "user"}, {"content", "Hi"}}};
   auto r = s.call("POST", "/v1/chat/completions",
                   json{{"model", "chat"}, {"messages", messages}, {"max_tokens", 2}}.dump());
