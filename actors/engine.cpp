@@ -225,10 +225,11 @@ caf::expected<std::vector<int64_t>> sample_rows(
     const std::vector<row_sampling>& sampling, const std::vector<std::vector<int64_t>>& prompts,
     std::vector<token_logprobs>* logprobs,
     std::vector<std::vector<token_logprobs>>* prompt_logprobs) {
-  if (logits.type == gpu::dtype::f32 && logits.shape.size() == 2 &&
+  if (samplers.empty() && logits.type == gpu::dtype::f32 && logits.shape.size() == 2 &&
       logits.shape[0] > static_cast<int64_t>(sampling.size())) {
-    // A prefill where rows asked for their prompt's log-probabilities: after the batch's
-    // rows come each such row's positions before its last (decoder_stage::prefill).
+    // A prefill (no samplers yet) where rows asked for their prompt's log-probabilities:
+    // after the batch's rows come each such row's positions before its last
+    // (decoder_stage::prefill).
     const auto rows = static_cast<int64_t>(sampling.size()), vocab = logits.shape[1];
     auto* all = reinterpret_cast<const float*>(logits.bytes.data());
     auto scored_positions = [&](int64_t r) -> int64_t {
@@ -271,13 +272,11 @@ caf::expected<std::vector<int64_t>> sample_rows(
                       "last stage returned logits that are not [rows, vocab] f32");
   auto rows = static_cast<size_t>(logits.shape[0]);
   auto vocab = logits.shape[1];
-  if (sampling.size() != rows)
-    return make_error(ec::invalid_request, "sampling parameters for " +
-                                               std::to_string(sampling.size()) +
-                                               " rows, logits for " + std::to_string(rows));
   if (samplers.empty()) {
-    // A row that asked for its prompt's scores from a model kind that gives only the last
-    // position's logits gets none (the text API says so); its batch is not failed.
+    if (sampling.size() != rows)
+      return make_error(ec::invalid_request, "sampling parameters for " +
+                                                 std::to_string(sampling.size()) +
+                                                 " rows, logits for " + std::to_string(rows));
     static const std::vector<int64_t> none;
     for (size_t r = 0; r < sampling.size(); ++r)
       samplers.emplace_back(to_sampling_params(sampling[r]),

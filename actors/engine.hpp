@@ -92,7 +92,8 @@ models::sampling_params to_sampling_params(const row_sampling& s);
 
 /// Picks one token per row from last-stage logits [rows, vocab] f32 with one sampler
 /// per row (created from `sampling` and the rows' `prompts` at the first step, the prompt
-/// being what the repetition penalty counts as seen; kept across steps). Where a row asks
+/// being what the repetition penalty counts as seen; kept across steps, when `sampling`
+/// may be empty). Where a row asks
 /// for log-probabilities, `logprobs` (when given) gets one entry per row. Logits with more
 /// rows than the batch (a prefill where rows asked for their prompt's log-probabilities:
 /// each such row's positions before its last follow the batch, decoder_stage::prefill) also

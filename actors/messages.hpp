@@ -189,6 +189,8 @@ struct step_request {
   int32_t stage = 0;
   std::vector<std::vector<int64_t>> prompts;
   std::vector<int64_t> tokens;
+  /// Step 0: each row's sampling settings (the sampling rank makes its samplers from them
+  /// and keeps them); later steps may leave it empty.
   std::vector<row_sampling> sampling;
   tensor_payload hidden;
   /// The batch ends after this step: workers drop its caches.

@@ -186,11 +186,14 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vecto
   ++b->steps;
   req.keep = std::move(keep);
   for (auto r : b->sent) {
-    if (step == 0)
+    if (step == 0) {
+      // The sampling rank keeps each row's sampler from the prefill on: the settings
+      // (bias and stop lists included) travel once, not with every decode step.
       req.prompts.push_back(b->rows[r].req.tokens);
-    else
+      req.sampling.push_back(b->rows[r].req.sampling);
+    } else {
       req.tokens.push_back(b->outputs[r].back());
-    req.sampling.push_back(b->rows[r].req.sampling);
+    }
   }
   auto timeout = st.opts.step_timeout * static_cast<int>(pp);
   if (step == 0 && b->loading)  // it also waits for the load under way

@@ -81,12 +81,15 @@ class decoder_program final : public shard_program {
         return err;
       }
     }
-    // Rows that ask for their prompt's log-probabilities get their positions' logits.
-    std::vector<bool> score;
-    for (auto& s : req.sampling) score.push_back(s.prompt_logprobs >= 0);
-    caf::expected<models::host_tensor> out =
-        req.step == 0 ? stage_->prefill(req.prompts, hidden, cache, score)
-                      : stage_->decode(req.tokens, hidden, cache);
+    caf::expected<models::host_tensor> out{models::host_tensor{}};
+    if (req.step == 0) {
+      // Rows that ask for their prompt's log-probabilities get their positions' logits.
+      std::vector<bool> score;
+      for (auto& s : req.sampling) score.push_back(s.prompt_logprobs >= 0);
+      out = stage_->prefill(req.prompts, hidden, cache, score);
+    } else {
+      out = stage_->decode(req.tokens, hidden, cache);
+    }
     if (req.last || !out) caches_.erase(req.batch_id);
     return out;
   }

@@ -186,6 +186,10 @@ TEST_CASE("any of several stop ids ends a row; log-probabilities travel with the
   CHECK(got[0].logprobs[1].top_ids == std::vector<int64_t>{8});
   CHECK(got[1].tokens == std::vector<int64_t>{7, 8});
   CHECK(got[1].logprobs.empty());
+  // The settings travel with the prefill only; the decode steps carry none.
+  REQUIRE(f.script.sampling_rows.size() >= 2);
+  CHECK(f.script.sampling_rows[0] == 2);
+  CHECK(f.script.sampling_rows[1] == 0);
   CHECK(got[1].stop_id == -1);
   // A stop id outside the vocabulary is refused.
   infer_request bad = a;

@@ -65,6 +65,10 @@ struct fake_worker_script {
   /// Rows of each step the worker ran, and its keep list.
   std::vector<size_t> step_rows;
   std::vector<std::vector<int32_t>> keeps;
+  /// Per step, how many rows' sampling settings it carried (the prefill only).
+  std::vector<size_t> sampling_rows;
+  /// Per batch, its rows' settings as the prefill gave them, kept as a worker keeps them.
+  std::map<uint64_t, std::vector<actors::row_sampling>> batch_sampling;
   /// Holds hanging loads until it receives ok_atom (promises are delivered by their
   /// owner only, so the test releases them through this actor).
   caf::actor holder;
@@ -126,6 +130,15 @@ inline actors::shard_worker_actor::behavior_type fake_worker(
         // token plus one. The steps' row counts and keep lists are recorded.
         script->step_rows.push_back(r.step == 0 ? r.prompts.size() : r.tokens.size());
         script->keeps.push_back(r.keep);
+        script->sampling_rows.push_back(r.sampling.size());
+        auto& kept = script->batch_sampling[r.batch_id];
+        if (r.step == 0) {
+          kept = r.sampling;
+        } else if (!r.keep.empty()) {
+          std::vector<row_sampling> still;
+          for (auto k : r.keep) still.push_back(kept.at(static_cast<size_t>(k)));
+          kept = std::move(still);
+        }
         std::vector<int64_t> next;
         if (r.step == 0)
           next.assign(r.prompts.size(), 7);
@@ -133,8 +146,8 @@ inline actors::shard_worker_actor::behavior_type fake_worker(
           for (auto t : r.tokens) next.push_back(t + 1);
         // Rows that ask for log-probabilities get -token/100 with the token as the top one.
         std::vector<token_logprobs> lps;
-        for (size_t i = 0; i < r.sampling.size() && i < next.size(); ++i)
-          if (r.sampling[i].logprobs >= 0) {
+        for (size_t i = 0; i < kept.size() && i < next.size(); ++i)
+          if (kept[i].logprobs >= 0) {
             lps.resize(next.size());
             auto lp = static_cast<float>(-static_cast<double>(next[i]) / 100);
             lps[i] = token_logprobs{lp, {next[i]}, {lp}};
