@@ -27,9 +27,8 @@ enum class text_api { openai, chat, triton };
 
 /// One choice of a text request while it generates (a prompt, or one of its n samples).
 struct gen_row {
+  /// Its prompt (choice i samples prompt i / n).
   std::vector<int64_t> prompt;
-  /// Which prompt of the request (choices are prompt * n + sample).
-  size_t prompt_index = 0;
   std::unique_ptr<models::stream_decoder> decoder;
   /// echo: the prompt's text, which comes before the completion's (in the first chunk).
   std::string echo;

@@ -111,7 +111,6 @@ caf::error prepare_rows(gen_state& st, const model_text& text, const actors::mod
     for (int64_t j = 0; j < g.n; ++j) {
       gen_row r;
       r.prompt = prompts[p];
-      r.prompt_index = p;
       r.echo = echoes[p];
       st.rows.push_back(std::move(r));
     }
