@@ -32,6 +32,10 @@ struct stage_state {
   int64_t head_dim = 0;
   /// Device address of the shard for the call in progress.
   std::byte* base = nullptr;
+  /// The vocabulary slice of this rank's embedding and head: ids [vocab_begin,
+  /// vocab_begin + vocab_rows) (models::vocab_rows; the last rank's may pass the end).
+  int64_t vocab_begin = 0;
+  int64_t vocab_rows = 0;
 
   bool first() const { return shard.pp_rank == 0; }
   bool last() const { return shard.pp_rank == par.pp - 1; }
@@ -40,6 +44,14 @@ struct stage_state {
   at::Tensor param(const std::string& name) const;
   /// Sums `t` over the tensor-parallel group (in f32, whatever t's dtype).
   caf::error all_reduce(at::Tensor& t) const;
+  /// The rows of vocabulary-parallel table `name` for token ids [b, t]: the ids this rank
+  /// holds, zeros for the others, so that the group's all-reduce completes the lookup
+  /// (Megatron's VocabParallelEmbedding). At tp 1, the plain lookup.
+  at::Tensor vocab_lookup(const std::string& name, const at::Tensor& ids) const;
+  /// Logits [n, vocab] in f32 from this rank's slice [n, vocab_rows] (its columns of the
+  /// head): each rank writes its columns, the all-reduce sums them (adding zeros is
+  /// exact), the padding is cut off. At tp 1, `local` as it is.
+  caf::expected<at::Tensor> gather_vocab(const at::Tensor& local) const;
   /// Attention of this rank's heads: `q` [b, heads, t, d] already scaled, `k` and `v`
   /// [b, kv heads, t, d] of the new positions, appended to the layer's cache (keys and
   /// values are cached per key/value head; grouped queries share them). `allowed` is the
@@ -55,14 +67,15 @@ class decoder_block {
   virtual ~decoder_block() = default;
   /// Hidden states [b, t, hidden] of token ids [b, t] at `positions` [b, t] (0-based real
   /// positions; padding at 0).
-  virtual at::Tensor embed(const stage_state& s, const at::Tensor& ids,
-                           const at::Tensor& positions) const = 0;
+  virtual caf::expected<at::Tensor> embed(const stage_state& s, const at::Tensor& ids,
+                                          const at::Tensor& positions) const = 0;
   /// Layer `i` (absolute index) over `x` [b, t, hidden].
   virtual caf::expected<at::Tensor> layer(const stage_state& s, int64_t i, at::Tensor x,
                                           const at::Tensor& allowed, const at::Tensor& positions,
                                           at::Tensor& cache_k, at::Tensor& cache_v) const = 0;
-  /// Logits [b, vocab] in f32 of the last hidden states [b, hidden].
-  virtual at::Tensor head(const stage_state& s, const at::Tensor& last) const = 0;
+  /// Logits [b, vocab] in f32 of the last hidden states [b, hidden] (every rank of the
+  /// last stage computes its vocabulary slice; gather_vocab joins them).
+  virtual caf::expected<at::Tensor> head(const stage_state& s, const at::Tensor& last) const = 0;
 };
 
 std::unique_ptr<decoder_block> make_opt_block(const stage_state& s);

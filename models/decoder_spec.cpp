@@ -246,6 +246,7 @@ void detail::param_adder::operator()(std::string name, std::vector<int64_t> shap
   auto slices = par.tp / group;
   if (split == split_kind::dim0) local[0] /= slices;
   if (split == split_kind::dim1) local[1] /= slices;
+  if (split == split_kind::vocab) local[0] = vocab_rows(local[0], slices);
   out.push_back(
       param_spec{std::move(name), std::move(shape), split, init, std::move(local), group});
 }
@@ -282,14 +283,39 @@ caf::expected<uint64_t> shard_bytes(const decoder_spec& spec, gpu::dtype type,
   return t->total_bytes();
 }
 
+namespace {
+
+uint64_t elements(const std::vector<int64_t>& shape) {
+  uint64_t k = 1;
+  for (auto d : shape) k *= static_cast<uint64_t>(d);
+  return k;
+}
+
+}  // namespace
+
 uint64_t parameter_count(const decoder_spec& spec) {
   uint64_t n = 0;
-  for (auto& p : shard_params(spec, {1, 1}, {0, 0})) {
-    uint64_t k = 1;
-    for (auto d : p.full_shape) k *= static_cast<uint64_t>(d);
-    n += k;
-  }
+  for (auto& p : shard_params(spec, {1, 1}, {0, 0})) n += elements(p.full_shape);
   return n;
+}
+
+uint64_t weight_bytes(const decoder_spec& spec, gpu::dtype type) {
+  return parameter_count(spec) * gpu::size_of(type);
+}
+
+caf::expected<uint64_t> replicated_vocab_shard_bytes(const decoder_spec& spec, gpu::dtype type,
+                                                     const parallel_config& par,
+                                                     const shard_index& shard) {
+  auto table = shard_layout(spec, type, par, shard);
+  if (!table) return std::move(table.error());
+  // The same tensors, the embeddings and head whole (every one of them is drawn as an
+  // embedding), each aligned as tensor_table aligns them.
+  gpu::tensor_table before;
+  for (auto& p : shard_params(spec, par, shard))
+    if (auto err =
+            before.add(p.name, type, p.init == init_kind::embedding ? p.full_shape : p.shard_shape))
+      return err;
+  return before.total_bytes();
 }
 
 }  // namespace computron::models

@@ -124,8 +124,17 @@ std::pair<int64_t, int64_t> stage_layers(const decoder_spec& spec, int pp, int p
 /// How a parameter is cut across tensor-parallel ranks (Megatron):
 /// dim0 = column-parallel (QKV, fc1, gate/up: output rows and their bias),
 /// dim1 = row-parallel (out_proj, fc2, down: input columns; bias added once after the
-/// all-reduce), replicated = embeddings, LM head, norms.
-enum class split_kind : uint8_t { replicated, dim0, dim1 };
+/// all-reduce; OPT's learned positions, by hidden column),
+/// vocab = vocabulary-parallel (token embedding and LM head: rows cut in tp slices of
+/// ceil(vocab / tp) rows, the rows past the vocabulary zero padding that no lookup reads
+/// and no logit shows), replicated = norms and the biases added after an all-reduce.
+enum class split_kind : uint8_t { replicated, dim0, dim1, vocab };
+
+/// Vocabulary rows each tensor-parallel rank holds: ceil(vocab / tp), so that rank r holds
+/// ids [r * rows, (r + 1) * rows) and the last rank's rows past the vocabulary are padding.
+inline int64_t vocab_rows(int64_t vocab, int tp) {
+  return tp > 0 ? (vocab + tp - 1) / tp : vocab;
+}
 
 /// How seeded initialisation draws a parameter's values.
 enum class init_kind : uint8_t { weight, embedding, norm_weight, bias };
@@ -153,7 +162,9 @@ inline int slice_count(const param_spec& p, int tp) {
 
 /// The parameters held by `shard`, in buffer order. Stage 0 holds the embeddings; the
 /// last stage holds the final norm and the LM head (a copy of the token embedding when
-/// tied and not also the first stage).
+/// tied and not also the first stage). Every rank holds its slice of the embeddings and
+/// the head, so no weight byte sits on two ranks but norms, biases added after an
+/// all-reduce, and key/value heads replicated where tp exceeds them.
 std::vector<param_spec> shard_params(const decoder_spec& spec, const parallel_config& par,
                                      const shard_index& shard);
 
@@ -167,6 +178,16 @@ caf::expected<uint64_t> shard_bytes(const decoder_spec& spec, gpu::dtype type,
 
 /// Parameters of the whole (unsharded) model.
 uint64_t parameter_count(const decoder_spec& spec);
+
+/// Bytes of the checkpoint in `type`: the whole model's parameters, the tied head once.
+uint64_t weight_bytes(const decoder_spec& spec, gpu::dtype type);
+
+/// Bytes `shard` held when every rank kept the whole token embedding, LM head and
+/// positions (the layout before vocabulary-parallel embeddings), for the swap benchmark's
+/// before-and-after comparison; never allocated.
+caf::expected<uint64_t> replicated_vocab_shard_bytes(const decoder_spec& spec, gpu::dtype type,
+                                                     const parallel_config& par,
+                                                     const shard_index& shard);
 
 namespace detail {
 /// The families' own layouts and rules (models/opt_family.cpp, models/llama_family.cpp).

@@ -101,6 +101,24 @@ caf::error detail::stage_state::all_reduce(at::Tensor& t) const {
   return {};
 }
 
+at::Tensor detail::stage_state::vocab_lookup(const std::string& name, const at::Tensor& ids) const {
+  auto table = param(name);
+  if (par.tp == 1) return at::embedding(table, ids);
+  auto mine = (ids >= vocab_begin) & (ids < vocab_begin + vocab_rows);
+  // Ids outside the slice read row 0 and are zeroed after.
+  auto local = at::where(mine, ids - vocab_begin, at::zeros_like(ids));
+  return at::embedding(table, local).masked_fill_(mine.logical_not().unsqueeze(-1), 0);
+}
+
+caf::expected<at::Tensor> detail::stage_state::gather_vocab(const at::Tensor& local) const {
+  if (par.tp == 1) return local;
+  auto full = at::zeros({local.size(0), vocab_rows * par.tp},
+                        at::TensorOptions().dtype(at::kFloat).device(local.device()));
+  full.narrow(1, vocab_begin, vocab_rows).copy_(local);
+  if (auto err = all_reduce(full)) return err;
+  return full.narrow(1, 0, spec.vocab);
+}
+
 at::Tensor detail::stage_state::attend(const at::Tensor& q, at::Tensor k, at::Tensor v,
                                        const at::Tensor& allowed, at::Tensor& cache_k,
                                        at::Tensor& cache_v) const {
@@ -159,14 +177,19 @@ struct decoder_stage::impl : detail::stage_state {
     if (!last()) return detail::to_host(x);
     if (auto err = weights->wait_loaded(layer_wait)) return err;
     auto last_tok = x.select(1, x.size(1) - 1);  // left padding: the last token is last
-    if (scored.empty()) return detail::to_host(block->head(*this, last_tok));
-    // The prompt's log-probabilities (echo with logprobs): only the rows that ask pay for
-    // their positions' logits.
-    std::vector<at::Tensor> parts{last_tok};
-    const auto t = x.size(1);
-    for (auto [row, len] : scored)
-      if (len > 1) parts.push_back(x.select(0, row).narrow(0, t - len, len - 1));
-    return detail::to_host(block->head(*this, at::cat(parts, 0)));
+    at::Tensor rows = last_tok;
+    if (!scored.empty()) {
+      // The prompt's log-probabilities (echo with logprobs): only the rows that ask pay
+      // for their positions' logits.
+      std::vector<at::Tensor> parts{last_tok};
+      const auto t = x.size(1);
+      for (auto [row, len] : scored)
+        if (len > 1) parts.push_back(x.select(0, row).narrow(0, t - len, len - 1));
+      rows = at::cat(parts, 0);
+    }
+    auto logits = block->head(*this, rows);
+    if (!logits) return std::move(logits.error());
+    return detail::to_host(*logits);
   }
 
   caf::expected<at::Tensor> hidden_input(const host_tensor* hidden, int64_t b, int64_t t) {
@@ -247,6 +270,8 @@ caf::expected<std::unique_ptr<decoder_stage>> decoder_stage::create(const decode
   // Key/value heads split where tp divides them; otherwise each rank holds one.
   p->local_kv_heads = std::max<int64_t>(1, spec.kv_head_count() / par.tp);
   p->head_dim = spec.head_size();
+  p->vocab_rows = vocab_rows(spec.vocab, par.tp);
+  p->vocab_begin = shard.tp_rank * p->vocab_rows;
   for (auto i = p->layer_begin; i < p->layer_end; ++i) {
     auto prefix = fmt::format("layers.{}.", i);
     uint64_t end = 0;
@@ -359,7 +384,9 @@ caf::expected<host_tensor> decoder_stage::prefill_rows(
       if (auto err = m.wait_for(m.layer_ready_bytes.empty() ? m.weights->size_bytes()
                                                             : m.layer_ready_bytes.front()))
         return err;
-      x = m.block->embed(m, ids.to(m.options.device()), dev_pos);
+      auto e = m.block->embed(m, ids.to(m.options.device()), dev_pos);
+      if (!e) return std::move(e.error());
+      x = std::move(*e);
     } else {
       auto h = m.hidden_input(hidden, b, t);
       if (!h) return std::move(h.error());
@@ -400,7 +427,9 @@ caf::expected<host_tensor> decoder_stage::decode(const std::vector<int64_t>& tok
     at::Tensor x;
     if (m.first()) {
       auto ids = at::tensor(tokens, at::kLong).view({b, 1}).to(dev);
-      x = m.block->embed(m, ids, pos);
+      auto e = m.block->embed(m, ids, pos);
+      if (!e) return std::move(e.error());
+      x = std::move(*e);
     } else {
       auto h = m.hidden_input(hidden, b, 1);
       if (!h) return std::move(h.error());

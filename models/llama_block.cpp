@@ -58,8 +58,11 @@ class llama_block final : public decoder_block {
     inv_freq_ = at::tensor(f, at::kFloat).to(s.options.device());
   }
 
-  at::Tensor embed(const stage_state& s, const at::Tensor& ids, const at::Tensor&) const override {
-    return at::embedding(s.param("embed_tokens.weight"), ids);
+  caf::expected<at::Tensor> embed(const stage_state& s, const at::Tensor& ids,
+                                  const at::Tensor&) const override {
+    auto x = s.vocab_lookup("embed_tokens.weight", ids);
+    if (auto err = s.all_reduce(x)) return err;
+    return x;
   }
 
   caf::expected<at::Tensor> layer(const stage_state& s, int64_t i, at::Tensor x,
@@ -103,10 +106,10 @@ class llama_block final : public decoder_block {
     return x + h;
   }
 
-  at::Tensor head(const stage_state& s, const at::Tensor& last) const override {
+  caf::expected<at::Tensor> head(const stage_state& s, const at::Tensor& last) const override {
     auto normed = rms_norm(last, s.param("norm.weight"), s.spec.norm_eps);
     auto w = s.spec.tied_embeddings ? s.param("embed_tokens.weight") : s.param("lm_head.weight");
-    return at::matmul(normed, w.t()).to(at::kFloat);
+    return s.gather_vocab(at::matmul(normed, w.t()).to(at::kFloat));
   }
 
  private:

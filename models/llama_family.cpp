@@ -50,8 +50,7 @@ void llama_params(const decoder_spec& spec, const parallel_config& par, const sh
   int kv_group = par.tp > kv ? static_cast<int>(par.tp / kv) : 1;
   bool first = shard.pp_rank == 0;
   bool last = shard.pp_rank == par.pp - 1;
-  if (first)
-    add("embed_tokens.weight", {spec.vocab, h}, split_kind::replicated, init_kind::embedding);
+  if (first) add("embed_tokens.weight", {spec.vocab, h}, split_kind::vocab, init_kind::embedding);
   auto [begin, end] = stage_layers(spec, par.pp, shard.pp_rank);
   for (auto i = begin; i < end; ++i) {
     auto p = fmt::format("layers.{}.", i);
@@ -78,10 +77,11 @@ void llama_params(const decoder_spec& spec, const parallel_config& par, const sh
   }
   if (last) {
     add("norm.weight", {h}, split_kind::replicated, init_kind::norm_weight);
+    // Vocabulary-parallel head: each rank computes the logits of its slice.
     if (!spec.tied_embeddings)
-      add("lm_head.weight", {spec.vocab, h}, split_kind::replicated, init_kind::embedding);
+      add("lm_head.weight", {spec.vocab, h}, split_kind::vocab, init_kind::embedding);
     else if (!first)
-      add("embed_tokens.weight", {spec.vocab, h}, split_kind::replicated, init_kind::embedding);
+      add("embed_tokens.weight", {spec.vocab, h}, split_kind::vocab, init_kind::embedding);
   }
 }
 

@@ -14,11 +14,20 @@ namespace {
 
 class opt_block final : public decoder_block {
  public:
-  at::Tensor embed(const stage_state& s, const at::Tensor& ids,
-                   const at::Tensor& positions) const override {
+  caf::expected<at::Tensor> embed(const stage_state& s, const at::Tensor& ids,
+                                  const at::Tensor& positions) const override {
     // OPT's learned positions start at 2 (a fairseq legacy).
-    return at::embedding(s.param("embed_tokens.weight"), ids) +
-           at::embedding(s.param("embed_positions.weight"), positions + 2);
+    auto pos = at::embedding(s.param("embed_positions.weight"), positions + 2);
+    if (s.par.tp == 1) return at::embedding(s.param("embed_tokens.weight"), ids) + pos;
+    // Each rank holds a slice of the vocabulary and of the positions' columns: its token
+    // rows plus its position columns, summed by one all-reduce. Each element is then one
+    // token value plus one position value (the rest are zeros), rounded once to the
+    // dtype, as the unsharded sum is.
+    auto x = s.vocab_lookup("embed_tokens.weight", ids);
+    auto cols = pos.size(-1);
+    x.narrow(-1, s.shard.tp_rank * cols, cols).add_(pos);
+    if (auto err = s.all_reduce(x)) return err;
+    return x;
   }
 
   caf::expected<at::Tensor> layer(const stage_state& s, int64_t i, at::Tensor x,
@@ -54,10 +63,10 @@ class opt_block final : public decoder_block {
     return x + h + s.param(p + "fc2.bias");
   }
 
-  at::Tensor head(const stage_state& s, const at::Tensor& last) const override {
+  caf::expected<at::Tensor> head(const stage_state& s, const at::Tensor& last) const override {
     auto normed = at::layer_norm(last, {s.spec.hidden}, s.param("final_layer_norm.weight"),
                                  s.param("final_layer_norm.bias"), 1e-5);
-    return at::matmul(normed, s.param("embed_tokens.weight").t()).to(at::kFloat);
+    return s.gather_vocab(at::matmul(normed, s.param("embed_tokens.weight").t()).to(at::kFloat));
   }
 };
 

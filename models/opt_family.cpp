@@ -24,9 +24,10 @@ void opt_params(const decoder_spec& spec, const parallel_config& par, const shar
   bool first = shard.pp_rank == 0;
   bool last = shard.pp_rank == par.pp - 1;
   if (first) {
-    add("embed_tokens.weight", {spec.vocab, h}, split_kind::replicated, init_kind::embedding);
-    // OPT's learned positions are offset by 2 (a fairseq legacy).
-    add("embed_positions.weight", {spec.max_positions + 2, h}, split_kind::replicated,
+    add("embed_tokens.weight", {spec.vocab, h}, split_kind::vocab, init_kind::embedding);
+    // OPT's learned positions are offset by 2 (a fairseq legacy). Cut by hidden column:
+    // each rank adds its columns before the embedding's all-reduce (models/opt_block.cpp).
+    add("embed_positions.weight", {spec.max_positions + 2, h}, split_kind::dim1,
         init_kind::embedding);
   }
   auto [begin, end] = stage_layers(spec, par.pp, shard.pp_rank);
@@ -51,9 +52,10 @@ void opt_params(const decoder_spec& spec, const parallel_config& par, const shar
     add("final_layer_norm.weight", {h}, split_kind::replicated, init_kind::norm_weight);
     add("final_layer_norm.bias", {h}, split_kind::replicated, init_kind::bias);
     // The LM head is tied to the token embedding; a last stage that is not also the
-    // first holds its own copy (same name, so the same seeded or file values).
+    // first holds its own copy (same name, so the same seeded or file values), cut by
+    // vocabulary as the embedding is.
     if (!first)
-      add("embed_tokens.weight", {spec.vocab, h}, split_kind::replicated, init_kind::embedding);
+      add("embed_tokens.weight", {spec.vocab, h}, split_kind::vocab, init_kind::embedding);
   }
 }
 

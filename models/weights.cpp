@@ -86,11 +86,13 @@ uint64_t global_index(const param_spec& p, int tp, int tp_rank, uint64_t local) 
   switch (p.split) {
     case split_kind::replicated:
       return local;
-    case split_kind::dim0: {
+    case split_kind::dim0:
+    case split_kind::vocab: {
+      // A vocabulary slice's padding rows map past the tensor's end (for_runs skips them).
       uint64_t inner = 1;
       for (size_t i = 1; i < p.full_shape.size(); ++i)
         inner *= static_cast<uint64_t>(p.full_shape[i]);
-      auto rows = static_cast<uint64_t>(p.full_shape[0] / slice_count(p, tp));
+      auto rows = static_cast<uint64_t>(p.shard_shape[0]);
       auto slice = static_cast<uint64_t>(slice_of(p, tp_rank));
       return (local / inner + slice * rows) * inner + local % inner;
     }
@@ -109,11 +111,13 @@ namespace {
 std::atomic<int> fill_thread_setting{0};
 
 /// One contiguous run of a parameter: `count` elements from local index `local` of the
-/// shard, which are elements `global`.. of the unsharded tensor.
+/// shard, which are elements `global`.. of the unsharded tensor, or padding (zeros: the
+/// vocabulary slice's rows past the vocabulary) when `pad`.
 struct run {
   uint64_t local;
   uint64_t global;
   uint64_t count;
+  bool pad = false;
 };
 
 /// A piece of work: elements [begin, end) (local indices) of parameter `param`.
@@ -144,6 +148,18 @@ std::vector<fill_task> make_tasks(const std::vector<param_spec>& params) {
 /// Calls `f(run)` for the contiguous runs of local elements [begin, end) of `p`.
 template <class F>
 void for_runs(const param_spec& p, int tp, int tp_rank, uint64_t begin, uint64_t end, F&& f) {
+  if (p.split == split_kind::vocab) {
+    // The slice's real rows, then its padding.
+    uint64_t inner = numel(p.shard_shape) / static_cast<uint64_t>(p.shard_shape[0]);
+    auto first_row = static_cast<int64_t>(slice_of(p, tp_rank)) * p.shard_shape[0];
+    auto real_rows = std::clamp<int64_t>(p.full_shape[0] - first_row, 0, p.shard_shape[0]);
+    auto real = static_cast<uint64_t>(real_rows) * inner;
+    if (begin < std::min(end, real))
+      f(run{begin, global_index(p, tp, tp_rank, begin), std::min(end, real) - begin});
+    auto pad_begin = std::max(begin, real);
+    if (pad_begin < end) f(run{pad_begin, 0, end - pad_begin, true});
+    return;
+  }
   if (p.split != split_kind::dim1) {
     // Replicated and column-parallel slices are one contiguous block of the full tensor.
     f(run{begin, global_index(p, tp, tp_rank, begin), end - begin});
@@ -356,6 +372,10 @@ caf::error fill_seeded(const opt_spec& spec, const parallel_config& par, const s
     auto b = scale_b;
     auto* dst = host + e->offset_bytes;
     for_runs(p, par.tp, shard.tp_rank, t.begin, t.end, [&](const run& r) {
+      if (r.pad) {
+        std::memset(dst + r.local * gpu::size_of(e->type), 0, r.count * gpu::size_of(e->type));
+        return;
+      }
       seeded_run(dst + r.local * gpu::size_of(e->type), e->type, bases[t.param], r.global, r.count,
                  a, b);
     });
@@ -408,6 +428,10 @@ caf::error fill_from_checkpoint(const opt_spec& spec, const parallel_config& par
     auto dst_width = gpu::size_of(e->type);
     auto src_width = gpu::size_of(src->type);
     for_runs(params[t.param], par.tp, shard.tp_rank, t.begin, t.end, [&](const run& r) {
+      if (r.pad) {
+        std::memset(host + e->offset_bytes + r.local * dst_width, 0, r.count * dst_width);
+        return;
+      }
       convert(host + e->offset_bytes + r.local * dst_width, e->type,
               src->data + r.global * src_width, src->type, r.count);
     });

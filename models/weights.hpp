@@ -25,7 +25,8 @@ int fill_threads();
 /// of the unsharded weights whatever the split.
 float seeded_value(uint64_t seed, const std::string& name, uint64_t index, init_kind kind);
 
-/// Index in the unsharded tensor of element `local` of this rank's slice.
+/// Index in the unsharded tensor of element `local` of this rank's slice (past the
+/// tensor's end for a vocabulary slice's padding rows, which are zeros).
 uint64_t global_index(const param_spec& p, int tp, int tp_rank, uint64_t local);
 
 /// Writes seeded values for every parameter of `shard` into `host`, laid out by `table`

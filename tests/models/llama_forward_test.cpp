@@ -191,6 +191,38 @@ TEST_CASE("every tensor x pipeline split of a Llama model equals the unsharded o
   }
 }
 
+TEST_CASE("a Llama vocabulary tp does not divide: every split equals the unsharded model",
+          "[llama][vocab]") {
+  // 251 ids (prime): the token embedding and the head (untied, and tied as Qwen2.5's
+  // small models) are cut into slices of 126 or 63 rows, the last padded with zeros.
+  for (auto tied : {false, true}) {
+    DYNAMIC_SECTION((tied ? "tied head" : "untied head")) {
+      test::temp_dir dir;
+      auto opts = variants()[tied ? 3 : 0].second;
+      opts.vocab = 251;
+      test::write_tiny_llama_folder(dir.path(), opts);
+      hf_model hf{dir.path()};
+      REQUIRE(hf.config.spec.tied_embeddings == tied);
+      const std::vector<std::vector<int64_t>> prompts = {{1, 250, 200, 33}, {249, 9, 27}, {125}};
+      auto full_model = hf.load({1, 1});
+      auto full = run_greedy(full_model, prompts, 4);
+      REQUIRE(full.logits[0][0].size() == 251);
+      for (auto par : {parallel_config{2, 1}, parallel_config{4, 1}, parallel_config{2, 2}}) {
+        auto m = hf.load(par);
+        auto split = run_greedy(m, prompts, 4);
+        INFO("tp " << par.tp << " x pp " << par.pp);
+        CHECK(split.tokens == full.tokens);
+        for (size_t step = 0; step < full.logits.size(); ++step)
+          for (size_t row = 0; row < prompts.size(); ++row) {
+            REQUIRE(split.logits[step][row].size() == 251);
+            std::vector<double> want(full.logits[step][row].begin(), full.logits[step][row].end());
+            CHECK(relative_error(split.logits[step][row], want) < 1e-5);
+          }
+      }
+    }
+  }
+}
+
 TEST_CASE("a batch of Llama prompts gives each prompt's own tokens", "[llama]") {
   test::temp_dir dir;
   auto opts = variants()[4].second;  // qwen3

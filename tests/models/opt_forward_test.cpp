@@ -72,6 +72,34 @@ TEST_CASE("a sharded forward equals the unsharded one in fp32", "[models][forwar
   }
 }
 
+TEST_CASE("a vocabulary tp does not divide splits with padding and equals the unsharded model",
+          "[models][forward][tp][vocab]") {
+  // 509 ids (prime): every rank's slice of the embedding and head holds 255 or 128 rows,
+  // the last rank's padding zero; the logits keep exactly the vocabulary.
+  auto spec = *find_spec("opt-tiny");
+  spec.vocab = 509;
+  const std::vector<std::vector<int64_t>> odd = {{2, 100, 37, 508, 400, 12}, {2, 507, 300}, {2, 9}};
+  auto run = [&](parallel_config par) {
+    test::sharded_model m{spec, gpu::dtype::f32, par, test::seeded_filler(spec, 3)};
+    auto logits = m.on_all_ranks([&](std::vector<opt_stage*> c) { return prefill_logits(c, odd); });
+    generate_options g;
+    g.max_tokens = 6;
+    auto tokens = m.on_all_ranks([&](std::vector<opt_stage*> c) { return generate(c, odd, g); });
+    return std::pair{logits, tokens};
+  };
+  auto [want, want_tokens] = run({1, 1});
+  REQUIRE(want.shape == std::vector<int64_t>{3, 509});
+  for (auto par : {parallel_config{2, 1}, parallel_config{4, 1}, parallel_config{2, 2},
+                   parallel_config{4, 2}}) {
+    DYNAMIC_SECTION("tp=" << par.tp << " pp=" << par.pp) {
+      auto [got, tokens] = run(par);
+      REQUIRE(got.shape == want.shape);
+      CHECK(relative_error(got.to_floats(), want.to_floats()) <= 1e-5);
+      CHECK(tokens == want_tokens);
+    }
+  }
+}
+
 TEST_CASE("a sharded forward is close to the unsharded one in bf16", "[models][forward][tp]") {
   // bf16 keeps 8 bits of mantissa; the TP all-reduce sums partial products in f32 and
   // rounds once, the unsharded matmul rounds differently: documented bound 3e-2.

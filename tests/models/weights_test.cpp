@@ -71,13 +71,54 @@ TEST_CASE("shard k of TP=n holds exactly slice k of the unsharded seeded weights
                            full.tensor("layers.0.fc2.weight") + (row * spec.ffn + r * cols) * 4,
                            static_cast<size_t>(cols * 4)) == 0;
       CHECK(same);
-      CHECK(std::memcmp(part.tensor("embed_tokens.weight"), full.tensor("embed_tokens.weight"),
-                        static_cast<size_t>(spec.vocab * h * 4)) == 0);
+      // Vocabulary-parallel embedding: rows [r*vocab/tp, ...) of the full table.
+      auto vrows = spec.vocab / tp;
+      CHECK(std::memcmp(part.tensor("embed_tokens.weight"),
+                        full.tensor("embed_tokens.weight") + r * vrows * h * 4,
+                        static_cast<size_t>(vrows * h * 4)) == 0);
+      CHECK(part.table.find("embed_tokens.weight")->shape == std::vector<int64_t>{vrows, h});
     }
   }
   // Different seeds give different weights.
   auto other = seeded(spec, gpu::dtype::f32, {1, 1}, {0, 0}, 43);
   CHECK(other.bytes != full.bytes);
+}
+
+TEST_CASE("a vocabulary tp does not divide is padded with zero rows on the last rank",
+          "[models][weights]") {
+  auto spec = *find_spec("opt-tiny");
+  spec.vocab = 509;  // prime: 128 rows per rank at tp 4, the last rank's 3 rows padding
+  auto full = seeded(spec, gpu::dtype::f32, {1, 1}, {0, 0}, 42);
+  const auto h = spec.hidden;
+  for (int tp : {2, 4}) {
+    const auto rows = vocab_rows(spec.vocab, tp);
+    for (int r = 0; r < tp; ++r) {
+      auto part = seeded(spec, gpu::dtype::f32, {tp, 2}, {r, 1}, 42);  // the head's copy
+      auto real = std::min<int64_t>(rows, spec.vocab - r * rows);
+      INFO("tp " << tp << " rank " << r);
+      CHECK(part.table.find("embed_tokens.weight")->shape == std::vector<int64_t>{rows, h});
+      CHECK(std::memcmp(part.tensor("embed_tokens.weight"),
+                        full.tensor("embed_tokens.weight") + r * rows * h * 4,
+                        static_cast<size_t>(real * h * 4)) == 0);
+      std::vector<std::byte> zeros(static_cast<size_t>((rows - real) * h * 4));
+      CHECK(std::memcmp(part.tensor("embed_tokens.weight") + real * h * 4, zeros.data(),
+                        zeros.size()) == 0);
+    }
+  }
+  // From a checkpoint, the same slices and the same padding.
+  auto path = temp_path("odd_vocab.safetensors");
+  write_full_checkpoint(spec, gpu::dtype::f32, path);
+  auto file = checkpoint::open(path);
+  REQUIRE(file);
+  for (int r = 0; r < 4; ++r) {
+    auto want = seeded(spec, gpu::dtype::f32, {4, 1}, {r, 0}, 9);
+    std::vector<std::byte> got(want.bytes.size(), std::byte{0x5a});
+    REQUIRE_FALSE(fill_from_checkpoint(spec, {4, 1}, {r, 0}, want.table, got.data(), *file));
+    for (auto& e : want.table.entries())
+      CHECK(std::memcmp(got.data() + e.offset_bytes, want.bytes.data() + e.offset_bytes,
+                        e.size_bytes) == 0);
+  }
+  std::filesystem::remove(path);
 }
 
 TEST_CASE("a checkpoint sharded at registration equals the seeded shards",
