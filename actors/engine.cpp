@@ -132,6 +132,10 @@ class toy_engine final : public engine {
   }
   int64_t vocab(const model_config&) const override { return toy_vocab; }
   int64_t max_positions(const model_config&) const override { return toy_positions; }
+  /// Every shard's blob is its own: nothing is held twice.
+  uint64_t weight_bytes(const model_config& cfg) const override {
+    return cfg.toy_shard_bytes * static_cast<uint64_t>(std::max(1, cfg.tp) * std::max(1, cfg.pp));
+  }
 
   caf::expected<gpu::tensor_table> layout(const shard_spec& s) const override {
     gpu::tensor_table t;

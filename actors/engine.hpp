@@ -51,6 +51,10 @@ class engine {
   /// The shard's tensor table.
   virtual caf::expected<gpu::tensor_table> layout(const shard_spec& s) const = 0;
 
+  /// Bytes of the model's weights as one checkpoint holds them (every parameter once),
+  /// which its shards' bytes on the devices are reported against; 0 where unknown.
+  virtual uint64_t weight_bytes(const model_config&) const { return 0; }
+
   /// Writes the shard's weights into its host copy (seeded or from the checkpoint).
   virtual caf::error fill(const shard_spec& s, gpu::weight_shard& w) const = 0;
 

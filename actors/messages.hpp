@@ -404,7 +404,10 @@ struct model_info {
   /// "unregistering", "unregistered" (the reply to an unregister), or "unloaded" (a
   /// repository folder that is not registered).
   std::string state;
+  /// Bytes its shards occupy on the devices, and its checkpoint's bytes (0: unknown);
+  /// their ratio is what model-parallel swapping moves over the weights' own bytes.
   uint64_t bytes = 0;
+  uint64_t weight_bytes = 0;
   uint32_t queued = 0;
   bool busy = false;
   uint64_t served = 0;
@@ -424,8 +427,8 @@ struct model_info {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, model_info& x) {
-  return f(caf::meta::type_name("model_info"), x.config, x.state, x.bytes, x.queued, x.busy,
-           x.served, x.loads, x.evictions, x.vocab, x.max_positions, x.idle_s, x.reason,
+  return f(caf::meta::type_name("model_info"), x.config, x.state, x.bytes, x.weight_bytes, x.queued,
+           x.busy, x.served, x.loads, x.evictions, x.vocab, x.max_positions, x.idle_s, x.reason,
            x.reason_code);
 }
 

@@ -169,6 +169,7 @@ caf::result<model_info> register_model(manager_pointer self, model_config reques
                     m.vocab = eng.vocab(cfg);
                     m.max_positions = eng.max_positions(cfg);
                     for (auto b : p.bytes) m.bytes += b;
+                    m.weight_bytes = eng.weight_bytes(cfg);
                     m.index = st.batcher->add_model(cfg.name, cfg.pp, cfg.priority);
                     m.gate_key = st.gate->placement_key(cfg.tp, cfg.pp, cfg.devices);
                     st.names.push_back(cfg.name);

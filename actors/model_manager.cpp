@@ -78,6 +78,7 @@ model_info info_of(const sched::batcher& b, const managed_model& m, const reside
   i.config = m.cfg;
   i.state = r ? r->state : "unknown";
   i.bytes = m.bytes;
+  i.weight_bytes = m.weight_bytes;
   i.queued = static_cast<uint32_t>(b.queued(m.index));
   i.busy = b.in_flight(m.index) > 0;
   i.served = m.served;
@@ -563,6 +564,10 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
           x["queued"] = caf::config_value{static_cast<int64_t>(st.batcher->queued(m.index))};
           x["in-flight"] = caf::config_value{static_cast<int64_t>(st.batcher->in_flight(m.index))};
           x["served"] = caf::config_value{static_cast<int64_t>(m.served)};
+          // Bytes on the devices against the checkpoint's: above 1 only by what is
+          // replicated (norms, biases, a tied head's last-stage slice).
+          x["bytes"] = caf::config_value{static_cast<int64_t>(m.bytes)};
+          x["weight-bytes"] = caf::config_value{static_cast<int64_t>(m.weight_bytes)};
           // Measured compute per forward step (0: none yet), for `computron sim --calibrate`.
           x["step-ms"] = caf::config_value{st.batcher->step_seconds(m.index) * 1e3};
           models.emplace_back(std::move(x));

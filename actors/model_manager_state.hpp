@@ -69,6 +69,8 @@ struct managed_model {
   int64_t vocab = 0;
   int64_t max_positions = 0;
   uint64_t bytes = 0;
+  /// The checkpoint's bytes (engine::weight_bytes), which `bytes` is reported against.
+  uint64_t weight_bytes = 0;
   /// Its queue in the batcher (which also holds its in-flight count, at most pp, so that
   /// a pipeline's stages all work) and its placement in the device gate.
   uint32_t index = 0;

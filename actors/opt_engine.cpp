@@ -135,6 +135,11 @@ class decoder_engine final : public engine {
     return s ? s->max_positions : 0;
   }
 
+  uint64_t weight_bytes(const model_config& cfg) const override {
+    auto s = shape_of(cfg);
+    return s ? models::weight_bytes(s->spec, s->type) : 0;
+  }
+
   caf::expected<gpu::tensor_table> layout(const shard_spec& sh) const override {
     auto s = shape_of(sh.model);
     if (!s) return s.error();

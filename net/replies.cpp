@@ -95,6 +95,7 @@ json info_json(const actors::model_info& i) {
               {"devices", i.config.devices},
               {"state", i.state},
               {"bytes", i.bytes},
+              {"weight_bytes", i.weight_bytes},
               {"queued", i.queued},
               {"pinned", i.config.pinned},
               {"served", i.served},

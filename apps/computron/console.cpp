@@ -34,7 +34,8 @@ const char* help_text =
     "  help                         this list\n"
     "  nodes                        nodes and whether they answer\n"
     "  devices                      memory used/total, link GB/s, resident shards\n"
-    "  models                       state, tp x pp, bytes, queue, served, idle, pinned\n"
+    "  models                       state, tp x pp, bytes (and over the checkpoint's), queue,\n"
+    "                               served, idle, pinned\n"
     "  load M | unload M            make model M resident now, or evict it\n"
     "  pin M | unpin M              never evict M, or allow it again\n"
     "  infer M ID... [max_tokens=N] [temperature=T] [top_k=K] [top_p=P] [seed=S]\n"
@@ -186,14 +187,19 @@ class session {
   outcome models() {
     auto ms = ask<std::vector<model_info>>(opts_.timeout, list_atom_v);
     if (!ms) return fail(render(ms.error()));
-    std::string out = fmt::format("{:<20} {:<12} {:>5} {:>10} {:>6} {:>8} {:>9} {:>6}\n", "model",
-                                  "state", "tp*pp", "MiB", "queued", "served", "idle s", "pinned");
+    // "x ckpt": bytes on the devices over the checkpoint's (what a swap moves per byte of
+    // weights; above 1 only by what the ranks replicate).
+    std::string out =
+        fmt::format("{:<20} {:<12} {:>5} {:>10} {:>6} {:>6} {:>8} {:>9} {:>6}\n", "model", "state",
+                    "tp*pp", "MiB", "x ckpt", "queued", "served", "idle s", "pinned");
     for (auto& m : *ms)
-      out += fmt::format("{:<20} {:<12} {:>5} {:>10.1f} {:>6} {:>8} {:>9} {:>6}\n", m.config.name,
-                         m.state, fmt::format("{}x{}", m.config.tp, m.config.pp),
-                         static_cast<double>(m.bytes) / mib, m.queued, m.served,
-                         m.idle_s < 0 ? std::string{"never"} : fmt::format("{:.1f}", m.idle_s),
-                         m.config.pinned ? "yes" : "no");
+      out += fmt::format(
+          "{:<20} {:<12} {:>5} {:>10.1f} {:>6} {:>6} {:>8} {:>9} {:>6}\n", m.config.name, m.state,
+          fmt::format("{}x{}", m.config.tp, m.config.pp), static_cast<double>(m.bytes) / mib,
+          m.weight_bytes > 0 ? fmt::format("{:.3f}", static_cast<double>(m.bytes) / m.weight_bytes)
+                             : std::string{"-"},
+          m.queued, m.served, m.idle_s < 0 ? std::string{"never"} : fmt::format("{:.1f}", m.idle_s),
+          m.config.pinned ? "yes" : "no");
     return {out};
   }
 

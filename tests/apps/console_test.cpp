@@ -98,6 +98,7 @@ TEST_CASE("a scripted console session runs every command against the controller"
   CHECK(r.all.find("req/s, latency p50") != std::string::npos);
   CHECK(r.all.find("(1 ok, 0 failed)") != std::string::npos);  // the one infer so far
   CHECK(r.all.find("idle s") != std::string::npos);
+  CHECK(r.all.find("x ckpt") != std::string::npos);     // models: bytes over the checkpoint's
   CHECK(r.all.find("never") != std::string::npos);      // beta, before its load
   CHECK(r.all.find("commands:") != std::string::npos);  // help
   // trace and watch: a fresh timeline holding the next load, a table refreshed twice.

@@ -87,6 +87,27 @@ TEST_CASE("Llama-family folders serve the reference's tokens over HTTP, also aft
     REQUIRE(in.status == 200);
     CHECK(infer(*c, name, 6) == served);
   }
+  {
+    // qwen3 at TP2 x PP2: its bytes on the devices against its checkpoint's (the tensors'
+    // bytes of model.safetensors: the file less its 8-byte length and JSON header). With
+    // the embedding and the untied head cut by vocabulary, only norms and alignment are
+    // on top; replicated, they alone added a quarter.
+    auto file = repo + "/qwen3/model.safetensors";
+    std::ifstream in{file, std::ios::binary};
+    uint64_t header = 0;
+    in.read(reinterpret_cast<char*>(&header), 8);
+    auto tensors = static_cast<uint64_t>(fs::file_size(file)) - 8 - header;
+    auto info = json::parse(c->request("GET", "/v2/models/qwen3").value().body, nullptr, false);
+    INFO(info.dump());
+    auto& p = info["parameters"];
+    REQUIRE(p.contains("weight_bytes"));
+    CHECK(p["weight_bytes"].get<uint64_t>() == tensors);
+    auto ratio = p["bytes"].get<double>() / static_cast<double>(tensors);
+    CHECK(ratio >= 1.0);
+    CHECK(ratio < 1.1);
+    auto status = c->request("GET", "/v2/status").value();
+    CHECK_THAT(status.body, Catch::Contains("\"weight-bytes\":" + std::to_string(tensors)));
+  }
   auto meta = json::parse(c->request("GET", "/v2/models/mistral").value().body, nullptr, false);
   INFO(meta.dump());
   CHECK(meta.dump().find("bf16") != std::string::npos);
