@@ -16,6 +16,7 @@
 #include "common/random.hpp"
 #include "gpu/backends.hpp"
 #include "gpu/weight_store.hpp"
+#include "models/decoder_spec.hpp"
 
 namespace computron::bench {
 
@@ -41,13 +42,13 @@ uint64_t available_host_bytes() {
   return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
 }
 
-/// Shards of one model, one per device, host copies written.
+/// Shards of one model, one per device (`sizes[i]` bytes on device i), host copies written.
 caf::expected<std::vector<std::unique_ptr<weight_shard>>> make_shards(
-    const std::vector<gpu::device_ptr>& devs, uint64_t shard_bytes, uint64_t seed) {
+    const std::vector<gpu::device_ptr>& devs, const std::vector<uint64_t>& sizes, uint64_t seed) {
   std::vector<std::unique_ptr<weight_shard>> shards;
   for (size_t i = 0; i < devs.size(); ++i) {
     gpu::tensor_table table;
-    if (auto err = table.add("weights", gpu::dtype::u8, {static_cast<int64_t>(shard_bytes)}))
+    if (auto err = table.add("weights", gpu::dtype::u8, {static_cast<int64_t>(sizes[i])}))
       return err;
     auto s = weight_shard::create(devs[i], std::move(table));
     if (!s) return std::move(s.error());
@@ -55,8 +56,7 @@ caf::expected<std::vector<std::unique_ptr<weight_shard>>> make_shards(
   }
   std::vector<std::thread> fillers;
   for (size_t i = 0; i < shards.size(); ++i)
-    fillers.emplace_back(
-        [&, i] { fill_random_bytes(shards[i]->host_data(), shard_bytes, seed + i); });
+    fillers.emplace_back([&, i] { fill_random_bytes(shards[i]->host_data(), sizes[i], seed + i); });
   for (auto& t : fillers) t.join();
   return shards;
 }
@@ -174,8 +174,38 @@ caf::expected<double> single_copy_gbps(weight_shard& s, int repeats) {
   return static_cast<double>(s.size_bytes()) / median(secs) / 1e9;
 }
 
+/// Per-device bytes of a catalogue model split tp x pp (device i: tp rank i % tp, stage
+/// i / tp), divided by o.divide and rounded down to the copy alignment; `replicated`: of
+/// the layout before vocabulary-parallel embeddings.
+caf::expected<std::vector<uint64_t>> model_shard_sizes(const swap_bench_options& o,
+                                                       bool replicated) {
+  auto spec = models::find_spec(o.model);
+  if (!spec) return std::move(spec.error());
+  auto type = gpu::parse_weight_dtype(o.dtype);
+  if (!type) return std::move(type.error());
+  std::vector<uint64_t> sizes;
+  for (int s = 0; s < o.pp; ++s)
+    for (int r = 0; r < o.tp; ++r) {
+      auto b = replicated ? models::replicated_vocab_shard_bytes(*spec, *type, {o.tp, o.pp}, {r, s})
+                          : models::shard_bytes(*spec, *type, {o.tp, o.pp}, {r, s});
+      if (!b) return std::move(b.error());
+      sizes.push_back(std::max<uint64_t>(256, *b / static_cast<uint64_t>(o.divide) / 256 * 256));
+    }
+  return sizes;
+}
+
 caf::error validate(const swap_bench_options& o) {
   auto bad = [](std::string what) { return make_error(ec::invalid_request, std::move(what)); };
+  if (!o.model.empty()) {
+    if (o.tp < 1 || o.pp < 1 || o.tp * o.pp > 64)
+      return bad(fmt::format("--tp x --pp must be 1..64 devices, got {} x {}", o.tp, o.pp));
+    if (o.devices != o.tp * o.pp)
+      return bad(
+          fmt::format("--model puts one shard on each device: --devices must be tp x pp "
+                      "= {}, got {}",
+                      o.tp * o.pp, o.devices));
+    if (o.divide < 1 || o.divide > 1 << 20) return bad("--divide must be 1..1048576");
+  }
   if (o.devices < 1 || o.devices > 64)
     return bad(fmt::format("--devices must be 1..64, got {}", o.devices));
   if (o.size_bytes < (1ull << 20)) return bad("--size-mb must be at least 1");
@@ -192,35 +222,53 @@ caf::error validate(const swap_bench_options& o) {
 
 caf::expected<swap_bench_result> run_swap_bench(const swap_bench_options& o) {
   if (auto err = validate(o)) return err;
-  auto shard_bytes = o.size_bytes / static_cast<uint64_t>(o.devices) / 256 * 256;
-  auto total = shard_bytes * static_cast<uint64_t>(o.devices);
+  std::vector<uint64_t> sizes, before;
+  if (o.model.empty()) {
+    sizes.assign(static_cast<size_t>(o.devices),
+                 o.size_bytes / static_cast<uint64_t>(o.devices) / 256 * 256);
+  } else {
+    auto a = model_shard_sizes(o, false);
+    if (!a) return std::move(a.error());
+    auto b = model_shard_sizes(o, true);
+    if (!b) return std::move(b.error());
+    sizes = std::move(*a);
+    before = std::move(*b);
+  }
+  auto sum = [](const std::vector<uint64_t>& xs) {
+    uint64_t t = 0;
+    for (auto x : xs) t += x;
+    return t;
+  };
+  auto total = sum(sizes);
   // The host copies need `total` bytes of host memory, and emulated devices hold their
   // "device memory" in host memory too (two copies at once). Refuse up front rather than
   // be killed half-way. Emulated is what "auto" means only where no GPU is.
   bool emulated =
       o.device_kind == "emulated" || (o.device_kind != "cuda" && gpu::cuda_device_count() == 0);
-  auto need = (emulated ? 2 : 1) * total + (256ull << 20);
+  auto largest = std::max(total, sum(before));
+  auto need = (emulated ? 2 : 1) * largest + (256ull << 20);
   auto avail = available_host_bytes();
   if (avail > 0 && need > avail)
     return make_error(
         ec::out_of_host_memory,
         fmt::format("a {:.0f} MiB model needs about {:.0f} MiB of host memory "
-                    "({}); {:.0f} MiB free",
-                    total / 1048576.0, need / 1048576.0,
+                    "({}); {:.0f} MiB free{}",
+                    largest / 1048576.0, need / 1048576.0,
                     emulated ? "host copies plus emulated device memory" : "its pinned host copies",
-                    avail / 1048576.0));
+                    avail / 1048576.0, o.model.empty() ? "" : " (--divide shrinks every shard)"));
 
   swap_bench_result res;
   res.devices = o.devices;
   res.bytes = total;
   res.chunk_bytes = o.chunk_bytes;
   res.repeats = o.repeats;
+  const auto capacity = *std::max_element(sizes.begin(), sizes.end());
   {
-    auto devs = open(o, o.devices, shard_bytes);
+    auto devs = open(o, o.devices, capacity);
     if (!devs) return std::move(devs.error());
     auto kind = (*devs)[0]->info().kind;
     res.device_kind = gpu::to_string(kind);
-    auto shards = make_shards(*devs, shard_bytes, o.seed);
+    auto shards = make_shards(*devs, sizes, o.seed);
     if (!shards) return std::move(shards.error());
     res.host_pinned = (*shards)[0]->host_pinned();
     if (kind == gpu::device_kind::emulated) {
@@ -252,23 +300,42 @@ caf::expected<swap_bench_result> run_swap_bench(const swap_bench_options& o) {
     res.native_allocations = after.native_allocations;
     res.native_frees = after.native_frees;
     res.achieved_gbps = static_cast<double>(total) / res.load_seconds / 1e9;
-    res.efficiency = res.achieved_gbps / (o.devices * res.link_gbps);
+    // Against what the links could do for these bytes: the largest shard bounds the join.
+    res.efficiency = static_cast<double>(capacity) / res.link_gbps / 1e9 / res.load_seconds;
+    if (o.model.empty()) res.efficiency = res.achieved_gbps / (o.devices * res.link_gbps);
     for (size_t i = 0; i < devs->size(); ++i) {
       std::vector<double> mine;
       for (auto& round : m->per_shard) mine.push_back(round[i]);
       device_result d;
       d.name = (*devs)[i]->info().name;
-      d.bytes = shard_bytes;
+      d.bytes = sizes[i];
       d.load_seconds = median(mine);
-      d.achieved_gbps = static_cast<double>(shard_bytes) / d.load_seconds / 1e9;
+      d.achieved_gbps = static_cast<double>(sizes[i]) / d.load_seconds / 1e9;
       res.per_device.push_back(d);
     }
-  }  // devices and shards freed before the baseline needs the memory
+  }  // devices and shards freed before the comparison needs the memory
 
-  if (o.baseline && o.devices > 1) {
+  if (!o.model.empty()) {
+    // The same model with the vocabulary replicated, on the same kind of devices.
+    res.model = o.model;
+    res.split = fmt::format("tp {} x pp {}, {}", o.tp, o.pp, o.dtype);
+    res.divide = o.divide;
+    auto spec = models::find_spec(o.model);
+    auto type = gpu::parse_weight_dtype(o.dtype);
+    res.weight_bytes = models::weight_bytes(*spec, *type) / static_cast<uint64_t>(o.divide);
+    res.replicated_vocab_bytes = sum(before);
+    auto devs = open(o, o.devices, *std::max_element(before.begin(), before.end()));
+    if (!devs) return std::move(devs.error());
+    auto shards = make_shards(*devs, before, o.seed);
+    if (!shards) return std::move(shards.error());
+    auto m = measure(*shards, o, false);
+    if (!m) return std::move(m.error());
+    res.replicated_vocab_seconds = median(m->loads);
+    res.vocab_speedup = res.replicated_vocab_seconds / res.load_seconds;
+  } else if (o.baseline && o.devices > 1) {
     auto devs = open(o, 1, total);
     if (!devs) return std::move(devs.error());
-    auto shards = make_shards(*devs, total, o.seed);
+    auto shards = make_shards(*devs, {total}, o.seed);
     if (!shards) return std::move(shards.error());
     auto m = measure(*shards, o, false);
     if (!m) return std::move(m.error());
@@ -298,6 +365,16 @@ std::string to_json(const swap_bench_result& r) {
   j["verified"] = r.verified;
   j["single_device_seconds"] = r.single_device_seconds;
   j["speedup_vs_single_device"] = r.speedup;
+  if (!r.model.empty()) {
+    j["model"] = r.model;
+    j["split"] = r.split;
+    j["divide"] = r.divide;
+    j["weight_bytes"] = r.weight_bytes;
+    j["bytes_over_weights"] = static_cast<double>(r.bytes) / static_cast<double>(r.weight_bytes);
+    j["replicated_vocab_bytes"] = r.replicated_vocab_bytes;
+    j["replicated_vocab_seconds"] = r.replicated_vocab_seconds;
+    j["speedup_vs_replicated_vocab"] = r.vocab_speedup;
+  }
   auto& per = j["per_device"] = nlohmann::json::array();
   for (auto& d : r.per_device)
     per.push_back({{"name", d.name},
@@ -312,7 +389,14 @@ void print_table(std::ostream& out, const swap_bench_result& r) {
       "model-parallel swap: {:.0f} MiB over {} {} device(s), {:.0f} MiB chunks, "
       "median of {}\n",
       r.bytes / 1048576.0, r.devices, r.device_kind, r.chunk_bytes / 1048576.0, r.repeats);
-  out << fmt::format("link reference: {:.2f} GB/s per device ({})\n\n", r.link_gbps, r.link_source);
+  out << fmt::format("link reference: {:.2f} GB/s per device ({})\n", r.link_gbps, r.link_source);
+  if (!r.model.empty())
+    out << fmt::format(
+        "model           {} ({}): {:.1f} MiB of weights, {:.1f} MiB on the devices ({:.3f}x){}\n",
+        r.model, r.split, r.weight_bytes / 1048576.0, r.bytes / 1048576.0,
+        static_cast<double>(r.bytes) / static_cast<double>(r.weight_bytes),
+        r.divide > 1 ? fmt::format(", every shard divided by {}", r.divide) : std::string{});
+  out << "\n";
   out << fmt::format("{:<24} {:>12} {:>12} {:>12}\n", "device", "MiB", "load s", "GB/s");
   for (auto& d : r.per_device)
     out << fmt::format("{:<24} {:>12.1f} {:>12.4f} {:>12.2f}\n", d.name, d.bytes / 1048576.0,
@@ -329,12 +413,50 @@ void print_table(std::ostream& out, const swap_bench_result& r) {
       "device allocator calls: {} allocations, {} frees (the arena's reservation "
       "at open; none per load or eviction)\n",
       r.native_allocations, r.native_frees);
+  if (!r.model.empty())
+    out << fmt::format(
+        "vocab replicated {:.4f} s for {:.1f} MiB ({:.3f}x the weights): the vocabulary-parallel "
+        "layout swaps {:.2f}x faster\n",
+        r.replicated_vocab_seconds, r.replicated_vocab_bytes / 1048576.0,
+        static_cast<double>(r.replicated_vocab_bytes) / static_cast<double>(r.weight_bytes),
+        r.vocab_speedup);
   if (r.single_device_seconds > 0)
     out << fmt::format("one device      {:.4f} s for the whole model: {:.2f}x faster over {}\n",
                        r.single_device_seconds, r.speedup, r.devices);
   out << fmt::format("host memory     {}\n", r.host_pinned ? "pinned" : "pageable");
   out << fmt::format("verified        {}\n",
                      r.verified ? "yes (device bytes equal host bytes)" : "no");
+}
+
+caf::error print_layout_table(std::ostream& out, const std::string& dtype) {
+  auto type = gpu::parse_weight_dtype(dtype);
+  if (!type) return std::move(type.error());
+  out << fmt::format("{:<14} {:>6} {:>11} {:>11} {:>8} {:>15}\n", "model", "tp x pp", "weights GB",
+                     "devices GB", "ratio", "vocab replicated");
+  for (auto& spec : models::catalogue()) {
+    if (spec.name.find("tiny") != std::string::npos || spec.name.find("mini") != std::string::npos)
+      continue;
+    const auto weights = static_cast<double>(models::weight_bytes(spec, *type));
+    for (int pp : {1, 2})
+      for (int tp : {1, 2, 4}) {
+        if (models::validate(spec, {tp, pp})) continue;
+        uint64_t now = 0, before = 0;
+        for (int s = 0; s < pp; ++s)
+          for (int r = 0; r < tp; ++r) {
+            auto a = models::shard_bytes(spec, *type, {tp, pp}, {r, s});
+            auto b = models::replicated_vocab_shard_bytes(spec, *type, {tp, pp}, {r, s});
+            if (!a) return a.error();
+            if (!b) return b.error();
+            now += *a;
+            before += *b;
+          }
+        out << fmt::format("{:<14} {:>6} {:>11.3f} {:>11.3f} {:>8.4f} {:>15.4f}\n", spec.name,
+                           fmt::format("{}x{}", tp, pp), weights / 1e9, now / 1e9,
+                           static_cast<double>(now) / weights,
+                           static_cast<double>(before) / weights);
+      }
+  }
+  return {};
 }
 
 }  // namespace computron::bench

@@ -9,6 +9,9 @@
 
 /// `computron bench swap`: the model-parallel swap. A model of `size_bytes` is split
 /// into one equal shard per device; all shards load at once, each over its own link.
+/// With `model`, the shards are that catalogue model's, tp x pp, with the bytes its
+/// layout gives each rank, and the comparison is the layout before vocabulary-parallel
+/// embeddings (every rank holding the whole embedding and head) in the same run.
 namespace computron::bench {
 
 struct swap_bench_options {
@@ -27,6 +30,15 @@ struct swap_bench_options {
   /// Read back samples of every shard after the last load and compare with the host.
   bool verify = true;
   uint64_t seed = 42;
+  /// A catalogue model (e.g. llama-3.1-8b): devices = tp x pp, device i holding shard
+  /// (i % tp, i / tp) in `dtype`; empty: size_bytes in equal shards.
+  std::string model;
+  int tp = 1;
+  int pp = 1;
+  std::string dtype = "bf16";
+  /// Every shard's bytes divided by this, so a model larger than this host's memory (the
+  /// emulated devices keep their copies in it) keeps its proportions; the link is not.
+  int divide = 1;
 };
 
 /// One device's share of a swap.
@@ -65,6 +77,16 @@ struct swap_bench_result {
   /// model-parallel swap over it, measured in the same run.
   double single_device_seconds = 0;
   double speedup = 0;
+  /// With a model: its checkpoint's bytes, and the bytes and swap time of the layout
+  /// with the vocabulary replicated on every rank (divided as the shards are), and how
+  /// much faster the vocabulary-parallel layout swaps.
+  std::string model;
+  std::string split;
+  int divide = 1;
+  uint64_t weight_bytes = 0;
+  uint64_t replicated_vocab_bytes = 0;
+  double replicated_vocab_seconds = 0;
+  double vocab_speedup = 0;
 };
 
 /// Runs the benchmark. Errors: bad options, not enough host memory for the host copies
@@ -76,5 +98,11 @@ std::string to_json(const swap_bench_result& r);
 
 /// A table for people.
 void print_table(std::ostream& out, const swap_bench_result& r);
+
+/// `computron bench layout`: for every catalogue model (test shapes aside) and split
+/// tp 1/2/4 x pp 1/2 it can take, the bytes on its devices over its checkpoint's in
+/// `dtype`, and the same with the vocabulary replicated (the layout before). Arithmetic
+/// over the layouts; nothing is allocated. Errors: an unknown dtype.
+caf::error print_layout_table(std::ostream& out, const std::string& dtype);
 
 }  // namespace computron::bench

@@ -53,9 +53,28 @@ bench_cli::bench_cli(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "emulated", "cuda"}))
       ->capture_default_str();
   swap_cmd->add_option("--seed", swap.seed, "seed of the random weights")->capture_default_str();
+  swap_cmd->add_option("--model", swap.model,
+                       "a catalogue model (llama-3.1-8b, ...): its shards' bytes, tp x pp, "
+                       "against the layout with the vocabulary replicated");
+  swap_cmd->add_option("--tp", swap.tp, "with --model: tensor-parallel ranks")
+      ->capture_default_str();
+  swap_cmd->add_option("--pp", swap.pp, "with --model: pipeline stages")->capture_default_str();
+  swap_cmd->add_option("--dtype", swap.dtype, "with --model: f32, bf16 or f16")
+      ->capture_default_str();
+  swap_cmd
+      ->add_option("--divide", swap.divide,
+                   "with --model: every shard's bytes divided by this (to fit host memory)")
+      ->capture_default_str();
   swap_cmd->add_flag("--no-baseline", no_baseline, "skip the one-device comparison");
   swap_cmd->add_flag("--no-verify", no_verify, "skip reading back and comparing bytes");
   swap_cmd->add_flag("--json", swap_json, "print one JSON object");
+
+  // bench layout
+  layout_cmd = bench_cmd->add_subcommand(
+      "layout",
+      "every catalogue model's bytes on its devices over its checkpoint's, tp 1/2/4 x "
+      "pp 1/2, now and with the vocabulary replicated (no device needed)");
+  layout_cmd->add_option("--dtype", layout_dtype, "f32, bf16 or f16")->capture_default_str();
 
   // bench forward
   fwd_cmd = bench_cmd->add_subcommand(
@@ -165,8 +184,17 @@ std::optional<int> bench_cli::run() {
     swap.size_bytes = mib_to_bytes(size_mb);
     swap.chunk_bytes = mib_to_bytes(chunk_mb);
     swap.baseline = !no_baseline;
+    // A model puts one shard on each of its tp x pp devices.
+    if (!swap.model.empty() && swap_cmd->count("--devices") == 0) swap.devices = swap.tp * swap.pp;
     swap.verify = !no_verify;
     return run_bench_swap(swap, swap_json);
+  }
+  if (*layout_cmd) {
+    if (auto err = bench::print_layout_table(std::cout, layout_dtype)) {
+      std::cerr << "computron bench layout: " << render(err) << '\n';
+      return exit_failure;
+    }
+    return 0;
   }
   if (*fwd_cmd) {
     auto r = bench::run_forward_bench(fwd);

@@ -32,6 +32,8 @@ class bench_cli {
   bool no_baseline = false;
   bool no_verify = false;
   bool swap_json = false;
+  CLI::App* layout_cmd = nullptr;
+  std::string layout_dtype = "bf16";
   CLI::App* fwd_cmd = nullptr;
   bench::forward_bench_options fwd;
   bool fwd_json = false;

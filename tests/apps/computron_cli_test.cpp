@@ -77,6 +77,50 @@ TEST_CASE("bench swap rejects bad options with a clear message", "[cli][bench]")
   CHECK_THAT(huge.all, Catch::Contains("host memory"));
 }
 
+TEST_CASE("bench swap --model swaps a catalogue model's shards against the replicated vocabulary",
+          "[cli][bench][vocab]") {
+  // OPT-125M at TP2 x PP2 in bf16: its four shards as the layout gives them, then the same
+  // model with every rank holding the whole embedding (and the head's copy), in one run.
+  auto r =
+      run("bench swap --device-kind emulated --model opt-125m --tp 2 --pp 2 --link-gbps 20 "
+          "--repeats 1 --json",
+          false);
+  INFO(r.all);
+  REQUIRE(r.exit_code == 0);
+  auto j = nlohmann::json::parse(r.out);
+  CHECK(j.at("model") == "opt-125m");
+  CHECK(j.at("devices") == 4);
+  CHECK(j.at("per_device").size() == 4);
+  CHECK(j.at("verified") == true);
+  // Weights of 125M parameters in bf16; the last stage's slice of the tied head on top.
+  CHECK(j.at("weight_bytes").get<double>() == Approx(2.0 * 125.2e6).epsilon(0.01));
+  CHECK(j.at("bytes_over_weights").get<double>() == Approx(1.309).epsilon(0.01));
+  // Replicated: the 50272 x 768 embedding once more over stage 0's two ranks, the head
+  // once more over stage 1's, the 2050 x 768 positions once more over stage 0's.
+  CHECK(j.at("replicated_vocab_bytes").get<double>() ==
+        Approx(j.at("bytes").get<double>() + (2.0 * 50272 + 2050) * 768 * 2).epsilon(0.0001));
+  CHECK(j.at("replicated_vocab_seconds").get<double>() > 0);
+  CHECK(j.at("speedup_vs_replicated_vocab").get<double>() > 0);
+  auto devices = run("bench swap --device-kind emulated --model opt-125m --tp 2 --devices 3", true);
+  CHECK(devices.exit_code == 1);
+  CHECK_THAT(devices.all, Catch::Contains("--devices must be tp x pp = 2"));
+  auto unknown = run("bench swap --device-kind emulated --model opt-7", true);
+  CHECK(unknown.exit_code == 1);
+  CHECK_THAT(unknown.all, Catch::Contains("no model shape 'opt-7'"));
+}
+
+TEST_CASE("bench layout prints every catalogue model's bytes over its checkpoint's",
+          "[cli][bench][vocab]") {
+  auto r = run("bench layout", false);
+  REQUIRE(r.exit_code == 0);
+  // Llama 3.1 8B at TP4: its vocabulary cut, about its weights; replicated, 1.39x them.
+  std::regex row{R"(llama-3\.1-8b\s+4x1\s+16\.061\s+16\.062\s+1\.0001\s+1\.3926)"};
+  CHECK(std::regex_search(r.out, row));
+  CHECK_THAT(r.out, Catch::Contains("qwen2.5-7b") && Catch::Contains("mistral-7b"));
+  CHECK_THAT(r.out, !Catch::Contains("opt-tiny"));
+  CHECK(run("bench layout --dtype i4", true).exit_code == 1);
+}
+
 TEST_CASE("devices lists emulated devices and refuses CUDA without a GPU", "[cli][devices]") {
   auto r = run("devices --kind emulated --count 2 --json", false);
   REQUIRE(r.exit_code == 0);
