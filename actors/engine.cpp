@@ -212,6 +212,12 @@ models::sampling_params to_sampling_params(const row_sampling& s) {
   return p;
 }
 
+bool plain_greedy(const row_sampling& s) {
+  return s.temperature == 0 && s.logprobs < 0 && s.prompt_logprobs < 0 && s.bias_ids.empty() &&
+         s.repetition_penalty == 1.0 && s.presence_penalty == 0 && s.frequency_penalty == 0 &&
+         (s.min_tokens == 0 || s.suppress.empty());
+}
+
 namespace {
 
 token_logprobs to_wire(models::token_choice c) {
@@ -270,6 +276,24 @@ caf::expected<std::vector<int64_t>> sample_rows(
     last.bytes.assign(logits.bytes.begin(),
                       logits.bytes.begin() + static_cast<ptrdiff_t>(rows * vocab * 4));
     return sample_rows(last, samplers, sampling, prompts, logprobs, nullptr);
+  }
+  if (logits.type == gpu::dtype::i64 && logits.shape.size() == 1) {
+    // A batch of plain greedy rows: the last stage sent each row's argmax.
+    const auto rows = static_cast<size_t>(logits.shape[0]);
+    if (samplers.empty()) {
+      if (sampling.size() != rows)
+        return make_error(ec::invalid_request, "sampling parameters for " +
+                                                   std::to_string(sampling.size()) +
+                                                   " rows, tokens for " + std::to_string(rows));
+      // Kept as at any first step, so that rows leaving the batch find theirs.
+      for (auto& s : sampling) samplers.emplace_back(to_sampling_params(s));
+    }
+    if (samplers.size() != rows)
+      return make_error(ec::invalid_state, "the batch has " + std::to_string(samplers.size()) +
+                                               " samplers for " + std::to_string(rows) + " rows");
+    std::vector<int64_t> out(rows);
+    std::memcpy(out.data(), logits.bytes.data(), rows * sizeof(int64_t));
+    return out;
   }
   if (logits.type != gpu::dtype::f32 || logits.shape.size() != 2)
     return make_error(ec::invalid_state,

@@ -94,6 +94,11 @@ models::host_tensor from_payload(const tensor_payload& p);
 /// A row's sampling settings as the sampler takes them.
 models::sampling_params to_sampling_params(const row_sampling& s);
 
+/// True when the row's token is the argmax of the raw logits: greedy, no processor (bias,
+/// penalties, min_tokens suppression) and no log-probabilities. A batch of such rows needs
+/// from the last stage only each row's argmax (models::head_output::argmax).
+bool plain_greedy(const row_sampling& s);
+
 /// Picks one token per row from last-stage logits [rows, vocab] f32 with one sampler
 /// per row (created from `sampling` and the rows' `prompts` at the first step, the prompt
 /// being what the repetition penalty counts as seen; kept across steps, when `sampling`
@@ -102,7 +107,8 @@ models::sampling_params to_sampling_params(const row_sampling& s);
 /// rows than the batch (a prefill where rows asked for their prompt's log-probabilities:
 /// each such row's positions before its last follow the batch, decoder_stage::prefill) also
 /// fill `prompt_logprobs`, one list per row; a model kind that gives only the batch's rows
-/// leaves them empty. Non-finite log-probabilities become -9999.
+/// leaves them empty. Non-finite log-probabilities become -9999. Ids [rows] in i64 instead
+/// of logits (a batch of plain_greedy rows) are the tokens.
 caf::expected<std::vector<int64_t>> sample_rows(
     const models::host_tensor& logits, std::vector<models::sampler>& samplers,
     const std::vector<row_sampling>& sampling, const std::vector<std::vector<int64_t>>& prompts,

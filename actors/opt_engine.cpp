@@ -77,7 +77,7 @@ class decoder_program final : public shard_program {
       // Rows that finished left the batch: their keys and values go too.
       std::vector<int64_t> rows(req.keep.begin(), req.keep.end());
       if (auto err = cache.keep_rows(rows)) {
-        caches_.erase(req.batch_id);
+        end_batch(req.batch_id);
         return err;
       }
     }
@@ -85,20 +85,36 @@ class decoder_program final : public shard_program {
     if (req.step == 0) {
       // Rows that ask for their prompt's log-probabilities get their positions' logits.
       std::vector<bool> score;
-      for (auto& s : req.sampling) score.push_back(s.prompt_logprobs >= 0);
-      out = stage_->prefill(req.prompts, hidden, cache, score);
+      bool greedy = !req.sampling.empty();
+      for (auto& s : req.sampling) {
+        score.push_back(s.prompt_logprobs >= 0);
+        greedy = greedy && plain_greedy(s);
+      }
+      // Every rank of the stage got the same settings, so all take the same head (and
+      // make the same collective calls). The batch keeps it: later steps carry none.
+      if (greedy) argmax_.insert(req.batch_id);
+      out = stage_->prefill(req.prompts, hidden, cache, score, head_of(req.batch_id));
     } else {
-      out = stage_->decode(req.tokens, hidden, cache);
+      out = stage_->decode(req.tokens, hidden, cache, head_of(req.batch_id));
     }
-    if (req.last || !out) caches_.erase(req.batch_id);
+    if (req.last || !out) end_batch(req.batch_id);
     return out;
   }
 
-  void end_batch(uint64_t batch_id) override { caches_.erase(batch_id); }
+  void end_batch(uint64_t batch_id) override {
+    caches_.erase(batch_id);
+    argmax_.erase(batch_id);
+  }
 
  private:
+  models::head_output head_of(uint64_t batch_id) const {
+    return argmax_.count(batch_id) > 0 ? models::head_output::argmax : models::head_output::logits;
+  }
+
   std::unique_ptr<models::decoder_stage> stage_;
   std::unordered_map<uint64_t, models::kv_cache> caches_;
+  /// Batches of plain greedy rows: the last stage returns ids, not logits.
+  std::set<uint64_t> argmax_;
 };
 
 class decoder_engine final : public engine {

@@ -119,6 +119,41 @@ caf::expected<at::Tensor> detail::stage_state::gather_vocab(const at::Tensor& lo
   return full.narrow(1, 0, spec.vocab);
 }
 
+caf::expected<at::Tensor> detail::stage_state::argmax_vocab(const at::Tensor& local) const {
+  if (par.tp == 1) return local.argmax(1);  // the first maximum: ties to the lower id
+  if (spec.vocab >= (int64_t{1} << 24)) {
+    // Ids travel below as floats, exact up to 2^24; a larger vocabulary is gathered.
+    auto all = gather_vocab(local);
+    if (!all) return all;
+    return all->argmax(1);
+  }
+  const auto n = local.size(0);
+  const auto real = std::clamp<int64_t>(spec.vocab - vocab_begin, 0, vocab_rows);
+  auto pairs =
+      at::zeros({n, par.tp, 2}, at::TensorOptions().dtype(at::kFloat).device(local.device()));
+  auto mine = pairs.select(1, shard.tp_rank);
+  if (real > 0) {
+    auto slice = local.narrow(1, 0, real);
+    auto best = slice.argmax(1);
+    mine.select(1, 0).copy_(slice.gather(1, best.unsqueeze(1)).squeeze(1));
+    mine.select(1, 1).copy_((best + vocab_begin).to(at::kFloat));
+  } else {
+    mine.select(1, 0).fill_(-std::numeric_limits<float>::infinity());  // only padding here
+  }
+  if (auto err = all_reduce(pairs)) return err;
+  auto host = pairs.to(at::kCPU).contiguous();
+  const float* p = host.data_ptr<float>();
+  std::vector<int64_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = p + i * par.tp * 2;
+    int64_t best = 0;  // strictly greater only: on a tie the lower rank, so the lower id
+    for (int64_t r = 1; r < par.tp; ++r)
+      if (row[2 * r] > row[2 * best]) best = r;
+    ids[static_cast<size_t>(i)] = static_cast<int64_t>(row[2 * best + 1]);
+  }
+  return at::tensor(ids, at::kLong);
+}
+
 at::Tensor detail::stage_state::attend(const at::Tensor& q, at::Tensor k, at::Tensor v,
                                        const at::Tensor& allowed, at::Tensor& cache_k,
                                        at::Tensor& cache_v) const {
@@ -166,6 +201,7 @@ struct decoder_stage::impl : detail::stage_state {
   /// last also gets logits, appended after the batch's rows.
   caf::expected<host_tensor> run(at::Tensor x, const at::Tensor& allowed,
                                  const at::Tensor& positions, kv_cache::impl& cache,
+                                 head_output out,
                                  const std::vector<std::pair<int64_t, int64_t>>& scored = {}) {
     for (auto i = layer_begin; i < layer_end; ++i) {
       auto li = static_cast<size_t>(i - layer_begin);
@@ -187,9 +223,11 @@ struct decoder_stage::impl : detail::stage_state {
         if (len > 1) parts.push_back(x.select(0, row).narrow(0, t - len, len - 1));
       rows = at::cat(parts, 0);
     }
-    auto logits = block->head(*this, rows);
-    if (!logits) return std::move(logits.error());
-    return detail::to_host(*logits);
+    auto local = block->head(*this, rows);
+    auto result =
+        out == head_output::argmax && scored.empty() ? argmax_vocab(local) : gather_vocab(local);
+    if (!result) return std::move(result.error());
+    return detail::to_host(*result);
   }
 
   caf::expected<at::Tensor> hidden_input(const host_tensor* hidden, int64_t b, int64_t t) {
@@ -307,9 +345,9 @@ host_tensor select_rows(const host_tensor& t, const std::vector<int64_t>& rows) 
 
 caf::expected<host_tensor> decoder_stage::prefill(const std::vector<std::vector<int64_t>>& prompts,
                                                   const host_tensor* hidden, kv_cache& cache,
-                                                  const std::vector<bool>& score) {
+                                                  const std::vector<bool>& score, head_output out) {
   if (std::find(score.begin(), score.end(), true) != score.end())
-    return prefill_rows(prompts, hidden, cache, score);
+    return prefill_rows(prompts, hidden, cache, score, head_output::logits);
   // Each distinct prompt once; `expand` maps every row to its distinct prompt.
   std::map<std::vector<int64_t>, int64_t> seen;
   std::vector<int64_t> first_rows, expand;
@@ -318,7 +356,7 @@ caf::expected<host_tensor> decoder_stage::prefill(const std::vector<std::vector<
     if (fresh) first_rows.push_back(static_cast<int64_t>(i));
     expand.push_back(at->second);
   }
-  if (first_rows.size() == prompts.size()) return prefill_rows(prompts, hidden, cache, score);
+  if (first_rows.size() == prompts.size()) return prefill_rows(prompts, hidden, cache, score, out);
   std::vector<std::vector<int64_t>> distinct;
   for (auto r : first_rows) distinct.push_back(prompts[static_cast<size_t>(r)]);
   host_tensor sub;
@@ -327,15 +365,15 @@ caf::expected<host_tensor> decoder_stage::prefill(const std::vector<std::vector<
       return bad("hidden states do not match the batch");
     sub = select_rows(*hidden, first_rows);
   }
-  auto out = prefill_rows(distinct, hidden ? &sub : nullptr, cache, {});
-  if (!out) return out;
+  auto rows = prefill_rows(distinct, hidden ? &sub : nullptr, cache, {}, out);
+  if (!rows) return rows;
   if (auto err = cache.keep_rows(expand)) return err;
-  return select_rows(*out, expand);
+  return select_rows(*rows, expand);
 }
 
 caf::expected<host_tensor> decoder_stage::prefill_rows(
     const std::vector<std::vector<int64_t>>& prompts, const host_tensor* hidden, kv_cache& cache,
-    const std::vector<bool>& score) {
+    const std::vector<bool>& score, head_output out) {
   auto& m = *impl_;
   if (prompts.empty()) return bad("empty batch");
   int64_t t = 0;
@@ -395,14 +433,15 @@ caf::expected<host_tensor> decoder_stage::prefill_rows(
     std::vector<std::pair<int64_t, int64_t>> scored;
     for (size_t i = 0; i < score.size() && i < prompts.size(); ++i)
       if (score[i]) scored.emplace_back(static_cast<int64_t>(i), prompts[i].size());
-    return m.run(x, allowed, dev_pos, c, scored);
+    return m.run(x, allowed, dev_pos, c, out, scored);
   } catch (const std::exception& e) {
     return detail::compute_error(m.spec.name + " prefill", e);
   }
 }
 
 caf::expected<host_tensor> decoder_stage::decode(const std::vector<int64_t>& tokens,
-                                                 const host_tensor* hidden, kv_cache& cache) {
+                                                 const host_tensor* hidden, kv_cache& cache,
+                                                 head_output out) {
   auto& m = *impl_;
   auto& c = *cache.impl_;
   if (!c.key_valid.defined()) return bad("decode before prefill: the cache is empty");
@@ -435,9 +474,9 @@ caf::expected<host_tensor> decoder_stage::decode(const std::vector<int64_t>& tok
       if (!h) return std::move(h.error());
       x = *h;
     }
-    auto out = m.run(x, allowed, pos, c);
+    auto result = m.run(x, allowed, pos, c, out);
     for (auto& p : c.next_position) ++p;
-    return out;
+    return result;
   } catch (const std::exception& e) {
     return detail::compute_error(m.spec.name + " decode", e);
   }

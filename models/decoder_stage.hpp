@@ -50,6 +50,16 @@ class kv_cache {
   std::unique_ptr<impl> impl_;
 };
 
+/// What the last stage returns.
+enum class head_output : uint8_t {
+  /// Every row's logits [rows, vocab] in f32.
+  logits,
+  /// Only each row's argmax [rows] in i64, for batches of plain greedy rows (no
+  /// processors, no log-probabilities): the vocabulary-parallel head's ranks exchange
+  /// their slices' best ids, not the vocabulary, and only ids leave the device.
+  argmax,
+};
+
 /// One shard of a decoder: a tensor-parallel rank of one pipeline stage. Reads its
 /// parameters in place from the weight shard's device copy (zero-copy views), layer by
 /// layer as the load brings them in. Not thread-safe: one caller at a time.
@@ -77,14 +87,15 @@ class decoder_stage {
   /// one prompt) share one prefill where none is scored: it runs once and its cache rows
   /// and outputs are copied. Errors: empty batch or prompt, token ids outside the
   /// vocabulary, prompts longer than the positions, missing or misshapen hidden states,
-  /// weights not loaded.
+  /// weights not loaded. `out` (last stage): logits, or argmax ids where no row is scored.
   caf::expected<host_tensor> prefill(const std::vector<std::vector<int64_t>>& prompts,
                                      const host_tensor* hidden, kv_cache& cache,
-                                     const std::vector<bool>& score = {});
+                                     const std::vector<bool>& score = {},
+                                     head_output out = head_output::logits);
 
   /// One more token per sequence, using and extending the cache.
   caf::expected<host_tensor> decode(const std::vector<int64_t>& tokens, const host_tensor* hidden,
-                                    kv_cache& cache);
+                                    kv_cache& cache, head_output out = head_output::logits);
 
   /// Where the forward pass reads parameter `name` from (tests: weights are not copied).
   caf::expected<const void*> parameter_address(const std::string& name);
@@ -93,7 +104,7 @@ class decoder_stage {
   /// prefill() without sharing: every row computed.
   caf::expected<host_tensor> prefill_rows(const std::vector<std::vector<int64_t>>& prompts,
                                           const host_tensor* hidden, kv_cache& cache,
-                                          const std::vector<bool>& score);
+                                          const std::vector<bool>& score, head_output out);
   struct impl;
   explicit decoder_stage(std::unique_ptr<impl> p);
   std::unique_ptr<impl> impl_;

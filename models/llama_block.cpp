@@ -106,10 +106,10 @@ class llama_block final : public decoder_block {
     return x + h;
   }
 
-  caf::expected<at::Tensor> head(const stage_state& s, const at::Tensor& last) const override {
+  at::Tensor head(const stage_state& s, const at::Tensor& last) const override {
     auto normed = rms_norm(last, s.param("norm.weight"), s.spec.norm_eps);
     auto w = s.spec.tied_embeddings ? s.param("embed_tokens.weight") : s.param("lm_head.weight");
-    return s.gather_vocab(at::matmul(normed, w.t()).to(at::kFloat));
+    return at::matmul(normed, w.t()).to(at::kFloat);
   }
 
  private:

@@ -63,10 +63,10 @@ class opt_block final : public decoder_block {
     return x + h + s.param(p + "fc2.bias");
   }
 
-  caf::expected<at::Tensor> head(const stage_state& s, const at::Tensor& last) const override {
+  at::Tensor head(const stage_state& s, const at::Tensor& last) const override {
     auto normed = at::layer_norm(last, {s.spec.hidden}, s.param("final_layer_norm.weight"),
                                  s.param("final_layer_norm.bias"), 1e-5);
-    return s.gather_vocab(at::matmul(normed, s.param("embed_tokens.weight").t()).to(at::kFloat));
+    return at::matmul(normed, s.param("embed_tokens.weight").t()).to(at::kFloat);
   }
 };
 

@@ -84,6 +84,50 @@ TEST_CASE("a scoring prefill: each asking row's prompt positions follow the batc
   CHECK(*only == std::vector<int64_t>{1, 2, 0});
 }
 
+TEST_CASE("plain greedy rows: only they take ids from the last stage, which are the tokens",
+          "[actors][sampling]") {
+  row_sampling greedy;
+  CHECK(plain_greedy(greedy));
+  auto hot = greedy;
+  hot.temperature = 0.7;
+  auto scored = greedy;
+  scored.logprobs = 0;
+  auto prompt = greedy;
+  prompt.prompt_logprobs = 0;
+  auto biased = greedy;
+  biased.bias_ids = {3};
+  biased.bias_values = {5};
+  auto penalised = greedy;
+  penalised.repetition_penalty = 1.2;
+  auto presence = greedy;
+  presence.presence_penalty = 0.5;
+  auto held = greedy;
+  held.min_tokens = 2;
+  held.suppress = {2};
+  for (auto& s : {hot, scored, prompt, biased, penalised, presence, held})
+    CHECK_FALSE(plain_greedy(s));
+  auto no_stop_ids = greedy;
+  no_stop_ids.min_tokens = 2;  // nothing to hold back: still the plain argmax
+  CHECK(plain_greedy(no_stop_ids));
+
+  models::host_tensor ids;
+  ids.type = gpu::dtype::i64;
+  ids.shape = {3};
+  std::vector<int64_t> want{7, 0, 4095};
+  ids.bytes.resize(want.size() * sizeof(int64_t));
+  std::memcpy(ids.bytes.data(), want.data(), ids.bytes.size());
+  std::vector<models::sampler> samplers;
+  auto got = sample_rows(ids, samplers, {greedy, greedy, greedy}, {{1}, {2}, {3}});
+  REQUIRE(got);
+  CHECK(*got == want);
+  CHECK(samplers.size() == 3);  // kept for the rows that leave at later steps
+  // Later steps carry no settings; a count that disagrees is refused, not read past.
+  CHECK(sample_rows(ids, samplers, {}, {}).value() == want);
+  ids.shape = {2};
+  ids.bytes.resize(2 * sizeof(int64_t));
+  CHECK_FALSE(sample_rows(ids, samplers, {}, {}));
+}
+
 TEST_CASE("log-probabilities that are not finite become -9999", "[actors][sampling]") {
   const float inf = std::numeric_limits<float>::infinity();
   std::vector<row_sampling> sampling(1);

@@ -3,7 +3,9 @@
 // threads and talk through real Gloo on 127.0.0.1.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <future>
 #include <thread>
 
@@ -96,6 +98,58 @@ TEST_CASE("a vocabulary tp does not divide splits with padding and equals the un
       REQUIRE(got.shape == want.shape);
       CHECK(relative_error(got.to_floats(), want.to_floats()) <= 1e-5);
       CHECK(tokens == want_tokens);
+    }
+  }
+}
+
+TEST_CASE("the argmax head gives the argmax of the gathered logits at every split",
+          "[models][forward][tp][vocab]") {
+  // Greedy batches take only ids from the last stage: each rank's best of its slice, then
+  // the best of those. They must be the first maximum of the whole vocabulary's logits,
+  // at the prefill and every decode step, with a vocabulary tp does not divide.
+  auto spec = *find_spec("opt-tiny");
+  spec.vocab = 509;
+  const std::vector<std::vector<int64_t>> odd = {{2, 100, 37, 508, 400, 12}, {2, 507, 300}, {2, 9}};
+  for (auto par : {parallel_config{1, 1}, parallel_config{2, 1}, parallel_config{4, 1},
+                   parallel_config{2, 2}}) {
+    DYNAMIC_SECTION("tp=" << par.tp << " pp=" << par.pp) {
+      test::sharded_model m{spec, gpu::dtype::f32, par, test::seeded_filler(spec, 5)};
+      auto steps = m.on_all_ranks(
+          [&](std::vector<opt_stage*> c) -> caf::expected<std::vector<std::vector<int64_t>>> {
+            // Two caches per stage: the same batch through both heads, step by step.
+            std::vector<kv_cache> by_logits(c.size()), by_ids(c.size());
+            std::vector<std::vector<int64_t>> out;
+            std::vector<int64_t> next;
+            for (int step = 0; step < 5; ++step) {
+              host_tensor a, b;
+              for (size_t s = 0; s < c.size(); ++s) {
+                auto* ha = s == 0 ? nullptr : &a;
+                auto* hb = s == 0 ? nullptr : &b;
+                auto ra = step == 0 ? c[s]->prefill(odd, ha, by_logits[s])
+                                    : c[s]->decode(next, ha, by_logits[s]);
+                auto rb = step == 0 ? c[s]->prefill(odd, hb, by_ids[s], {}, head_output::argmax)
+                                    : c[s]->decode(next, hb, by_ids[s], head_output::argmax);
+                if (!ra) return std::move(ra.error());
+                if (!rb) return std::move(rb.error());
+                a = std::move(*ra);
+                b = std::move(*rb);
+              }
+              if (b.type != gpu::dtype::i64 || b.shape != std::vector<int64_t>{3})
+                return make_error(ec::invalid_state, "the argmax head did not return 3 ids");
+              auto f = a.to_floats();
+              std::vector<int64_t> ids(3);
+              std::memcpy(ids.data(), b.bytes.data(), 3 * sizeof(int64_t));
+              for (size_t r = 0; r < 3; ++r) {
+                auto* row = f.data() + r * 509;
+                if (ids[r] != std::max_element(row, row + 509) - row)
+                  return make_error(ec::invalid_state, "row " + std::to_string(r) + " differs");
+              }
+              out.push_back(ids);
+              next = ids;
+            }
+            return out;
+          });
+      CHECK(steps.size() == 5);
     }
   }
 }
