@@ -19,6 +19,7 @@
 #include "apps/computron/sim_cli.hpp"
 #include "common/child_process.hpp"
 #include "common/error.hpp"
+#include "models/decoder_spec.hpp"
 #include "net/http_client.hpp"
 #include "net/loadgen.hpp"
 #include "workload/arrivals.hpp"
@@ -184,6 +185,22 @@ caf::expected<fs::path> output_dir(const experiment_options& o, const std::strin
   return dir;
 }
 
+/// OPT-13B's bytes on its devices over its checkpoint's at tp x pp in f16 (the layout's:
+/// vocabulary-parallel embedding and head, the tied head's last-stage slice at pp > 1).
+double opt13b_bytes_over_weights(int tp, int pp) {
+  auto spec = models::find_spec("opt-13b");
+  if (!spec) return 0;
+  uint64_t on_devices = 0;
+  for (int s = 0; s < pp; ++s)
+    for (int r = 0; r < tp; ++r) {
+      auto b = models::shard_bytes(*spec, gpu::dtype::f16, {tp, pp}, {r, s});
+      if (!b) return 0;
+      on_devices += *b;
+    }
+  return static_cast<double>(on_devices) /
+         static_cast<double>(models::weight_bytes(*spec, gpu::dtype::f16));
+}
+
 std::map<std::string, workload::device_traffic> scrape(net::http_client& c) {
   auto r = c.request("GET", "/metrics", {}, 10s);
   if (!r || r->status != 200) return {};
@@ -286,13 +303,20 @@ int run_experiment1(const experiment_options& o) {
     return dir.error().code() == static_cast<uint8_t>(ec::invalid_request) ? 2 : 1;
   }
   if (!o.json) {
+    std::cout << "Experiment 1: two OPT-13B models, room for one, 24 alternating blocking "
+                 "requests of batch 4 (first 4 dropped)\n"
+              << scale_line(o.factor) << "\n"
+              << "each cell runs twice: waiting for whole loads (load, exec and 'off' from it), "
+              << (o.compute_while_loading ? "then computing while loading (response)"
+                                          : "and again so (--no-overlap)")
+              << "\n";
+    // The toy shards carry the checkpoint's bytes split evenly; the real layout's bytes
+    // over them, per split, say how close that is.
+    std::cout << "OPT-13B's bytes on its devices over its checkpoint's (f16):";
+    for (auto& ref : original_exp1)
+      std::cout << fmt::format(" ({},{}) {:.4f}", ref.tp, ref.pp,
+                               opt13b_bytes_over_weights(ref.tp, ref.pp));
     std::cout
-        << "Experiment 1: two OPT-13B models, room for one, 24 alternating blocking "
-           "requests of batch 4 (first 4 dropped)\n"
-        << scale_line(o.factor) << "\n"
-        << "each cell runs twice: waiting for whole loads (load, exec and 'off' from it), "
-        << (o.compute_while_loading ? "then computing while loading (response)"
-                                    : "and again so (--no-overlap)")
         << "\n\n"
         << fmt::format(
                "{:<8} {:>15} {:>15} {:>13} {:>15} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6} {:>7}\n",
@@ -329,6 +353,7 @@ int run_experiment1(const experiment_options& o) {
                         m_exec * static_cast<double>(ref.pp - 1) / ref.pp + m_exec / layers;
     rows.push_back({{"tp", ref.tp},
                     {"pp", ref.pp},
+                    {"opt13b_bytes_over_weights", opt13b_bytes_over_weights(ref.tp, ref.pp)},
                     {"offload_s", on->offload_s},
                     {"load_s", m_load},
                     {"exec_s", m_exec},

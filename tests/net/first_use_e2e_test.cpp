@@ -115,7 +115,7 @@ TEST_CASE("a model larger than its devices is UNAVAILABLE with the sizes, and re
   toy_folder(dir + "/repo/huge", 12ull << 20, 2);
   fs::create_directories(dir + "/repo/broken");
   std::ofstream{dir + "/repo/broken/config.json"} << R"({"kind": "toy",)";
-  // --capacity-mb: 8 MiB emulated devices (the built-in 256 MiB would hold both).
+  // --capacity-mb: 8 MiB emulated devices (the built-in 192 MiB would hold both).
   serving s{{"--repository", dir + "/repo", "--devices", "1", "--capacity-mb", "8"}};
 
   // Refused at registration with the sizes, listed UNAVAILABLE with that reason.
