@@ -212,10 +212,14 @@ models::sampling_params to_sampling_params(const row_sampling& s) {
   return p;
 }
 
-bool plain_greedy(const row_sampling& s) {
-  return s.temperature == 0 && s.logprobs < 0 && s.prompt_logprobs < 0 && s.bias_ids.empty() &&
-         s.repetition_penalty == 1.0 && s.presence_penalty == 0 && s.frequency_penalty == 0 &&
-         (s.min_tokens == 0 || s.suppress.empty());
+int64_t candidates_of(const row_sampling& s) {
+  bool plain = s.logprobs < 0 && s.prompt_logprobs < 0 && s.bias_ids.empty() &&
+               s.repetition_penalty == 1.0 && s.presence_penalty == 0 && s.frequency_penalty == 0 &&
+               (s.min_tokens == 0 || s.suppress.empty());
+  if (!plain) return 0;
+  if (s.temperature == 0) return 1;
+  // The sampler keeps the top_k most likely first (min_p and top_p cut within them).
+  return s.top_k >= 1 && s.top_k <= max_candidates ? s.top_k : 0;
 }
 
 namespace {
@@ -277,22 +281,29 @@ caf::expected<std::vector<int64_t>> sample_rows(
                       logits.bytes.begin() + static_cast<ptrdiff_t>(rows * vocab * 4));
     return sample_rows(last, samplers, sampling, prompts, logprobs, nullptr);
   }
-  if (logits.type == gpu::dtype::i64 && logits.shape.size() == 1) {
-    // A batch of plain greedy rows: the last stage sent each row's argmax.
+  if (logits.type == gpu::dtype::f32 && logits.shape.size() == 3 && logits.shape[2] == 2) {
+    // Candidates: each row's k most likely (logit, id), most likely first.
     const auto rows = static_cast<size_t>(logits.shape[0]);
+    const auto k = logits.shape[1];
     if (samplers.empty()) {
       if (sampling.size() != rows)
         return make_error(ec::invalid_request, "sampling parameters for " +
                                                    std::to_string(sampling.size()) +
-                                                   " rows, tokens for " + std::to_string(rows));
-      // Kept as at any first step, so that rows leaving the batch find theirs.
+                                                   " rows, candidates for " + std::to_string(rows));
       for (auto& s : sampling) samplers.emplace_back(to_sampling_params(s));
     }
     if (samplers.size() != rows)
       return make_error(ec::invalid_state, "the batch has " + std::to_string(samplers.size()) +
                                                " samplers for " + std::to_string(rows) + " rows");
+    auto* pairs = reinterpret_cast<const float*>(logits.bytes.data());
+    std::vector<float> values(static_cast<size_t>(k));
     std::vector<int64_t> out(rows);
-    std::memcpy(out.data(), logits.bytes.data(), rows * sizeof(int64_t));
+    for (size_t r = 0; r < rows; ++r) {
+      const float* row = pairs + static_cast<int64_t>(r) * k * 2;
+      for (int64_t c = 0; c < k; ++c) values[static_cast<size_t>(c)] = row[2 * c];
+      auto pick = samplers[r].next(values.data(), k);
+      out[r] = static_cast<int64_t>(row[2 * pick + 1]);
+    }
     return out;
   }
   if (logits.type != gpu::dtype::f32 || logits.shape.size() != 2)

@@ -1,5 +1,6 @@
 #include "actors/opt_engine.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <mutex>
 #include <set>
@@ -85,14 +86,16 @@ class decoder_program final : public shard_program {
     if (req.step == 0) {
       // Rows that ask for their prompt's log-probabilities get their positions' logits.
       std::vector<bool> score;
-      bool greedy = !req.sampling.empty();
+      // The most candidates a row needs; 0 when some row needs its whole row.
+      int64_t top = req.sampling.empty() ? 0 : 1;
       for (auto& s : req.sampling) {
         score.push_back(s.prompt_logprobs >= 0);
-        greedy = greedy && plain_greedy(s);
+        auto k = candidates_of(s);
+        top = k == 0 || top == 0 ? 0 : std::max(top, k);
       }
       // Every rank of the stage got the same settings, so all take the same head (and
       // make the same collective calls). The batch keeps it: later steps carry none.
-      if (greedy) argmax_.insert(req.batch_id);
+      if (top > 0) top_[req.batch_id] = top;
       out = stage_->prefill(req.prompts, hidden, cache, score, head_of(req.batch_id));
     } else {
       out = stage_->decode(req.tokens, hidden, cache, head_of(req.batch_id));
@@ -103,18 +106,19 @@ class decoder_program final : public shard_program {
 
   void end_batch(uint64_t batch_id) override {
     caches_.erase(batch_id);
-    argmax_.erase(batch_id);
+    top_.erase(batch_id);
   }
 
  private:
   models::head_output head_of(uint64_t batch_id) const {
-    return argmax_.count(batch_id) > 0 ? models::head_output::argmax : models::head_output::logits;
+    auto i = top_.find(batch_id);
+    return models::head_output{i == top_.end() ? 0 : i->second};
   }
 
   std::unique_ptr<models::decoder_stage> stage_;
   std::unordered_map<uint64_t, models::kv_cache> caches_;
-  /// Batches of plain greedy rows: the last stage returns ids, not logits.
-  std::set<uint64_t> argmax_;
+  /// Batches whose rows need only candidates: how many the last stage returns.
+  std::unordered_map<uint64_t, int64_t> top_;
 };
 
 class decoder_engine final : public engine {

@@ -52,11 +52,11 @@ struct stage_state {
   /// head): each rank writes its columns, the all-reduce sums them (adding zeros is
   /// exact), the padding is cut off. At tp 1, `local` as it is.
   caf::expected<at::Tensor> gather_vocab(const at::Tensor& local) const;
-  /// Each row's argmax over the whole vocabulary [n] (int64) from this rank's slice, without
-  /// gathering it: each rank's best (value, id), one all-reduce of n x tp pairs, the best
-  /// of those (ties to the lower id, as a scan of the gathered logits picks). Padding never
-  /// wins.
-  caf::expected<at::Tensor> argmax_vocab(const at::Tensor& local) const;
+  /// Each row's `k` most likely ids of the whole vocabulary [n, k, 2] (f32 (logit, id), on
+  /// the host; see head_output) from this rank's slice, without gathering it: each rank's k
+  /// best, one all-reduce of n x tp x k pairs, the k best of those. Ties go to the lower id,
+  /// as a stable sort of the gathered logits orders them; padding is never a candidate.
+  caf::expected<at::Tensor> top_vocab(const at::Tensor& local, int64_t k) const;
   /// Attention of this rank's heads: `q` [b, heads, t, d] already scaled, `k` and `v`
   /// [b, kv heads, t, d] of the new positions, appended to the layer's cache (keys and
   /// values are cached per key/value head; grouped queries share them). `allowed` is the
@@ -79,7 +79,7 @@ class decoder_block {
                                           const at::Tensor& allowed, const at::Tensor& positions,
                                           at::Tensor& cache_k, at::Tensor& cache_v) const = 0;
   /// This rank's logits [b, vocab_rows] in f32 of the last hidden states [b, hidden]: its
-  /// slice of the vocabulary-parallel head (the core gathers them or takes their argmax).
+  /// slice of the vocabulary-parallel head (the core gathers them or takes their best).
   virtual at::Tensor head(const stage_state& s, const at::Tensor& last) const = 0;
 };
 

@@ -119,39 +119,72 @@ caf::expected<at::Tensor> detail::stage_state::gather_vocab(const at::Tensor& lo
   return full.narrow(1, 0, spec.vocab);
 }
 
-caf::expected<at::Tensor> detail::stage_state::argmax_vocab(const at::Tensor& local) const {
-  if (par.tp == 1) return local.argmax(1);  // the first maximum: ties to the lower id
+namespace {
+
+/// A row's best `k` of [n, m] logits as (logit, column) pairs [n, k, 2] in f32: the first
+/// maximum alone for k = 1, otherwise a stable sort, so equal logits keep the lower column
+/// first (torch's topk leaves their order open).
+at::Tensor best_columns(const at::Tensor& logits, int64_t k) {
+  at::Tensor values, columns;
+  if (k == 1) {
+    columns = logits.argmax(1, true);
+    values = logits.gather(1, columns);
+  } else {
+    auto sorted = logits.sort(/*stable=*/true, /*dim=*/1, /*descending=*/true);
+    values = std::get<0>(sorted).narrow(1, 0, k);
+    columns = std::get<1>(sorted).narrow(1, 0, k);
+  }
+  return at::stack({values, columns.to(at::kFloat)}, 2);
+}
+
+}  // namespace
+
+caf::expected<at::Tensor> detail::stage_state::top_vocab(const at::Tensor& local, int64_t k) const {
+  k = std::clamp<int64_t>(k, 1, spec.vocab);
   if (spec.vocab >= (int64_t{1} << 24)) {
-    // Ids travel below as floats, exact up to 2^24; a larger vocabulary is gathered.
+    // Ids travel as floats, exact up to 2^24; a larger vocabulary is gathered first.
     auto all = gather_vocab(local);
     if (!all) return all;
-    return all->argmax(1);
+    return best_columns(*all, k).to(at::kCPU);
   }
+  if (par.tp == 1) return best_columns(local, k).to(at::kCPU);
   const auto n = local.size(0);
   const auto real = std::clamp<int64_t>(spec.vocab - vocab_begin, 0, vocab_rows);
+  const auto mine_k = std::min(k, real);
   auto pairs =
-      at::zeros({n, par.tp, 2}, at::TensorOptions().dtype(at::kFloat).device(local.device()));
+      at::zeros({n, par.tp, k, 2}, at::TensorOptions().dtype(at::kFloat).device(local.device()));
   auto mine = pairs.select(1, shard.tp_rank);
-  if (real > 0) {
-    auto slice = local.narrow(1, 0, real);
-    auto best = slice.argmax(1);
-    mine.select(1, 0).copy_(slice.gather(1, best.unsqueeze(1)).squeeze(1));
-    mine.select(1, 1).copy_((best + vocab_begin).to(at::kFloat));
-  } else {
-    mine.select(1, 0).fill_(-std::numeric_limits<float>::infinity());  // only padding here
+  // Places this rank has no candidate for: -inf with an id past every vocabulary, so they
+  // sort after every real one (k <= vocab leaves enough real ones).
+  mine.select(2, 0).fill_(-std::numeric_limits<float>::infinity());
+  mine.select(2, 1).fill_(static_cast<float>((int64_t{1} << 24) - 1));
+  if (mine_k > 0) {
+    auto best = best_columns(local.narrow(1, 0, real), mine_k);
+    best.select(2, 1).add_(static_cast<float>(vocab_begin));
+    mine.narrow(1, 0, mine_k).copy_(best);
   }
+  // Every other rank's slot is zeros here, so the sum leaves each rank's pairs as they are.
   if (auto err = all_reduce(pairs)) return err;
   auto host = pairs.to(at::kCPU).contiguous();
+  auto out = at::empty({n, k, 2}, at::kFloat);
   const float* p = host.data_ptr<float>();
-  std::vector<int64_t> ids(static_cast<size_t>(n));
+  float* o = out.data_ptr<float>();
+  std::vector<std::pair<float, float>> all(static_cast<size_t>(par.tp * k));
   for (int64_t i = 0; i < n; ++i) {
-    const float* row = p + i * par.tp * 2;
-    int64_t best = 0;  // strictly greater only: on a tie the lower rank, so the lower id
-    for (int64_t r = 1; r < par.tp; ++r)
-      if (row[2 * r] > row[2 * best]) best = r;
-    ids[static_cast<size_t>(i)] = static_cast<int64_t>(row[2 * best + 1]);
+    for (size_t c = 0; c < all.size(); ++c)
+      all[c] = {p[(i * par.tp * k) * 2 + 2 * static_cast<int64_t>(c)],
+                p[(i * par.tp * k) * 2 + 2 * static_cast<int64_t>(c) + 1]};
+    // Most likely first, the lower id first among equals (a stable sort of the row's
+    // logits); NaN sorts as it would there: never "greater", so after the numbers.
+    std::partial_sort(all.begin(), all.begin() + k, all.end(), [](auto& a, auto& b) {
+      return a.first > b.first || (!(b.first > a.first) && a.second < b.second);
+    });
+    for (int64_t c = 0; c < k; ++c) {
+      o[(i * k + c) * 2] = all[static_cast<size_t>(c)].first;
+      o[(i * k + c) * 2 + 1] = all[static_cast<size_t>(c)].second;
+    }
   }
-  return at::tensor(ids, at::kLong);
+  return out;
 }
 
 at::Tensor detail::stage_state::attend(const at::Tensor& q, at::Tensor k, at::Tensor v,
@@ -224,8 +257,7 @@ struct decoder_stage::impl : detail::stage_state {
       rows = at::cat(parts, 0);
     }
     auto local = block->head(*this, rows);
-    auto result =
-        out == head_output::argmax && scored.empty() ? argmax_vocab(local) : gather_vocab(local);
+    auto result = out.top > 0 && scored.empty() ? top_vocab(local, out.top) : gather_vocab(local);
     if (!result) return std::move(result.error());
     return detail::to_host(*result);
   }
@@ -347,7 +379,7 @@ caf::expected<host_tensor> decoder_stage::prefill(const std::vector<std::vector<
                                                   const host_tensor* hidden, kv_cache& cache,
                                                   const std::vector<bool>& score, head_output out) {
   if (std::find(score.begin(), score.end(), true) != score.end())
-    return prefill_rows(prompts, hidden, cache, score, head_output::logits);
+    return prefill_rows(prompts, hidden, cache, score, head_output{});
   // Each distinct prompt once; `expand` maps every row to its distinct prompt.
   std::map<std::vector<int64_t>, int64_t> seen;
   std::vector<int64_t> first_rows, expand;

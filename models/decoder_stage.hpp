@@ -50,14 +50,14 @@ class kv_cache {
   std::unique_ptr<impl> impl_;
 };
 
-/// What the last stage returns.
-enum class head_output : uint8_t {
-  /// Every row's logits [rows, vocab] in f32.
-  logits,
-  /// Only each row's argmax [rows] in i64, for batches of plain greedy rows (no
-  /// processors, no log-probabilities): the vocabulary-parallel head's ranks exchange
-  /// their slices' best ids, not the vocabulary, and only ids leave the device.
-  argmax,
+/// What the last stage returns: `top` 0, every row's logits [rows, vocab] in f32; `top` k
+/// >= 1, only each row's k most likely ids [rows, k, 2] in f32 as (logit, id) pairs, most
+/// likely first, the lower id first among equal logits (ids exact below 2^24). A sampler
+/// that keeps at most k tokens (greedy, top_k <= k) draws from them exactly what it draws
+/// from the whole row: the vocabulary-parallel head's ranks exchange k candidates each
+/// instead of their slices, and only the candidates leave the device.
+struct head_output {
+  int64_t top = 0;
 };
 
 /// One shard of a decoder: a tensor-parallel rank of one pipeline stage. Reads its
@@ -87,15 +87,14 @@ class decoder_stage {
   /// one prompt) share one prefill where none is scored: it runs once and its cache rows
   /// and outputs are copied. Errors: empty batch or prompt, token ids outside the
   /// vocabulary, prompts longer than the positions, missing or misshapen hidden states,
-  /// weights not loaded. `out` (last stage): logits, or argmax ids where no row is scored.
+  /// weights not loaded. `out` (last stage): logits, or the candidates where no row is scored.
   caf::expected<host_tensor> prefill(const std::vector<std::vector<int64_t>>& prompts,
                                      const host_tensor* hidden, kv_cache& cache,
-                                     const std::vector<bool>& score = {},
-                                     head_output out = head_output::logits);
+                                     const std::vector<bool>& score = {}, head_output out = {});
 
   /// One more token per sequence, using and extending the cache.
   caf::expected<host_tensor> decode(const std::vector<int64_t>& tokens, const host_tensor* hidden,
-                                    kv_cache& cache, head_output out = head_output::logits);
+                                    kv_cache& cache, head_output out = {});
 
   /// Where the forward pass reads parameter `name` from (tests: weights are not copied).
   caf::expected<const void*> parameter_address(const std::string& name);

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
+#include <random>
 
 #include <caf/actor_system.hpp>
 #include <caf/binary_deserializer.hpp>
@@ -84,12 +86,20 @@ TEST_CASE("a scoring prefill: each asking row's prompt positions follow the batc
   CHECK(*only == std::vector<int64_t>{1, 2, 0});
 }
 
-TEST_CASE("plain greedy rows: only they take ids from the last stage, which are the tokens",
+TEST_CASE("rows that need only candidates draw from them exactly what they draw from the row",
           "[actors][sampling]") {
   row_sampling greedy;
-  CHECK(plain_greedy(greedy));
-  auto hot = greedy;
-  hot.temperature = 0.7;
+  CHECK(candidates_of(greedy) == 1);
+  auto topk = greedy;
+  topk.temperature = 0.8;
+  topk.top_k = 40;
+  topk.top_p = 0.9;
+  topk.min_p = 0.01;
+  CHECK(candidates_of(topk) == 40);
+  auto all = topk;
+  all.top_k = 0;  // top_p alone needs the whole row
+  auto wide = topk;
+  wide.top_k = max_candidates + 1;
   auto scored = greedy;
   scored.logprobs = 0;
   auto prompt = greedy;
@@ -97,35 +107,55 @@ TEST_CASE("plain greedy rows: only they take ids from the last stage, which are 
   auto biased = greedy;
   biased.bias_ids = {3};
   biased.bias_values = {5};
-  auto penalised = greedy;
+  auto penalised = topk;
   penalised.repetition_penalty = 1.2;
   auto presence = greedy;
   presence.presence_penalty = 0.5;
   auto held = greedy;
   held.min_tokens = 2;
   held.suppress = {2};
-  for (auto& s : {hot, scored, prompt, biased, penalised, presence, held})
-    CHECK_FALSE(plain_greedy(s));
-  auto no_stop_ids = greedy;
-  no_stop_ids.min_tokens = 2;  // nothing to hold back: still the plain argmax
-  CHECK(plain_greedy(no_stop_ids));
+  for (auto& s : {all, wide, scored, prompt, biased, penalised, presence, held})
+    CHECK(candidates_of(s) == 0);
 
-  models::host_tensor ids;
-  ids.type = gpu::dtype::i64;
-  ids.shape = {3};
-  std::vector<int64_t> want{7, 0, 4095};
-  ids.bytes.resize(want.size() * sizeof(int64_t));
-  std::memcpy(ids.bytes.data(), want.data(), ids.bytes.size());
-  std::vector<models::sampler> samplers;
-  auto got = sample_rows(ids, samplers, {greedy, greedy, greedy}, {{1}, {2}, {3}});
-  REQUIRE(got);
-  CHECK(*got == want);
-  CHECK(samplers.size() == 3);  // kept for the rows that leave at later steps
-  // Later steps carry no settings; a count that disagrees is refused, not read past.
-  CHECK(sample_rows(ids, samplers, {}, {}).value() == want);
-  ids.shape = {2};
-  ids.bytes.resize(2 * sizeof(int64_t));
-  CHECK_FALSE(sample_rows(ids, samplers, {}, {}));
+  // Logits with many ties (bf16-like: 6 bits of mantissa), 8 rows over 3 steps; the
+  // candidates are what a stable sort puts first. The same seeds give the same tokens.
+  const int64_t vocab = 1000, rows = 8, k = 40;
+  std::mt19937 gen{7};
+  std::normal_distribution<float> normal{0.0f, 3.0f};
+  std::vector<row_sampling> settings;
+  for (int64_t r = 0; r < rows; ++r) {
+    auto s = r % 4 == 0 ? greedy : topk;
+    s.seed = static_cast<uint64_t>(100 + r);
+    if (r % 4 == 1) s.top_k = 5;
+    if (r % 4 == 2) s.top_p = 1.0;
+    settings.push_back(s);
+  }
+  std::vector<models::sampler> from_rows, from_candidates;
+  for (int step = 0; step < 3; ++step) {
+    std::vector<float> logits(static_cast<size_t>(rows * vocab));
+    for (auto& x : logits) x = std::ldexp(std::round(std::ldexp(normal(gen), 3)), -3);
+    std::vector<float> pairs;
+    for (int64_t r = 0; r < rows; ++r) {
+      std::vector<int64_t> order(static_cast<size_t>(vocab));
+      std::iota(order.begin(), order.end(), 0);
+      const float* row = logits.data() + r * vocab;
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int64_t a, int64_t b) { return row[a] > row[b]; });
+      for (int64_t c = 0; c < k; ++c) {
+        pairs.push_back(row[order[static_cast<size_t>(c)]]);
+        pairs.push_back(static_cast<float>(order[static_cast<size_t>(c)]));
+      }
+    }
+    auto want = sample_rows(floats({rows, vocab}, logits), from_rows,
+                            step == 0 ? settings : std::vector<row_sampling>{}, {});
+    auto got = sample_rows(floats({rows, k, 2}, pairs), from_candidates,
+                           step == 0 ? settings : std::vector<row_sampling>{}, {});
+    REQUIRE(want);
+    REQUIRE(got);
+    CHECK(*got == *want);
+  }
+  // A count that disagrees with the batch is refused, not read past.
+  CHECK_FALSE(sample_rows(floats({2, 1, 2}, {1, 2, 3, 4}), from_candidates, {}, {}));
 }
 
 TEST_CASE("log-probabilities that are not finite become -9999", "[actors][sampling]") {

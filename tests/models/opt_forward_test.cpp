@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <future>
+#include <numeric>
 #include <thread>
 
 #include "common/error.hpp"
@@ -102,54 +103,71 @@ TEST_CASE("a vocabulary tp does not divide splits with padding and equals the un
   }
 }
 
-TEST_CASE("the argmax head gives the argmax of the gathered logits at every split",
+TEST_CASE("the candidates head gives the best ids of the gathered logits at every split",
           "[models][forward][tp][vocab]") {
-  // Greedy batches take only ids from the last stage: each rank's best of its slice, then
-  // the best of those. They must be the first maximum of the whole vocabulary's logits,
-  // at the prefill and every decode step, with a vocabulary tp does not divide.
+  // Batches that need only each row's k most likely ids take them from the last stage:
+  // each rank's k best of its slice, then the k best of those. They must be what a stable
+  // sort of the whole row's logits puts first (logits equal, ids equal, ties to the lower
+  // id), at the prefill and every decode step, with a vocabulary tp does not divide.
   auto spec = *find_spec("opt-tiny");
   spec.vocab = 509;
   const std::vector<std::vector<int64_t>> odd = {{2, 100, 37, 508, 400, 12}, {2, 507, 300}, {2, 9}};
-  for (auto par : {parallel_config{1, 1}, parallel_config{2, 1}, parallel_config{4, 1},
-                   parallel_config{2, 2}}) {
-    DYNAMIC_SECTION("tp=" << par.tp << " pp=" << par.pp) {
-      test::sharded_model m{spec, gpu::dtype::f32, par, test::seeded_filler(spec, 5)};
-      auto steps = m.on_all_ranks(
-          [&](std::vector<opt_stage*> c) -> caf::expected<std::vector<std::vector<int64_t>>> {
-            // Two caches per stage: the same batch through both heads, step by step.
-            std::vector<kv_cache> by_logits(c.size()), by_ids(c.size());
-            std::vector<std::vector<int64_t>> out;
-            std::vector<int64_t> next;
-            for (int step = 0; step < 5; ++step) {
-              host_tensor a, b;
-              for (size_t s = 0; s < c.size(); ++s) {
-                auto* ha = s == 0 ? nullptr : &a;
-                auto* hb = s == 0 ? nullptr : &b;
-                auto ra = step == 0 ? c[s]->prefill(odd, ha, by_logits[s])
-                                    : c[s]->decode(next, ha, by_logits[s]);
-                auto rb = step == 0 ? c[s]->prefill(odd, hb, by_ids[s], {}, head_output::argmax)
-                                    : c[s]->decode(next, hb, by_ids[s], head_output::argmax);
-                if (!ra) return std::move(ra.error());
-                if (!rb) return std::move(rb.error());
-                a = std::move(*ra);
-                b = std::move(*rb);
+  for (int64_t k : {1, 7}) {
+    for (auto par : {parallel_config{1, 1}, parallel_config{2, 1}, parallel_config{4, 1},
+                     parallel_config{2, 2}}) {
+      DYNAMIC_SECTION("k=" << k << " tp=" << par.tp << " pp=" << par.pp) {
+        test::sharded_model m{spec, gpu::dtype::bf16, par, test::seeded_filler(spec, 5)};
+        auto steps = m.on_all_ranks(
+            [&](std::vector<opt_stage*> c) -> caf::expected<std::vector<std::vector<int64_t>>> {
+              // Two caches per stage: the same batch through both heads, step by step.
+              std::vector<kv_cache> by_logits(c.size()), by_top(c.size());
+              std::vector<std::vector<int64_t>> out;
+              std::vector<int64_t> next;
+              const head_output top{k};
+              for (int step = 0; step < 5; ++step) {
+                host_tensor a, b;
+                for (size_t s = 0; s < c.size(); ++s) {
+                  auto* ha = s == 0 ? nullptr : &a;
+                  auto* hb = s == 0 ? nullptr : &b;
+                  auto ra = step == 0 ? c[s]->prefill(odd, ha, by_logits[s])
+                                      : c[s]->decode(next, ha, by_logits[s]);
+                  auto rb = step == 0 ? c[s]->prefill(odd, hb, by_top[s], {}, top)
+                                      : c[s]->decode(next, hb, by_top[s], top);
+                  if (!ra) return std::move(ra.error());
+                  if (!rb) return std::move(rb.error());
+                  a = std::move(*ra);
+                  b = std::move(*rb);
+                }
+                if (b.type != gpu::dtype::f32 || b.shape != std::vector<int64_t>{3, k, 2})
+                  return make_error(ec::invalid_state, "the candidates head did not return 3 x k");
+                auto f = a.to_floats();
+                auto pairs = b.to_floats();
+                for (int64_t r = 0; r < 3; ++r) {
+                  std::vector<int64_t> order(509);
+                  std::iota(order.begin(), order.end(), 0);
+                  auto* row = f.data() + r * 509;
+                  std::stable_sort(order.begin(), order.end(),
+                                   [&](int64_t x, int64_t y) { return row[x] > row[y]; });
+                  for (int64_t c2 = 0; c2 < k; ++c2) {
+                    auto value = pairs[static_cast<size_t>((r * k + c2) * 2)];
+                    auto id =
+                        static_cast<int64_t>(pairs[static_cast<size_t>((r * k + c2) * 2 + 1)]);
+                    if (id != order[static_cast<size_t>(c2)] || value != row[id])
+                      return make_error(ec::invalid_state, "row " + std::to_string(r) +
+                                                               " candidate " + std::to_string(c2) +
+                                                               " differs");
+                  }
+                }
+                std::vector<int64_t> ids;
+                for (int64_t r = 0; r < 3; ++r)
+                  ids.push_back(static_cast<int64_t>(pairs[static_cast<size_t>(r * k * 2 + 1)]));
+                out.push_back(ids);
+                next = ids;
               }
-              if (b.type != gpu::dtype::i64 || b.shape != std::vector<int64_t>{3})
-                return make_error(ec::invalid_state, "the argmax head did not return 3 ids");
-              auto f = a.to_floats();
-              std::vector<int64_t> ids(3);
-              std::memcpy(ids.data(), b.bytes.data(), 3 * sizeof(int64_t));
-              for (size_t r = 0; r < 3; ++r) {
-                auto* row = f.data() + r * 509;
-                if (ids[r] != std::max_element(row, row + 509) - row)
-                  return make_error(ec::invalid_state, "row " + std::to_string(r) + " differs");
-              }
-              out.push_back(ids);
-              next = ids;
-            }
-            return out;
-          });
-      CHECK(steps.size() == 5);
+              return out;
+            });
+        CHECK(steps.size() == 5);
+      }
     }
   }
 }
