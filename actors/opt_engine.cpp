@@ -95,7 +95,10 @@ class decoder_program final : public shard_program {
       }
       // Every rank of the stage got the same settings, so all take the same head (and
       // make the same collective calls). The batch keeps it: later steps carry none.
-      if (top > 0) top_[req.batch_id] = top;
+      if (top > 0)
+        top_[req.batch_id] = top;
+      else
+        top_.erase(req.batch_id);  // a batch id used again starts afresh
       out = stage_->prefill(req.prompts, hidden, cache, score, head_of(req.batch_id));
     } else {
       out = stage_->decode(req.tokens, hidden, cache, head_of(req.batch_id));

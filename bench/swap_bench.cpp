@@ -189,7 +189,12 @@ caf::expected<std::vector<uint64_t>> model_shard_sizes(const swap_bench_options&
       auto b = replicated ? models::replicated_vocab_shard_bytes(*spec, *type, {o.tp, o.pp}, {r, s})
                           : models::shard_bytes(*spec, *type, {o.tp, o.pp}, {r, s});
       if (!b) return std::move(b.error());
-      sizes.push_back(std::max<uint64_t>(256, *b / static_cast<uint64_t>(o.divide) / 256 * 256));
+      if (*b / static_cast<uint64_t>(o.divide) < (1u << 20))
+        return make_error(ec::invalid_request,
+                          fmt::format("--divide {} leaves shard (tp rank {}, stage {}) of {} under "
+                                      "1 MiB; divide by less",
+                                      o.divide, r, s, o.model));
+      sizes.push_back(*b / static_cast<uint64_t>(o.divide) / 256 * 256);
     }
   return sizes;
 }
@@ -197,7 +202,7 @@ caf::expected<std::vector<uint64_t>> model_shard_sizes(const swap_bench_options&
 caf::error validate(const swap_bench_options& o) {
   auto bad = [](std::string what) { return make_error(ec::invalid_request, std::move(what)); };
   if (!o.model.empty()) {
-    if (o.tp < 1 || o.pp < 1 || o.tp * o.pp > 64)
+    if (o.tp < 1 || o.pp < 1 || o.tp > 64 || o.pp > 64 || o.tp * o.pp > 64)
       return bad(fmt::format("--tp x --pp must be 1..64 devices, got {} x {}", o.tp, o.pp));
     if (o.devices != o.tp * o.pp)
       return bad(

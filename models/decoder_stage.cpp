@@ -123,8 +123,10 @@ namespace {
 
 /// A row's best `k` of [n, m] logits as (logit, column) pairs [n, k, 2] in f32: the first
 /// maximum alone for k = 1, otherwise a stable sort, so equal logits keep the lower column
-/// first (torch's topk leaves their order open).
-at::Tensor best_columns(const at::Tensor& logits, int64_t k) {
+/// first (torch's topk leaves their order open). NaN (a broken model's logit) ranks as
+/// -inf: torch would rank it above every number, and the merge needs a strict order.
+at::Tensor best_columns(at::Tensor logits, int64_t k) {
+  logits = at::nan_to_num(logits, -std::numeric_limits<double>::infinity());
   at::Tensor values, columns;
   if (k == 1) {
     columns = logits.argmax(1, true);
@@ -141,12 +143,8 @@ at::Tensor best_columns(const at::Tensor& logits, int64_t k) {
 
 caf::expected<at::Tensor> detail::stage_state::top_vocab(const at::Tensor& local, int64_t k) const {
   k = std::clamp<int64_t>(k, 1, spec.vocab);
-  if (spec.vocab >= (int64_t{1} << 24)) {
-    // Ids travel as floats, exact up to 2^24; a larger vocabulary is gathered first.
-    auto all = gather_vocab(local);
-    if (!all) return all;
-    return best_columns(*all, k).to(at::kCPU);
-  }
+  // Ids travel as floats, exact up to 2^24: a larger vocabulary gives its whole rows.
+  if (spec.vocab >= (int64_t{1} << 24)) return gather_vocab(local);
   if (par.tp == 1) return best_columns(local, k).to(at::kCPU);
   const auto n = local.size(0);
   const auto real = std::clamp<int64_t>(spec.vocab - vocab_begin, 0, vocab_rows);
@@ -175,7 +173,8 @@ caf::expected<at::Tensor> detail::stage_state::top_vocab(const at::Tensor& local
       all[c] = {p[(i * par.tp * k) * 2 + 2 * static_cast<int64_t>(c)],
                 p[(i * par.tp * k) * 2 + 2 * static_cast<int64_t>(c) + 1]};
     // Most likely first, the lower id first among equals (a stable sort of the row's
-    // logits); NaN sorts as it would there: never "greater", so after the numbers.
+    // logits). No value is NaN (best_columns ranked those as -inf), so this is a strict
+    // order.
     std::partial_sort(all.begin(), all.begin() + k, all.end(), [](auto& a, auto& b) {
       return a.first > b.first || (!(b.first > a.first) && a.second < b.second);
     });

@@ -52,10 +52,11 @@ class kv_cache {
 
 /// What the last stage returns: `top` 0, every row's logits [rows, vocab] in f32; `top` k
 /// >= 1, only each row's k most likely ids [rows, k, 2] in f32 as (logit, id) pairs, most
-/// likely first, the lower id first among equal logits (ids exact below 2^24). A sampler
-/// that keeps at most k tokens (greedy, top_k <= k) draws from them exactly what it draws
-/// from the whole row: the vocabulary-parallel head's ranks exchange k candidates each
-/// instead of their slices, and only the candidates leave the device.
+/// likely first, the lower id first among equal logits. A sampler that keeps at most k
+/// tokens (greedy, top_k <= k) draws from them exactly what it draws from the whole row
+/// (but on rows with NaN logits, which rank as -inf here): the vocabulary-parallel head's
+/// ranks exchange k candidates each instead of their slices, and only the candidates leave
+/// the device. A vocabulary of 2^24 ids or more (ids travel as floats) gives whole rows.
 struct head_output {
   int64_t top = 0;
 };

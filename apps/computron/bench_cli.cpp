@@ -55,7 +55,8 @@ bench_cli::bench_cli(CLI::App& app) {
   swap_cmd->add_option("--seed", swap.seed, "seed of the random weights")->capture_default_str();
   swap_cmd->add_option("--model", swap.model,
                        "a catalogue model (llama-3.1-8b, ...): its shards' bytes, tp x pp, "
-                       "against the layout with the vocabulary replicated");
+                       "against the layout with the vocabulary replicated (instead of the "
+                       "one-device baseline)");
   swap_cmd->add_option("--tp", swap.tp, "with --model: tensor-parallel ranks")
       ->capture_default_str();
   swap_cmd->add_option("--pp", swap.pp, "with --model: pipeline stages")->capture_default_str();

@@ -2,8 +2,13 @@
 // enough, no GPU needed.
 #include <catch2/catch.hpp>
 
+#include <chrono>
+
 #include "actors/opt_engine.hpp"
 #include "common/error.hpp"
+#include "gpu/collective.hpp"
+#include "gpu/emulated_device.hpp"
+#include "gpu/weight_store.hpp"
 
 using namespace computron;
 using namespace computron::actors;
@@ -77,4 +82,55 @@ TEST_CASE("an OPT shape outside the catalogue comes from the config", "[actors][
   CHECK(validate_model(engines, m, kinds));
   m.shape = {1, 2};
   CHECK_THAT(render(validate_model(engines, m, kinds)), Catch::Contains("shape needs 6 numbers"));
+}
+
+TEST_CASE("a batch's head follows its step-0 settings: candidates, or whole rows",
+          "[actors][engine][vocab]") {
+  auto engines = all_engines();
+  auto& e = *engines.at("opt");
+  auto m = opt("f32", {0});
+  shard_spec s{m, 0, 0, {}};
+  auto table = e.layout(s);
+  REQUIRE(table);
+  gpu::emulated_device_options o;
+  o.capacity_bytes = 64ull << 20;
+  auto dev = gpu::emulated_device::make(o);
+  REQUIRE(dev);
+  auto w = gpu::weight_shard::create(*dev, *table);
+  REQUIRE(w);
+  REQUIRE_FALSE(e.fill(s, **w));
+  REQUIRE_FALSE((*w)->load({1ull << 20}));
+  REQUIRE_FALSE((*w)->wait_loaded(std::chrono::seconds{30}));
+  auto group = gpu::make_solo_collective();
+  auto program = e.make_program(s, **w, *group);
+  REQUIRE(program);
+  auto step0 = [&](uint64_t batch, row_sampling r) {
+    step_request q;
+    q.model = "m";
+    q.batch_id = batch;
+    q.prompts = {{2, 100, 37}, {2, 9}};
+    q.sampling = {r, r};
+    auto out = (*program)->run(q, nullptr);
+    REQUIRE(out);
+    return out->shape;
+  };
+  row_sampling greedy;
+  CHECK(step0(3, greedy) == std::vector<int64_t>{2, 1, 2});
+  row_sampling topk;
+  topk.temperature = 0.8;
+  topk.top_k = 5;
+  CHECK(step0(4, topk) == std::vector<int64_t>{2, 5, 2});
+  // The same batch id again (a direct caller's, never ended) with log-probabilities: the
+  // whole rows, not the candidates the earlier batch took.
+  auto scored = greedy;
+  scored.logprobs = 1;
+  CHECK(step0(3, scored) == std::vector<int64_t>{2, 512});
+  step_request next;
+  next.model = "m";
+  next.batch_id = 3;
+  next.step = 1;
+  next.tokens = {5, 6};
+  auto out = (*program)->run(next, nullptr);
+  REQUIRE(out);
+  CHECK(out->shape == std::vector<int64_t>{2, 512});
 }
