@@ -1,7 +1,10 @@
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <caf/actor.hpp>
@@ -66,11 +69,66 @@ struct model_config {
   std::string tokenizer;
 };
 
+/// model_config's fields, listed once: the members in order (fields) and, at the same
+/// index, each one's name and whether it decides the shards' bytes (model_config_fields).
+/// inspect (what crosses processes), same_weights and the field names come from here, so a
+/// new field is added in these two lists and nowhere else.
+struct config_field {
+  const char* name;
+  /// Its value decides what a shard holds: a worker keeps a prepared shard of the same
+  /// name only when every such field is equal (same_weights).
+  bool shapes_weights;
+};
+inline constexpr std::array<config_field, 17> model_config_fields{{
+    {"name", false},
+    {"kind", true},
+    {"spec", true},
+    {"shape", true},
+    {"arch", true},
+    {"dtype", true},
+    {"checkpoint_dtype", true},
+    {"tp", true},
+    {"pp", true},
+    {"devices", true},
+    {"seed", true},
+    {"weights_path", true},
+    {"toy_shard_bytes", true},
+    {"toy_compute_ms", true},
+    {"pinned", false},
+    {"priority", false},
+    {"tokenizer", false},
+}};
+
+template <class Config>
+auto fields(Config& x) {
+  return std::tie(x.name, x.kind, x.spec, x.shape, x.arch, x.dtype, x.checkpoint_dtype, x.tp, x.pp,
+                  x.devices, x.seed, x.weights_path, x.toy_shard_bytes, x.toy_compute_ms, x.pinned,
+                  x.priority, x.tokenizer);
+}
+static_assert(std::tuple_size_v<decltype(fields(std::declval<model_config&>()))> ==
+                  model_config_fields.size(),
+              "model_config: fields() and model_config_fields list the same members");
+
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, model_config& x) {
-  return f(caf::meta::type_name("model_config"), x.name, x.kind, x.spec, x.shape, x.arch, x.dtype,
-           x.checkpoint_dtype, x.tp, x.pp, x.devices, x.seed, x.weights_path, x.toy_shard_bytes,
-           x.toy_compute_ms, x.pinned, x.priority, x.tokenizer);
+  return std::apply(
+      [&](auto&... member) { return f(caf::meta::type_name("model_config"), member...); },
+      fields(x));
+}
+
+namespace detail {
+template <size_t... I>
+bool same_weights(const model_config& a, const model_config& b, std::index_sequence<I...>) {
+  auto x = fields(a);
+  auto y = fields(b);
+  return ((!model_config_fields[I].shapes_weights || std::get<I>(x) == std::get<I>(y)) && ...);
+}
+}  // namespace detail
+
+/// Equal in every field that decides the shards' bytes (config_field::shapes_weights):
+/// the name, pinning, priority and tokenizer may differ.
+inline bool same_weights(const model_config& a, const model_config& b) {
+  return detail::same_weights(a, b, std::make_index_sequence<model_config_fields.size()>{});
 }
 
 /// One shard of a model, as handed to the worker that will hold it.

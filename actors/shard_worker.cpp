@@ -55,13 +55,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 bool same_shard(const shard_spec& a, const shard_spec& b) {
-  return a.tp_rank == b.tp_rank && a.pp_rank == b.pp_rank && a.model.kind == b.model.kind &&
-         a.model.spec == b.model.spec && a.model.shape == b.model.shape &&
-         a.model.arch == b.model.arch && a.model.dtype == b.model.dtype &&
-         a.model.tp == b.model.tp && a.model.pp == b.model.pp && a.model.seed == b.model.seed &&
-         a.model.weights_path == b.model.weights_path && a.model.devices == b.model.devices &&
-         a.model.toy_shard_bytes == b.model.toy_shard_bytes &&
-         a.model.toy_compute_ms == b.model.toy_compute_ms;
+  return a.tp_rank == b.tp_rank && a.pp_rank == b.pp_rank && same_weights(a.model, b.model);
 }
 
 std::string group_name(const std::string& scope, const shard_spec& s) {

@@ -1,0 +1,94 @@
+// The model configuration's one field list: every field crosses a node boundary (CAF's
+// binary serialization, as the middleman sends it), and a worker's "same shard" test
+// compares exactly the fields that decide a shard's bytes.
+#include <catch2/catch.hpp>
+
+#include <functional>
+
+#include <caf/actor_system.hpp>
+#include <caf/binary_deserializer.hpp>
+#include <caf/binary_serializer.hpp>
+
+#include "actors/messages.hpp"
+#include "actors/node.hpp"
+
+using namespace computron;
+using namespace computron::actors;
+
+namespace {
+
+model_config every_field_set() {
+  model_config m;
+  m.name = "m";
+  m.kind = "llama";
+  m.spec = "llama-tiny";
+  m.shape = {1, 2, 3, 4, 5, 6};
+  m.arch = R"({"hidden": 64})";
+  m.dtype = "f32";
+  m.checkpoint_dtype = "bf16";
+  m.tp = 2;
+  m.pp = 3;
+  m.devices = {5, 4, 3, 2, 1, 0};
+  m.seed = 77;
+  m.weights_path = "/w";
+  m.toy_shard_bytes = 12345;
+  m.toy_compute_ms = 2.5;
+  m.pinned = true;
+  m.priority = -3;
+  m.tokenizer = "bytes";
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("every model_config field crosses a node boundary", "[actors][messages]") {
+  system_config cfg;
+  caf::actor_system sys{cfg};
+  auto m = every_field_set();
+  std::vector<char> buf;
+  caf::binary_serializer out{sys, buf};
+  REQUIRE_FALSE(out(m));
+  model_config back;
+  caf::binary_deserializer in{sys, buf};
+  REQUIRE_FALSE(in(back));
+  CHECK(fields(back) == fields(m));
+  CHECK(back.tokenizer == "bytes");
+  CHECK(back.checkpoint_dtype == "bf16");
+}
+
+TEST_CASE("same_weights compares the fields that decide a shard's bytes, and only those",
+          "[actors][messages]") {
+  const auto m = every_field_set();
+  // Serving settings may change under a prepared shard.
+  auto serving = m;
+  serving.name = "other";
+  serving.pinned = false;
+  serving.priority = 9;
+  serving.tokenizer = "/t";
+  CHECK(same_weights(m, serving));
+  // Each field that shapes the weights makes it another shard.
+  std::vector<std::function<void(model_config&)>> changes = {
+      [](model_config& c) { c.kind = "opt"; },
+      [](model_config& c) { c.spec = "llama-mini"; },
+      [](model_config& c) { c.shape.back() = 7; },
+      [](model_config& c) { c.arch = "{}"; },
+      [](model_config& c) { c.dtype = "bf16"; },
+      [](model_config& c) { c.checkpoint_dtype = "f16"; },
+      [](model_config& c) { c.tp = 3; },
+      [](model_config& c) { c.pp = 2; },
+      [](model_config& c) { c.devices[0] = 9; },
+      [](model_config& c) { c.seed = 78; },
+      [](model_config& c) { c.weights_path = "/v"; },
+      [](model_config& c) { c.toy_shard_bytes = 1; },
+      [](model_config& c) { c.toy_compute_ms = 3; },
+  };
+  size_t weights_fields = 0;
+  for (auto& f : model_config_fields) weights_fields += f.shapes_weights ? 1 : 0;
+  CHECK(changes.size() == weights_fields);
+  for (size_t i = 0; i < changes.size(); ++i) {
+    auto c = m;
+    changes[i](c);
+    INFO("change " << i);
+    CHECK_FALSE(same_weights(m, c));
+  }
+}
