@@ -141,4 +141,19 @@ caf::result<model_info> register_model(manager_pointer self, model_config reques
 /// Rejoins the cross-node groups of the stages on devices `devs` of a node that is back.
 void rejoin_groups(manager_pointer self, const std::vector<int32_t>& devs);
 
+/// The manager's clock (the actor system's, as sched:: time).
+sched::time_point now(manager_pointer self);
+/// A dispatch pass of the batcher (expired requests fail, batches start) and a run pass
+/// (leased batches whose devices are free start); model_manager.cpp.
+void dispatch(manager_pointer self);
+void try_run(manager_pointer self);
+/// Fails one queued or running request with `err` (batch_steps.cpp, as what follows).
+void reply_error(manager_pointer self, queued_request& q, const caf::error& err);
+/// Ends a batch: on error every row still running fails with it; either way the model,
+/// its devices and (where the last step did not) the workers' caches are released.
+void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* err);
+/// Runs step `step` of the rows in b->sent; `keep` says which rows of the previous step
+/// they are (empty: all).
+void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vector<int32_t> keep);
+
 }  // namespace computron::actors::manager_detail

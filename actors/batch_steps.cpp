@@ -1,0 +1,186 @@
+// The manager's batches step by step: each step's fan-out to the first stage of every
+// tensor-parallel rank and the join of their results, rows that finish (length, a stop
+// id, cancellation), and the end of a batch (its model, devices and caches released).
+// The manager's dispatch and run passes (model_manager.cpp) start batches here.
+#include <algorithm>
+#include <unordered_map>
+
+#include <fmt/format.h>
+#include <caf/all.hpp>
+
+#include "actors/join.hpp"
+#include "actors/model_manager_state.hpp"
+#include "common/error.hpp"
+#include "common/log.hpp"
+
+namespace computron::actors::manager_detail {
+
+void reply_error(manager_pointer self, queued_request& q, const caf::error& err) {
+  self->state.batch_of.erase(q.req.id);
+  q.rp.deliver(err);
+  auto outcome = is(err, ec::deadline_exceeded) ? "deadline_exceeded"
+                 : is(err, ec::cancelled)       ? "cancelled"
+                                                : "error";
+  self->state.opts.obs->request_done(q.req.model, outcome,
+                                     sched::seconds_between(q.arrival, now(self)));
+}
+
+/// Answers one row: its tokens so far and why it ended.
+void finish_row(manager_pointer self, const batch_ptr& b, size_t r, const std::string& reason,
+                int64_t stop_id = -1) {
+  auto& st = self->state;
+  auto& q = b->rows[r];
+  st.batch_of.erase(q.req.id);
+  auto t = now(self);
+  infer_reply rep;
+  rep.id = q.req.id;
+  rep.model = b->model;
+  if (r < b->outputs.size()) rep.tokens = std::move(b->outputs[r]);
+  if (r < b->logprobs.size()) rep.logprobs = std::move(b->logprobs[r]);
+  if (r < b->prompt_logprobs.size()) rep.prompt_logprobs = std::move(b->prompt_logprobs[r]);
+  rep.queue_ms = sched::seconds_between(q.arrival, b->dispatched) * 1e3;
+  rep.load_ms = b->load_ms;
+  rep.compute_ms = b->compute_ms;
+  rep.total_ms = sched::seconds_between(q.arrival, t) * 1e3;
+  rep.batch_size = static_cast<uint32_t>(b->rows.size());
+  rep.swapped = b->swapped;
+  rep.finish_reason = reason;
+  rep.stop_id = stop_id;
+  q.rp.deliver(std::move(rep));
+  st.opts.obs->request_done(b->model, reason == "cancelled" ? "cancelled" : "ok",
+                            sched::seconds_between(q.arrival, t));
+}
+
+/// Ends a batch: on error every row still running fails with it; either way the model,
+/// its devices and (where the last step did not) the workers' caches are released.
+void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* err) {
+  auto& st = self->state;
+  auto& m = st.models.at(b->model);
+  st.gate->finish(m.cfg.devices);
+  self->send(st.scheduler, release_atom_v, b->model);
+  st.batcher->batch_ended(m.index);
+  if (!err && b->steps > 0) st.batcher->note_steps(m.index, b->compute_ms / 1e3, b->steps);
+  if (err || !b->caches_dropped)
+    for (auto& w : m.cfg.devices)
+      self->send(st.workers[static_cast<size_t>(w)], cancel_atom_v, b->model, b->id);
+  if (err)
+    for (auto r : b->sent) reply_error(self, b->rows[r], *err);
+  else
+    m.served += b->rows.size();
+  st.opts.obs->batch_done(b->model, m.cfg.devices, b->rows.size(), b->run_s, now_s() - b->run_s);
+  try_run(self);
+  dispatch(self);
+}
+
+/// Runs step `step` of the rows in b->sent; `keep` says which rows of the previous step
+/// they are (empty: all).
+void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vector<int32_t> keep) {
+  auto& st = self->state;
+  auto& m = st.models.at(b->model);
+  const auto tp = static_cast<size_t>(m.cfg.tp);
+  const auto pp = static_cast<size_t>(m.cfg.pp);
+  step_request req;
+  req.model = b->model;
+  req.batch_id = b->id;
+  req.step = static_cast<int32_t>(step);
+  // The last step is the one no row can outlive (rows only ever finish earlier).
+  int64_t left = 0;
+  for (auto r : b->sent)
+    left = std::max(left, b->rows[r].req.max_tokens - static_cast<int64_t>(b->outputs[r].size()));
+  req.last = left <= 1;
+  b->caches_dropped = req.last;
+  ++b->steps;
+  req.keep = std::move(keep);
+  for (auto r : b->sent) {
+    if (step == 0) {
+      // The sampling rank keeps each row's sampler from the prefill on: the settings
+      // (bias and stop lists included) travel once, not with every decode step.
+      req.prompts.push_back(b->rows[r].req.tokens);
+      req.sampling.push_back(b->rows[r].req.sampling);
+    } else {
+      req.tokens.push_back(b->outputs[r].back());
+    }
+  }
+  auto timeout = st.opts.step_timeout * static_cast<int>(pp);
+  if (step == 0 && b->loading)  // it also waits for the load under way
+    timeout += std::max<std::chrono::milliseconds>(
+        30s, std::chrono::milliseconds(static_cast<int64_t>(4 * b->load_left_ms)));
+  auto j = make_join<step_result>(
+      tp,
+      [=](std::vector<step_result> results) {
+        auto& first = results[0];
+        if (first.tokens.size() != b->sent.size()) {
+          auto e = make_error(ec::invalid_state,
+                              "step returned " + std::to_string(first.tokens.size()) +
+                                  " tokens for " + std::to_string(b->sent.size()) + " rows");
+          finish_batch(self, b, &e);
+          return;
+        }
+        b->compute_ms += first.compute_ms;
+        // Each row goes on, or is answered now and leaves the batch: no decode step is
+        // spent on a row that is done.
+        std::vector<size_t> next;
+        std::vector<int32_t> keep;
+        for (size_t p = 0; p < b->sent.size(); ++p) {
+          auto r = b->sent[p];
+          auto& q = b->rows[r];
+          auto token = first.tokens[p];
+          if (step == 0 && p < first.prompt_logprobs.size())
+            b->prompt_logprobs[r] = std::move(first.prompt_logprobs[p]);
+          if (b->cancelled.count(q.req.id) > 0) {
+            finish_row(self, b, r, "cancelled");
+            continue;
+          }
+          auto& stops = q.req.stop_ids;
+          if (std::find(stops.begin(), stops.end(), token) != stops.end()) {
+            finish_row(self, b, r, "stop", token);
+            continue;
+          }
+          b->outputs[r].push_back(token);
+          token_logprobs lp;
+          if (q.req.sampling.logprobs >= 0 && p < first.logprobs.size()) {
+            lp = std::move(first.logprobs[p]);
+            b->logprobs[r].push_back(lp);
+          }
+          if (q.req.stream)
+            self->send(caf::actor_cast<token_sink_actor>(q.req.stream), token_atom_v, q.req.id,
+                       q.req.stream_row, token, std::move(lp));
+          if (static_cast<int64_t>(b->outputs[r].size()) >= q.req.max_tokens) {
+            finish_row(self, b, r, "length");
+            continue;
+          }
+          next.push_back(r);
+          keep.push_back(static_cast<int32_t>(p));
+        }
+        if (next.empty()) {
+          b->sent.clear();
+          finish_batch(self, b, nullptr);
+          return;
+        }
+        if (next.size() == b->sent.size()) keep.clear();
+        b->sent = std::move(next);
+        run_step(self, b, step + 1, std::move(keep));
+      },
+      [=](caf::error err, size_t rank) {
+        // The code stays (a device error is a 500, a timed-out join a 503); the text says
+        // which model, step and rank.
+        auto where = fmt::format("model {} step {} (rank {})", b->model, step, rank);
+        if (err == caf::sec::request_timeout)
+          where += fmt::format(": no answer within {} ms", timeout.count());
+        err = with_context(err, where);
+        log::warn("batch {} failed: {}", b->id, render(err));
+        finish_batch(self, b, &err);
+      });
+  for (size_t rank = 0; rank < tp; ++rank) {
+    auto r = req;
+    for (size_t stage = 0; stage < pp; ++stage)
+      r.route.push_back(caf::actor_cast<caf::actor>(
+          st.workers[static_cast<size_t>(m.cfg.devices[stage * tp + rank])]));
+    auto first = caf::actor_cast<shard_worker_actor>(r.route[0]);
+    self->request(first, timeout, step_atom_v, std::move(r))
+        .then([=](step_result& res) { j->ok(rank, std::move(res)); },
+              [=](caf::error& e) { j->failed(std::move(e), rank); });
+  }
+}
+
+}  // namespace computron::actors::manager_detail
