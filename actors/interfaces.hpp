@@ -24,6 +24,11 @@ struct lane_job {
   std::function<caf::error()> run;
 };
 
+/// Status for operators, declared once: every actor that reports answers it with its own
+/// figures (and those of whatever stands behind it); the controller merges them. Each
+/// interface below adds it with extend_with.
+using status_reporter_actor = caf::typed_actor<caf::replies_to<report_atom>::with<caf::settings>>;
+
 /// One thread that runs blocking work (device copies, forward passes) in order, so
 /// that nothing blocks CAF's scheduler threads (a detached actor, CAF_0.17.md §8).
 using lane_actor = caf::typed_actor<
@@ -55,9 +60,8 @@ using shard_worker_actor = caf::typed_actor<
     caf::replies_to<devices_atom>::with<device_report>,
     /// Hosts the rendezvous of a tensor-parallel group whose ranks live on several
     /// nodes (group name, ranks); replies with the address the ranks meet at.
-    caf::replies_to<group_atom, std::string, int32_t>::with<std::string>,
-    /// Status for operators (every actor answers one; the controller merges them).
-    caf::replies_to<report_atom>::with<caf::settings>>;
+    caf::replies_to<group_atom, std::string,
+                    int32_t>::with<std::string>>::extend_with<status_reporter_actor>;
 
 /// A remote worker as the controller holds it: it relays every message to the worker
 /// on its node and answers for it when that node is gone (promptly, where CAF would let
@@ -98,9 +102,8 @@ using swap_scheduler_actor = caf::typed_actor<
     caf::reacts_to<found_atom, std::vector<int32_t>>,
     /// Switches the victim policy ("lru", "cost"); an empty name only asks. Replies with
     /// the policy in force.
-    caf::replies_to<policy_atom, std::string>::with<std::string>,
-    /// Status for operators.
-    caf::replies_to<report_atom>::with<caf::settings>>;
+    caf::replies_to<policy_atom,
+                    std::string>::with<std::string>>::extend_with<status_reporter_actor>;
 
 /// Receives a request's tokens as they are generated (infer_request::stream): (id,
 /// stream_row, token, its log-probabilities when the request asked for them). The sender
@@ -126,9 +129,7 @@ using serving_actor = caf::typed_actor<
     /// Ends a request early (its client went away, or its stream receiver saw enough):
     /// queued, it fails as cancelled; running, its row leaves the batch after this step.
     /// Ids are the frontend's (infer_request::id); an unknown id is ignored.
-    caf::reacts_to<cancel_atom, uint64_t>,
-    /// Status for operators: this actor's and everything behind it, merged.
-    caf::replies_to<report_atom>::with<caf::settings>>;
+    caf::reacts_to<cancel_atom, uint64_t>>::extend_with<status_reporter_actor>;
 
 /// The model registry, per-model queues, batching and dispatch.
 using model_manager_actor = serving_actor::extend<
@@ -170,9 +171,8 @@ using node_actor = caf::typed_actor<
     /// Every device of this node.
     caf::replies_to<devices_atom>::with<std::vector<device_report>>,
     /// The shard workers, in device order (as caf::actor; cast to shard_worker_actor).
-    caf::replies_to<workers_atom>::with<std::vector<caf::actor>>,
-    /// Status for operators: the node's and its workers'.
-    caf::replies_to<report_atom>::with<caf::settings>>;
+    caf::replies_to<workers_atom>::with<std::vector<caf::actor>>>::
+    extend_with<status_reporter_actor>;
 
 /// What an operator's console attaches to: the controller's serving stack and its
 /// scheduler behind one handle, published on the console port (actors/controller).
@@ -188,21 +188,18 @@ using controller_actor = caf::typed_actor<
     caf::replies_to<pin_atom, std::string, bool>::with<residency_report>,
     /// Completes one sequence, as the HTTP API does.
     caf::replies_to<infer_atom, infer_request>::with<infer_reply>,
-    /// The merged status of every actor.
-    caf::replies_to<report_atom>::with<caf::settings>,
     /// Shows ("") or switches the eviction policy.
     caf::replies_to<policy_atom, std::string>::with<std::string>,
     /// Starts a fresh timeline (true), or writes it to a file on the controller's machine
     /// (false, path). Replies with what was done.
-    caf::replies_to<trace_atom, bool, std::string>::with<std::string>>;
+    caf::replies_to<trace_atom, bool, std::string>::with<std::string>>::
+    extend_with<status_reporter_actor>;  // the merged status of every actor
 
 /// The controller's connection to one node (net/cluster): it notices the node's death,
 /// tells the scheduler, reconnects, and rebinds the node's worker guards.
 using node_link_actor = caf::typed_actor<
     /// Time to try reconnecting (the link sends it to itself).
-    caf::reacts_to<tick_atom>,
-    /// The node's address, whether it is reached, how often it came back.
-    caf::replies_to<report_atom>::with<caf::settings>>;
+    caf::reacts_to<tick_atom>>::extend_with<status_reporter_actor>;
 
 }  // namespace computron::actors
 
