@@ -402,7 +402,7 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
           models.emplace_back(std::move(x));
         }
         mine["models"] = caf::config_value{std::move(models)};
-        mine["dispatch"] = caf::config_value{st.opts.dispatch};
+        mine["dispatch"] = caf::config_value{st.opts.batching.dispatch};
         mine["runnable-batches"] = caf::config_value{static_cast<int64_t>(st.runnable.size())};
         auto rp = self->make_response_promise<caf::settings>();
         self->request(st.scheduler, 5s, report_atom_v)
@@ -470,17 +470,6 @@ void with_info(manager_pointer self, const std::string& name,
 
 using namespace manager_detail;
 
-sched::batching_options batching_of(const model_manager_options& o) {
-  sched::batching_options b;
-  b.max_batch_size = o.max_batch_size;
-  b.batch_window = o.batch_window;
-  b.dispatch = o.dispatch;
-  b.max_wait = o.max_wait;
-  b.max_queue = o.max_queue;
-  b.default_deadline = o.default_deadline;
-  return b;
-}
-
 caf::expected<model_manager_actor> spawn_model_manager(caf::actor_system& sys,
                                                        std::vector<shard_worker_actor> workers,
                                                        swap_scheduler_actor scheduler,
@@ -490,7 +479,7 @@ caf::expected<model_manager_actor> spawn_model_manager(caf::actor_system& sys,
     return make_error(ec::invalid_configuration, "model manager without workers");
   if (!scheduler) return make_error(ec::invalid_configuration, "model manager without a scheduler");
   sched::refusal why;
-  auto b = sched::batcher::make(batching_of(opts), &why);
+  auto b = sched::batcher::make(opts.batching, &why);
   if (!b) return make_error(why.code, why.reason);
   if (!opts.obs) opts.obs = null_observer();
   return sys.spawn(model_manager, std::move(opts), std::move(engines), std::move(workers),

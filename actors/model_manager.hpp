@@ -17,21 +17,12 @@
 namespace computron::actors {
 
 struct model_manager_options {
-  /// Sequences per batch at most.
-  uint32_t max_batch_size = 8;
-  /// How long the head of a queue waits for company before its batch goes anyway.
-  std::chrono::milliseconds batch_window{5};
-  /// Which model's batch goes next: "fcfs" (oldest head first, the original),
-  /// "resident-first" (loaded models first; a head older than max_wait goes first anyway)
-  /// or "edf" (earliest deadline first). See sched/policies.hpp.
-  std::string dispatch = "fcfs";
-  std::chrono::milliseconds max_wait{1000};
-  /// Requests queued per model at most; more are refused as overloaded.
-  uint32_t max_queue = 256;
+  /// Batch size and window, the dispatch policy ("fcfs", "resident-first", "edf"; see
+  /// sched/policies.hpp), queue bound and default deadline, as sched/ (and the simulator)
+  /// take them.
+  sched::batching_options batching;
   /// Largest max_tokens a request may ask for.
   int64_t max_tokens_limit = 512;
-  /// Deadline of a request that names none.
-  std::chrono::milliseconds default_deadline{std::chrono::seconds(60)};
   /// One forward step of one stage at most.
   std::chrono::milliseconds step_timeout{std::chrono::minutes(2)};
   /// Waiting for residency at most (the scheduler always answers; this is a backstop).
@@ -46,9 +37,6 @@ struct model_manager_options {
   std::vector<gpu::device_kind> device_kinds;
   std::shared_ptr<observer> obs = null_observer();
 };
-
-/// The batching part of the options, as sched/ takes it (the simulator uses the same).
-sched::batching_options batching_of(const model_manager_options& o);
 
 /// Spawns a manager over `workers` (index = global device index) and `scheduler`.
 /// Errors: no workers, an unknown dispatch policy, a zero batch size or queue bound.

@@ -105,7 +105,8 @@ caf::expected<runtime> spawn_stack(caf::actor_system& sys, runtime rt, runtime_o
   opts.frontend.obs = opts.obs;
   // Admission has one owner: the manager's batching options; the frontend only bounds
   // what is in flight and waits for the same deadline (plus slack).
-  opts.frontend.default_deadline = opts.manager.default_deadline;
+  opts.frontend.default_deadline =
+      std::chrono::duration_cast<std::chrono::milliseconds>(opts.manager.batching.default_deadline);
   opts.manager.device_kinds.clear();
   for (auto& d : sds) opts.manager.device_kinds.push_back(d.kind);
   auto fail = [&](caf::error e) {

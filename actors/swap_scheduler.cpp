@@ -428,7 +428,7 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
         auto& st = self->state;
         if (name.empty() || name == st.ledger->options().policy) return st.ledger->options().policy;
         if (auto why = st.ledger->set_policy(name)) return to_error(*why);
-        st.opts.policy = name;
+        st.opts.ledger.policy = name;
         log::info("eviction policy is now {}", name);
         return name;
       },
@@ -506,9 +506,7 @@ caf::expected<swap_scheduler_actor> spawn_swap_scheduler(caf::actor_system& sys,
     workers.push_back(d.worker);
   }
   sched::refusal why;
-  auto ledger = sched::ledger::make(
-      std::move(slots),
-      {opts.policy, opts.max_transfers_per_link, opts.prefetch, opts.compute_while_loading}, &why);
+  auto ledger = sched::ledger::make(std::move(slots), opts.ledger, &why);
   if (!ledger) return to_error(why);
   if (!opts.obs) opts.obs = null_observer();
   return sys.spawn(swap_scheduler, std::shared_ptr<sched::ledger>(std::move(ledger)),

@@ -12,6 +12,7 @@
 #include "actors/interfaces.hpp"
 #include "actors/observer.hpp"
 #include "gpu/device.hpp"
+#include "sched/ledger.hpp"
 
 namespace computron::actors {
 
@@ -25,16 +26,9 @@ struct scheduler_device {
 };
 
 struct swap_scheduler_options {
-  /// Victim choice: "lru" or "cost" (see actors/policies.hpp).
-  std::string policy = "lru";
-  /// Loads that may copy over one device's link at once; more queue.
-  uint32_t max_transfers_per_link = 1;
-  /// Load the model most in demand into idle links ahead of its requests
-  /// (sched::ledger_options::prefetch).
-  bool prefetch = false;
-  /// Lease a loading model as soon as its copies are queued, so a batch computes while
-  /// later layers arrive (sched::ledger_options::compute_while_loading).
-  bool compute_while_loading = true;
+  /// The victim policy ("lru", "cost"), transfers per link, prefetch and compute while
+  /// loading, as sched/ (and the simulator) take them.
+  sched::ledger_options ledger;
   /// Longest a model's load (all shards joined) may take.
   std::chrono::milliseconds load_timeout{std::chrono::minutes(5)};
   /// Bytes per device kept free for activations (never given to weights).

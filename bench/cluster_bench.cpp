@@ -127,7 +127,7 @@ runtime_options bench_runtime(const cluster_bench_options& o) {
   ro.devices.count = 4;
   ro.devices.emulated_capacity_bytes = o.swap_bytes / 4 + (64ull << 20);
   ro.devices.emulated_link_gbps = o.link_gbps;
-  ro.manager.batch_window = 0ms;
+  ro.manager.batching.batch_window = 0ms;
   return ro;
 }
 

@@ -82,8 +82,8 @@ caf::expected<runtime_bench_result> run_runtime_bench(const runtime_bench_option
     ro.devices.kind = "emulated";
     ro.devices.count = 1;
     ro.devices.emulated_capacity_bytes = 64ull << 20;
-    ro.manager.max_batch_size = 8;
-    ro.manager.batch_window = 0ms;
+    ro.manager.batching.max_batch_size = 8;
+    ro.manager.batching.batch_window = 0ms;
     ro.frontend.max_outstanding_per_model = 100000;
     auto metrics = std::make_shared<net::metrics>();
     ro.obs = metrics;

@@ -136,7 +136,7 @@ int main() {
     o.devices.kind = "emulated";
     o.devices.count = 2;
     o.devices.emulated_capacity_bytes = 3ull << 19;  // 1.5 MiB
-    o.scheduler.policy = policy;
+    o.scheduler.ledger.policy = policy;
     auto rt = start_runtime(sys, o, torch_free_engines());
     if (!rt) {
       std::cerr << "router_pipeline: " << render(rt.error()) << '\n';

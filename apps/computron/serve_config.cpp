@@ -200,8 +200,8 @@ serve_config default_serve_config() {
   // ranks) fit, three do not: the default job swaps.
   c.runtime.devices.emulated_capacity_bytes = 192ull << 20;
   c.runtime.devices.emulated_link_gbps = 2.0;
-  c.runtime.manager.max_batch_size = 8;
-  c.runtime.manager.batch_window = std::chrono::milliseconds(5);
+  c.runtime.manager.batching.max_batch_size = 8;
+  c.runtime.manager.batching.batch_window = std::chrono::milliseconds(5);
   for (int i = 0; i < 3; ++i) {
     actors::model_config m;
     m.name = "opt-125m-" + std::string(1, static_cast<char>('a' + i));
@@ -442,11 +442,13 @@ caf::expected<serve_config> load_serve_config(const std::string& path,
       return e;
     double ws = 0;
     int64_t timeout_s = 300;
-    if ((e = read(*s, "policy", sw, c.runtime.scheduler.policy)) ||
-        (e = read(*s, "max_transfers_per_link", sw, c.runtime.scheduler.max_transfers_per_link)) ||
+    if ((e = read(*s, "policy", sw, c.runtime.scheduler.ledger.policy)) ||
+        (e = read(*s, "max_transfers_per_link", sw,
+                  c.runtime.scheduler.ledger.max_transfers_per_link)) ||
         (e = read(*s, "workspace_mb", sw, ws)) || (e = read(*s, "load_timeout_s", sw, timeout_s)) ||
-        (e = read(*s, "prefetch", sw, c.runtime.scheduler.prefetch)) ||
-        (e = read(*s, "compute_while_loading", sw, c.runtime.scheduler.compute_while_loading)))
+        (e = read(*s, "prefetch", sw, c.runtime.scheduler.ledger.prefetch)) ||
+        (e = read(*s, "compute_while_loading", sw,
+                  c.runtime.scheduler.ledger.compute_while_loading)))
       return e;
     if ((e = mib_to_bytes(ws, sw, "workspace_mb", c.runtime.scheduler.workspace_bytes)) ||
         (e = check_time(timeout_s, 10'000'000, sw, "load_timeout_s")))
@@ -460,12 +462,17 @@ caf::expected<serve_config> load_serve_config(const std::string& path,
                          "max_queue", "max_tokens", "deadline_ms"})))
       return e;
     auto& m = c.runtime.manager;
-    int64_t window = m.batch_window.count(), max_wait = m.max_wait.count(),
-            deadline = m.default_deadline.count();
-    if ((e = read(*b, "max_batch_size", bw, m.max_batch_size)) ||
+    auto& bo = m.batching;
+    auto ms = [](sched::duration d) {
+      return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
+    };
+    int64_t window = ms(bo.batch_window), max_wait = ms(bo.max_wait),
+            deadline = ms(bo.default_deadline);
+    if ((e = read(*b, "max_batch_size", bw, bo.max_batch_size)) ||
         (e = read(*b, "batch_window_ms", bw, window)) ||
-        (e = read(*b, "dispatch", bw, m.dispatch)) || (e = read(*b, "max_wait_ms", bw, max_wait)) ||
-        (e = read(*b, "max_queue", bw, m.max_queue)) ||
+        (e = read(*b, "dispatch", bw, bo.dispatch)) ||
+        (e = read(*b, "max_wait_ms", bw, max_wait)) ||
+        (e = read(*b, "max_queue", bw, bo.max_queue)) ||
         (e = read(*b, "max_tokens", bw, m.max_tokens_limit)) ||
         (e = read(*b, "deadline_ms", bw, deadline)))
       return e;
@@ -475,9 +482,9 @@ caf::expected<serve_config> load_serve_config(const std::string& path,
         (e = check_time(max_wait, max_ms, bw, "max_wait_ms")) ||
         (e = check_time(deadline, max_ms, bw, "deadline_ms")))
       return e;
-    m.batch_window = std::chrono::milliseconds(window);
-    m.max_wait = std::chrono::milliseconds(max_wait);
-    m.default_deadline = std::chrono::milliseconds(deadline);
+    bo.batch_window = std::chrono::milliseconds(window);
+    bo.max_wait = std::chrono::milliseconds(max_wait);
+    bo.default_deadline = std::chrono::milliseconds(deadline);
   }
   if (auto f = j->find("frontend"); f != j->end()) {
     auto fw = w + " frontend";

@@ -201,9 +201,8 @@ caf::expected<sim::sim_config> sim_config_from(const serve_config& cfg,
                                                                       : gpu::device_kind::emulated);
   out.workspace_bytes = cfg.runtime.scheduler.workspace_bytes;
   out.chunk_bytes = cfg.runtime.worker.chunk_bytes;
-  out.scheduler = {cfg.runtime.scheduler.policy, cfg.runtime.scheduler.max_transfers_per_link,
-                   cfg.runtime.scheduler.prefetch, cfg.runtime.scheduler.compute_while_loading};
-  out.batching = actors::batching_of(cfg.runtime.manager);
+  out.scheduler = cfg.runtime.scheduler.ledger;
+  out.batching = cfg.runtime.manager.batching;
   out.cost = cost;
   if (!(cost.tflops > 0)) return bad("the simulator needs a compute rate: tflops above 0");
   const double flops = cost.tflops * 1e12;

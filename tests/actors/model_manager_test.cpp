@@ -31,12 +31,12 @@ struct manager_fixture : deterministic_fixture {
     script.holder = sys.spawn(computron::testing::load_holder);
     worker = sys.spawn(fake_worker, &script, 0);
     swap_scheduler_options so;
-    so.compute_while_loading = compute_while_loading;
+    so.ledger.compute_while_loading = compute_while_loading;
     scheduler = spawn_swap_scheduler(sys, {{worker, 100 << 20, 10.0}}, so).value();
     model_manager_options mo;
-    mo.max_batch_size = 4;
-    mo.batch_window = 5ms;
-    mo.default_deadline = 1s;
+    mo.batching.max_batch_size = 4;
+    mo.batching.batch_window = 5ms;
+    mo.batching.default_deadline = 1s;
     manager = spawn_model_manager(sys, {worker}, scheduler, torch_free_engines(), mo).value();
     model_config m;
     m.name = "m";

@@ -30,8 +30,8 @@ struct runtime_fixture {
     o.devices.count = 4;
     o.devices.emulated_capacity_bytes = (5ull << 20) / 2;  // 2.5 MiB
     o.devices.emulated_link_gbps = 1.0;
-    o.manager.batch_window = window;
-    o.manager.max_batch_size = max_batch_size;
+    o.manager.batching.batch_window = window;
+    o.manager.batching.max_batch_size = max_batch_size;
     o.frontend.max_outstanding_per_model = per_model_bound;
     rt = start_runtime(sys, o, torch_free_engines()).value();
   }
@@ -300,8 +300,8 @@ TEST_CASE("a cold request computes while its model loads and answers as a reside
     o.devices.emulated_capacity_bytes = 40ull << 20;
     o.devices.emulated_link_gbps = 0.04;  // 8 MiB: at least 210 ms
     o.worker.chunk_bytes = 1 << 20;       // eight chunks: layers can start one by one
-    o.manager.batch_window = 0ms;
-    o.scheduler.compute_while_loading = overlap;
+    o.manager.batching.batch_window = 0ms;
+    o.scheduler.ledger.compute_while_loading = overlap;
     auto rt = start_runtime(sys, o, torch_free_engines());
     REQUIRE(rt);
     model_config m;

@@ -35,8 +35,8 @@ struct scheduler_fixture : deterministic_fixture {
       devs.push_back({workers.back(), 100 * mb, 10.0});
     }
     swap_scheduler_options o;
-    o.policy = policy;
-    o.compute_while_loading = compute_while_loading;
+    o.ledger.policy = policy;
+    o.ledger.compute_while_loading = compute_while_loading;
     o.load_timeout = std::chrono::seconds(5);
     sched_actor = spawn_swap_scheduler(sys, devs, o).value();
   }

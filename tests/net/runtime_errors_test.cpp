@@ -91,7 +91,7 @@ TEST_CASE("runtime failures reach HTTP as 5xx with their message", "[net][errors
   o.devices.count = 2;
   o.devices.emulated_capacity_bytes = 1 << 20;
   o.devices.emulated_link_gbps = 1.0;
-  o.manager.batch_window = 0ms;
+  o.manager.batching.batch_window = 0ms;
   // A step that has not answered in 300 ms has failed.
   o.manager.step_timeout = 300ms;
   auto engines = torch_free_engines();
