@@ -10,8 +10,8 @@
 
 #include "actors/node.hpp"
 #include "common/error.hpp"
-#include "net/http_client.hpp"
-#include "net/http_server.hpp"
+#include "net/client/http_client.hpp"
+#include "net/http/http_server.hpp"
 #include "net/metrics.hpp"
 
 namespace computron::bench {

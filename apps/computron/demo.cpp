@@ -12,8 +12,8 @@
 
 #include "apps/computron/serve.hpp"
 #include "common/error.hpp"
-#include "net/http_client.hpp"
-#include "net/loadgen.hpp"
+#include "net/client/http_client.hpp"
+#include "net/client/loadgen.hpp"
 #include "workload/stats.hpp"
 
 namespace computron::app {

@@ -23,8 +23,8 @@
 #include "common/child_process.hpp"
 #include "common/error.hpp"
 #include "models/decoder_spec.hpp"
-#include "net/http_client.hpp"
-#include "net/loadgen.hpp"
+#include "net/client/http_client.hpp"
+#include "net/client/loadgen.hpp"
 #include "workload/arrivals.hpp"
 #include "workload/report.hpp"
 

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
-#include "net/loadgen.hpp"
+#include "net/client/loadgen.hpp"
 #include "workload/arrivals.hpp"
 #include "workload/report.hpp"
 

@@ -28,7 +28,7 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "gpu/backends.hpp"
-#include "net/loadgen.hpp"
+#include "net/client/loadgen.hpp"
 
 namespace {
 

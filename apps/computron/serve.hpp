@@ -9,7 +9,7 @@
 #include "actors/repository.hpp"
 #include "models/text_directory.hpp"
 #include "net/cluster.hpp"
-#include "net/http_server.hpp"
+#include "net/http/http_server.hpp"
 
 /// `computron serve`, `computron demo` and `computron generate`.
 namespace computron::app {

@@ -13,8 +13,8 @@
 
 #include "actors/opt_engine.hpp"
 #include "common/error.hpp"
-#include "net/http_client.hpp"
-#include "net/loadgen.hpp"
+#include "net/client/http_client.hpp"
+#include "net/client/loadgen.hpp"
 #include "workload/report.hpp"
 
 namespace computron::app {

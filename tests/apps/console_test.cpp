@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/child_process.hpp"
-#include "net/http_client.hpp"
+#include "net/client/http_client.hpp"
 #include "tests/support/run_binary.hpp"
 #include "tests/support/temp_files.hpp"
 

@@ -16,8 +16,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/child_process.hpp"
-#include "net/http_client.hpp"
-#include "net/loadgen.hpp"
+#include "net/client/http_client.hpp"
+#include "net/client/loadgen.hpp"
 #include "tests/support/run_binary.hpp"
 #include "tests/support/temp_files.hpp"
 #include "workload/arrivals.hpp"

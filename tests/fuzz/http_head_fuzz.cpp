@@ -1,6 +1,6 @@
 // Fuzz target: one HTTP request as bytes off the socket, through the parser the server
 // uses (Beast's request_parser with the server's body limit, eager) and then our routing
-// and the control bodies (net/routes.cpp), the path every request takes before an actor
+// and the control bodies (net/http/routes.cpp), the path every request takes before an actor
 // sees it.
 #include <cstddef>
 #include <cstdint>
@@ -11,7 +11,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
-#include "net/routes.hpp"
+#include "net/http/routes.hpp"
 
 namespace http = boost::beast::http;
 

@@ -1,4 +1,4 @@
-// Fuzz target: the text and tensor API bodies (net/llm_api.cpp). The first byte picks
+// Fuzz target: the text and tensor API bodies (net/http/llm_api.cpp). The first byte picks
 // the parser (KServe infer, OpenAI completions, Triton generate, generate_stream, OpenAI
 // chat, tokenize, detokenize); the rest is the body as the server receives it. Any exception or
 // sanitizer report is a bug: the server turns every body into a reply or a 400, never a throw.
@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "net/llm_api.hpp"
+#include "net/http/llm_api.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;

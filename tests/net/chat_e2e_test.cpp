@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/child_process.hpp"
-#include "net/http_client.hpp"
+#include "net/client/http_client.hpp"
 #include "tests/support/llama_reference.hpp"
 #include "tests/support/npm.hpp"
 #include "tests/support/run_binary.hpp"

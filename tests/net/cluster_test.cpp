@@ -22,7 +22,7 @@
 #include "actors/interfaces.hpp"
 #include "common/child_process.hpp"
 #include "net/cluster.hpp"
-#include "net/http_client.hpp"
+#include "net/client/http_client.hpp"
 #include "tests/support/run_binary.hpp"
 #include "tests/support/temp_files.hpp"
 

@@ -12,7 +12,7 @@
 #include "models/checkpoint.hpp"
 #include "models/safetensors.hpp"
 #include "models/weights.hpp"
-#include "net/http_client.hpp"
+#include "net/client/http_client.hpp"
 #include "tests/support/run_binary.hpp"
 #include "tests/support/temp_files.hpp"
 

@@ -9,8 +9,8 @@
 #include "actors/engine.hpp"
 #include "actors/node.hpp"
 #include "common/error.hpp"
-#include "net/http_client.hpp"
-#include "net/http_server.hpp"
+#include "net/client/http_client.hpp"
+#include "net/http/http_server.hpp"
 
 // Failures inside the runtime reach a client as 5xx with their message, never as a 400:
 // a device error raised by a shard's compute, and a step whose join times out. The whole

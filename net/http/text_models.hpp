@@ -11,7 +11,7 @@
 
 #include "actors/messages.hpp"
 #include "models/text_directory.hpp"
-#include "net/generation.hpp"
+#include "net/http/generation.hpp"
 
 namespace computron::net {
 

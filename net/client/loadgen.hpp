@@ -10,7 +10,7 @@
 
 #include <caf/expected.hpp>
 
-#include "net/open_loop.hpp"
+#include "net/client/open_loop.hpp"
 #include "workload/arrivals.hpp"
 #include "workload/report.hpp"
 

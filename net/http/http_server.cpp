@@ -1,4 +1,4 @@
-#include "net/http_server.hpp"
+#include "net/http/http_server.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -21,13 +21,13 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "models/tokenizer.hpp"
-#include "net/generation.hpp"
-#include "net/http_transport.hpp"
-#include "net/llm_api.hpp"
+#include "net/http/generation.hpp"
+#include "net/http/http_transport.hpp"
+#include "net/http/llm_api.hpp"
 #include "net/metrics.hpp"
-#include "net/replies.hpp"
-#include "net/routes.hpp"
-#include "net/text_models.hpp"
+#include "net/http/replies.hpp"
+#include "net/http/routes.hpp"
+#include "net/http/text_models.hpp"
 #include "net/trace.hpp"
 
 namespace computron::net {

@@ -1,4 +1,4 @@
-#include "net/text_models.hpp"
+#include "net/http/text_models.hpp"
 
 #include <algorithm>
 #include <random>

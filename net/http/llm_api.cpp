@@ -1,4 +1,4 @@
-#include "net/llm_api.hpp"
+#include "net/http/llm_api.hpp"
 
 #include <cerrno>
 #include <cmath>
@@ -6,7 +6,7 @@
 #include <functional>
 #include <set>
 
-#include "net/body_reader.hpp"
+#include "net/http/body_reader.hpp"
 
 namespace computron::net {
 

@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "net/llm_api.hpp"
+#include "net/http/llm_api.hpp"
 
 namespace computron::net::detail {
 

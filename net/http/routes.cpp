@@ -1,4 +1,4 @@
-#include "net/routes.hpp"
+#include "net/http/routes.hpp"
 
 #include <cctype>
 

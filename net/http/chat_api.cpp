@@ -1,10 +1,10 @@
-#include "net/llm_api.hpp"
+#include "net/http/llm_api.hpp"
 
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "net/body_reader.hpp"
+#include "net/http/body_reader.hpp"
 
 // OpenAI's chat body and vLLM's tokenize and detokenize bodies (net/llm_api.hpp).
 namespace computron::net {

@@ -1,4 +1,4 @@
-#include "net/replies.hpp"
+#include "net/http/replies.hpp"
 
 #include "common/error.hpp"
 

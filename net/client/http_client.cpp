@@ -1,4 +1,4 @@
-#include "net/http_client.hpp"
+#include "net/client/http_client.hpp"
 
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>

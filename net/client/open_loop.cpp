@@ -1,4 +1,4 @@
-#include "net/open_loop.hpp"
+#include "net/client/open_loop.hpp"
 
 #include <algorithm>
 #include <deque>

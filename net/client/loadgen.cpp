@@ -1,4 +1,4 @@
-#include "net/loadgen.hpp"
+#include "net/client/loadgen.hpp"
 
 #include <random>
 #include <sstream>
@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
-#include "net/http_client.hpp"
+#include "net/client/http_client.hpp"
 
 namespace computron::net {
 

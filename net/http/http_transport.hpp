@@ -12,8 +12,8 @@
 #include <boost/asio.hpp>
 #include <boost/beast/http.hpp>
 
-#include "net/http_server.hpp"
-#include "net/replies.hpp"
+#include "net/http/http_server.hpp"
+#include "net/http/replies.hpp"
 
 namespace computron::net {
 

@@ -1,4 +1,4 @@
-#include "net/generation.hpp"
+#include "net/http/generation.hpp"
 
 #include <chrono>
 

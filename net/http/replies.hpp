@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/messages.hpp"
-#include "net/llm_api.hpp"
+#include "net/http/llm_api.hpp"
 
 namespace computron::net::replies {
 

@@ -14,9 +14,9 @@
 
 #include "actors/interfaces.hpp"
 #include "models/tokenizer.hpp"
-#include "net/http_transport.hpp"
-#include "net/llm_api.hpp"
-#include "net/replies.hpp"
+#include "net/http/http_transport.hpp"
+#include "net/http/llm_api.hpp"
+#include "net/http/replies.hpp"
 
 namespace computron::net {
 

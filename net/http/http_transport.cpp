@@ -1,4 +1,4 @@
-#include "net/http_transport.hpp"
+#include "net/http/http_transport.hpp"
 
 #include <chrono>
 #include <deque>
