@@ -162,9 +162,10 @@ inline int slice_count(const param_spec& p, int tp) {
 
 /// The parameters held by `shard`, in buffer order. Stage 0 holds the embeddings; the
 /// last stage holds the final norm and the LM head (a copy of the token embedding when
-/// tied and not also the first stage). Every rank holds its slice of the embeddings and
-/// the head, so no weight byte sits on two ranks but norms, biases added after an
-/// all-reduce, and key/value heads replicated where tp exceeds them.
+/// tied and not also the first stage). Every tensor-parallel rank holds its slice of the
+/// embeddings and the head, so no weight byte sits on two ranks of a stage but norms,
+/// biases added after an all-reduce, and key/value heads replicated where tp exceeds them
+/// (a tied head's last-stage copy, sliced the same way, repeats the first stage's).
 std::vector<param_spec> shard_params(const decoder_spec& spec, const parallel_config& par,
                                      const shard_index& shard);
 
