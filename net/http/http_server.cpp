@@ -24,10 +24,10 @@
 #include "net/http/generation.hpp"
 #include "net/http/http_transport.hpp"
 #include "net/http/llm_api.hpp"
-#include "net/metrics.hpp"
 #include "net/http/replies.hpp"
 #include "net/http/routes.hpp"
 #include "net/http/text_models.hpp"
+#include "net/metrics.hpp"
 #include "net/trace.hpp"
 
 namespace computron::net {

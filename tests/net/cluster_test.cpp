@@ -21,8 +21,8 @@
 
 #include "actors/interfaces.hpp"
 #include "common/child_process.hpp"
-#include "net/cluster.hpp"
 #include "net/client/http_client.hpp"
+#include "net/cluster.hpp"
 #include "tests/support/run_binary.hpp"
 #include "tests/support/temp_files.hpp"
 
