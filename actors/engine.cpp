@@ -224,6 +224,29 @@ int64_t candidates_of(const row_sampling& s) {
 
 namespace {
 
+/// At a batch's first step (no samplers yet), one sampler per row from its settings and its
+/// prompt (what the repetition penalty counts as seen); then, at every step, one per row of
+/// `what` the last stage returned.
+caf::error ensure_samplers(std::vector<models::sampler>& samplers,
+                           const std::vector<row_sampling>& sampling,
+                           const std::vector<std::vector<int64_t>>& prompts, size_t rows,
+                           const char* what) {
+  if (samplers.empty()) {
+    if (sampling.size() != rows)
+      return make_error(ec::invalid_request, "sampling parameters for " +
+                                                 std::to_string(sampling.size()) + " rows, " +
+                                                 what + " for " + std::to_string(rows));
+    static const std::vector<int64_t> none;
+    for (size_t r = 0; r < sampling.size(); ++r)
+      samplers.emplace_back(to_sampling_params(sampling[r]),
+                            r < prompts.size() ? prompts[r] : none);
+  }
+  if (samplers.size() != rows)
+    return make_error(ec::invalid_state, "the batch has " + std::to_string(samplers.size()) +
+                                             " samplers for " + std::to_string(rows) + " rows");
+  return {};
+}
+
 token_logprobs to_wire(models::token_choice c) {
   // -inf (a token the model rules out, an f16 overflow) and NaN are not numbers a message
   // or JSON can carry: -9999, as vLLM clamps them.
@@ -285,16 +308,7 @@ caf::expected<std::vector<int64_t>> sample_rows(
     // Candidates: each row's k most likely (logit, id), most likely first.
     const auto rows = static_cast<size_t>(logits.shape[0]);
     const auto k = logits.shape[1];
-    if (samplers.empty()) {
-      if (sampling.size() != rows)
-        return make_error(ec::invalid_request, "sampling parameters for " +
-                                                   std::to_string(sampling.size()) +
-                                                   " rows, candidates for " + std::to_string(rows));
-      for (auto& s : sampling) samplers.emplace_back(to_sampling_params(s));
-    }
-    if (samplers.size() != rows)
-      return make_error(ec::invalid_state, "the batch has " + std::to_string(samplers.size()) +
-                                               " samplers for " + std::to_string(rows) + " rows");
+    if (auto err = ensure_samplers(samplers, sampling, prompts, rows, "candidates")) return err;
     auto* pairs = reinterpret_cast<const float*>(logits.bytes.data());
     std::vector<float> values(static_cast<size_t>(k));
     std::vector<int64_t> out(rows);
@@ -311,21 +325,9 @@ caf::expected<std::vector<int64_t>> sample_rows(
                       "last stage returned logits that are not [rows, vocab] f32");
   auto rows = static_cast<size_t>(logits.shape[0]);
   auto vocab = logits.shape[1];
-  if (samplers.empty()) {
-    if (sampling.size() != rows)
-      return make_error(ec::invalid_request, "sampling parameters for " +
-                                                 std::to_string(sampling.size()) +
-                                                 " rows, logits for " + std::to_string(rows));
-    static const std::vector<int64_t> none;
-    for (size_t r = 0; r < sampling.size(); ++r)
-      samplers.emplace_back(to_sampling_params(sampling[r]),
-                            r < prompts.size() ? prompts[r] : none);
-  }
+  if (auto err = ensure_samplers(samplers, sampling, prompts, rows, "logits")) return err;
   std::vector<int64_t> out(rows);
   auto* data = reinterpret_cast<const float*>(logits.bytes.data());
-  if (samplers.size() != rows)
-    return make_error(ec::invalid_state, "the batch has " + std::to_string(samplers.size()) +
-                                             " samplers for " + std::to_string(rows) + " rows");
   bool any = false;
   for (auto& s : samplers) any = any || s.wants_logprobs();
   if (!any || logprobs == nullptr) {

@@ -56,6 +56,7 @@ struct stage_state {
   /// the host; see head_output) from this rank's slice, without gathering it: each rank's k
   /// best, one all-reduce of n x tp x k pairs, the k best of those. Ties go to the lower id,
   /// as a stable sort of the gathered logits orders them; padding is never a candidate.
+  /// `local` is the head's own output: its NaN become -inf in place.
   caf::expected<at::Tensor> top_vocab(const at::Tensor& local, int64_t k) const;
   /// Attention of this rank's heads: `q` [b, heads, t, d] already scaled, `k` and `v`
   /// [b, kv heads, t, d] of the new positions, appended to the layer's cache (keys and

@@ -124,9 +124,10 @@ namespace {
 /// A row's best `k` of [n, m] logits as (logit, column) pairs [n, k, 2] in f32: the first
 /// maximum alone for k = 1, otherwise a stable sort, so equal logits keep the lower column
 /// first (torch's topk leaves their order open). NaN (a broken model's logit) ranks as
-/// -inf: torch would rank it above every number, and the merge needs a strict order.
+/// -inf: torch would rank it above every number, and the merge needs a strict order. In
+/// place: `logits` is the head's own output, and a copy would cost a row per step.
 at::Tensor best_columns(at::Tensor logits, int64_t k) {
-  logits = at::nan_to_num(logits, -std::numeric_limits<double>::infinity());
+  logits.nan_to_num_(-std::numeric_limits<double>::infinity());
   at::Tensor values, columns;
   if (k == 1) {
     columns = logits.argmax(1, true);
