@@ -56,10 +56,6 @@ void finish_row(manager_pointer self, const batch_ptr& b, size_t r, const std::s
 void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* err) {
   auto& st = self->state;
   auto& m = st.models.at(b->model);
-  st.gate->finish(m.cfg.devices);
-  self->send(st.scheduler, release_atom_v, b->model);
-  st.batcher->batch_ended(m.index);
-  if (!err && b->steps > 0) st.batcher->note_steps(m.index, b->compute_ms / 1e3, b->steps);
   if (err || !b->caches_dropped)
     for (auto& w : m.cfg.devices)
       self->send(st.workers[static_cast<size_t>(w)], cancel_atom_v, b->model, b->id);
@@ -68,8 +64,8 @@ void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* er
   else
     m.served += b->rows.size();
   st.opts.obs->batch_done(b->model, m.cfg.devices, b->rows.size(), b->run_s, now_s() - b->run_s);
-  try_run(self);
-  dispatch(self);
+  // Its devices, lease and in-flight slot are free: the next batches may start.
+  carry_out(self, st.disp->batch_done(b->id, now(self), !err, b->compute_ms / 1e3, b->steps));
 }
 
 /// Runs step `step` of the rows in b->sent; `keep` says which rows of the previous step

@@ -170,8 +170,8 @@ caf::result<model_info> register_model(manager_pointer self, model_config reques
                     m.max_positions = eng.max_positions(cfg);
                     for (auto b : p.bytes) m.bytes += b;
                     m.weight_bytes = eng.weight_bytes(cfg);
-                    m.index = st.batcher->add_model(cfg.name, cfg.pp, cfg.priority);
-                    m.gate_key = st.gate->placement_key(cfg.tp, cfg.pp, cfg.devices);
+                    m.index = st.disp->add_model(cfg.name, cfg.tp, cfg.pp, cfg.devices,
+                                                 cfg.priority);
                     st.names.push_back(cfg.name);
                     st.models.emplace(cfg.name, std::move(m));
                     st.opts.obs->model_registered(cfg.name, cfg.devices);
@@ -259,8 +259,8 @@ caf::result<model_info> unregister_model(manager_pointer self, const std::string
   auto& m = i->second;
   if (m.unregistering)
     return make_error(ec::invalid_state, "model " + name + " is being unregistered");
-  auto queued = st.batcher->queued(m.index);
-  auto running = st.batcher->in_flight(m.index);
+  auto queued = st.queues().queued(m.index);
+  auto running = st.queues().in_flight(m.index);
   if (queued > 0 || running > 0)
     return make_error(ec::invalid_state, "model " + name + " has " + std::to_string(queued) +
                                              " requests queued and " + std::to_string(running) +
@@ -292,7 +292,7 @@ caf::result<model_info> unregister_model(manager_pointer self, const std::string
                         // Its batcher queue (empty) and its entry in `names` stay:
                         // both are indexed by the queue's index.
                         if (j != st.models.end()) {
-                          st.batcher->set_resident(j->second.index, false);
+                          st.queues().set_resident(j->second.index, false);
                           st.models.erase(j);
                         }
                         log::info("unregistered {}", name);

@@ -16,8 +16,7 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "models/sampling.hpp"
-#include "sched/batching.hpp"
-#include "sched/ledger.hpp"
+#include "sched/dispatch.hpp"
 
 namespace computron::actors {
 
@@ -25,14 +24,6 @@ namespace manager_detail {
 
 sched::time_point now(manager_pointer self) {
   return self->clock().now();
-}
-
-/// Residency as the scheduler saw it when it granted a lease (for resident-first and the
-/// drop_late estimates).
-void note_resident(manager_pointer self, const std::vector<std::string>& resident) {
-  auto& st = self->state;
-  std::set<std::string> in(resident.begin(), resident.end());
-  for (auto& [name, m] : st.models) st.batcher->set_resident(m.index, in.count(name) > 0);
 }
 
 caf::error check_request(const managed_model& m, const infer_request& r, int64_t max_tokens_limit) {
@@ -93,85 +84,34 @@ model_info info_of(const sched::batcher& b, const managed_model& m, const reside
   return i;
 }
 
-/// A pass (dispatch and try_run) at `at`: skipped when a tick is armed between now and
-/// then, which runs first and arms again whatever is still due later. One armed time was
-/// not enough: arming an earlier tick forgot the later one, the next pass armed that
-/// again, and the copies multiplied under load.
-void arm_tick(manager_pointer self, sched::time_point at) {
+/// Why a request failed before its batch ran, as its client reads it.
+caf::error row_error(manager_pointer self, const sched::row_failure& f, const queued_request& q) {
   auto& st = self->state;
-  auto t = now(self);
-  at = std::max(at, t);
-  if (auto i = st.ticks.lower_bound(t); i != st.ticks.end() && *i <= at) return;
-  st.ticks.insert(at);
-  self->delayed_send(self, std::chrono::duration_cast<std::chrono::microseconds>(at - t) + 100us,
-                     tick_atom_v);
-}
-
-/// Starts leased batches whose devices are free for them, oldest first (the sharing
-/// rule is sched::device_gate's).
-void try_run(manager_pointer self) {
-  auto& st = self->state;
-  auto pass = st.gate->begin_pass();
-  std::deque<batch_ptr> still;
-  bool freed_model = false;
-  while (!st.runnable.empty()) {
-    auto b = std::move(st.runnable.front());
-    st.runnable.pop_front();
-    auto& m = st.models.at(b->model);
-    if (b->loading) {
-      // Started too early, its first stage would hold the devices' compute lanes (and a
-      // gate slot) while it waits for bytes, and every other batch there would wait
-      // behind it. It starts when the rest of the load takes about its first stage.
-      auto at = sched::overlap_start(b->leased_at, b->load_left_ms / 1e3,
-                                     st.batcher->step_seconds(m.index), m.cfg.pp);
-      if (at > now(self)) {
-        arm_tick(self, at);
-        still.push_back(std::move(b));
-        continue;
-      }
+  auto id = std::to_string(q.req.id);
+  auto& model = st.names[f.model];
+  switch (f.why) {
+    case sched::row_end::expired:
+      return make_error(ec::deadline_exceeded,
+                        "request " + id + " passed its deadline in the queue of " + model);
+    case sched::row_end::dropped: {
+      auto est = st.queues().estimate_s(f.model, f.row.steps).value_or(0);
+      auto left = std::max(0.0, sched::seconds_between(now(self), f.row.deadline));
+      return make_error(ec::deadline_exceeded,
+                        fmt::format("request {} would miss its deadline: {} expects about "
+                                    "{:.0f} ms of work, {:.0f} ms are left (drop_late)",
+                                    id, model, est * 1e3, left * 1e3));
     }
-    if (!st.gate->try_start(pass, m.gate_key, m.cfg.devices, m.cfg.pp)) {
-      still.push_back(std::move(b));
-      continue;
-    }
-    // Requests whose deadline passed while the model loaded end here, and those whose
-    // clients withdrew them.
-    auto t = now(self);
-    std::vector<queued_request> live;
-    for (auto& q : b->rows) {
-      if (b->cancelled.count(q.req.id) > 0)
-        reply_error(self, q,
-                    make_error(ec::cancelled, "request " + std::to_string(q.req.id) +
-                                                  " was cancelled before it ran"));
-      else if (q.deadline <= t)
-        reply_error(
-            self, q,
-            make_error(ec::deadline_exceeded, "request " + std::to_string(q.req.id) +
-                                                  " passed its deadline waiting for " + b->model));
-      else
-        live.push_back(std::move(q));
-    }
-    b->rows = std::move(live);
-    if (b->rows.empty()) {
-      st.gate->finish(m.cfg.devices);
-      self->send(st.scheduler, release_atom_v, b->model);
-      st.batcher->batch_ended(m.index);
-      freed_model = true;
-      continue;
-    }
-    b->outputs.assign(b->rows.size(), {});
-    b->logprobs.assign(b->rows.size(), {});
-    b->prompt_logprobs.assign(b->rows.size(), {});
-    b->sent.clear();
-    for (size_t r = 0; r < b->rows.size(); ++r) b->sent.push_back(r);
-    b->run_s = now_s();
-    run_step(self, b, 0, {});
+    case sched::row_end::expired_waiting:
+      return make_error(ec::deadline_exceeded,
+                        "request " + id + " passed its deadline waiting for " + model);
+    case sched::row_end::cancelled:
+      break;
   }
-  st.runnable = std::move(still);
-  // A model whose whole batch expired can take its next batch now.
-  if (freed_model) dispatch(self);
+  return make_error(ec::cancelled, "request " + id + " was cancelled before it ran");
 }
 
+/// Asks the scheduler for a lease on a formed batch's model; the dispatch core hears the
+/// answer.
 void start_batch(manager_pointer self, const batch_ptr& b) {
   auto& st = self->state;
   self->request(st.scheduler, st.opts.acquire_timeout, acquire_atom_v, b->model)
@@ -182,56 +122,83 @@ void start_batch(manager_pointer self, const batch_ptr& b) {
             b->swapped = l.loaded;
             b->loading = l.loading;
             b->load_left_ms = l.load_left_ms;
-            b->leased_at = now(self);
-            st.batcher->note_load(st.models.at(b->model).index, l.load_estimate_ms / 1e3);
-            if (!l.resident.empty()) note_resident(self, l.resident);
-            st.batcher->set_resident(st.models.at(b->model).index, true);
-            st.runnable.push_back(b);
-            try_run(self);
+            sched::lease_info info;
+            info.leased_at = now(self);
+            info.loading = l.loading;
+            info.load_left_s = l.load_left_ms / 1e3;
+            info.load_estimate_s = l.load_estimate_ms / 1e3;
+            // Residency as the scheduler saw it at the grant (evictions happen behind the
+            // manager); empty: unchanged since the last lease.
+            if (!l.resident.empty()) {
+              std::vector<uint32_t> in;
+              for (auto& name : l.resident)
+                if (auto i = st.models.find(name); i != st.models.end())
+                  in.push_back(i->second.index);
+              info.resident = std::move(in);
+            }
+            carry_out(self, st.disp->leased(b->id, info, now(self)));
           },
           [=](caf::error& err) {
             auto& st = self->state;
-            auto& m = st.models.at(b->model);
-            st.batcher->batch_ended(m.index);
-            st.batcher->set_resident(m.index, false);
+            st.pending.erase(b->id);
             for (auto& q : b->rows) reply_error(self, q, err);
-            dispatch(self);
+            carry_out(self, st.disp->lease_failed(b->id, now(self)));
           });
 }
 
-/// Carries out a dispatch pass of the batcher: expired requests fail, batches start.
-void dispatch(manager_pointer self) {
+/// Starts a batch the dispatch core let run: its rows are the live ones.
+void run_batch(manager_pointer self, const batch_ptr& b, const sched::started_batch& s) {
+  std::vector<queued_request> live;
+  for (auto& q : b->rows)
+    for (auto& e : s.rows)
+      if (e.key == q.key) {
+        live.push_back(std::move(q));
+        break;
+      }
+  b->rows = std::move(live);
+  b->outputs.assign(b->rows.size(), {});
+  b->logprobs.assign(b->rows.size(), {});
+  b->prompt_logprobs.assign(b->rows.size(), {});
+  b->sent.clear();
+  for (size_t r = 0; r < b->rows.size(); ++r) b->sent.push_back(r);
+  b->run_s = now_s();
+  run_step(self, b, 0, {});
+}
+
+void carry_out(manager_pointer self, sched::dispatch_effects e) {
   auto& st = self->state;
   auto t = now(self);
-  auto d = st.batcher->dispatch(t);
-  for (auto& [model, e] : d.expired) {
-    auto i = st.waiting.find(e.key);
-    if (i == st.waiting.end()) continue;
-    reply_error(self, i->second,
-                make_error(ec::deadline_exceeded, "request " + std::to_string(i->second.req.id) +
-                                                      " passed its deadline in the queue of " +
-                                                      st.names[model]));
-    st.waiting.erase(i);
+  for (auto& f : e.failures) {
+    if (f.batch == 0) {
+      auto i = st.waiting.find(f.row.key);
+      if (i == st.waiting.end()) continue;  // cancelled in the queue
+      reply_error(self, i->second, row_error(self, f, i->second));
+      st.waiting.erase(i);
+      continue;
+    }
+    auto i = st.pending.find(f.batch);
+    if (i == st.pending.end()) continue;
+    for (auto& q : i->second->rows)
+      if (q.key == f.row.key) reply_error(self, q, row_error(self, f, q));
   }
-  for (auto& [model, e] : d.dropped) {
-    auto i = st.waiting.find(e.key);
-    if (i == st.waiting.end()) continue;
-    auto est = st.batcher->estimate_s(model, e.steps).value_or(0);
-    auto left = std::max(0.0, sched::seconds_between(t, e.deadline));
-    reply_error(self, i->second,
-                make_error(ec::deadline_exceeded,
-                           fmt::format("request {} would miss its deadline: {} expects about "
-                                       "{:.0f} ms of work, {:.0f} ms are left (drop_late)",
-                                       i->second.req.id, st.names[model], est * 1e3, left * 1e3)));
-    st.waiting.erase(i);
+  for (auto& r : e.releases) {
+    self->send(st.scheduler, release_atom_v, st.names[r.model]);
+    st.pending.erase(r.batch);
   }
-  for (auto& plan : d.batches) {
+  for (auto& s : e.started) {
+    auto i = st.pending.find(s.id);
+    if (i == st.pending.end()) continue;
+    auto b = std::move(i->second);
+    st.pending.erase(i);
+    run_batch(self, b, s);
+  }
+  for (auto& f : e.formed) {
     auto b = std::make_shared<batch>();
-    b->id = st.next_batch++;
-    b->model = st.names[plan.model];
+    b->id = f.id;
+    b->model = st.names[f.model];
     b->dispatched = t;
-    for (auto& e : plan.rows) {
-      auto i = st.waiting.find(e.key);
+    for (auto& row : f.rows) {
+      auto i = st.waiting.find(row.key);
       if (i == st.waiting.end()) continue;
       st.batch_of[i->second.req.id] = b;
       b->rows.push_back(std::move(i->second));
@@ -239,28 +206,31 @@ void dispatch(manager_pointer self) {
     }
     if (b->rows.empty()) {
       // Every row of it was cancelled in the queue.
-      st.batcher->batch_ended(plan.model);
+      st.disp->abandon(f.id);
       continue;
     }
+    st.pending[f.id] = b;
     start_batch(self, b);
   }
-  for (uint32_t i = 0; i < st.names.size(); ++i)
-    st.opts.obs->queue_depth(st.names[i], st.batcher->queued(i));
-  if (d.next_tick) arm_tick(self, *d.next_tick);
+  for (auto at : e.ticks)
+    self->delayed_send(self, std::chrono::duration_cast<std::chrono::microseconds>(at - t),
+                       tick_atom_v);
+  if (e.dispatched)
+    for (uint32_t i = 0; i < st.names.size(); ++i)
+      st.opts.obs->queue_depth(st.names[i], st.queues().queued(i));
 }
 
 model_manager_actor::behavior_type model_manager(manager_pointer self, model_manager_options opts,
                                                  engine_registry engines,
                                                  std::vector<shard_worker_actor> workers,
                                                  swap_scheduler_actor scheduler,
-                                                 std::shared_ptr<sched::batcher> batcher) {
+                                                 std::shared_ptr<sched::dispatcher> disp) {
   auto& st = self->state;
   st.opts = std::move(opts);
   st.engines = std::move(engines);
   st.workers = std::move(workers);
   st.scheduler = std::move(scheduler);
-  st.batcher = std::move(batcher);
-  st.gate = std::make_unique<sched::device_gate>(st.workers.size());
+  st.disp = std::move(disp);
   auto listed_failed = [=](const failed_model& f) {
     auto i = listed_only(f.cfg, "failed", f.reason);
     i.reason_code = static_cast<uint8_t>(f.code);
@@ -275,26 +245,28 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
         if (auto err = check_request(m, req, st.opts.max_tokens_limit)) return err;
         auto t = now(self);
         auto key = st.next_key++;
-        sched::time_point deadline;
-        if (auto why = st.batcher->admit(m.index, key, t, req.deadline_ms, &deadline,
-                                         req.max_tokens, req.drop_late))
-          return make_error(why->code, why->reason);
-        queued_request q{std::move(req), self->make_response_promise<infer_reply>(), t, deadline};
+        auto e = st.disp->admit(m.index, key, t, req.deadline_ms, req.max_tokens, req.drop_late);
+        if (e.refused) return make_error(e.refused->code, e.refused->reason);
+        queued_request q{std::move(req), key, self->make_response_promise<infer_reply>(), t,
+                         e.deadline};
         auto rp = q.rp;
         self->send(st.scheduler, demand_atom_v, m.cfg.name, uint32_t{1});
         st.waiting.emplace(key, std::move(q));
-        dispatch(self);
+        carry_out(self, std::move(e));
         return rp;
       },
       [=](cancel_atom, uint64_t id) {
         auto& st = self->state;
         if (auto i = st.batch_of.find(id); i != st.batch_of.end()) {
-          i->second->cancelled.insert(id);
+          auto& b = *i->second;
+          b.cancelled.insert(id);
+          for (auto& q : b.rows)
+            if (q.req.id == id) st.disp->cancel(b.id, q.key);
           return;
         }
         for (auto i = st.waiting.begin(); i != st.waiting.end(); ++i)
           if (i->second.req.id == id) {
-            // The batcher still lists its key; dispatch skips keys no longer waiting.
+            // The dispatch core still lists its key; a batch formed with it skips it.
             reply_error(self, i->second,
                         make_error(ec::cancelled, "request " + std::to_string(id) +
                                                       " was cancelled in the queue"));
@@ -316,7 +288,7 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
                     const residency_report* r = nullptr;
                     for (auto& x : rs)
                       if (x.model == name) r = &x;
-                    out.push_back(info_of(*self->state.batcher, m, r));
+                    out.push_back(info_of(self->state.queues(), m, r));
                   }
                   for (auto& [name, cfg] : self->state.registering)
                     out.push_back(listed_only(cfg, "registering", {}));
@@ -348,7 +320,7 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
                 [=](residency_report&) mutable {
                   auto& st = self->state;
                   if (auto i = st.models.find(name); i != st.models.end())
-                    st.batcher->set_resident(i->second.index, true);
+                    st.queues().set_resident(i->second.index, true);
                   with_info(self, name, rp);
                 },
                 [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
@@ -363,7 +335,7 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
             .then(
                 [=](residency_report&) mutable {
                   auto& st = self->state;
-                  st.batcher->set_resident(st.models.at(name).index, false);
+                  st.queues().set_resident(st.models.at(name).index, false);
                   with_info(self, name, rp);
                 },
                 [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
@@ -390,20 +362,20 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
           x["model"] = caf::config_value{name};
           x["tp"] = caf::config_value{static_cast<int64_t>(m.cfg.tp)};
           x["pp"] = caf::config_value{static_cast<int64_t>(m.cfg.pp)};
-          x["queued"] = caf::config_value{static_cast<int64_t>(st.batcher->queued(m.index))};
-          x["in-flight"] = caf::config_value{static_cast<int64_t>(st.batcher->in_flight(m.index))};
+          x["queued"] = caf::config_value{static_cast<int64_t>(st.queues().queued(m.index))};
+          x["in-flight"] = caf::config_value{static_cast<int64_t>(st.queues().in_flight(m.index))};
           x["served"] = caf::config_value{static_cast<int64_t>(m.served)};
           // Bytes on the devices against the checkpoint's: above 1 only by what is
           // replicated (norms, biases, a tied head's last-stage slice).
           x["bytes"] = caf::config_value{static_cast<int64_t>(m.bytes)};
           x["weight-bytes"] = caf::config_value{static_cast<int64_t>(m.weight_bytes)};
           // Measured compute per forward step (0: none yet), for `computron sim --calibrate`.
-          x["step-ms"] = caf::config_value{st.batcher->step_seconds(m.index) * 1e3};
+          x["step-ms"] = caf::config_value{st.queues().step_seconds(m.index) * 1e3};
           models.emplace_back(std::move(x));
         }
         mine["models"] = caf::config_value{std::move(models)};
         mine["dispatch"] = caf::config_value{st.opts.batching.dispatch};
-        mine["runnable-batches"] = caf::config_value{static_cast<int64_t>(st.runnable.size())};
+        mine["runnable-batches"] = caf::config_value{static_cast<int64_t>(st.disp->runnable())};
         auto rp = self->make_response_promise<caf::settings>();
         self->request(st.scheduler, 5s, report_atom_v)
             .then(
@@ -438,12 +410,7 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
                 [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
         return rp;
       },
-      [=](tick_atom) {
-        auto& ticks = self->state.ticks;
-        ticks.erase(ticks.begin(), ticks.upper_bound(now(self)));
-        try_run(self);
-        dispatch(self);
-      },
+      [=](tick_atom) { carry_out(self, self->state.disp->tick(now(self))); },
   };
 }
 
@@ -461,7 +428,7 @@ void with_info(manager_pointer self, const std::string& name,
             const residency_report* r = nullptr;
             for (auto& x : rs)
               if (x.model == name) r = &x;
-            rp.deliver(info_of(*self->state.batcher, i->second, r));
+            rp.deliver(info_of(self->state.queues(), i->second, r));
           },
           [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
 }
@@ -479,11 +446,11 @@ caf::expected<model_manager_actor> spawn_model_manager(caf::actor_system& sys,
     return make_error(ec::invalid_configuration, "model manager without workers");
   if (!scheduler) return make_error(ec::invalid_configuration, "model manager without a scheduler");
   sched::refusal why;
-  auto b = sched::batcher::make(opts.batching, &why);
-  if (!b) return make_error(why.code, why.reason);
+  auto d = sched::dispatcher::make(opts.batching, workers.size(), &why);
+  if (!d) return make_error(why.code, why.reason);
   if (!opts.obs) opts.obs = null_observer();
   return sys.spawn(model_manager, std::move(opts), std::move(engines), std::move(workers),
-                   std::move(scheduler), std::shared_ptr<sched::batcher>(std::move(b)));
+                   std::move(scheduler), std::shared_ptr<sched::dispatcher>(std::move(d)));
 }
 
 }  // namespace computron::actors

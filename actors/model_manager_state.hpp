@@ -15,7 +15,7 @@
 
 #include "actors/model_manager.hpp"
 #include "models/sampling.hpp"
-#include "sched/batching.hpp"
+#include "sched/dispatch.hpp"
 #include "sched/ledger.hpp"
 
 namespace computron::actors::manager_detail {
@@ -24,13 +24,16 @@ using namespace std::chrono_literals;
 
 struct queued_request {
   infer_request req;
+  /// Its key in the dispatch core's queues and batches.
+  uint64_t key = 0;
   caf::typed_response_promise<infer_reply> rp;
   sched::time_point arrival{};
   sched::time_point deadline{};
 };
 
 struct batch {
-  uint64_t id = 0;
+  /// The dispatch core's number for it.
+  sched::batch_id id = 0;
   std::string model;
   std::vector<queued_request> rows;
   std::vector<std::vector<int64_t>> outputs;
@@ -41,7 +44,8 @@ struct batch {
   /// The rows (indices into `rows`) the last step ran, in the workers' order: a row that
   /// finished (max_tokens, EOS, cancelled) is answered at once and leaves this list.
   std::vector<size_t> sent;
-  /// Request ids whose cancel arrived while they were in this batch.
+  /// Request ids whose cancel arrived while they were in this batch (the dispatch core
+  /// hears of it too, and fails those rows if the batch has not started).
   std::set<uint64_t> cancelled;
   /// The last step sent was marked last, so the workers dropped the batch's caches.
   bool caches_dropped = false;
@@ -57,7 +61,6 @@ struct batch {
   /// workers report compute without that wait), and it may take as long as the load.
   bool loading = false;
   double load_left_ms = 0;
-  sched::time_point leased_at{};
   /// Steps run: the batcher's service estimate learns per step.
   int64_t steps = 0;
 };
@@ -71,10 +74,9 @@ struct managed_model {
   uint64_t bytes = 0;
   /// The checkpoint's bytes (engine::weight_bytes), which `bytes` is reported against.
   uint64_t weight_bytes = 0;
-  /// Its queue in the batcher (which also holds its in-flight count, at most pp, so that
-  /// a pipeline's stages all work) and its placement in the device gate.
+  /// Its queue and placement in the dispatch core (which also holds its in-flight count,
+  /// at most pp, so that a pipeline's stages all work).
   uint32_t index = 0;
-  uint32_t gate_key = 0;
   uint64_t served = 0;
   /// Being unregistered: new requests are refused.
   bool unregistering = false;
@@ -100,19 +102,19 @@ struct model_manager_state {
   /// that operators see a model that is missing and the reason.
   std::map<std::string, model_config> registering;
   std::map<std::string, failed_model> failed;
-  /// Queues, admission, batch formation and dispatch order (sched/), and which batches
-  /// may share devices; the requests themselves wait in `waiting` under their keys.
-  std::shared_ptr<sched::batcher> batcher;
-  std::unique_ptr<sched::device_gate> gate;
+  /// Queues, admission, batch formation, leases, the device gate and ticks (sched/
+  /// dispatch): this actor carries out its effects. The requests themselves wait in
+  /// `waiting` under their keys, then in their batches.
+  std::shared_ptr<sched::dispatcher> disp;
   std::vector<std::string> names;
   std::unordered_map<uint64_t, queued_request> waiting;
   /// The batch of every request taken from the queue and not yet answered (for cancel).
   std::unordered_map<uint64_t, batch_ptr> batch_of;
   uint64_t next_key = 1;
-  std::deque<batch_ptr> runnable;
-  uint64_t next_batch = 1;
-  /// Ticks armed and not yet received (see arm_tick).
-  std::set<sched::time_point> ticks;
+  /// Batches formed and not yet started (waiting for a lease, devices or a tick).
+  std::unordered_map<sched::batch_id, batch_ptr> pending;
+
+  sched::batcher& queues() { return disp->queues(); }
 };
 
 using manager_pointer = model_manager_actor::stateful_pointer<model_manager_state>;
@@ -143,10 +145,8 @@ void rejoin_groups(manager_pointer self, const std::vector<int32_t>& devs);
 
 /// The manager's clock (the actor system's, as sched:: time).
 sched::time_point now(manager_pointer self);
-/// A dispatch pass of the batcher (expired requests fail, batches start) and a run pass
-/// (leased batches whose devices are free start); model_manager.cpp.
-void dispatch(manager_pointer self);
-void try_run(manager_pointer self);
+/// Carries out what the dispatch core decided (model_manager.cpp).
+void carry_out(manager_pointer self, sched::dispatch_effects e);
 /// Fails one queued or running request with `err` (batch_steps.cpp, as what follows).
 void reply_error(manager_pointer self, queued_request& q, const caf::error& err);
 /// Ends a batch: on error every row still running fails with it; either way the model,

@@ -1,7 +1,7 @@
 #include "actors/swap_scheduler.hpp"
 
-#include <functional>
 #include <optional>
+#include <unordered_map>
 #include <vector>
 
 #include <caf/all.hpp>
@@ -9,7 +9,7 @@
 #include "actors/join.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
-#include "sched/ledger.hpp"
+#include "sched/residency.hpp"
 
 namespace computron::actors {
 
@@ -18,29 +18,21 @@ namespace {
 using sched::model_id;
 using sched::model_state;
 
-/// Called once when a load the caller waits for ends: null on success.
-using load_waiter = std::function<void(const caf::error*)>;
-
-/// A lease held back while its model drains: called with null and whether the model
-/// had to be loaded again, or with an error.
-using held_lease = std::function<void(const caf::error*, bool loaded)>;
-
-/// What the actor keeps beside the ledger: the callers waiting on each model. Lease
-/// requests wait apart from explicit loads: with compute while loading they are granted
-/// when the load starts, explicit loads only when it is done.
-struct model_waiters {
-  std::vector<load_waiter> leases;
-  std::vector<load_waiter> loads;
-  std::vector<load_waiter> evictions;
-  std::vector<held_lease> held;
+/// A caller waiting on the residency core: a lease request (with when it asked) or an
+/// explicit load or unload.
+struct pending_waiter {
+  std::optional<caf::typed_response_promise<lease>> lease_rp;
+  std::optional<caf::typed_response_promise<residency_report>> report_rp;
+  sched::time_point asked{};
 };
 
 struct swap_scheduler_state {
   static constexpr const char* name = "swap_scheduler";
-  std::shared_ptr<sched::ledger> ledger;
+  /// The ledger and who waits (sched/residency): this actor carries out its effects.
+  std::shared_ptr<sched::residency> core;
   std::vector<shard_worker_actor> workers;
-  /// Indexed by model id.
-  std::vector<model_waiters> waiting;
+  std::unordered_map<sched::waiter_id, pending_waiter> waiters;
+  sched::waiter_id next_waiter = 1;
   swap_scheduler_options opts;
   /// The ledger's residency epoch of the last lease that carried the resident set.
   std::optional<uint64_t> sent_epoch;
@@ -56,8 +48,12 @@ caf::error to_error(const sched::refusal& r) {
   return make_error(r.code, r.reason);
 }
 
+const sched::ledger& ledger_of(sched_pointer self) {
+  return self->state.core->ledger();
+}
+
 residency_report report_of(sched_pointer self, model_id id) {
-  auto& l = *self->state.ledger;
+  auto& l = ledger_of(self);
   auto& m = l.model(id);
   auto t = now(self);
   residency_report r;
@@ -75,7 +71,7 @@ residency_report report_of(sched_pointer self, model_id id) {
 }
 
 void publish_usage(sched_pointer self) {
-  auto& l = *self->state.ledger;
+  auto& l = ledger_of(self);
   size_t resident = 0;
   auto per_device = l.resident_per_device(&resident);
   for (size_t d = 0; d < l.device_count(); ++d)
@@ -86,30 +82,22 @@ void publish_usage(sched_pointer self) {
 
 std::vector<shard_worker_actor> workers_of(sched_pointer self, model_id id) {
   std::vector<shard_worker_actor> ws;
-  for (auto d : self->state.ledger->model(id).where.devices)
+  for (auto d : ledger_of(self).model(id).where.devices)
     ws.push_back(self->state.workers[static_cast<size_t>(d)]);
   return ws;
-}
-
-void finish(std::vector<load_waiter>& ws, const caf::error* err) {
-  auto taken = std::move(ws);
-  ws.clear();
-  for (auto& w : taken) w(err);
 }
 
 void note_reports(sched_pointer self, const std::vector<transfer_report>& reports) {
   for (auto& r : reports)
     if (r.largest_free_bytes >= 0)
-      self->state.ledger->note_largest_free(static_cast<size_t>(r.device),
-                                            static_cast<uint64_t>(r.largest_free_bytes));
+      self->state.core->ledger().note_largest_free(static_cast<size_t>(r.device),
+                                                   static_cast<uint64_t>(r.largest_free_bytes));
 }
-
-void pump(sched_pointer self);
 
 /// The models resident now, for lease::resident; empty when the set has not changed since
 /// the last lease (every lease goes to the one manager, in order, so it still knows it).
 std::vector<std::string> resident_names(sched_pointer self) {
-  auto& l = *self->state.ledger;
+  auto& l = ledger_of(self);
   std::vector<std::string> out;
   if (self->state.sent_epoch == l.residency_epoch()) return out;
   self->state.sent_epoch = l.residency_epoch();
@@ -122,46 +110,81 @@ std::vector<std::string> resident_names(sched_pointer self) {
 /// Frees what a model's shards hold on every worker, ignoring the answers (after a failed
 /// load, or when a device of the model is gone); each worker runs it after its transfers.
 void evict_everywhere(sched_pointer self, model_id id) {
-  auto name = self->state.ledger->model(id).name;
+  auto name = ledger_of(self).model(id).name;
   for (auto& w : workers_of(self, id))
     self->request(w, self->state.opts.load_timeout, evict_atom_v, name)
         .then([](transfer_report&) {}, [](caf::error&) {});
 }
 
+void start_evict(sched_pointer self, model_id id);
+void start_load(sched_pointer self, model_id id);
+
+/// Carries out what the core decided. `failure_error`, where given, is what the failing
+/// waiters hear instead of the core's refusal (a worker's own error keeps its code).
+void carry_out(sched_pointer self, sched::residency_effects e,
+               const caf::error* failure_error = nullptr) {
+  auto& st = self->state;
+  // Discards first: a worker frees a lost or failed model's shard before a load the
+  // same pass started there needs the room.
+  for (auto id : e.discards) evict_everywhere(self, id);
+  for (auto id : e.evictions) start_evict(self, id);
+  for (auto id : e.loads) start_load(self, id);
+  if (!e.evictions.empty() || !e.discards.empty()) publish_usage(self);
+  auto take = [&](sched::waiter_id w) {
+    auto i = st.waiters.find(w);
+    std::optional<pending_waiter> p;
+    if (i != st.waiters.end()) {
+      p = std::move(i->second);
+      st.waiters.erase(i);
+    }
+    return p;
+  };
+  for (auto& g : e.grants) {
+    auto p = take(g.waiter);
+    if (!p || !p->lease_rp) continue;
+    auto& l = ledger_of(self);
+    auto t = now(self);
+    p->lease_rp->deliver(lease{l.model(g.model).name, g.loaded,
+                               sched::seconds_between(p->asked, t) * 1e3,
+                               l.load_seconds(g.model) * 1e3, resident_names(self),
+                               l.model(g.model).state == model_state::loading,
+                               l.load_left_seconds(g.model, t) * 1e3});
+  }
+  for (auto& d : e.done) {
+    auto p = take(d.waiter);
+    if (p && p->report_rp) p->report_rp->deliver(report_of(self, d.model));
+  }
+  for (auto& f : e.failures) {
+    auto p = take(f.waiter);
+    if (!p) continue;
+    auto err = failure_error ? *failure_error : to_error(f.why);
+    if (p->lease_rp) p->lease_rp->deliver(err);
+    if (p->report_rp) p->report_rp->deliver(err);
+  }
+}
+
 void start_evict(sched_pointer self, model_id id) {
-  auto name = self->state.ledger->model(id).name;
+  auto name = ledger_of(self).model(id).name;
   auto t0 = now_s();
   log::debug("evicting {}", name);
   fan_out_all<transfer_report>(
       self, workers_of(self, id), self->state.opts.load_timeout,
       [=](std::vector<transfer_report> reports) {
         auto& st = self->state;
-        st.ledger->evict_done(id);
+        auto e = st.core->evict_done(id, now(self));
         note_reports(self, reports);
         for (auto& r : reports)
           st.opts.obs->transfer_done(name, r.device, false, r.bytes, t0, r.seconds);
         publish_usage(self);
-        finish(st.waiting[id].evictions, nullptr);
-        pump(self);
+        carry_out(self, std::move(e));
       },
       [=](caf::error err, size_t i) {
-        auto& st = self->state;
         log::error("evicting {} failed on device {}: {}", name,
-                   st.ledger->model(id).where.devices[i], render(err));
-        if (st.ledger->state_of(id) == model_state::unavailable) {
-          // Its node is gone, and its copy with it.
-          evict_everywhere(self, id);
-          st.ledger->forget(id);
-          publish_usage(self);
-          finish(st.waiting[id].evictions, nullptr);
-          pump(self);
-          return;
-        }
-        // The device copy is in an unknown state: it stays accounted as resident.
-        st.ledger->evict_failed(id);
+                   ledger_of(self).model(id).where.devices[i], render(err));
         // The worker's code stays (a device error is a 500, a timed-out request a 503).
         auto e = with_context(err, "evicting " + name + " failed");
-        finish(st.waiting[id].evictions, &e);
+        carry_out(self, self->state.core->evict_failed(id, {ec::device_error, render(e)}, now(self)),
+                  &e);
       },
       evict_atom_v, name);
 }
@@ -169,49 +192,44 @@ void start_evict(sched_pointer self, model_id id) {
 /// A load failed on shard `i` (starting or finishing): whatever arrived elsewhere is
 /// freed and everyone waiting for the model hears why.
 void load_failed(sched_pointer self, model_id id, const caf::error& err, size_t i) {
-  auto& st = self->state;
-  auto name = st.ledger->model(id).name;
-  auto device = st.ledger->model(id).where.devices[i];
+  auto name = ledger_of(self).model(id).name;
+  auto device = ledger_of(self).model(id).where.devices[i];
   log::warn("loading {} failed on device {}: {}", name, device, render(err));
-  evict_everywhere(self, id);
-  st.ledger->load_failed(id);
-  publish_usage(self);
   auto code = is(err, ec::out_of_device_memory) ? ec::out_of_device_memory
               : is(err, ec::unavailable)        ? ec::unavailable
                                                 : ec::device_error;
-  auto e = make_error(
-      code, "loading " + name + " failed on device " + std::to_string(device) + ": " + render(err));
-  finish(st.waiting[id].leases, &e);
-  finish(st.waiting[id].loads, &e);
-  pump(self);
+  auto e = self->state.core->load_failed(
+      id,
+      {code, "loading " + name + " failed on device " + std::to_string(device) + ": " + render(err)},
+      now(self));
+  publish_usage(self);
+  carry_out(self, std::move(e));
 }
 
 /// Waits for every shard's copy to arrive (the second half of a load).
 void finish_load(sched_pointer self, model_id id, double t0) {
-  auto name = self->state.ledger->model(id).name;
+  auto name = ledger_of(self).model(id).name;
   fan_out_all<transfer_report>(
       self, workers_of(self, id), self->state.opts.load_timeout,
       [=](std::vector<transfer_report> reports) {
         auto& st = self->state;
-        st.ledger->load_done(id, now(self));
+        auto e = st.core->load_done(id, now(self));
         note_reports(self, reports);
         for (auto& r : reports)
           st.opts.obs->transfer_done(name, r.device, true, r.bytes, t0, r.seconds);
         publish_usage(self);
-        finish(st.waiting[id].leases, nullptr);
-        finish(st.waiting[id].loads, nullptr);
-        pump(self);
+        carry_out(self, std::move(e));
       },
       [=](caf::error err, size_t i) { load_failed(self, id, err, i); }, load_atom_v, name);
 }
 
 void start_load(sched_pointer self, model_id id) {
-  auto& m = self->state.ledger->model(id);
+  auto& m = ledger_of(self).model(id);
   auto name = m.name;
   publish_usage(self);
   auto t0 = now_s();
   log::debug("loading {} ({} bytes over {} devices)", name, m.total_bytes, m.where.devices.size());
-  if (!self->state.ledger->options().compute_while_loading) {
+  if (!ledger_of(self).options().compute_while_loading) {
     finish_load(self, id, t0);
     return;
   }
@@ -220,224 +238,120 @@ void start_load(sched_pointer self, model_id id) {
   fan_out_all<transfer_report>(
       self, workers_of(self, id), self->state.opts.load_timeout,
       [=](std::vector<transfer_report>) {
-        auto& st = self->state;
-        if (st.ledger->load_started(id, now(self))) finish(st.waiting[id].leases, nullptr);
+        carry_out(self, self->state.core->load_started(id, now(self)));
         finish_load(self, id, t0);
       },
       [=](caf::error err, size_t i) { load_failed(self, id, err, i); }, begin_load_atom_v, name);
 }
 
-/// Registers a caller waiting for `id`'s load (an explicit load).
-void wait_load(sched_pointer self, model_id id, load_waiter w) {
-  self->state.waiting[id].loads.push_back(std::move(w));
-}
-
-/// Registers a lease request waiting for `id`'s load (or its start).
-void wait_lease(sched_pointer self, model_id id, load_waiter w) {
-  self->state.waiting[id].leases.push_back(std::move(w));
-}
-
-/// Runs the ledger's pass and carries out what it decided, until nothing more follows
-/// (a drain called off may queue another load).
-void pump(sched_pointer self) {
-  auto& st = self->state;
-  for (;;) {
-    auto d = st.ledger->pump(now(self));
-    if (d.empty()) return;
-    for (auto id : d.evictions) start_evict(self, id);
-    for (auto id : d.loads) start_load(self, id);
-    for (auto& [id, why] : d.refused) {
-      auto e = to_error(why);
-      finish(st.waiting[id].leases, &e);
-      finish(st.waiting[id].loads, &e);
-    }
-    bool again = false;
-    for (auto id : d.undrained) {
-      auto held = std::move(st.waiting[id].held);
-      st.waiting[id].held.clear();
-      if (st.ledger->model(id).state == model_state::resident) {
-        for (auto& h : held) {
-          st.ledger->grant(id, now(self));
-          h(nullptr, false);
-        }
-        continue;
-      }
-      // Evicted meanwhile: these requests wait for it to come back, like any other.
-      for (auto& h : held) wait_lease(self, id, [h](const caf::error* err) { h(err, true); });
-      if (!st.ledger->want(id)) {
-        auto e = make_error(ec::unavailable, st.ledger->unavailable_reason(id));
-        finish(st.waiting[id].leases, &e);
-      }
-      again = true;
-    }
-    if (!again) return;
-  }
+/// A new waiter's number, its entry made.
+sched::waiter_id add_waiter(sched_pointer self, pending_waiter p) {
+  auto w = self->state.next_waiter++;
+  self->state.waiters.emplace(w, std::move(p));
+  return w;
 }
 
 swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
-                                                   std::shared_ptr<sched::ledger> ledger,
+                                                   std::shared_ptr<sched::residency> core,
                                                    std::vector<shard_worker_actor> workers,
                                                    swap_scheduler_options opts) {
   auto& st = self->state;
-  st.ledger = std::move(ledger);
+  st.core = std::move(core);
   st.workers = std::move(workers);
   st.opts = std::move(opts);
   publish_usage(self);
-  auto find = [=](const std::string& name) { return self->state.ledger->find(name); };
+  auto find = [=](const std::string& name) { return ledger_of(self).find(name); };
   auto unknown = [](const std::string& name) {
     return make_error(ec::unknown_model, "no model named " + name);
   };
-  auto unavailable = [=](model_id id) {
-    return make_error(ec::unavailable, self->state.ledger->unavailable_reason(id));
-  };
   return {
       [=](register_atom, model_placement& p) -> caf::result<bool> {
-        auto& st = self->state;
+        auto& l = self->state.core->ledger();
         sched::placement where{p.devices, p.bytes, p.pinned, p.priority};
         // A model larger than its devices is refused here, not at every request.
         std::vector<uint64_t> usable;
-        for (size_t d = 0; d < st.ledger->device_count(); ++d)
-          usable.push_back(st.ledger->device(d).slot.usable_bytes);
+        for (size_t d = 0; d < l.device_count(); ++d) usable.push_back(l.device(d).slot.usable_bytes);
         if (auto no = sched::check_fits(p.model, where, usable)) return to_error(*no);
         sched::refusal why;
-        auto id = st.ledger->add(p.model, where, &why);
-        if (!id) return to_error(why);
-        if (st.waiting.size() <= *id) st.waiting.resize(*id + 1);
+        if (!l.add(p.model, where, &why)) return to_error(why);
         return true;
       },
       [=](acquire_atom, std::string& name) -> caf::result<lease> {
         auto id = find(name);
         if (!id) return unknown(name);
-        auto& st = self->state;
-        auto t0 = now(self);
-        auto result = st.ledger->acquire(*id, t0);
-        if (result == sched::acquire_result::granted)
-          return lease{name,
-                       false,
-                       0,
-                       st.ledger->load_seconds(*id) * 1e3,
-                       resident_names(self),
-                       st.ledger->model(*id).state == model_state::loading,
-                       st.ledger->load_left_seconds(*id, t0) * 1e3};
-        if (result == sched::acquire_result::unavailable) return unavailable(*id);
         auto rp = self->make_response_promise<lease>();
-        auto m = *id;
-        held_lease grant = [=](const caf::error* err, bool loaded) mutable {
-          if (err) {
-            rp.deliver(*err);
-            return;
-          }
-          auto& l = *self->state.ledger;
-          if (loaded) l.grant(m, now(self));
-          rp.deliver(lease{name, loaded, sched::seconds_between(t0, now(self)) * 1e3,
-                           l.load_seconds(m) * 1e3, resident_names(self),
-                           l.model(m).state == model_state::loading,
-                           l.load_left_seconds(m, now(self)) * 1e3});
-        };
-        if (result == sched::acquire_result::wait_drain) {
-          st.waiting[m].held.push_back(std::move(grant));
-        } else {
-          wait_lease(self, m, [grant](const caf::error* err) mutable { grant(err, true); });
-          pump(self);
-        }
+        auto w = add_waiter(self, {rp, std::nullopt, now(self)});
+        carry_out(self, self->state.core->acquire(*id, w, now(self)));
         return rp;
       },
       [=](release_atom, std::string& name) {
         auto id = find(name);
-        bool last = false;
-        if (!id || !self->state.ledger->release(*id, now(self), &last)) {
-          log::warn("release of {} without a lease", name);
-          return;
+        bool ok = false;
+        if (id) {
+          auto e = self->state.core->release(*id, now(self), &ok);
+          carry_out(self, std::move(e));
         }
-        if (last) pump(self);
+        if (!ok) log::warn("release of {} without a lease", name);
       },
       [=](load_atom, std::string& name) -> caf::result<residency_report> {
         auto id = find(name);
         if (!id) return unknown(name);
-        auto& st = self->state;
-        auto state = st.ledger->state_of(*id);
-        if (state == model_state::unavailable) return unavailable(*id);
-        if (state == model_state::resident) return report_of(self, *id);
         auto rp = self->make_response_promise<residency_report>();
-        auto m = *id;
-        wait_load(self, m, [=](const caf::error* err) mutable {
-          if (err)
-            rp.deliver(*err);
-          else
-            rp.deliver(report_of(self, m));
-        });
-        st.ledger->want(m);
-        pump(self);
+        auto w = add_waiter(self, {std::nullopt, rp, now(self)});
+        carry_out(self, self->state.core->load(*id, w, now(self)));
         return rp;
       },
       [=](unload_atom, std::string& name) -> caf::result<residency_report> {
         auto id = find(name);
         if (!id) return unknown(name);
-        auto& st = self->state;
-        if (st.ledger->model(*id).state == model_state::offloaded) return report_of(self, *id);
-        bool start = false;
-        if (auto why = st.ledger->begin_unload(*id, &start)) return to_error(*why);
         auto rp = self->make_response_promise<residency_report>();
-        auto m = *id;
-        st.waiting[m].evictions.push_back([=](const caf::error* err) mutable {
-          if (err)
-            rp.deliver(*err);
-          else
-            rp.deliver(report_of(self, m));
-        });
-        if (start) start_evict(self, m);
+        auto w = add_waiter(self, {std::nullopt, rp, now(self)});
+        carry_out(self, self->state.core->unload(*id, w, now(self)));
         return rp;
       },
       [=](unregister_atom, std::string& name) -> caf::result<bool> {
         auto id = find(name);
         if (!id) return unknown(name);
-        if (auto why = self->state.ledger->remove(*id)) return to_error(*why);
-        self->state.waiting[*id] = {};
+        if (auto why = self->state.core->remove(*id)) return to_error(*why);
         return true;
       },
       [=](pin_atom, std::string& name, bool pinned) -> caf::result<residency_report> {
         auto id = find(name);
         if (!id) return unknown(name);
-        self->state.ledger->pin(*id, pinned);
-        if (!pinned) pump(self);
+        carry_out(self, self->state.core->pin(*id, pinned, now(self)));
         return report_of(self, *id);
       },
       [=](demand_atom, std::string& name, uint32_t n) {
-        if (auto id = find(name)) self->state.ledger->note_demand(*id, n, now(self));
+        if (auto id = find(name)) self->state.core->ledger().note_demand(*id, n, now(self));
       },
       [=](status_atom) {
         std::vector<residency_report> out;
-        for (model_id id = 0; id < self->state.ledger->model_count(); ++id)
-          if (!self->state.ledger->model(id).removed) out.push_back(report_of(self, id));
+        for (model_id id = 0; id < ledger_of(self).model_count(); ++id)
+          if (!ledger_of(self).model(id).removed) out.push_back(report_of(self, id));
         return out;
       },
       [=](lost_atom, std::vector<int32_t>& devs) {
-        auto& st = self->state;
-        for (auto id : st.ledger->lose(devs)) {
-          // What it holds on the other devices is freed; it loads again once all are back.
-          evict_everywhere(self, id);
-          st.ledger->forget(id);
+        auto e = self->state.core->lose(devs, now(self));
+        for (auto id : e.discards)
           log::warn("model {} lost its residency: a device's node is gone",
-                    st.ledger->model(id).name);
-        }
+                    ledger_of(self).model(id).name);
+        carry_out(self, std::move(e));
         publish_usage(self);
-        // Loads and evictions in flight fail by themselves (the guards answer at once).
-        pump(self);
       },
       [=](policy_atom, std::string& name) -> caf::result<std::string> {
         auto& st = self->state;
-        if (name.empty() || name == st.ledger->options().policy) return st.ledger->options().policy;
-        if (auto why = st.ledger->set_policy(name)) return to_error(*why);
+        auto& l = st.core->ledger();
+        if (name.empty() || name == l.options().policy) return l.options().policy;
+        if (auto why = l.set_policy(name)) return to_error(*why);
         st.opts.ledger.policy = name;
         log::info("eviction policy is now {}", name);
         return name;
       },
       [=](found_atom, std::vector<int32_t>& devs) {
-        self->state.ledger->find_devices(devs);
-        pump(self);
+        carry_out(self, self->state.core->find_devices(devs, now(self)));
       },
       [=](report_atom) {
-        auto& l = *self->state.ledger;
+        auto& l = ledger_of(self);
         caf::settings out;
         out["policy"] = caf::config_value{l.options().policy};
         out["prefetch"] = caf::config_value{l.options().prefetch};
@@ -479,7 +393,7 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
       },
       [=](devices_atom) {
         std::vector<device_usage> out;
-        auto& l = *self->state.ledger;
+        auto& l = ledger_of(self);
         for (size_t d = 0; d < l.device_count(); ++d)
           out.push_back({static_cast<int32_t>(d), l.device(d).slot.usable_bytes,
                          l.device(d).used_bytes, l.device(d).transfers});
@@ -506,10 +420,10 @@ caf::expected<swap_scheduler_actor> spawn_swap_scheduler(caf::actor_system& sys,
     workers.push_back(d.worker);
   }
   sched::refusal why;
-  auto ledger = sched::ledger::make(std::move(slots), opts.ledger, &why);
-  if (!ledger) return to_error(why);
+  auto core = sched::residency::make(std::move(slots), opts.ledger, &why);
+  if (!core) return to_error(why);
   if (!opts.obs) opts.obs = null_observer();
-  return sys.spawn(swap_scheduler, std::shared_ptr<sched::ledger>(std::move(ledger)),
+  return sys.spawn(swap_scheduler, std::shared_ptr<sched::residency>(std::move(core)),
                    std::move(workers), std::move(opts));
 }
 

@@ -7,6 +7,10 @@
 #include <optional>
 #include <queue>
 #include <set>
+#include <unordered_map>
+
+#include "sched/dispatch.hpp"
+#include "sched/residency.hpp"
 
 namespace computron::sim {
 
@@ -66,7 +70,7 @@ struct event {
   time_point at;
   uint64_t seq;
   event_kind kind;
-  uint32_t a;
+  uint64_t a;
   bool operator>(const event& o) const { return at != o.at ? at > o.at : seq > o.seq; }
 };
 
@@ -78,6 +82,8 @@ struct request {
   bool measured = true;
 };
 
+/// A batch the dispatch core formed, under its number (which is also its waiter number
+/// in the residency core).
 struct batch {
   uint32_t model = 0;
   std::vector<sched::queued_entry> rows;
@@ -85,10 +91,6 @@ struct batch {
   time_point leased{};
   int64_t steps = 1;
   bool swapped = false;
-  /// Leased while its model loaded, and what the load still took then (nominal): it
-  /// starts when the rest takes about its first stage (sched::overlap_start).
-  bool loading = false;
-  double load_left_s = 0;
   double compute_s = 0;
 };
 
@@ -111,28 +113,26 @@ class simulator {
     for (auto& d : cfg_.devices)
       slots.push_back({d.capacity_bytes - cfg_.workspace_bytes, d.link_gbps});
     sched::refusal why;
-    ledger_ = sched::ledger::make(std::move(slots), cfg_.scheduler, &why);
-    if (!ledger_) return why.reason;
-    batcher_ = sched::batcher::make(cfg_.batching, &why);
-    if (!batcher_) return why.reason;
-    gate_ = std::make_unique<sched::device_gate>(cfg_.devices.size());
+    core_ = sched::residency::make(std::move(slots), cfg_.scheduler, &why);
+    if (!core_) return why.reason;
+    disp_ = sched::dispatcher::make(cfg_.batching, cfg_.devices.size(), &why);
+    if (!disp_) return why.reason;
     for (auto& m : cfg_.models) {
-      auto id = ledger_->add(m.name, {m.devices, m.shard_bytes, m.pinned, m.priority}, &why);
+      auto id =
+          core_->ledger().add(m.name, {m.devices, m.shard_bytes, m.pinned, m.priority}, &why);
       if (!id) return why.reason;
-      batcher_->add_model(m.name, m.pp, m.priority);
+      // Model ids agree between the two cores: both number models in this order.
+      disp_->add_model(m.name, m.tp, m.pp, m.devices, m.priority);
       // The unhindered load, as the runtime's leases tell its manager.
-      batcher_->note_load(*id, ledger_->load_seconds(*id));
-      keys_.push_back(gate_->placement_key(m.tp, m.pp, m.devices));
+      disp_->queues().note_load(*id, core_->ledger().load_seconds(*id));
       stage_loads_.emplace_back(static_cast<size_t>(m.pp), stage_load{});
     }
     // Schedule models by index into cfg.models.
     for (auto& name : s_.models) {
-      auto id = ledger_->find(name);
+      auto id = core_->ledger().find(name);
       if (!id) return "the workload names model " + name + ", which the config lacks";
       model_of_.push_back(*id);
     }
-    waiting_.resize(cfg_.models.size());
-    held_.resize(cfg_.models.size());
     traffic_.resize(cfg_.devices.size());
     device_free_.assign(cfg_.devices.size(), time_point{});
     for (size_t d = 0; d < traffic_.size(); ++d) traffic_[d].device = std::to_string(d);
@@ -176,9 +176,10 @@ class simulator {
     out.devices = traffic_;
     out.events = events_;
     out.simulated_s = std::max(0.0, sched::seconds_between(origin_, last_done_));
-    for (sched::model_id m = 0; m < ledger_->model_count(); ++m) {
-      out.prefetches += ledger_->model(m).prefetches;
-      out.prefetch_hits += ledger_->model(m).prefetch_hits;
+    auto& l = core_->ledger();
+    for (sched::model_id m = 0; m < l.model_count(); ++m) {
+      out.prefetches += l.model(m).prefetches;
+      out.prefetch_hits += l.model(m).prefetch_hits;
     }
     return out;
   }
@@ -188,7 +189,7 @@ class simulator {
   static double seconds(time_point t) { return sched::seconds_between(time_point{}, t); }
   double rel(time_point t) const { return sched::seconds_between(origin_, t); }
 
-  void push(time_point t, event_kind k, uint32_t a) { heap_.push({t, seq_++, k, a}); }
+  void push(time_point t, event_kind k, uint64_t a) { heap_.push({t, seq_++, k, a}); }
 
   void loop_until_idle() {
     for (;;) {
@@ -206,16 +207,13 @@ class simulator {
       ++events_;
       switch (e.kind) {
         case event_kind::tick:
-          ticks_.erase(ticks_.begin(), ticks_.upper_bound(now_));
-          try_run();
-          dispatch();
+          carry_out(disp_->tick(now_));
           break;
         case event_kind::load_done:
-          load_done(e.a);
+          carry_out(core_->load_done(static_cast<model_id>(e.a), now_));
           break;
         case event_kind::evict_done:
-          ledger_->evict_done(e.a);
-          pump();
+          carry_out(core_->evict_done(static_cast<model_id>(e.a), now_));
           break;
         case event_kind::compute_done:
           compute_done(e.a);
@@ -224,7 +222,7 @@ class simulator {
     }
   }
 
-  void fail(uint32_t key, int status, const char* kind) {
+  void fail(uint64_t key, int status, const char* kind) {
     auto& r = requests_[key];
     if (!r.measured) return;
     workload::request_record rec;
@@ -240,120 +238,75 @@ class simulator {
 
   void arrive(uint32_t key) {
     auto& r = requests_[key];
-    ledger_->note_demand(r.model, 1, now_);
+    core_->ledger().note_demand(r.model, 1, now_);
     const bool drop_late = cfg_.drop_late_deadline_ms > 0 && r.measured;
-    if (batcher_->admit(r.model, key, now_, drop_late ? cfg_.drop_late_deadline_ms : 0, nullptr,
-                        r.max_tokens, drop_late)) {
+    auto e = disp_->admit(r.model, key, now_, drop_late ? cfg_.drop_late_deadline_ms : 0,
+                          r.max_tokens, drop_late);
+    if (e.refused) {
       fail(key, 429, "http_429");
       return;
     }
-    dispatch();
+    carry_out(std::move(e));
   }
 
-  /// A pass at `t` (the manager's arm_tick): skipped when one is armed between now and
-  /// then, which runs first and arms again what is still due later.
-  void arm_tick(time_point t) {
-    t = std::max(t, now_);
-    if (auto i = ticks_.lower_bound(now_); i != ticks_.end() && *i <= t) return;
-    ticks_.insert(t);
-    push(t + std::chrono::microseconds(100), event_kind::tick, 0);
-  }
-
-  void dispatch() {
-    auto d = batcher_->dispatch(now_);
-    for (auto& [m, e] : d.expired) fail(static_cast<uint32_t>(e.key), 503, "http_503");
-    for (auto& [m, e] : d.dropped) fail(static_cast<uint32_t>(e.key), 503, "http_503");
-    for (auto& plan : d.batches) {
-      batch b;
-      b.model = plan.model;
-      b.rows = std::move(plan.rows);
-      b.dispatched = now_;
-      auto id = static_cast<uint32_t>(batches_.size());
-      if (!free_batches_.empty()) {
-        auto reuse = free_batches_.back();
-        free_batches_.pop_back();
-        batches_[reuse] = std::move(b);
-        id = reuse;
-      } else {
-        batches_.push_back(std::move(b));
-      }
-      start_batch(id);
+  /// Carries out the dispatch core's effects, as the model manager does: failures are
+  /// answered, leases given back, batches computed, new batches ask for leases (here the
+  /// residency core answers at once), ticks armed.
+  void carry_out(sched::dispatch_effects e) {
+    for (auto& f : e.failures) fail(f.row.key, 503, "http_503");
+    for (auto& r : e.releases) carry_out(core_->release(r.model, now_));
+    for (auto& s : e.started) {
+      auto& b = batches_.at(s.id);
+      b.rows = std::move(s.rows);
+      push(run_compute(b, s.start), event_kind::compute_done, s.id);
     }
-    if (d.next_tick) arm_tick(*d.next_tick);
+    for (auto& f : e.formed) {
+      batches_[f.id] = batch{f.model, std::move(f.rows), now_, {}, 1, false, 0};
+      carry_out(core_->acquire(f.model, f.id, now_));
+    }
+    for (auto t : e.ticks) push(t, event_kind::tick, 0);
   }
 
-  void start_batch(uint32_t id) {
-    auto m = batches_[id].model;
-    switch (ledger_->acquire(m, now_)) {
-      case sched::acquire_result::granted:
-        batches_[id].leased = now_ + sched::from_seconds(cfg_.cost.lease_overhead_s);
-        sync_resident();
-        runnable_.push_back(id);
-        try_run();
-        break;
-      case sched::acquire_result::wait_load:
-        waiting_[m].push_back(id);
-        pump();
-        break;
-      case sched::acquire_result::wait_drain:
-        held_[m].push_back(id);
-        break;
-      case sched::acquire_result::unavailable:
-        drop_batch(id, 503, "http_503");
-        break;
+  /// Carries out the residency core's effects, as the swap scheduler does: transfers
+  /// start (their copies are queued at once, so compute while loading may lease the model
+  /// now), leases are granted, refused batches fail.
+  void carry_out(sched::residency_effects e) {
+    for (auto v : e.evictions) start_transfer(v, false);
+    for (auto m : e.loads) {
+      start_transfer(m, true);
+      auto s = core_->load_started(m, now_);
+      e.grants.insert(e.grants.end(), s.grants.begin(), s.grants.end());
+    }
+    for (auto& g : e.grants) lease(g);
+    for (auto& f : e.failures) {
+      auto i = batches_.find(f.waiter);
+      if (i == batches_.end()) continue;
+      for (auto& r : i->second.rows) fail(r.key, 503, "http_503");
+      batches_.erase(i);
+      carry_out(disp_->lease_failed(f.waiter, now_));
     }
   }
 
-  /// A batch that never ran: its requests fail, its model may take the next one.
-  void drop_batch(uint32_t id, int status, const char* kind) {
-    auto& b = batches_[id];
-    for (auto& e : b.rows) fail(static_cast<uint32_t>(e.key), status, kind);
-    batcher_->batch_ended(b.model);
-    batcher_->set_resident(b.model, false);
-    free_batches_.push_back(id);
-    dispatch();
-  }
-
-  void pump() {
-    pump_decisions();
-    // Batches granted on loading models (compute while loading) run after the pass.
-    if (granted_while_loading_) {
-      granted_while_loading_ = false;
-      try_run();
+  /// A batch got its lease; the reply reaches the manager a round trip later.
+  void lease(const sched::lease_grant& g) {
+    auto& b = batches_.at(g.waiter);
+    auto& l = core_->ledger();
+    b.swapped = g.loaded;
+    b.leased = now_ + sched::from_seconds(cfg_.cost.lease_overhead_s);
+    sched::lease_info info;
+    info.leased_at = b.leased;
+    info.loading = l.model(g.model).state == model_state::loading;
+    info.load_left_s = l.load_left_seconds(g.model, now_);
+    info.load_estimate_s = l.load_seconds(g.model);
+    // The manager's view of residency, as a granted lease tells it (only when it changed).
+    if (synced_epoch_ != l.residency_epoch()) {
+      synced_epoch_ = l.residency_epoch();
+      std::vector<uint32_t> resident;
+      for (model_id o = 0; o < l.model_count(); ++o)
+        if (l.state_of(o) == model_state::resident) resident.push_back(o);
+      info.resident = std::move(resident);
     }
-  }
-
-  void pump_decisions() {
-    for (;;) {
-      auto d = ledger_->pump(now_);
-      if (d.empty()) return;
-      for (auto v : d.evictions) start_transfer(v, false);
-      for (auto m : d.loads) start_transfer(m, true);
-      for (auto& [m, why] : d.refused) {
-        auto ws = std::move(waiting_[m]);
-        waiting_[m].clear();
-        for (auto id : ws) drop_batch(id, 503, "http_503");
-      }
-      bool again = false;
-      for (auto m : d.undrained) {
-        auto held = std::move(held_[m]);
-        held_[m].clear();
-        if (ledger_->model(m).state == model_state::resident) {
-          if (!held.empty()) sync_resident();
-          for (auto id : held) {
-            ledger_->grant(m, now_);
-            batches_[id].leased = now_;
-            runnable_.push_back(id);
-          }
-          try_run();
-          continue;
-        }
-        for (auto id : held) waiting_[m].push_back(id);
-        ledger_->want(m);
-        again = true;
-      }
-      if (!again) return;
-    }
+    carry_out(disp_->leased(g.waiter, info, now_));
   }
 
   void start_transfer(model_id m, bool load) {
@@ -386,90 +339,6 @@ class simulator {
     }
     push(now_ + sched::from_seconds(longest), load ? event_kind::load_done : event_kind::evict_done,
          m);
-    // Compute while loading: the copies are queued, the waiting batches start now.
-    if (load && ledger_->load_started(m, now_)) grant_waiting(m, true);
-  }
-
-  /// The batches waiting for `m`'s load get their leases.
-  void grant_waiting(model_id m, bool loading) {
-    if (waiting_[m].empty()) return;
-    // A lease granted: the manager learns residency from it (lease::resident).
-    sync_resident();
-    auto ws = std::move(waiting_[m]);
-    waiting_[m].clear();
-    for (auto id : ws) {
-      ledger_->grant(m, now_);
-      auto& b = batches_[id];
-      b.leased = now_ + (loading ? sched::from_seconds(cfg_.cost.lease_overhead_s)
-                                 : time_point::duration{});
-      b.swapped = true;
-      b.loading = loading;
-      b.load_left_s = ledger_->load_left_seconds(m, now_);
-      runnable_.push_back(id);
-    }
-    granted_while_loading_ = true;
-  }
-
-  void load_done(model_id m) {
-    ledger_->load_done(m, now_);
-    auto ws = std::move(waiting_[m]);
-    waiting_[m].clear();
-    if (!ws.empty()) sync_resident();
-    for (auto id : ws) {
-      ledger_->grant(m, now_);
-      batches_[id].leased = now_;
-      batches_[id].swapped = true;
-      runnable_.push_back(id);
-    }
-    pump();
-    try_run();
-  }
-
-  void try_run() {
-    auto pass = gate_->begin_pass();
-    std::deque<uint32_t> still;
-    bool freed = false;
-    while (!runnable_.empty()) {
-      auto id = runnable_.front();
-      runnable_.pop_front();
-      auto& b = batches_[id];
-      auto& sm = cfg_.models[b.model];
-      if (b.loading) {
-        // As the manager: not before the rest of the load takes about its first stage.
-        auto at =
-            sched::overlap_start(b.leased, b.load_left_s, batcher_->step_seconds(b.model), sm.pp);
-        if (at > now_) {
-          arm_tick(at);
-          still.push_back(id);
-          continue;
-        }
-      }
-      if (!gate_->try_start(pass, keys_[b.model], sm.devices, sm.pp)) {
-        still.push_back(id);
-        continue;
-      }
-      auto start = std::max(now_, b.leased);
-      std::vector<sched::queued_entry> live;
-      for (auto& e : b.rows) {
-        if (e.deadline <= start)
-          fail(static_cast<uint32_t>(e.key), 503, "http_503");
-        else
-          live.push_back(e);
-      }
-      b.rows = std::move(live);
-      if (b.rows.empty()) {
-        gate_->finish(sm.devices);
-        release(b.model);
-        batcher_->batch_ended(b.model);
-        free_batches_.push_back(id);
-        freed = true;
-        continue;
-      }
-      auto end = run_compute(b, start);
-      push(end, event_kind::compute_done, id);
-    }
-    runnable_ = std::move(still);
-    if (freed) dispatch();
   }
 
   /// When a batch started at `start` finishes: every step passes every stage in order,
@@ -532,26 +401,12 @@ class simulator {
         span * (static_cast<double>(upto) / static_cast<double>(bytes)));
   }
 
-  /// The manager's view of residency, as a granted lease tells it (only when it changed).
-  void sync_resident() {
-    if (synced_epoch_ == ledger_->residency_epoch()) return;
-    synced_epoch_ = ledger_->residency_epoch();
-    for (model_id o = 0; o < ledger_->model_count(); ++o)
-      batcher_->set_resident(o, ledger_->state_of(o) == model_state::resident);
-  }
-
-  void release(model_id m) {
-    bool last = false;
-    if (ledger_->release(m, now_, &last) && last) pump();
-  }
-
-  void compute_done(uint32_t id) {
-    auto& b = batches_[id];
+  void compute_done(sched::batch_id id) {
+    auto i = batches_.find(id);
+    if (i == batches_.end()) return;
+    auto b = std::move(i->second);
+    batches_.erase(i);
     auto& sm = cfg_.models[b.model];
-    gate_->finish(sm.devices);
-    release(b.model);
-    batcher_->batch_ended(b.model);
-    batcher_->note_steps(b.model, b.compute_s, b.steps);
     for (auto& e : b.rows) {
       auto& r = requests_[e.key];
       if (!r.measured) continue;
@@ -568,17 +423,14 @@ class simulator {
       records_.emplace_back(e.key, std::move(rec));
     }
     last_done_ = std::max(last_done_, now_);
-    free_batches_.push_back(id);
-    try_run();
-    dispatch();
+    carry_out(disp_->batch_done(id, now_, true, b.compute_s, b.steps));
   }
 
   const sim_config& cfg_;
   const workload::schedule& s_;
-  std::unique_ptr<sched::ledger> ledger_;
-  std::unique_ptr<sched::batcher> batcher_;
-  std::unique_ptr<sched::device_gate> gate_;
-  std::vector<uint32_t> keys_;
+  /// The decisions (sched/): residency and who waits; queues, leases, runs and ticks.
+  std::unique_ptr<sched::residency> core_;
+  std::unique_ptr<sched::dispatcher> disp_;
   /// When each device's compute lane is free again.
   std::vector<time_point> device_free_;
   std::vector<std::vector<stage_load>> stage_loads_;
@@ -586,22 +438,13 @@ class simulator {
   std::vector<request> requests_;
   size_t first_measured_ = 0;
   size_t next_arrival_ = 0;
-  std::vector<batch> batches_;
-  std::vector<uint32_t> free_batches_;
-  std::vector<std::vector<uint32_t>> waiting_;
-  std::vector<std::vector<uint32_t>> held_;
-  std::deque<uint32_t> runnable_;
+  std::unordered_map<sched::batch_id, batch> batches_;
   std::priority_queue<event, std::vector<event>, std::greater<event>> heap_;
   uint64_t seq_ = 0;
   uint64_t events_ = 0;
   time_point now_{};
   time_point origin_{};
   time_point last_done_{};
-  /// Ticks armed and not yet run. One armed time was not enough: arming an earlier tick
-  /// forgot the later one, which the next pass then armed again, and the copies of it
-  /// multiplied (millions of ticks at one instant under load).
-  std::set<time_point> ticks_;
-  bool granted_while_loading_ = false;
   std::optional<uint64_t> synced_epoch_;
   std::vector<std::pair<size_t, workload::request_record>> records_;
   std::vector<workload::swap_event> swaps_;

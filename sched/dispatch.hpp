@@ -1,0 +1,174 @@
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <set>
+#include <unordered_map>
+#include <vector>
+
+#include "sched/batching.hpp"
+#include "sched/clock.hpp"
+
+/// The dispatch core: queues and batch formation (the batcher), leases asked for and
+/// granted, the runnable list, the device gate, armed ticks and when a batch leased on a
+/// loading model starts (overlap_start), as one event-in, effects-out machine. Its
+/// drivers (the model manager against the swap scheduler and the workers, the simulator
+/// against its residency core and a cost model) feed it admissions, leases, batch ends and
+/// ticks and carry out what comes back. Every rule about when a batch forms, starts,
+/// expires or ends lives here once.
+namespace computron::sched {
+
+/// A batch the core formed; the driver keeps its requests under the same number.
+using batch_id = uint64_t;
+
+/// Why a request ends before its batch runs.
+enum class row_end : uint8_t {
+  /// Its deadline passed in the queue.
+  expired,
+  /// It asked to be dropped rather than served late, and would be (drop_late): the
+  /// batcher's estimate_s of its model says why.
+  dropped,
+  /// Its deadline passed after its batch formed, before the batch could start (waiting
+  /// for a load, a lease or devices).
+  expired_waiting,
+  /// Cancelled after its batch formed, before the batch started.
+  cancelled,
+};
+
+struct row_failure {
+  uint32_t model = 0;
+  queued_entry row;
+  row_end why = row_end::expired;
+  /// Its batch (expired_waiting, cancelled); 0 for a request that failed in the queue.
+  batch_id batch = 0;
+};
+
+/// A lease to give back.
+struct lease_release {
+  batch_id batch = 0;
+  uint32_t model = 0;
+};
+
+struct formed_batch {
+  batch_id id = 0;
+  uint32_t model = 0;
+  std::vector<queued_entry> rows;
+};
+
+struct started_batch {
+  batch_id id = 0;
+  uint32_t model = 0;
+  /// Its live rows (those that failed at the start are in the failures).
+  std::vector<queued_entry> rows;
+  /// When it starts computing: now, or its lease's time when that lies ahead.
+  time_point start{};
+};
+
+/// What an event decided; the driver carries it out in the order of the fields.
+struct dispatch_effects {
+  /// An admission refused (admit only), and the deadline an admitted request got.
+  std::optional<refusal> refused;
+  time_point deadline{};
+  /// Requests that fail before they run.
+  std::vector<row_failure> failures;
+  /// Leases to give back: a batch ended, or all its rows failed before it ran (it is
+  /// gone then too).
+  std::vector<lease_release> releases;
+  /// Batches to start computing now; each ends with batch_done.
+  std::vector<started_batch> started;
+  /// New batches: the driver asks for a lease on each (leased or lease_failed follows),
+  /// or abandons one whose requests all left before it formed (cancelled in the queue).
+  std::vector<formed_batch> formed;
+  /// Times to call tick at (each a little after the instant a pass is due, so that the
+  /// pass finds the window closed whatever the timer's granularity).
+  std::vector<time_point> ticks;
+  /// A dispatch pass ran: queue depths may have changed.
+  bool dispatched = false;
+};
+
+/// What a lease tells the core.
+struct lease_info {
+  /// When the lease holds from (the simulator adds the reply's latency).
+  time_point leased_at{};
+  /// Granted while the model still loads (compute while loading), and what the load
+  /// still takes at nominal rates.
+  bool loading = false;
+  double load_left_s = 0;
+  /// What a load of the model costs unhindered (the batcher's estimates).
+  double load_estimate_s = 0;
+  /// Every model resident at the grant, by index, when that changed since the last lease.
+  std::optional<std::vector<uint32_t>> resident;
+};
+
+class dispatcher {
+ public:
+  /// Refusals as batcher::make's. `devices`: how many devices the gate guards.
+  static std::unique_ptr<dispatcher> make(batching_options opts, size_t devices, refusal* why);
+
+  /// Adds a model (its queue and its placement in the gate); returns its index.
+  uint32_t add_model(const std::string& name, int32_t tp, int32_t pp,
+                     const std::vector<int32_t>& devices, int32_t priority);
+  /// The queues, for estimates, counts and residency beliefs.
+  const batcher& queues() const { return *batcher_; }
+  batcher& queues() { return *batcher_; }
+  size_t runnable() const { return runnable_.size(); }
+
+  /// A request arrives: admitted (a dispatch pass follows) or refused.
+  dispatch_effects admit(uint32_t model, uint64_t key, time_point now, int64_t deadline_ms,
+                         int64_t steps = 1, bool drop_late = false);
+  /// A formed batch got its lease: a run pass.
+  dispatch_effects leased(batch_id id, const lease_info& l, time_point now);
+  /// A formed batch got no lease: it ends (the driver fails its requests), a dispatch pass.
+  dispatch_effects lease_failed(batch_id id, time_point now);
+  /// A formed batch whose requests all left before it was asked a lease for.
+  void abandon(batch_id id);
+  /// A request of a formed, not yet started batch was cancelled: it fails at the start.
+  void cancel(batch_id id, uint64_t key);
+  /// A started batch ended: its devices and lease are free; with `ok`, its `steps` steps
+  /// took `compute_s` (the estimates learn). A run pass and a dispatch pass.
+  dispatch_effects batch_done(batch_id id, time_point now, bool ok, double compute_s,
+                              int64_t steps);
+  /// A tick armed by ticks came due: a run pass and a dispatch pass.
+  dispatch_effects tick(time_point now);
+
+ private:
+  dispatcher(std::unique_ptr<batcher> b, size_t devices) : batcher_(std::move(b)), gate_(devices) {}
+
+  struct model_slot {
+    uint32_t gate_key = 0;
+    int32_t pp = 1;
+    std::vector<int32_t> devices;
+  };
+  struct batch_state {
+    uint32_t model = 0;
+    std::vector<queued_entry> rows;
+    std::vector<uint64_t> cancelled;
+    lease_info lease;
+  };
+
+  /// Starts leased batches whose devices are free for them, oldest first; a dispatch
+  /// pass follows when one ended before it ran (its model may take the next).
+  void run_pass(time_point now, dispatch_effects& out);
+  /// Expires what passed its deadline and forms batches.
+  void dispatch_pass(time_point now, dispatch_effects& out);
+  /// A pass at `at`: skipped when one is armed between now and then, which runs first and
+  /// arms again whatever is still due later. One armed time was not enough: arming an
+  /// earlier tick forgot the later one, the next pass armed that again, and the copies
+  /// multiplied under load.
+  void arm(time_point at, time_point now, dispatch_effects& out);
+
+  std::unique_ptr<batcher> batcher_;
+  device_gate gate_;
+  std::vector<model_slot> models_;
+  std::unordered_map<batch_id, batch_state> batches_;
+  std::deque<batch_id> runnable_;
+  std::set<time_point> ticks_;
+  batch_id next_batch_ = 1;
+};
+
+/// Seconds after the instant a tick is due that it fires.
+inline constexpr auto tick_slack = std::chrono::microseconds(100);
+
+}  // namespace computron::sched

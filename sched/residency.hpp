@@ -1,0 +1,130 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "sched/clock.hpp"
+#include "sched/ledger.hpp"
+
+/// The residency core: the ledger plus who waits for what, as one event-in, effects-out
+/// machine (Clockwork's controller, vLLM's scheduler step). Its drivers (the swap
+/// scheduler actor against shard workers, the simulator against simulated links) feed it
+/// events (a lease is asked for, a load started or ended, a lease ended, a device was lost)
+/// and carry out what comes back in order: evictions and loads to start, shards to
+/// discard, then grants, completions and failures of the waiters. The protocol around the
+/// ledger's decisions (who is granted when a load starts or ends, what a drain called off
+/// does, which waiters fail when a load is refused) lives here once.
+namespace computron::sched {
+
+/// A caller waiting on the core; the driver numbers them and maps each to its promise or
+/// batch.
+using waiter_id = uint64_t;
+
+struct lease_grant {
+  waiter_id waiter = 0;
+  model_id model = 0;
+  /// The lease waited for a load (a swap): false when it was granted on a resident model,
+  /// at once or when the drain that held it was called off.
+  bool loaded = false;
+};
+
+struct waiter_done {
+  waiter_id waiter = 0;
+  model_id model = 0;
+};
+
+struct waiter_failure {
+  waiter_id waiter = 0;
+  model_id model = 0;
+  refusal why;
+};
+
+/// What an event decided; the driver carries it out in the order of the fields.
+struct residency_effects {
+  /// Models whose shards are freed wherever they are, answers ignored (a failed load, a
+  /// lost device): whatever their devices hold of them is garbage now, and the ledger
+  /// already counts that room as free, so this goes before any load.
+  std::vector<model_id> discards;
+  /// Models whose eviction starts now (marked evicting).
+  std::vector<model_id> evictions;
+  /// Models whose load starts now (marked loading, bytes and transfer slots taken). With
+  /// compute while loading the driver reports load_started once every shard's copies are
+  /// queued, then load_done (or load_failed) when they arrived.
+  std::vector<model_id> loads;
+  /// Lease requests that got their lease (already counted in the ledger).
+  std::vector<lease_grant> grants;
+  /// Explicit loads and unloads that are done.
+  std::vector<waiter_done> done;
+  /// Waiters that fail, and why.
+  std::vector<waiter_failure> failures;
+
+  bool empty() const {
+    return evictions.empty() && loads.empty() && discards.empty() && grants.empty() &&
+           done.empty() && failures.empty();
+  }
+};
+
+class residency {
+ public:
+  /// Errors as ledger::make's.
+  static std::unique_ptr<residency> make(std::vector<device_slot> devices, ledger_options opts,
+                                         refusal* why);
+
+  /// The accounting itself, for reports and the calls that decide nothing about waiters
+  /// (find, note_demand, set_policy, note_largest_free, add, check_fits).
+  const sched::ledger& ledger() const { return *ledger_; }
+  sched::ledger& ledger() { return *ledger_; }
+
+  /// A batch asks to lease `id`: granted at once (resident, or loading and computable),
+  /// after a load, or once the drain that holds it ends; refused while a device is lost.
+  residency_effects acquire(model_id id, waiter_id w, time_point now);
+  /// An explicit load: done at once when resident, else when its load ends.
+  residency_effects load(model_id id, waiter_id w, time_point now);
+  /// An explicit unload: done at once when offloaded, else when its eviction ends;
+  /// refused while leased or loading (the effects carry the failure).
+  residency_effects unload(model_id id, waiter_id w, time_point now);
+  /// A batch is done with its lease. `ok` is false without a lease to end.
+  residency_effects release(model_id id, time_point now, bool* ok = nullptr);
+  /// Every shard of a loading model has its copies queued (compute while loading).
+  residency_effects load_started(model_id id, time_point now);
+  residency_effects load_done(model_id id, time_point now);
+  /// `why` is what its waiters hear.
+  residency_effects load_failed(model_id id, const refusal& why, time_point now);
+  residency_effects evict_done(model_id id, time_point now);
+  /// A failed eviction: its copy is in an unknown state and stays accounted as resident,
+  /// unless a device of the model is lost (then it is gone, and the eviction is done).
+  residency_effects evict_failed(model_id id, const refusal& why, time_point now);
+  /// Pinning stops the model from being a victim; unpinning may let a waiting load go.
+  residency_effects pin(model_id id, bool pinned, time_point now);
+  /// Devices' node is gone, or back.
+  residency_effects lose(const std::vector<int32_t>& devices, time_point now);
+  residency_effects find_devices(const std::vector<int32_t>& devices, time_point now);
+  /// Unregisters an offloaded, unused model (ledger::remove), forgetting its waiters.
+  std::optional<refusal> remove(model_id id);
+
+ private:
+  explicit residency(std::unique_ptr<sched::ledger> l) : ledger_(std::move(l)) {}
+
+  struct waiters {
+    std::vector<waiter_id> leases;
+    std::vector<waiter_id> loads;
+    std::vector<waiter_id> evictions;
+    /// Lease requests held back while the model drains.
+    std::vector<waiter_id> held;
+  };
+  waiters& of(model_id id);
+  /// Grants every lease request waiting for `id`'s load.
+  void grant_waiting(model_id id, time_point now, residency_effects& out);
+  void fail_all(model_id id, std::vector<waiter_id> waiters::*which, const refusal& why,
+                residency_effects& out);
+  /// Runs the ledger's pass until nothing more follows (a drain called off may queue
+  /// another load), appending what it decided.
+  void pump(time_point now, residency_effects& out);
+
+  std::unique_ptr<sched::ledger> ledger_;
+  std::vector<waiters> waiting_;
+};
+
+}  // namespace computron::sched
