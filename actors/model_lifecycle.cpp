@@ -170,8 +170,8 @@ caf::result<model_info> register_model(manager_pointer self, model_config reques
                     m.max_positions = eng.max_positions(cfg);
                     for (auto b : p.bytes) m.bytes += b;
                     m.weight_bytes = eng.weight_bytes(cfg);
-                    m.index = st.disp->add_model(cfg.name, cfg.tp, cfg.pp, cfg.devices,
-                                                 cfg.priority);
+                    m.index =
+                        st.disp->add_model(cfg.name, cfg.tp, cfg.pp, cfg.devices, cfg.priority);
                     st.names.push_back(cfg.name);
                     st.models.emplace(cfg.name, std::move(m));
                     st.opts.obs->model_registered(cfg.name, cfg.devices);

@@ -144,11 +144,10 @@ void carry_out(sched_pointer self, sched::residency_effects e,
     if (!p || !p->lease_rp) continue;
     auto& l = ledger_of(self);
     auto t = now(self);
-    p->lease_rp->deliver(lease{l.model(g.model).name, g.loaded,
-                               sched::seconds_between(p->asked, t) * 1e3,
-                               l.load_seconds(g.model) * 1e3, resident_names(self),
-                               l.model(g.model).state == model_state::loading,
-                               l.load_left_seconds(g.model, t) * 1e3});
+    p->lease_rp->deliver(lease{
+        l.model(g.model).name, g.loaded, sched::seconds_between(p->asked, t) * 1e3,
+        l.load_seconds(g.model) * 1e3, resident_names(self),
+        l.model(g.model).state == model_state::loading, l.load_left_seconds(g.model, t) * 1e3});
   }
   for (auto& d : e.done) {
     auto p = take(d.waiter);
@@ -183,8 +182,8 @@ void start_evict(sched_pointer self, model_id id) {
                    ledger_of(self).model(id).where.devices[i], render(err));
         // The worker's code stays (a device error is a 500, a timed-out request a 503).
         auto e = with_context(err, "evicting " + name + " failed");
-        carry_out(self, self->state.core->evict_failed(id, {ec::device_error, render(e)}, now(self)),
-                  &e);
+        carry_out(self,
+                  self->state.core->evict_failed(id, {ec::device_error, render(e)}, now(self)), &e);
       },
       evict_atom_v, name);
 }
@@ -198,10 +197,10 @@ void load_failed(sched_pointer self, model_id id, const caf::error& err, size_t 
   auto code = is(err, ec::out_of_device_memory) ? ec::out_of_device_memory
               : is(err, ec::unavailable)        ? ec::unavailable
                                                 : ec::device_error;
-  auto e = self->state.core->load_failed(
-      id,
-      {code, "loading " + name + " failed on device " + std::to_string(device) + ": " + render(err)},
-      now(self));
+  auto e = self->state.core->load_failed(id,
+                                         {code, "loading " + name + " failed on device " +
+                                                    std::to_string(device) + ": " + render(err)},
+                                         now(self));
   publish_usage(self);
   carry_out(self, std::move(e));
 }
@@ -270,7 +269,8 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
         sched::placement where{p.devices, p.bytes, p.pinned, p.priority};
         // A model larger than its devices is refused here, not at every request.
         std::vector<uint64_t> usable;
-        for (size_t d = 0; d < l.device_count(); ++d) usable.push_back(l.device(d).slot.usable_bytes);
+        for (size_t d = 0; d < l.device_count(); ++d)
+          usable.push_back(l.device(d).slot.usable_bytes);
         if (auto no = sched::check_fits(p.model, where, usable)) return to_error(*no);
         sched::refusal why;
         if (!l.add(p.model, where, &why)) return to_error(why);

@@ -4,8 +4,7 @@
 
 namespace computron::sched {
 
-std::unique_ptr<dispatcher> dispatcher::make(batching_options opts, size_t devices,
-                                             refusal* why) {
+std::unique_ptr<dispatcher> dispatcher::make(batching_options opts, size_t devices, refusal* why) {
   auto b = batcher::make(std::move(opts), why);
   if (!b) return nullptr;
   return std::unique_ptr<dispatcher>(new dispatcher(std::move(b), devices));

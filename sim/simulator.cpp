@@ -118,8 +118,7 @@ class simulator {
     disp_ = sched::dispatcher::make(cfg_.batching, cfg_.devices.size(), &why);
     if (!disp_) return why.reason;
     for (auto& m : cfg_.models) {
-      auto id =
-          core_->ledger().add(m.name, {m.devices, m.shard_bytes, m.pinned, m.priority}, &why);
+      auto id = core_->ledger().add(m.name, {m.devices, m.shard_bytes, m.pinned, m.priority}, &why);
       if (!id) return why.reason;
       // Model ids agree between the two cores: both number models in this order.
       disp_->add_model(m.name, m.tp, m.pp, m.devices, m.priority);

@@ -1,0 +1,315 @@
+// The two decision cores fed scripted events: what each event must return, step by step.
+// The drivers (actors, simulator) only carry these effects out; tests/actors/
+// drivers_agree_test.cpp checks that they carry out the same ones.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+
+#include "sched/dispatch.hpp"
+#include "sched/residency.hpp"
+
+using namespace computron;
+using namespace computron::sched;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr uint64_t mb = 1 << 20;
+
+/// One device of 100 MB with room for one of two 60 MB models.
+struct residency_fixture {
+  std::unique_ptr<residency> core;
+  time_point t{};
+  model_id a = 0, b = 0;
+
+  explicit residency_fixture(bool compute_while_loading = true) {
+    refusal why;
+    ledger_options o;
+    o.compute_while_loading = compute_while_loading;
+    core = residency::make({{100 * mb, 10}}, o, &why);
+    REQUIRE(core);
+    a = *core->ledger().add("a", {{0}, {60 * mb}, false, 0}, &why);
+    b = *core->ledger().add("b", {{0}, {60 * mb}, false, 0}, &why);
+  }
+
+  model_state state(model_id m) const { return core->ledger().state_of(m); }
+};
+
+bool granted(const residency_effects& e, waiter_id w, bool loaded) {
+  return std::any_of(e.grants.begin(), e.grants.end(),
+                     [&](auto& g) { return g.waiter == w && g.loaded == loaded; });
+}
+
+}  // namespace
+
+TEST_CASE("residency: a lease waits for the load's start, an explicit load for its end",
+          "[cores]") {
+  residency_fixture f;
+  auto e = f.core->acquire(f.a, 1, f.t);
+  CHECK(e.loads == std::vector<model_id>{f.a});
+  CHECK(e.grants.empty());
+  e = f.core->load(f.a, 2, f.t);
+  CHECK(e.empty());  // already loading
+  e = f.core->load_started(f.a, f.t);
+  CHECK(granted(e, 1, true));
+  CHECK(e.done.empty());
+  e = f.core->load_done(f.a, f.t);
+  CHECK(e.grants.empty());
+  REQUIRE(e.done.size() == 1);
+  CHECK(e.done[0].waiter == 2);
+  CHECK(f.state(f.a) == model_state::resident);
+  // Resident: granted at once, not a swap.
+  e = f.core->acquire(f.a, 3, f.t);
+  CHECK(granted(e, 3, false));
+  CHECK(f.core->ledger().model(f.a).leases == 2);
+}
+
+TEST_CASE("residency: without compute while loading, leases wait for the whole load", "[cores]") {
+  residency_fixture f{false};
+  auto e = f.core->acquire(f.a, 1, f.t);
+  REQUIRE(e.loads.size() == 1);
+  CHECK(f.core->load_started(f.a, f.t).empty());
+  e = f.core->load_done(f.a, f.t);
+  CHECK(granted(e, 1, true));
+}
+
+TEST_CASE("residency: a drain holds new leases; the drained model comes back for them", "[cores]") {
+  residency_fixture f;
+  f.core->acquire(f.a, 1, f.t);
+  f.core->load_started(f.a, f.t);
+  f.core->load_done(f.a, f.t);
+  // b needs a's room while a is leased: a drains, nothing starts yet.
+  auto e = f.core->acquire(f.b, 2, f.t);
+  CHECK(e.loads.empty());
+  CHECK(e.evictions.empty());
+  // A new lease on the draining a is held.
+  e = f.core->acquire(f.a, 3, f.t);
+  CHECK(e.empty());
+  // a's last lease ends: it is evicted for b.
+  bool ok = false;
+  e = f.core->release(f.a, f.t, &ok);
+  CHECK(ok);
+  CHECK(e.evictions == std::vector<model_id>{f.a});
+  e = f.core->evict_done(f.a, f.t);
+  CHECK(e.loads == std::vector<model_id>{f.b});
+  // The held lease waits for a to load again, behind b.
+  e = f.core->load_started(f.b, f.t);
+  CHECK(granted(e, 2, true));
+  CHECK_FALSE(granted(e, 3, true));
+  f.core->load_done(f.b, f.t);
+  e = f.core->release(f.b, f.t, &ok);
+  CHECK(e.evictions == std::vector<model_id>{f.b});
+  e = f.core->evict_done(f.b, f.t);
+  CHECK(e.loads == std::vector<model_id>{f.a});
+  e = f.core->load_started(f.a, f.t);
+  CHECK(granted(e, 3, true));
+}
+
+TEST_CASE("residency: a failed load discards its shards and fails its waiters", "[cores]") {
+  residency_fixture f;
+  f.core->acquire(f.a, 1, f.t);
+  f.core->load(f.a, 2, f.t);
+  auto e = f.core->load_failed(f.a, {ec::device_error, "boom"}, f.t);
+  CHECK(e.discards == std::vector<model_id>{f.a});
+  REQUIRE(e.failures.size() == 2);
+  for (auto& x : e.failures) {
+    CHECK(x.why.code == ec::device_error);
+    CHECK(x.why.reason == "boom");
+  }
+  CHECK(f.state(f.a) == model_state::offloaded);
+  CHECK(f.core->ledger().device(0).used_bytes == 0);
+}
+
+TEST_CASE("residency: a lost device discards its models and refuses their leases", "[cores]") {
+  residency_fixture f;
+  f.core->acquire(f.a, 1, f.t);
+  f.core->load_started(f.a, f.t);
+  f.core->load_done(f.a, f.t);
+  f.core->release(f.a, f.t);
+  auto e = f.core->lose({0}, f.t);
+  CHECK(e.discards == std::vector<model_id>{f.a});
+  e = f.core->acquire(f.a, 2, f.t);
+  REQUIRE(e.failures.size() == 1);
+  CHECK(e.failures[0].why.code == ec::unavailable);
+  f.core->find_devices({0}, f.t);
+  e = f.core->acquire(f.a, 3, f.t);
+  CHECK(e.loads == std::vector<model_id>{f.a});
+}
+
+TEST_CASE("residency: unload is refused while leased, done at once when offloaded", "[cores]") {
+  residency_fixture f;
+  auto e = f.core->unload(f.a, 1, f.t);
+  REQUIRE(e.done.size() == 1);
+  f.core->acquire(f.a, 2, f.t);
+  f.core->load_started(f.a, f.t);
+  f.core->load_done(f.a, f.t);
+  e = f.core->unload(f.a, 3, f.t);
+  REQUIRE(e.failures.size() == 1);
+  CHECK(e.failures[0].why.code == ec::invalid_state);
+  f.core->release(f.a, f.t);
+  e = f.core->unload(f.a, 4, f.t);
+  CHECK(e.evictions == std::vector<model_id>{f.a});
+  e = f.core->evict_failed(f.a, {ec::device_error, "stuck"}, f.t);
+  REQUIRE(e.failures.size() == 1);
+  CHECK(e.failures[0].waiter == 4);
+  CHECK(f.state(f.a) == model_state::resident);
+  // A model with leases or waiters cannot be removed; an offloaded, idle one can.
+  CHECK(f.core->remove(f.a));
+  CHECK_FALSE(f.core->remove(f.b));
+}
+
+namespace {
+
+/// Two devices; "x" on device 0, "y" on devices 0 and 1 (another placement: they never
+/// share device 0), "z" a two-stage pipeline on devices 0 and 1.
+struct dispatch_fixture {
+  std::unique_ptr<dispatcher> d;
+  time_point t{};
+  uint32_t x = 0, y = 0, z = 0;
+
+  explicit dispatch_fixture(duration window = 0ms, uint32_t batch = 2) {
+    batching_options o;
+    o.batch_window = window;
+    o.max_batch_size = batch;
+    o.default_deadline = 1s;
+    refusal why;
+    d = dispatcher::make(o, 2, &why);
+    REQUIRE(d);
+    x = d->add_model("x", 1, 1, {0}, 0);
+    y = d->add_model("y", 2, 1, {0, 1}, 0);
+    z = d->add_model("z", 1, 2, {0, 1}, 0);
+  }
+
+  lease_info resident() const { return {t, false, 0, 0, std::nullopt}; }
+};
+
+}  // namespace
+
+TEST_CASE("dispatch: admit forms a batch, a lease starts it, its end frees the way", "[cores]") {
+  dispatch_fixture f;
+  auto e = f.d->admit(f.x, 1, f.t, 0);
+  CHECK_FALSE(e.refused);
+  CHECK(e.dispatched);
+  REQUIRE(e.formed.size() == 1);
+  auto id = e.formed[0].id;
+  e = f.d->leased(id, f.resident(), f.t);
+  REQUIRE(e.started.size() == 1);
+  CHECK(e.started[0].rows.size() == 1);
+  CHECK(e.started[0].start == f.t);
+  // y shares device 0 under another placement: it waits for x's batch.
+  e = f.d->admit(f.y, 2, f.t, 0);
+  REQUIRE(e.formed.size() == 1);
+  auto yid = e.formed[0].id;
+  e = f.d->leased(yid, f.resident(), f.t);
+  CHECK(e.started.empty());
+  f.t += 10ms;
+  e = f.d->batch_done(id, f.t, true, 0.01, 1);
+  REQUIRE(e.releases.size() == 1);
+  CHECK(e.releases[0].model == f.x);
+  REQUIRE(e.started.size() == 1);
+  CHECK(e.started[0].id == yid);
+  CHECK(f.d->queues().step_seconds(f.x) == Approx(0.01));
+}
+
+TEST_CASE("dispatch: a pipeline keeps pp batches in flight on its devices", "[cores]") {
+  dispatch_fixture f{0ms, 1};
+  std::vector<batch_id> ids;
+  for (uint64_t k = 1; k <= 3; ++k) {
+    auto e = f.d->admit(f.z, k, f.t, 0);
+    for (auto& b : e.formed) ids.push_back(b.id);
+  }
+  REQUIRE(ids.size() == 2);  // the third waits for a slot
+  CHECK(f.d->leased(ids[0], f.resident(), f.t).started.size() == 1);
+  CHECK(f.d->leased(ids[1], f.resident(), f.t).started.size() == 1);
+  auto e = f.d->batch_done(ids[0], f.t, true, 0.01, 1);
+  CHECK(e.formed.size() == 1);
+}
+
+TEST_CASE("dispatch: the window arms a tick; the tick forms the batch", "[cores]") {
+  dispatch_fixture f{5ms, 4};
+  auto e = f.d->admit(f.x, 1, f.t, 0);
+  CHECK(e.formed.empty());
+  REQUIRE(e.ticks.size() == 1);
+  CHECK(e.ticks[0] == f.t + 5ms + tick_slack);
+  // A second admission within the window arms nothing new.
+  e = f.d->admit(f.x, 2, f.t + 1ms, 0);
+  CHECK(e.formed.empty());
+  CHECK(e.ticks.empty());
+  // Before the window closes nothing forms; at the tick both go together.
+  CHECK(f.d->tick(f.t + 4ms).formed.empty());
+  e = f.d->tick(f.t + 5ms + tick_slack);
+  REQUIRE(e.formed.size() == 1);
+  CHECK(e.formed[0].rows.size() == 2);
+}
+
+TEST_CASE("dispatch: a batch leased on a loading model waits for its overlap start", "[cores]") {
+  dispatch_fixture f;
+  auto e = f.d->admit(f.x, 1, f.t, 0);
+  auto id = e.formed.at(0).id;
+  // No step time known: it is due when the load ends, 200 ms from now.
+  e = f.d->leased(id, {f.t, true, 0.2, 0.2, std::nullopt}, f.t);
+  CHECK(e.started.empty());
+  REQUIRE(e.ticks.size() == 1);
+  CHECK(e.ticks[0] == f.t + 200ms + tick_slack);
+  e = f.d->tick(f.t + 100ms);
+  CHECK(e.started.empty());
+  e = f.d->tick(f.t + 200ms + tick_slack);
+  CHECK(e.started.size() == 1);
+}
+
+TEST_CASE("dispatch: rows cancelled or expired before the start fail; an empty batch ends",
+          "[cores]") {
+  dispatch_fixture f;
+  auto e = f.d->admit(f.x, 1, f.t, 50);
+  auto id = e.formed.at(0).id;
+  f.d->cancel(id, 1);
+  e = f.d->leased(id, f.resident(), f.t);
+  CHECK(e.started.empty());
+  REQUIRE(e.failures.size() == 1);
+  CHECK(e.failures[0].why == row_end::cancelled);
+  CHECK(e.failures[0].batch == id);
+  REQUIRE(e.releases.size() == 1);
+  CHECK(e.releases[0].batch == id);
+  CHECK(f.d->queues().in_flight(f.x) == 0);
+
+  e = f.d->admit(f.x, 2, f.t, 50);
+  id = e.formed.at(0).id;
+  f.t += 60ms;  // the lease took longer than the deadline
+  e = f.d->leased(id, f.resident(), f.t);
+  REQUIRE(e.failures.size() == 1);
+  CHECK(e.failures[0].why == row_end::expired_waiting);
+  CHECK(e.started.empty());
+}
+
+TEST_CASE("dispatch: a lease refused ends the batch and lets the next one form", "[cores]") {
+  dispatch_fixture f{0ms, 1};
+  auto e = f.d->admit(f.x, 1, f.t, 0);
+  auto id = e.formed.at(0).id;
+  e = f.d->admit(f.x, 2, f.t, 0);
+  CHECK(e.formed.empty());  // x has one batch in flight at most
+  e = f.d->lease_failed(id, f.t);
+  REQUIRE(e.formed.size() == 1);
+  CHECK(e.formed[0].rows.at(0).key == 2);
+  CHECK_FALSE(f.d->queues().resident(f.x));
+}
+
+TEST_CASE("dispatch: a full queue refuses; a request past its deadline fails in the queue",
+          "[cores]") {
+  batching_options o;
+  o.max_queue = 1;
+  o.batch_window = 1s;
+  o.max_batch_size = 4;
+  refusal why;
+  auto d = dispatcher::make(o, 1, &why);
+  REQUIRE(d);
+  auto m = d->add_model("m", 1, 1, {0}, 0);
+  time_point t{};
+  CHECK_FALSE(d->admit(m, 1, t, 10).refused);
+  auto e = d->admit(m, 2, t, 10);
+  REQUIRE(e.refused);
+  CHECK(e.refused->code == ec::overloaded);
+  e = d->tick(t + 20ms);
+  REQUIRE(e.failures.size() == 1);
+  CHECK(e.failures[0].why == row_end::expired);
+  CHECK(e.failures[0].batch == 0);
+}
