@@ -3,6 +3,7 @@
 // id, cancellation), and the end of a batch (its model, devices and caches released).
 // The manager's dispatch and run passes (model_manager.cpp) start batches here.
 #include <algorithm>
+#include <functional>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -38,7 +39,7 @@ void finish_row(manager_pointer self, const batch_ptr& b, size_t r, const std::s
   if (r < b->outputs.size()) rep.tokens = std::move(b->outputs[r]);
   if (r < b->logprobs.size()) rep.logprobs = std::move(b->logprobs[r]);
   if (r < b->prompt_logprobs.size()) rep.prompt_logprobs = std::move(b->prompt_logprobs[r]);
-  rep.queue_ms = sched::seconds_between(q.arrival, b->dispatched) * 1e3;
+  rep.queue_ms = sched::seconds_between(q.arrival, q.taken) * 1e3;
   rep.load_ms = b->load_ms;
   rep.compute_ms = b->compute_ms;
   rep.total_ms = sched::seconds_between(q.arrival, t) * 1e3;
@@ -68,18 +69,161 @@ void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* er
   carry_out(self, st.disp->batch_done(b->id, now(self), !err, b->compute_ms / 1e3, b->steps));
 }
 
+namespace {
+
+/// Sends `req` to the first stage of every tensor-parallel rank of the batch's model (each
+/// rank's route runs through its stages) and joins their answers: `done` gets rank 0's
+/// (the sampling rank's). A rank that fails ends the batch.
+void send_step(manager_pointer self, const batch_ptr& b, step_request req,
+               std::chrono::milliseconds timeout, std::function<void(step_result&)> done) {
+  auto& st = self->state;
+  auto& m = st.models.at(b->model);
+  const auto tp = static_cast<size_t>(m.cfg.tp);
+  const auto pp = static_cast<size_t>(m.cfg.pp);
+  const auto step = req.step;
+  auto j = make_join<step_result>(
+      tp, [=](std::vector<step_result> results) { done(results[0]); },
+      [=](caf::error err, size_t rank) {
+        // The code stays (a device error is a 500, a timed-out join a 503); the text says
+        // which model, step and rank.
+        auto where = fmt::format("model {} step {} (rank {})", b->model, step, rank);
+        if (err == caf::sec::request_timeout)
+          where += fmt::format(": no answer within {} ms", timeout.count());
+        err = with_context(err, where);
+        log::warn("batch {} failed: {}", b->id, render(err));
+        finish_batch(self, b, &err);
+      });
+  for (size_t rank = 0; rank < tp; ++rank) {
+    auto r = req;
+    for (size_t stage = 0; stage < pp; ++stage)
+      r.route.push_back(caf::actor_cast<caf::actor>(
+          st.workers[static_cast<size_t>(m.cfg.devices[stage * tp + rank])]));
+    auto first = caf::actor_cast<shard_worker_actor>(r.route[0]);
+    self->request(first, timeout, step_atom_v, std::move(r))
+        .then([=](step_result& res) { j->ok(rank, std::move(res)); },
+              [=](caf::error& e) { j->failed(std::move(e), rank); });
+  }
+}
+
+/// The step answered `b->sent.size()` tokens? Else the batch ends with an error.
+bool check_tokens(manager_pointer self, const batch_ptr& b, const step_result& res, size_t rows) {
+  if (res.tokens.size() == rows) return true;
+  auto e = make_error(ec::invalid_state, "step returned " + std::to_string(res.tokens.size()) +
+                                             " tokens for " + std::to_string(rows) + " rows");
+  finish_batch(self, b, &e);
+  return false;
+}
+
+/// Row `r`'s token from position `p` of a step's result: the row goes on (true), or is
+/// answered now and leaves the batch (cancelled, a stop id, max_tokens), so no decode step
+/// is spent on a row that is done.
+bool take_token(manager_pointer self, const batch_ptr& b, size_t r, size_t p, step_result& res,
+                bool prefill) {
+  auto& q = b->rows[r];
+  auto token = res.tokens[p];
+  if (prefill && p < res.prompt_logprobs.size())
+    b->prompt_logprobs[r] = std::move(res.prompt_logprobs[p]);
+  if (b->cancelled.count(q.req.id) > 0) {
+    finish_row(self, b, r, "cancelled");
+    return false;
+  }
+  auto& stops = q.req.stop_ids;
+  if (std::find(stops.begin(), stops.end(), token) != stops.end()) {
+    finish_row(self, b, r, "stop", token);
+    return false;
+  }
+  b->outputs[r].push_back(token);
+  token_logprobs lp;
+  if (q.req.sampling.logprobs >= 0 && p < res.logprobs.size()) {
+    lp = std::move(res.logprobs[p]);
+    b->logprobs[r].push_back(lp);
+  }
+  if (q.req.stream)
+    self->send(caf::actor_cast<token_sink_actor>(q.req.stream), token_atom_v, q.req.id,
+               q.req.stream_row, token, std::move(lp));
+  if (static_cast<int64_t>(b->outputs[r].size()) >= q.req.max_tokens) {
+    finish_row(self, b, r, "length");
+    return false;
+  }
+  return true;
+}
+
+/// `keep` lists every row of the previous step in order: the workers need none.
+std::vector<int32_t> unless_all(std::vector<int32_t> keep, size_t previous) {
+  if (keep.size() == previous) keep.clear();
+  return keep;
+}
+
+/// Prefills the requests of `plan` as their own batch and appends them to `b` (every
+/// stage joins the caches and samplers), then runs b's next step over its rows that went
+/// on (`keep`: their positions among the `previous` rows of the last step) and the
+/// joined rows.
+void join_rows(manager_pointer self, const batch_ptr& b, const sched::join_plan& plan, int64_t step,
+               size_t previous, std::vector<int32_t> keep) {
+  auto& st = self->state;
+  auto t = now(self);
+  std::vector<size_t> joined;
+  for (auto& row : plan.rows) {
+    auto i = st.waiting.find(row.key);
+    if (i == st.waiting.end()) continue;  // cancelled in the queue
+    i->second.taken = t;
+    st.batch_of[i->second.req.id] = b;
+    joined.push_back(b->rows.size());
+    b->rows.push_back(std::move(i->second));
+    st.waiting.erase(i);
+    b->outputs.emplace_back();
+    b->logprobs.emplace_back();
+    b->prompt_logprobs.emplace_back();
+  }
+  if (joined.empty()) {
+    run_step(self, b, step + 1, unless_all(std::move(keep), previous));
+    return;
+  }
+  step_request req;
+  req.model = b->model;
+  req.batch_id = plan.id;
+  req.join_into = b->id;
+  for (auto r : joined) {
+    req.prompts.push_back(b->rows[r].req.tokens);
+    req.sampling.push_back(b->rows[r].req.sampling);
+  }
+  // An error from here on fails the joined rows with the others.
+  auto going = b->sent;
+  b->sent.insert(b->sent.end(), joined.begin(), joined.end());
+  ++b->steps;
+  const auto pp = st.models.at(b->model).cfg.pp;
+  send_step(self, b, std::move(req), st.opts.step_timeout * static_cast<int>(pp),
+            [=](step_result& res) mutable {
+              if (!check_tokens(self, b, res, joined.size())) return;
+              b->compute_ms += res.compute_ms;
+              for (size_t j = 0; j < joined.size(); ++j)
+                if (take_token(self, b, joined[j], j, res, true)) {
+                  going.push_back(joined[j]);
+                  keep.push_back(static_cast<int32_t>(previous + j));
+                }
+              b->sent = std::move(going);
+              if (b->sent.empty()) {
+                finish_batch(self, b, nullptr);
+                return;
+              }
+              run_step(self, b, step + 1, unless_all(std::move(keep), previous + joined.size()));
+            });
+}
+
+}  // namespace
+
 /// Runs step `step` of the rows in b->sent; `keep` says which rows of the previous step
 /// they are (empty: all).
 void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vector<int32_t> keep) {
   auto& st = self->state;
   auto& m = st.models.at(b->model);
-  const auto tp = static_cast<size_t>(m.cfg.tp);
   const auto pp = static_cast<size_t>(m.cfg.pp);
   step_request req;
   req.model = b->model;
   req.batch_id = b->id;
   req.step = static_cast<int32_t>(step);
-  // The last step is the one no row can outlive (rows only ever finish earlier).
+  // The last step is the one no row can outlive (rows only ever finish earlier, and none
+  // joins a batch whose caches are gone).
   int64_t left = 0;
   for (auto r : b->sent)
     left = std::max(left, b->rows[r].req.max_tokens - static_cast<int64_t>(b->outputs[r].size()));
@@ -101,82 +245,31 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vecto
   if (step == 0 && b->loading)  // it also waits for the load under way
     timeout += std::max<std::chrono::milliseconds>(
         30s, std::chrono::milliseconds(static_cast<int64_t>(4 * b->load_left_ms)));
-  auto j = make_join<step_result>(
-      tp,
-      [=](std::vector<step_result> results) {
-        auto& first = results[0];
-        if (first.tokens.size() != b->sent.size()) {
-          auto e = make_error(ec::invalid_state,
-                              "step returned " + std::to_string(first.tokens.size()) +
-                                  " tokens for " + std::to_string(b->sent.size()) + " rows");
-          finish_batch(self, b, &e);
-          return;
-        }
-        b->compute_ms += first.compute_ms;
-        // Each row goes on, or is answered now and leaves the batch: no decode step is
-        // spent on a row that is done.
-        std::vector<size_t> next;
-        std::vector<int32_t> keep;
-        for (size_t p = 0; p < b->sent.size(); ++p) {
-          auto r = b->sent[p];
-          auto& q = b->rows[r];
-          auto token = first.tokens[p];
-          if (step == 0 && p < first.prompt_logprobs.size())
-            b->prompt_logprobs[r] = std::move(first.prompt_logprobs[p]);
-          if (b->cancelled.count(q.req.id) > 0) {
-            finish_row(self, b, r, "cancelled");
-            continue;
-          }
-          auto& stops = q.req.stop_ids;
-          if (std::find(stops.begin(), stops.end(), token) != stops.end()) {
-            finish_row(self, b, r, "stop", token);
-            continue;
-          }
-          b->outputs[r].push_back(token);
-          token_logprobs lp;
-          if (q.req.sampling.logprobs >= 0 && p < first.logprobs.size()) {
-            lp = std::move(first.logprobs[p]);
-            b->logprobs[r].push_back(lp);
-          }
-          if (q.req.stream)
-            self->send(caf::actor_cast<token_sink_actor>(q.req.stream), token_atom_v, q.req.id,
-                       q.req.stream_row, token, std::move(lp));
-          if (static_cast<int64_t>(b->outputs[r].size()) >= q.req.max_tokens) {
-            finish_row(self, b, r, "length");
-            continue;
-          }
-          next.push_back(r);
-          keep.push_back(static_cast<int32_t>(p));
-        }
-        if (next.empty()) {
-          b->sent.clear();
-          finish_batch(self, b, nullptr);
-          return;
-        }
-        if (next.size() == b->sent.size()) keep.clear();
-        b->sent = std::move(next);
-        run_step(self, b, step + 1, std::move(keep));
-      },
-      [=](caf::error err, size_t rank) {
-        // The code stays (a device error is a 500, a timed-out join a 503); the text says
-        // which model, step and rank.
-        auto where = fmt::format("model {} step {} (rank {})", b->model, step, rank);
-        if (err == caf::sec::request_timeout)
-          where += fmt::format(": no answer within {} ms", timeout.count());
-        err = with_context(err, where);
-        log::warn("batch {} failed: {}", b->id, render(err));
-        finish_batch(self, b, &err);
-      });
-  for (size_t rank = 0; rank < tp; ++rank) {
-    auto r = req;
-    for (size_t stage = 0; stage < pp; ++stage)
-      r.route.push_back(caf::actor_cast<caf::actor>(
-          st.workers[static_cast<size_t>(m.cfg.devices[stage * tp + rank])]));
-    auto first = caf::actor_cast<shard_worker_actor>(r.route[0]);
-    self->request(first, timeout, step_atom_v, std::move(r))
-        .then([=](step_result& res) { j->ok(rank, std::move(res)); },
-              [=](caf::error& e) { j->failed(std::move(e), rank); });
-  }
+  send_step(self, b, std::move(req), timeout, [=](step_result& res) {
+    if (!check_tokens(self, b, res, b->sent.size())) return;
+    b->compute_ms += res.compute_ms;
+    std::vector<size_t> next;
+    std::vector<int32_t> keep;
+    for (size_t p = 0; p < b->sent.size(); ++p)
+      if (take_token(self, b, b->sent[p], p, res, step == 0)) {
+        next.push_back(b->sent[p]);
+        keep.push_back(static_cast<int32_t>(p));
+      }
+    const auto previous = b->sent.size();
+    b->sent = std::move(next);
+    if (b->sent.empty()) {
+      finish_batch(self, b, nullptr);
+      return;
+    }
+    // A step boundary: queued requests of the model may join (continuous batching).
+    auto e = self->state.disp->step_boundary(b->id, b->sent.size(), now(self));
+    auto joins = std::move(e.joins);
+    carry_out(self, std::move(e));
+    if (joins.empty())
+      run_step(self, b, step + 1, unless_all(std::move(keep), previous));
+    else
+      join_rows(self, b, joins.front(), step, previous, std::move(keep));
+  });
 }
 
 }  // namespace computron::actors::manager_detail

@@ -31,6 +31,11 @@ class shard_program {
 
   /// Forgets a batch's caches.
   virtual void end_batch(uint64_t batch_id) = 0;
+
+  /// Appends batch `from`'s rows (just prefilled) after batch `into`'s, whose next step
+  /// then runs them all; `from` is gone. Continuous batching: requests join a running
+  /// batch at a step boundary. Stateless programs have nothing to join.
+  virtual caf::error join_batch(uint64_t from, uint64_t into) { return {}; }
 };
 
 /// A model kind.

@@ -257,12 +257,16 @@ struct step_request {
   /// Decode steps: which rows of the previous step go on (their positions in it, in
   /// order); rows that finished leave the caches and the samplers. Empty: all of them.
   std::vector<int32_t> keep;
+  /// Step 0 of rows joining a running batch (continuous batching): after this prefill,
+  /// every stage appends this batch's caches and samplers after those of batch
+  /// `join_into`, and this batch id is gone. 0: an ordinary step.
+  uint64_t join_into = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_request& x) {
   return f(caf::meta::type_name("step_request"), x.model, x.batch_id, x.step, x.stage, x.prompts,
-           x.tokens, x.sampling, x.hidden, x.last, x.route, x.keep);
+           x.tokens, x.sampling, x.hidden, x.last, x.route, x.keep, x.join_into);
 }
 
 /// The tokens a step produced (rank 0 of the last stage; other ranks answer empty).

@@ -201,6 +201,7 @@ void carry_out(manager_pointer self, sched::dispatch_effects e) {
       auto i = st.waiting.find(row.key);
       if (i == st.waiting.end()) continue;
       st.batch_of[i->second.req.id] = b;
+      i->second.taken = t;
       b->rows.push_back(std::move(i->second));
       st.waiting.erase(i);
     }

@@ -29,6 +29,8 @@ struct queued_request {
   caf::typed_response_promise<infer_reply> rp;
   sched::time_point arrival{};
   sched::time_point deadline{};
+  /// When it left the queue: into a batch as it formed, or joining a running one.
+  sched::time_point taken{};
 };
 
 struct batch {

@@ -112,6 +112,25 @@ class decoder_program final : public shard_program {
     top_.erase(batch_id);
   }
 
+  caf::error join_batch(uint64_t from, uint64_t into) override {
+    auto f = caches_.find(from);
+    auto i = caches_.find(into);
+    if (f == caches_.end() || i == caches_.end()) {
+      end_batch(from);
+      return make_error(ec::invalid_request, "joining batch " + std::to_string(from) + " into " +
+                                                 std::to_string(into) + ": no such batch here");
+    }
+    auto err = i->second.append(std::move(f->second));
+    // Candidates only while every row of the joined batch needs no more than them.
+    auto a = head_of(into).top, b = head_of(from).top;
+    if (a > 0 && b > 0)
+      top_[into] = std::max(a, b);
+    else
+      top_.erase(into);
+    end_batch(from);
+    return err;
+  }
+
  private:
   models::head_output head_of(uint64_t batch_id) const {
     auto i = top_.find(batch_id);

@@ -380,10 +380,21 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
         const bool sampling_rank = last_stage && e.spec.tp_rank == 0;
         const auto key = std::make_pair(req.model, req.batch_id);
         std::shared_ptr<batch_ctx> ctx;
+        // Rows joining a running batch: their samplers go after that batch's.
+        std::shared_ptr<batch_ctx> into_ctx;
         if (sampling_rank) {
           auto& slot = st.batches[key];
           if (!slot) slot = std::make_shared<batch_ctx>();
           ctx = slot;
+          if (req.join_into != 0) {
+            auto j = st.batches.find(std::make_pair(req.model, req.join_into));
+            if (j == st.batches.end())
+              return make_error(ec::invalid_request, "rows join batch " +
+                                                         std::to_string(req.join_into) + " of " +
+                                                         req.model + ", which device " +
+                                                         std::to_string(index) + " does not hold");
+            into_ctx = j->second;
+          }
         }
         auto program = e.program;
         // The program uses the group: a rejoin may replace both while this step runs.
@@ -429,6 +440,12 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
           } else if (!last_stage) {
             *hidden_out = to_payload(*r);
           }
+          if (in->join_into != 0) {
+            if (auto err = program->join_batch(in->batch_id, in->join_into)) return err;
+            if (into_ctx)
+              into_ctx->samplers.insert(into_ctx->samplers.end(), ctx->samplers.begin(),
+                                        ctx->samplers.end());
+          }
           // Compute only: time spent waiting for bytes still loading is the load's.
           out->compute_ms = (seconds_since(t0) - (gpu::thread_wait_seconds() - waited0)) * 1e3;
           return {};
@@ -441,7 +458,7 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
         self->request(st.compute_lane, lane_timeout, run_atom_v, std::move(job))
             .then(
                 [=](bool) mutable {
-                  if (in->last) self->state.batches.erase(key);
+                  if (in->last || in->join_into != 0) self->state.batches.erase(key);
                   if (last_stage) {
                     rp.deliver(std::move(*out));
                     return;

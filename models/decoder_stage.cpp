@@ -87,6 +87,45 @@ caf::error kv_cache::keep_rows(const std::vector<int64_t>& rows) {
   return {};
 }
 
+caf::error kv_cache::append(kv_cache&& other) {
+  auto& c = *impl_;
+  auto& o = *other.impl_;
+  if (!o.key_valid.defined()) return {};
+  if (!c.key_valid.defined()) {
+    std::swap(c, o);
+    return {};
+  }
+  if (c.keys.size() != o.keys.size())
+    return make_error(ec::invalid_request, fmt::format("joining caches of {} and {} layers",
+                                                       c.keys.size(), o.keys.size()));
+  try {
+    const auto len = std::max(c.key_valid.size(1), o.key_valid.size(1));
+    // Left padding: the last cached position of every row stays the last.
+    auto pad = [len](const at::Tensor& t, int64_t dim) {
+      auto missing = len - t.size(dim);
+      if (missing == 0) return t;
+      auto shape = t.sizes().vec();
+      shape[static_cast<size_t>(dim)] = missing;
+      return at::cat({at::zeros(shape, t.options()), t}, dim);
+    };
+    for (size_t l = 0; l < c.keys.size(); ++l) {
+      if (c.keys[l].defined() != o.keys[l].defined())
+        return make_error(ec::invalid_request, fmt::format("joining caches: layer {} is cached "
+                                                           "in one of them only",
+                                                           l));
+      if (!c.keys[l].defined()) continue;
+      c.keys[l] = at::cat({pad(c.keys[l], 2), pad(o.keys[l], 2)}, 0);
+      c.values[l] = at::cat({pad(c.values[l], 2), pad(o.values[l], 2)}, 0);
+    }
+    c.key_valid = at::cat({pad(c.key_valid, 1), pad(o.key_valid, 1)}, 0);
+    c.next_position.insert(c.next_position.end(), o.next_position.begin(), o.next_position.end());
+  } catch (const std::exception& e) {
+    return make_error(ec::device_error, std::string{"joining caches: "} + e.what());
+  }
+  other = kv_cache{};
+  return {};
+}
+
 at::Tensor detail::stage_state::param(const std::string& name) const {
   auto e = weights->table().find(name);
   return at::from_blob(base + e->offset_bytes, e->shape, options);

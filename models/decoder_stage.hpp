@@ -43,6 +43,11 @@ class kv_cache {
   /// the others left the batch. A position may repeat: that sequence is copied (a shared
   /// prefill's rows). Errors: an index outside the batch.
   caf::error keep_rows(const std::vector<int64_t>& rows);
+  /// Appends `other`'s sequences after this cache's (continuous batching: rows prefilled
+  /// apart join a running batch at a step boundary). The shorter of the two is padded on
+  /// the left, as prefill pads prompts, so every row keeps its own positions and masks.
+  /// `other` is left empty. Errors: caches of different stages (layers, heads, devices).
+  caf::error append(kv_cache&& other);
 
  private:
   friend class decoder_stage;

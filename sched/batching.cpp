@@ -123,27 +123,52 @@ dispatch_decisions batcher::dispatch(time_point now) {
     }
     batch_plan b;
     b.model = model;
-    while (b.rows.size() < opts_.max_batch_size && q.live > 0) {
-      q.tidy();
-      auto e = q.queue.front();
-      q.queue.pop_front();
-      q.dead.pop_front();
-      ++q.front_seq;
-      --q.live;
-      if (e.drop_late) {
-        auto est = estimate_s(model, e.steps);
-        if (est && now + from_seconds(*est) > e.deadline) {
-          out.dropped.emplace_back(model, e);
-          continue;
-        }
-      }
-      b.rows.push_back(e);
-    }
-    q.tidy();
+    take_front(model, opts_.max_batch_size, now, b.rows, out.dropped);
     if (b.rows.empty()) continue;  // every one of them was dropped
     ++q.in_flight;
     out.batches.push_back(std::move(b));
   }
+  return out;
+}
+
+void batcher::take_front(uint32_t model, size_t n, time_point now, std::vector<queued_entry>& rows,
+                         std::vector<std::pair<uint32_t, queued_entry>>& dropped) {
+  auto& q = queues_[model];
+  while (rows.size() < n && q.live > 0) {
+    q.tidy();
+    auto e = q.queue.front();
+    q.queue.pop_front();
+    q.dead.pop_front();
+    ++q.front_seq;
+    --q.live;
+    if (e.drop_late) {
+      auto est = estimate_s(model, e.steps);
+      if (est && now + from_seconds(*est) > e.deadline) {
+        dropped.emplace_back(model, e);
+        continue;
+      }
+    }
+    rows.push_back(e);
+  }
+  q.tidy();
+}
+
+dispatch_decisions batcher::join(uint32_t model, size_t n, time_point now) {
+  dispatch_decisions out;
+  auto& q = queues_[model];
+  q.tidy();
+  while (!q.deadlines.empty() && q.deadlines.top().first <= now) {
+    auto seq = q.deadlines.top().second;
+    q.deadlines.pop();
+    if (q.is_dead(seq)) continue;
+    out.expired.emplace_back(model, q.queue[seq - q.front_seq]);
+    bury(q, seq);
+  }
+  q.tidy();
+  batch_plan b;
+  b.model = model;
+  take_front(model, n, now, b.rows, out.dropped);
+  if (!b.rows.empty()) out.batches.push_back(std::move(b));
   return out;
 }
 

@@ -29,6 +29,10 @@ struct batching_options {
   uint32_t max_queue = 256;
   /// Deadline of a request that names none.
   duration default_deadline = std::chrono::seconds(60);
+  /// Continuous batching: at every step boundary of a running batch, requests queued for
+  /// its model join it (up to max_batch_size rows) instead of waiting for the whole batch
+  /// to end. Off: a batch keeps the rows it formed with.
+  bool continuous = true;
 };
 
 /// The deadline of a request that arrived at `arrival` asking for `deadline_ms` (0 or
@@ -89,6 +93,12 @@ class batcher {
   /// a queue goes when it is full or its head waited a batch window.
   dispatch_decisions dispatch(time_point now);
 
+  /// Up to `n` requests of `model`'s queue, in order, to join a running batch of it
+  /// (continuous batching): no window, no in-flight count (the batch runs already).
+  /// Expired and dropped requests come back as a dispatch pass gives them; the rows, if
+  /// any, as the one batch.
+  dispatch_decisions join(uint32_t model, size_t n, time_point now);
+
   /// A batch of `model` ended (or never ran).
   void batch_ended(uint32_t model);
   /// Measured service, for the estimates drop_late requests are judged by: a batch of
@@ -147,6 +157,10 @@ class batcher {
   };
   /// Ends entry `seq` of a queue (it expired or was dropped).
   static void bury(model_queue& q, uint64_t seq);
+  /// Takes up to `n` rows from the front of `model`'s queue; drop_late ones that would
+  /// miss their deadlines go to `dropped`.
+  void take_front(uint32_t model, size_t n, time_point now, std::vector<queued_entry>& rows,
+                  std::vector<std::pair<uint32_t, queued_entry>>& dropped);
   batching_options opts_;
   std::unique_ptr<dispatch_policy> policy_;
   std::vector<model_queue> queues_;

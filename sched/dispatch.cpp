@@ -84,6 +84,7 @@ void dispatcher::run_pass(time_point now, dispatch_effects& out) {
       continue;
     }
     b.rows = live;
+    b.started = true;
     out.started.push_back({id, b.model, std::move(live), start});
   }
   runnable_ = std::move(still);
@@ -153,6 +154,34 @@ dispatch_effects dispatcher::batch_done(batch_id id, time_point now, bool ok, do
   if (ok && steps > 0) batcher_->note_steps(model, compute_s, steps);
   run_pass(now, out);
   dispatch_pass(now, out);
+  return out;
+}
+
+bool dispatcher::others_wait(uint32_t model) const {
+  auto& mine = models_[model].devices;
+  for (auto& [id, b] : batches_) {
+    if (b.started || b.model == model) continue;
+    for (auto d : models_[b.model].devices)
+      if (std::find(mine.begin(), mine.end(), d) != mine.end()) return true;
+  }
+  return false;
+}
+
+dispatch_effects dispatcher::step_boundary(batch_id id, size_t running, time_point now) {
+  dispatch_effects out;
+  auto i = batches_.find(id);
+  if (i == batches_.end() || !i->second.started) return out;
+  const auto model = i->second.model;
+  const size_t room = batcher_->options().max_batch_size;
+  if (!batcher_->options().continuous || running >= room || batcher_->queued(model) == 0 ||
+      others_wait(model))
+    return out;
+  auto d = batcher_->join(model, room - running, now);
+  for (auto& [m, e] : d.expired) out.failures.push_back({m, e, row_end::expired, 0});
+  for (auto& [m, e] : d.dropped) out.failures.push_back({m, e, row_end::dropped, 0});
+  for (auto& plan : d.batches)
+    out.joins.push_back({id, next_batch_++, model, std::move(plan.rows)});
+  out.dispatched = true;
   return out;
 }
 

@@ -57,6 +57,15 @@ struct formed_batch {
   std::vector<queued_entry> rows;
 };
 
+/// Requests joining a running batch (continuous batching): the driver prefills them as
+/// batch `id` and appends that to batch `into` (whose next step then runs them all).
+struct join_plan {
+  batch_id into = 0;
+  batch_id id = 0;
+  uint32_t model = 0;
+  std::vector<queued_entry> rows;
+};
+
 struct started_batch {
   batch_id id = 0;
   uint32_t model = 0;
@@ -81,6 +90,8 @@ struct dispatch_effects {
   /// New batches: the driver asks for a lease on each (leased or lease_failed follows),
   /// or abandons one whose requests all left before it formed (cancelled in the queue).
   std::vector<formed_batch> formed;
+  /// Rows that join a running batch now (step_boundary only).
+  std::vector<join_plan> joins;
   /// Times to call tick at (each a little after the instant a pass is due, so that the
   /// pass finds the window closed whatever the timer's granularity).
   std::vector<time_point> ticks;
@@ -126,6 +137,12 @@ class dispatcher {
   void abandon(batch_id id);
   /// A request of a formed, not yet started batch was cancelled: it fails at the start.
   void cancel(batch_id id, uint64_t key);
+  /// A started batch finished a step and `running` of its rows go on: with continuous
+  /// batching, queued requests of its model join it, up to max_batch_size rows, unless a
+  /// batch of another model waits for one of its devices (for a lease or the gate), which
+  /// would otherwise wait for as long as requests keep coming: then the batch runs out
+  /// and ends.
+  dispatch_effects step_boundary(batch_id id, size_t running, time_point now);
   /// A started batch ended: its devices and lease are free; with `ok`, its `steps` steps
   /// took `compute_s` (the estimates learn). A run pass and a dispatch pass.
   dispatch_effects batch_done(batch_id id, time_point now, bool ok, double compute_s,
@@ -146,7 +163,10 @@ class dispatcher {
     std::vector<queued_entry> rows;
     std::vector<uint64_t> cancelled;
     lease_info lease;
+    bool started = false;
   };
+  /// Whether a batch of another model than `model` waits for any of `model`'s devices.
+  bool others_wait(uint32_t model) const;
 
   /// Starts leased batches whose devices are free for them, oldest first; a dispatch
   /// pass follows when one ended before it ran (its model may take the next).

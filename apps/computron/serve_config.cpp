@@ -459,7 +459,7 @@ caf::expected<serve_config> load_serve_config(const std::string& path,
     auto bw = w + " batching";
     if ((e = check_keys(*b, bw,
                         {"max_batch_size", "batch_window_ms", "dispatch", "max_wait_ms",
-                         "max_queue", "max_tokens", "deadline_ms"})))
+                         "max_queue", "max_tokens", "deadline_ms", "continuous"})))
       return e;
     auto& m = c.runtime.manager;
     auto& bo = m.batching;
@@ -474,7 +474,8 @@ caf::expected<serve_config> load_serve_config(const std::string& path,
         (e = read(*b, "max_wait_ms", bw, max_wait)) ||
         (e = read(*b, "max_queue", bw, bo.max_queue)) ||
         (e = read(*b, "max_tokens", bw, m.max_tokens_limit)) ||
-        (e = read(*b, "deadline_ms", bw, deadline)))
+        (e = read(*b, "deadline_ms", bw, deadline)) ||
+        (e = read(*b, "continuous", bw, bo.continuous)))
       return e;
     if (window < 0 || max_wait < 0 || deadline <= 0) return bad(bw, "times must be positive");
     constexpr int64_t max_ms = 1'000'000'000;

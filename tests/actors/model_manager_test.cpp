@@ -27,7 +27,7 @@ struct manager_fixture : deterministic_fixture {
 
   /// The fake workers answer a step at once, loaded or not; tests of a hanging load turn
   /// compute while loading off so its batch waits for the load, as a real step would.
-  explicit manager_fixture(bool compute_while_loading = true) {
+  explicit manager_fixture(bool compute_while_loading = true, bool continuous = true) {
     script.holder = sys.spawn(computron::testing::load_holder);
     worker = sys.spawn(fake_worker, &script, 0);
     swap_scheduler_options so;
@@ -37,6 +37,7 @@ struct manager_fixture : deterministic_fixture {
     mo.batching.max_batch_size = 4;
     mo.batching.batch_window = 5ms;
     mo.batching.default_deadline = 1s;
+    mo.batching.continuous = continuous;
     manager = spawn_model_manager(sys, {worker}, scheduler, torch_free_engines(), mo).value();
     model_config m;
     m.name = "m";
@@ -153,6 +154,92 @@ TEST_CASE("rows leave the batch as they finish: max_tokens per row, EOS, no wast
   CHECK(f.script.keeps[2] == std::vector<int32_t>{1, 2});
   CHECK(f.script.keeps[3] == std::vector<int32_t>{0});
   CHECK(f.script.keeps[4].empty());
+}
+
+namespace {
+
+infer_request long_and_short(int64_t max_tokens, const std::string& model = "m") {
+  infer_request r;
+  r.model = model;
+  r.tokens = {1, 2, 3};
+  r.max_tokens = max_tokens;
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("continuous batching: a short request joins a running long one and leaves first",
+          "[actors][manager][continuous]") {
+  for (bool continuous : {true, false}) {
+    INFO("continuous " << continuous);
+    manager_fixture f{true, continuous};
+    auto a = f.self->request(f.manager, caf::timespan{24h}, infer_atom_v, long_and_short(6));
+    f.sched.run();
+    f.sched.advance_time(6ms);
+    // a's batch runs its prefill and first decode step; then b arrives.
+    for (int i = 0; i < 10000 && f.script.step_rows.size() < 2; ++i) f.sched.run_once();
+    REQUIRE(f.script.step_rows.size() == 2);
+    auto b = f.self->request(f.manager, caf::timespan{24h}, infer_atom_v, long_and_short(2));
+    f.sched.run();
+    f.sched.advance_time(6ms);
+    f.sched.run();
+    infer_reply ra, rb;
+    std::move(a).receive([&](infer_reply& r) { ra = r; }, [](caf::error& e) { FAIL(render(e)); });
+    std::move(b).receive([&](infer_reply& r) { rb = r; }, [](caf::error& e) { FAIL(render(e)); });
+    CHECK(ra.tokens == std::vector<int64_t>{7, 8, 9, 10, 11, 12});
+    CHECK(rb.tokens == std::vector<int64_t>{7, 8});
+    auto joins = std::count_if(f.script.joins.begin(), f.script.joins.end(),
+                               [](uint64_t j) { return j != 0; });
+    if (continuous) {
+      // b's prefill ran as its own step joining a's batch at a step boundary; the next
+      // step ran both rows, then b left (its two tokens) and a went on alone.
+      REQUIRE(joins == 1);
+      auto k = static_cast<size_t>(std::find_if(f.script.joins.begin(), f.script.joins.end(),
+                                                [](uint64_t j) { return j != 0; }) -
+                                   f.script.joins.begin());
+      REQUIRE(f.script.step_rows.size() == 7);  // a's six steps and b's prefill
+      REQUIRE(k + 2 < f.script.step_rows.size());
+      CHECK(f.script.step_rows[k] == 1);
+      CHECK(f.script.sampling_rows[k] == 1);  // b's settings travel with its prefill
+      CHECK(f.script.step_rows[k + 1] == 2);
+      CHECK(f.script.keeps[k + 1].empty());  // a and b, as joined
+      CHECK(f.script.keeps[k + 2] == std::vector<int32_t>{0});
+      CHECK(rb.batch_size == 2);
+    } else {
+      // b waits for a's whole batch, then runs alone.
+      CHECK(joins == 0);
+      CHECK(f.script.step_rows == std::vector<size_t>{1, 1, 1, 1, 1, 1, 1, 1});
+      CHECK(rb.batch_size == 1);
+    }
+  }
+}
+
+TEST_CASE(
+    "continuous batching: a batch stops taking joins while another model waits for "
+    "its device",
+    "[actors][manager][continuous]") {
+  manager_fixture f;
+  model_config n;
+  n.name = "n";
+  n.kind = "toy";
+  n.devices = {0};
+  REQUIRE(f.ask<model_info>(f.manager, register_atom_v, n));
+  // a's batch (m) and c's (n) form together; c's waits for device 0 while a's runs.
+  auto a = f.self->request(f.manager, caf::timespan{24h}, infer_atom_v, long_and_short(6));
+  auto c = f.self->request(f.manager, caf::timespan{24h}, infer_atom_v, long_and_short(1, "n"));
+  f.sched.run();
+  f.sched.advance_time(6ms);
+  for (int i = 0; i < 10000 && f.script.step_rows.size() < 2; ++i) f.sched.run_once();
+  REQUIRE(f.script.step_rows.size() == 2);
+  // m's next request must not join m's running batch ahead of c's.
+  auto b = f.self->request(f.manager, caf::timespan{24h}, infer_atom_v, long_and_short(2));
+  f.sched.run();
+  f.sched.advance_time(6ms);
+  f.sched.run();
+  for (auto* h : {&a, &c, &b})
+    std::move(*h).receive([](infer_reply&) {}, [](caf::error& e) { FAIL(render(e)); });
+  CHECK(
+      std::all_of(f.script.joins.begin(), f.script.joins.end(), [](uint64_t j) { return j == 0; }));
 }
 
 TEST_CASE("any of several stop ids ends a row; log-probabilities travel with the tokens",

@@ -378,3 +378,67 @@ TEST_CASE("a row that leaves the cache leaves the others' decode unchanged", "[m
   CHECK(relative_error(row(p, 1), row(f, 0)) <= 1e-5);
   CHECK(kept.keep_rows({7}));  // outside the batch of 2
 }
+
+TEST_CASE("sequences prefilled apart and joined decode as each does alone",
+          "[models][decode][join]") {
+  // Continuous batching: a request prefilled on its own joins a batch that has decoded a
+  // few steps, shorter or longer than the batch's cache; every row's logits afterwards
+  // equal its own unbatched run's. The OPT (learned positions) and Llama (rotary, grouped
+  // queries) families.
+  for (auto name : {"opt-tiny", "llama-tiny"}) {
+    INFO(name);
+    sharded_model m{name, gpu::dtype::f32, {1, 1}};
+    auto* stage = m.chain(0)[0];
+    const std::vector<std::vector<int64_t>> running = {{2, 100, 37}, {2, 7}};
+    for (auto joiner : {std::vector<int64_t>{2, 9, 44, 81, 3, 19, 20, 5}, {2, 11}}) {
+      INFO("joiner of " << joiner.size() << " tokens");
+      // The batch: prefill and three decode steps, then the joiner appended.
+      kv_cache batch, join;
+      REQUIRE(stage->prefill(running, nullptr, batch));
+      for (int s = 0; s < 3; ++s) REQUIRE(stage->decode({5 + s, 6 + s}, nullptr, batch));
+      REQUIRE(stage->prefill({joiner}, nullptr, join));
+      REQUIRE_FALSE(batch.append(std::move(join)));
+      CHECK(join.length() == 0);
+      std::vector<std::vector<float>> joined_rows;
+      for (int s = 0; s < 2; ++s) {
+        auto out = stage->decode({40 + s, 41 + s, 42 + s}, nullptr, batch);
+        REQUIRE(out);
+        REQUIRE(out->shape[0] == 3);
+        auto f = out->to_floats();
+        const auto vocab = out->shape[1];
+        for (int64_t r = 0; r < 3; ++r)
+          joined_rows.emplace_back(f.begin() + r * vocab, f.begin() + (r + 1) * vocab);
+      }
+      // Each sequence alone, fed the same tokens.
+      auto alone = [&](const std::vector<int64_t>& prompt, std::vector<int64_t> before,
+                       int64_t first) {
+        kv_cache c;
+        REQUIRE(stage->prefill({prompt}, nullptr, c));
+        for (auto t : before) REQUIRE(stage->decode({t}, nullptr, c));
+        std::vector<std::vector<float>> rows;
+        for (int s = 0; s < 2; ++s) {
+          auto out = stage->decode({first + s}, nullptr, c);
+          REQUIRE(out);
+          rows.push_back(out->to_floats());
+        }
+        return rows;
+      };
+      auto r0 = alone(running[0], {5, 6, 7}, 40);
+      auto r1 = alone(running[1], {6, 7, 8}, 41);
+      auto r2 = alone(joiner, {}, 42);
+      for (int s = 0; s < 2; ++s) {
+        INFO("step " << s);
+        CHECK(relative_error(joined_rows[static_cast<size_t>(s * 3)], r0[static_cast<size_t>(s)]) <=
+              1e-5);
+        CHECK(relative_error(joined_rows[static_cast<size_t>(s * 3 + 1)],
+                             r1[static_cast<size_t>(s)]) <= 1e-5);
+        CHECK(relative_error(joined_rows[static_cast<size_t>(s * 3 + 2)],
+                             r2[static_cast<size_t>(s)]) <= 1e-5);
+      }
+      // A row leaving after the join leaves the others unchanged.
+      REQUIRE_FALSE(batch.keep_rows({2, 0}));
+      auto out = stage->decode({1, 1}, nullptr, batch);
+      REQUIRE(out);
+    }
+  }
+}

@@ -313,3 +313,67 @@ TEST_CASE("dispatch: a full queue refuses; a request past its deadline fails in 
   CHECK(e.failures[0].why == row_end::expired);
   CHECK(e.failures[0].batch == 0);
 }
+
+TEST_CASE("dispatch: at a step boundary queued requests join, up to the batch size",
+          "[cores][continuous]") {
+  dispatch_fixture f{0ms, 3};
+  auto e = f.d->admit(f.x, 1, f.t, 0);
+  auto id = e.formed.at(0).id;
+  REQUIRE(f.d->leased(id, f.resident(), f.t).started.size() == 1);
+  for (uint64_t k = 2; k <= 5; ++k) CHECK(f.d->admit(f.x, k, f.t, 0).formed.empty());
+  // One row runs: two of the four queued join (batch of 3), in queue order.
+  e = f.d->step_boundary(id, 1, f.t);
+  REQUIRE(e.joins.size() == 1);
+  CHECK(e.joins[0].into == id);
+  CHECK(e.joins[0].id != id);
+  REQUIRE(e.joins[0].rows.size() == 2);
+  CHECK(e.joins[0].rows[0].key == 2);
+  CHECK(e.joins[0].rows[1].key == 3);
+  // Full: nobody joins.
+  CHECK(f.d->step_boundary(id, 3, f.t).joins.empty());
+  // A request that expired in the queue fails at the boundary instead of joining.
+  CHECK(f.d->admit(f.x, 6, f.t, 5).formed.empty());
+  f.t += 10ms;
+  e = f.d->step_boundary(id, 1, f.t);
+  REQUIRE(e.joins.size() == 1);
+  CHECK(e.joins[0].rows.size() == 2);  // keys 4 and 5
+  REQUIRE(e.failures.size() == 1);
+  CHECK(e.failures[0].row.key == 6);
+  CHECK(e.failures[0].why == row_end::expired);
+}
+
+TEST_CASE("dispatch: no joins when off, before the start, or while another model waits",
+          "[cores][continuous]") {
+  SECTION("off") {
+    dispatch_fixture f;
+    batching_options o;
+    o.continuous = false;
+    o.batch_window = 0ms;
+    refusal why;
+    auto d = dispatcher::make(o, 1, &why);
+    auto m = d->add_model("m", 1, 1, {0}, 0);
+    auto id = d->admit(m, 1, f.t, 0).formed.at(0).id;
+    REQUIRE(d->leased(id, f.resident(), f.t).started.size() == 1);
+    d->admit(m, 2, f.t, 0);
+    CHECK(d->step_boundary(id, 1, f.t).joins.empty());
+  }
+  SECTION("another model's batch waits for a device of it") {
+    dispatch_fixture f;
+    auto id = f.d->admit(f.x, 1, f.t, 0).formed.at(0).id;
+    REQUIRE(f.d->leased(id, f.resident(), f.t).started.size() == 1);
+    auto yid = f.d->admit(f.y, 2, f.t, 0).formed.at(0).id;
+    f.d->admit(f.x, 3, f.t, 0);
+    CHECK(f.d->step_boundary(id, 1, f.t).joins.empty());
+    // Once y's batch ran and ended, x's batch takes joins again.
+    f.d->batch_done(id, f.t, true, 0.01, 1);
+    auto e = f.d->leased(yid, f.resident(), f.t);
+    REQUIRE(e.started.size() == 1);
+    f.d->batch_done(yid, f.t, true, 0.01, 1);
+  }
+  SECTION("a batch not started yet") {
+    dispatch_fixture f;
+    auto id = f.d->admit(f.x, 1, f.t, 0).formed.at(0).id;
+    f.d->admit(f.x, 2, f.t, 0);
+    CHECK(f.d->step_boundary(id, 1, f.t).joins.empty());
+  }
+}

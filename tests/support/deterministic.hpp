@@ -69,6 +69,8 @@ struct fake_worker_script {
   std::vector<size_t> sampling_rows;
   /// Per batch, its rows' settings as the prefill gave them, kept as a worker keeps them.
   std::map<uint64_t, std::vector<actors::row_sampling>> batch_sampling;
+  /// Per step, the batch its rows joined (step_request::join_into; 0: none).
+  std::vector<uint64_t> joins;
   /// Holds hanging loads until it receives ok_atom (promises are delivered by their
   /// owner only, so the test releases them through this actor).
   caf::actor holder;
@@ -139,6 +141,7 @@ inline actors::shard_worker_actor::behavior_type fake_worker(
           for (auto k : r.keep) still.push_back(kept.at(static_cast<size_t>(k)));
           kept = std::move(still);
         }
+        script->joins.push_back(r.join_into);
         std::vector<int64_t> next;
         if (r.step == 0)
           next.assign(r.prompts.size(), 7);
@@ -152,6 +155,12 @@ inline actors::shard_worker_actor::behavior_type fake_worker(
             auto lp = static_cast<float>(-static_cast<double>(next[i]) / 100);
             lps[i] = token_logprobs{lp, {next[i]}, {lp}};
           }
+        if (r.join_into != 0) {
+          // The joined rows' settings go after the running batch's, as a worker's samplers.
+          auto& into = script->batch_sampling[r.join_into];
+          into.insert(into.end(), kept.begin(), kept.end());
+          script->batch_sampling.erase(r.batch_id);
+        }
         return step_result{next, 0, lps};
       },
       [=](cancel_atom, std::string&, uint64_t) {},
