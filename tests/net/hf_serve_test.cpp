@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -117,5 +118,59 @@ TEST_CASE("f16 placed on emulated devices is refused naming the device kind", "[
   CHECK(r.exit_code == 1);
   CHECK_THAT(r.all, Catch::Contains("f16 runs only on CUDA devices, and it is placed on emulated "
                                     "devices; use bf16 or f32 there"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a request that joins a running batch gets the tokens it gets alone (OPT TP2 x PP2)",
+          "[net][e2e][continuous]") {
+  auto dir = test::temp_path("join-serve");
+  fs::remove_all(dir);
+  auto spec = *models::find_spec("opt-tiny");
+  REQUIRE_FALSE(models::write_hf_opt_folder(dir + "/repo/m", spec, gpu::dtype::f32, 9, 3));
+  std::ofstream{dir + "/repo/m/computron.json"} << json{{"tp", 2}, {"pp", 2}}.dump();
+  json cfg{{"devices", {{"kind", "emulated"}, {"count", 4}, {"capacity_mb", 64}, {"link_gbps", 1}}},
+           {"http", {{"host", "127.0.0.1"}, {"port", 0}}},
+           {"repository", "repo"}};
+  std::ofstream{dir + "/config.json"} << cfg.dump();
+  {
+    child_process proc{std::vector<std::string>{"/usr/bin/timeout", "300", COMPUTRON_BINARY,
+                                                "serve", "--config", dir + "/config.json"}};
+    auto port = test::wait_for_port(proc);
+    REQUIRE(port > 0);
+    // Greedy: the tokens are the model's, whatever else shares the batch.
+    auto ask = [&](std::vector<int64_t> prompt, int64_t max_tokens) {
+      auto c = std::move(net::http_client::connect("127.0.0.1", port, 5s).value());
+      json body{{"inputs",
+                 {{{"name", "input_ids"},
+                   {"datatype", "INT64"},
+                   {"shape", {1, static_cast<int64_t>(prompt.size())}},
+                   {"data", prompt}}}},
+                {"parameters", {{"max_tokens", max_tokens}}}};
+      auto r = c->request("POST", "/v2/models/m/infer", body.dump(), 60s).value();
+      INFO(r.body);
+      REQUIRE(r.status == 200);
+      return json::parse(r.body);
+    };
+    const std::vector<int64_t> long_prompt{1, 2, 3}, short_prompt{7, 8, 9, 40, 41};
+    auto long_alone = ask(long_prompt, 120)["outputs"][0]["data"];
+    auto short_alone = ask(short_prompt, 6)["outputs"][0]["data"];
+    REQUIRE(long_alone.size() == 120);
+    REQUIRE(short_alone.size() == 6);
+    // The short request arrives while the long one decodes: it joins the long one's batch
+    // (batch_size 2) and still gets its own tokens, and the long one keeps its own. A few
+    // tries, in case a try's long request ended before the short one arrived.
+    int joined = 0;
+    for (int attempt = 0; attempt < 5 && joined == 0; ++attempt) {
+      json long_out;
+      std::thread t{[&] { long_out = ask(long_prompt, 120); }};
+      std::this_thread::sleep_for(std::chrono::milliseconds(50 + 50 * attempt));
+      auto short_out = ask(short_prompt, 6);
+      t.join();
+      CHECK(short_out["outputs"][0]["data"] == short_alone);
+      CHECK(long_out["outputs"][0]["data"] == long_alone);
+      if (short_out["parameters"]["batch_size"] == 2) ++joined;
+    }
+    CHECK(joined == 1);
+  }
   fs::remove_all(dir);
 }
