@@ -40,11 +40,11 @@ void finish_row(manager_pointer self, const batch_ptr& b, size_t r, const std::s
   if (r < b->logprobs.size()) rep.logprobs = std::move(b->logprobs[r]);
   if (r < b->prompt_logprobs.size()) rep.prompt_logprobs = std::move(b->prompt_logprobs[r]);
   rep.queue_ms = sched::seconds_between(q.arrival, q.taken) * 1e3;
-  rep.load_ms = b->load_ms;
+  rep.load_ms = q.joined ? 0 : b->load_ms;
   rep.compute_ms = b->compute_ms;
   rep.total_ms = sched::seconds_between(q.arrival, t) * 1e3;
   rep.batch_size = static_cast<uint32_t>(b->rows.size());
-  rep.swapped = b->swapped;
+  rep.swapped = b->swapped && !q.joined;
   rep.finish_reason = reason;
   rep.stop_id = stop_id;
   q.rp.deliver(std::move(rep));
@@ -167,6 +167,7 @@ void join_rows(manager_pointer self, const batch_ptr& b, const sched::join_plan&
     auto i = st.waiting.find(row.key);
     if (i == st.waiting.end()) continue;  // cancelled in the queue
     i->second.taken = t;
+    i->second.joined = true;
     st.batch_of[i->second.req.id] = b;
     joined.push_back(b->rows.size());
     b->rows.push_back(std::move(i->second));

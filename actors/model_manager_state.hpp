@@ -31,6 +31,8 @@ struct queued_request {
   sched::time_point deadline{};
   /// When it left the queue: into a batch as it formed, or joining a running one.
   sched::time_point taken{};
+  /// It joined a running batch: it waited for no lease or load (continuous batching).
+  bool joined = false;
 };
 
 struct batch {

@@ -64,7 +64,7 @@ std::string check(const sim_config& cfg) {
 
 namespace {
 
-enum class event_kind : uint8_t { tick, load_done, evict_done, compute_done };
+enum class event_kind : uint8_t { tick, load_done, evict_done, step_done };
 
 struct event {
   time_point at;
@@ -83,15 +83,25 @@ struct request {
 };
 
 /// A batch the dispatch core formed, under its number (which is also its waiter number
-/// in the residency core).
+/// in the residency core). It runs step by step, as the manager's do: rows leave as they
+/// finish and queued requests join at step boundaries (continuous batching).
 struct batch {
   uint32_t model = 0;
   std::vector<sched::queued_entry> rows;
+  /// Per row: when it left the queue, tokens still to produce, and whether it joined
+  /// a running batch (then it waited for no lease).
+  std::vector<time_point> taken;
+  std::vector<int64_t> left;
+  std::vector<bool> joined;
   time_point dispatched{};
   time_point leased{};
-  int64_t steps = 1;
+  int64_t steps = 0;
   bool swapped = false;
   double compute_s = 0;
+  /// Rows being prefilled to join (the step in flight is theirs), and when they left the
+  /// queue.
+  std::vector<sched::queued_entry> joining;
+  time_point joining_since{};
 };
 
 /// A load's bytes in flight, per pipeline stage: they flow from `from` and the stage's
@@ -214,8 +224,8 @@ class simulator {
         case event_kind::evict_done:
           carry_out(core_->evict_done(static_cast<model_id>(e.a), now_));
           break;
-        case event_kind::compute_done:
-          compute_done(e.a);
+        case event_kind::step_done:
+          step_done(e.a);
           break;
       }
     }
@@ -257,10 +267,22 @@ class simulator {
     for (auto& s : e.started) {
       auto& b = batches_.at(s.id);
       b.rows = std::move(s.rows);
-      push(run_compute(b, s.start), event_kind::compute_done, s.id);
+      b.taken.assign(b.rows.size(), b.dispatched);
+      b.joined.assign(b.rows.size(), false);
+      b.left.clear();
+      int64_t prompt_tokens = 0;
+      for (auto& row : b.rows) {
+        b.left.push_back(requests_[row.key].max_tokens);
+        prompt_tokens += requests_[row.key].prompt_len;
+      }
+      push(run_step(b, s.start, prompt_tokens), event_kind::step_done, s.id);
     }
     for (auto& f : e.formed) {
-      batches_[f.id] = batch{f.model, std::move(f.rows), now_, {}, 1, false, 0};
+      batch b;
+      b.model = f.model;
+      b.rows = std::move(f.rows);
+      b.dispatched = now_;
+      batches_[f.id] = std::move(b);
       carry_out(core_->acquire(f.model, f.id, now_));
     }
     for (auto t : e.ticks) push(t, event_kind::tick, 0);
@@ -340,51 +362,40 @@ class simulator {
          m);
   }
 
-  /// When a batch started at `start` finishes: every step passes every stage in order,
-  /// each device one stage job at a time, whatever its model (the workers' compute lanes;
-  /// the gate lets up to pp batches of a placement in, one per stage).
-  time_point run_compute(batch& b, time_point start) {
+  /// When one forward step of `tokens` tokens (prompt tokens at a prefill, one per row
+  /// after) started at `start` ends: it passes every stage in order, each device one
+  /// stage job at a time, whatever its model (the workers' compute lanes; the gate lets up
+  /// to pp batches of a placement in, one per stage).
+  time_point run_step(batch& b, time_point start, int64_t tokens) {
     auto& sm = cfg_.models[b.model];
-    int64_t steps = 1, prompt_tokens = 0;
-    for (auto& e : b.rows) {
-      auto& r = requests_[e.key];
-      steps = std::max(steps, r.max_tokens);
-      prompt_tokens += r.prompt_len;
-    }
     auto& loads = stage_loads_[b.model];
     const auto pp = static_cast<size_t>(sm.pp);
     const auto layers = static_cast<int64_t>(sm.layers);
     auto t = start;
-    double busy = 0;
-    for (int64_t step = 0; step < steps; ++step) {
-      auto tokens = step == 0 ? prompt_tokens : static_cast<int64_t>(b.rows.size());
-      double stage_s = (sm.step_s + sm.step_per_token_s * static_cast<double>(tokens)) /
-                           static_cast<double>(pp) +
-                       cfg_.cost.stage_overhead_s;
-      for (size_t k = 0; k < pp; ++k) {
-        // A stage runs on its devices' compute lanes, one job at a time per device,
-        // whichever model the job is of.
-        const auto tp = static_cast<size_t>(sm.tp);
-        for (size_t r = 0; r < tp; ++r)
-          t = std::max(t, device_free_[static_cast<size_t>(sm.devices[k * tp + r])]);
-        if (t >= loads[k].to) {
-          t += sched::from_seconds(stage_s);
-        } else {
-          // The stage's bytes still arrive: layer i waits for the chunk holding the last
-          // of the first (i+1)/layers of them.
-          auto span = loads[k].to - loads[k].from;
-          for (int64_t i = 0; i < layers; ++i) {
-            t = std::max(t, loads[k].from + ready_after(span, loads[k].bytes, i + 1, layers));
-            t += sched::from_seconds(stage_s / static_cast<double>(layers));
-          }
+    double stage_s =
+        (sm.step_s + sm.step_per_token_s * static_cast<double>(tokens)) / static_cast<double>(pp) +
+        cfg_.cost.stage_overhead_s;
+    for (size_t k = 0; k < pp; ++k) {
+      // A stage runs on its devices' compute lanes, one job at a time per device,
+      // whichever model the job is of.
+      const auto tp = static_cast<size_t>(sm.tp);
+      for (size_t r = 0; r < tp; ++r)
+        t = std::max(t, device_free_[static_cast<size_t>(sm.devices[k * tp + r])]);
+      if (t >= loads[k].to) {
+        t += sched::from_seconds(stage_s);
+      } else {
+        // The stage's bytes still arrive: layer i waits for the chunk holding the last
+        // of the first (i+1)/layers of them.
+        auto span = loads[k].to - loads[k].from;
+        for (int64_t i = 0; i < layers; ++i) {
+          t = std::max(t, loads[k].from + ready_after(span, loads[k].bytes, i + 1, layers));
+          t += sched::from_seconds(stage_s / static_cast<double>(layers));
         }
-        for (size_t r = 0; r < tp; ++r)
-          device_free_[static_cast<size_t>(sm.devices[k * tp + r])] = t;
-        busy += stage_s;
       }
+      for (size_t r = 0; r < tp; ++r) device_free_[static_cast<size_t>(sm.devices[k * tp + r])] = t;
+      b.compute_s += stage_s;
     }
-    b.compute_s = busy;
-    b.steps = steps;
+    ++b.steps;
     return t;
   }
 
@@ -400,29 +411,81 @@ class simulator {
         span * (static_cast<double>(upto) / static_cast<double>(bytes)));
   }
 
-  void compute_done(sched::batch_id id) {
-    auto i = batches_.find(id);
-    if (i == batches_.end()) return;
-    auto b = std::move(i->second);
-    batches_.erase(i);
-    auto& sm = cfg_.models[b.model];
-    for (auto& e : b.rows) {
-      auto& r = requests_[e.key];
-      if (!r.measured) continue;
-      workload::request_record rec;
-      rec.model = sm.name;
-      rec.arrival_s = rel(r.arrival);
-      rec.sent_s = rec.arrival_s;
-      rec.done_s = rel(now_) + cfg_.cost.request_overhead_s;
-      rec.status = 200;
-      rec.swapped = b.swapped;
-      rec.queue_ms = sched::seconds_between(r.arrival, b.dispatched) * 1e3;
-      rec.load_ms = sched::seconds_between(b.dispatched, b.leased) * 1e3;
-      rec.compute_ms = b.compute_s * 1e3;
-      records_.emplace_back(e.key, std::move(rec));
-    }
+  /// Row `i` of a batch is answered now.
+  void answer(const batch& b, size_t i) {
+    auto& r = requests_[b.rows[i].key];
     last_done_ = std::max(last_done_, now_);
-    carry_out(disp_->batch_done(id, now_, true, b.compute_s, b.steps));
+    if (!r.measured) return;
+    workload::request_record rec;
+    rec.model = cfg_.models[b.model].name;
+    rec.arrival_s = rel(r.arrival);
+    rec.sent_s = rec.arrival_s;
+    rec.done_s = rel(now_) + cfg_.cost.request_overhead_s;
+    rec.status = 200;
+    rec.swapped = b.swapped && !b.joined[i];
+    rec.queue_ms = sched::seconds_between(r.arrival, b.taken[i]) * 1e3;
+    rec.load_ms = b.joined[i] ? 0 : sched::seconds_between(b.dispatched, b.leased) * 1e3;
+    rec.compute_ms = b.compute_s * 1e3;
+    records_.emplace_back(b.rows[i].key, std::move(rec));
+  }
+
+  /// A step of a batch ended: every row it ran has one more token; rows that are done
+  /// are answered and leave; at the boundary queued requests may join (their prefill is
+  /// the next step), else the rest decode on, or the batch ends.
+  void step_done(sched::batch_id id) {
+    auto it = batches_.find(id);
+    if (it == batches_.end()) return;
+    auto& b = it->second;
+    if (!b.joining.empty()) {
+      for (auto& row : b.joining) {
+        b.rows.push_back(row);
+        b.taken.push_back(b.joining_since);
+        b.left.push_back(requests_[row.key].max_tokens - 1);
+        b.joined.push_back(true);
+      }
+      b.joining.clear();
+    } else {
+      for (auto& l : b.left) --l;
+    }
+    std::vector<sched::queued_entry> rows;
+    std::vector<time_point> taken;
+    std::vector<int64_t> left;
+    std::vector<bool> joined;
+    for (size_t i = 0; i < b.rows.size(); ++i) {
+      if (b.left[i] <= 0) {
+        answer(b, i);
+        continue;
+      }
+      rows.push_back(b.rows[i]);
+      taken.push_back(b.taken[i]);
+      left.push_back(b.left[i]);
+      joined.push_back(b.joined[i]);
+    }
+    b.rows = std::move(rows);
+    b.taken = std::move(taken);
+    b.left = std::move(left);
+    b.joined = std::move(joined);
+    if (b.rows.empty()) {
+      auto compute_s = b.compute_s;
+      auto steps = b.steps;
+      batches_.erase(it);
+      carry_out(disp_->batch_done(id, now_, true, compute_s, steps));
+      return;
+    }
+    auto e = disp_->step_boundary(id, b.rows.size(), now_);
+    auto joins = std::move(e.joins);
+    carry_out(std::move(e));
+    auto& bb = batches_.at(id);
+    if (joins.empty()) {
+      push(run_step(bb, now_, static_cast<int64_t>(bb.rows.size())), event_kind::step_done, id);
+      return;
+    }
+    // The joiners' prefill, as its own step (the manager's join_rows).
+    int64_t prompt_tokens = 0;
+    bb.joining_since = now_;
+    for (auto& row : joins.front().rows) prompt_tokens += requests_[row.key].prompt_len;
+    bb.joining = std::move(joins.front().rows);
+    push(run_step(bb, now_, prompt_tokens), event_kind::step_done, id);
   }
 
   const sim_config& cfg_;

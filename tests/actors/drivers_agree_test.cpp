@@ -54,6 +54,9 @@ struct model_def {
 struct arrival_def {
   double at_ms = 0;
   std::string model;
+  /// Tokens to generate: above 1 the batch decodes step by step, and with continuous
+  /// batching later requests join it at its step boundaries.
+  int64_t max_tokens = 1;
 };
 
 struct scenario {
@@ -201,7 +204,7 @@ effects run_simulator(const scenario& s) {
   }
   for (auto& a : s.arrivals) {
     auto i = std::find(w.models.begin(), w.models.end(), a.model) - w.models.begin();
-    w.arrivals.push_back({a.at_ms / 1e3, static_cast<uint32_t>(i), 0, 0});
+    w.arrivals.push_back({a.at_ms / 1e3, static_cast<uint32_t>(i), 0, a.max_tokens});
   }
   w.duration_s = s.arrivals.back().at_ms / 1e3 + 1;
   std::string error;
@@ -490,7 +493,7 @@ struct actors_driver {
       infer_request r;
       r.model = s.arrivals[i].model;
       r.tokens = {1, 2, 3};
-      r.max_tokens = 1;
+      r.max_tokens = s.arrivals[i].max_tokens;
       r.id = i + 1;
       sys.spawn(client, manager, r, outcomes, i, &world);
     }
@@ -649,4 +652,32 @@ TEST_CASE("the actors and the simulator agree on one cold request, compute while
   // Window 5 ms + tick 0.1 ms, load 60 ms + tick 0.1 ms (the batch is due when the load
   // ends and starts at the tick armed for then, in both drivers), step 30 ms.
   CHECK(simulated.outcomes[0].done_s == Approx(0.0952).margin(1e-6));
+}
+
+TEST_CASE("the actors and the simulator agree on continuous batching: joins and leaves",
+          "[drivers][continuous]") {
+  // One model, 10 ms steps: a long request decodes; two short ones arrive while it runs
+  // and join it at step boundaries (one prefill step for them), leave when done, and a
+  // request of another model waits for the device, so a later one of the first does not
+  // join but waits for the batch to end.
+  for (bool continuous : {true, false}) {
+    INFO("continuous " << continuous);
+    scenario s;
+    s.capacity_bytes = {100 * mb};
+    s.models = {{"a", 1, {0}, 10 * mb, 10}, {"b", 1, {0}, 10 * mb, 10}};
+    s.batching.max_batch_size = 4;
+    s.batching.batch_window = 5ms;
+    s.batching.continuous = continuous;
+    s.arrivals = {{0, "a", 20},  {52, "a", 3},  {54.5, "a", 2},
+                  {101, "b", 2}, {123, "a", 4}, {400, "a", 3}};
+    auto simulated = check_drivers_agree(s);
+    REQUIRE(simulated.outcomes.size() == 6);
+    for (auto& o : simulated.outcomes) CHECK(o.status == 200);
+    // The short requests are answered long before the long one with joins, after it
+    // without.
+    if (continuous)
+      CHECK(simulated.outcomes[1].done_s < simulated.outcomes[0].done_s);
+    else
+      CHECK(simulated.outcomes[1].done_s > simulated.outcomes[0].done_s);
+  }
 }
