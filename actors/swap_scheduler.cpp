@@ -87,11 +87,13 @@ std::vector<shard_worker_actor> workers_of(sched_pointer self, model_id id) {
   return ws;
 }
 
-void note_reports(sched_pointer self, const std::vector<transfer_report>& reports) {
+/// What the workers said of their free blocks with a transfer.
+std::vector<sched::free_block> free_blocks(const std::vector<transfer_report>& reports) {
+  std::vector<sched::free_block> out;
   for (auto& r : reports)
     if (r.largest_free_bytes >= 0)
-      self->state.core->ledger().note_largest_free(static_cast<size_t>(r.device),
-                                                   static_cast<uint64_t>(r.largest_free_bytes));
+      out.push_back({static_cast<size_t>(r.device), static_cast<uint64_t>(r.largest_free_bytes)});
+  return out;
 }
 
 /// The models resident now, for lease::resident; empty when the set has not changed since
@@ -170,8 +172,7 @@ void start_evict(sched_pointer self, model_id id) {
       self, workers_of(self, id), self->state.opts.load_timeout,
       [=](std::vector<transfer_report> reports) {
         auto& st = self->state;
-        auto e = st.core->evict_done(id, now(self));
-        note_reports(self, reports);
+        auto e = st.core->evict_done(id, now(self), free_blocks(reports));
         for (auto& r : reports)
           st.opts.obs->transfer_done(name, r.device, false, r.bytes, t0, r.seconds);
         publish_usage(self);
@@ -212,8 +213,7 @@ void finish_load(sched_pointer self, model_id id, double t0) {
       self, workers_of(self, id), self->state.opts.load_timeout,
       [=](std::vector<transfer_report> reports) {
         auto& st = self->state;
-        auto e = st.core->load_done(id, now(self));
-        note_reports(self, reports);
+        auto e = st.core->load_done(id, now(self), free_blocks(reports));
         for (auto& r : reports)
           st.opts.obs->transfer_done(name, r.device, true, r.bytes, t0, r.seconds);
         publish_usage(self);

@@ -129,9 +129,11 @@ residency_effects residency::load_started(model_id id, time_point now) {
   return out;
 }
 
-residency_effects residency::load_done(model_id id, time_point now) {
+residency_effects residency::load_done(model_id id, time_point now,
+                                       const std::vector<free_block>& free) {
   residency_effects out;
   ledger_->load_done(id, now);
+  for (auto& f : free) ledger_->note_largest_free(f.device, f.bytes);
   grant_waiting(id, now, out);
   auto loads = std::move(of(id).loads);
   of(id).loads.clear();
@@ -150,9 +152,11 @@ residency_effects residency::load_failed(model_id id, const refusal& why, time_p
   return out;
 }
 
-residency_effects residency::evict_done(model_id id, time_point now) {
+residency_effects residency::evict_done(model_id id, time_point now,
+                                        const std::vector<free_block>& free) {
   residency_effects out;
   ledger_->evict_done(id);
+  for (auto& f : free) ledger_->note_largest_free(f.device, f.bytes);
   auto ws = std::move(of(id).evictions);
   of(id).evictions.clear();
   for (auto w : ws) out.done.push_back({w, id});

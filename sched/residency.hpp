@@ -35,6 +35,12 @@ struct waiter_done {
   model_id model = 0;
 };
 
+/// The largest contiguous free block a device reported after a transfer.
+struct free_block {
+  size_t device = 0;
+  uint64_t bytes = 0;
+};
+
 struct waiter_failure {
   waiter_id waiter = 0;
   model_id model = 0;
@@ -89,10 +95,14 @@ class residency {
   residency_effects release(model_id id, time_point now, bool* ok = nullptr);
   /// Every shard of a loading model has its copies queued (compute while loading).
   residency_effects load_started(model_id id, time_point now);
-  residency_effects load_done(model_id id, time_point now);
+  /// `free` (the devices' reports with the transfer) is noted before the pass that follows
+  /// plans room: a stale, fragmented block would make it evict more than it needs.
+  residency_effects load_done(model_id id, time_point now,
+                              const std::vector<free_block>& free = {});
   /// `why` is what its waiters hear.
   residency_effects load_failed(model_id id, const refusal& why, time_point now);
-  residency_effects evict_done(model_id id, time_point now);
+  residency_effects evict_done(model_id id, time_point now,
+                               const std::vector<free_block>& free = {});
   /// A failed eviction: its copy is in an unknown state and stays accounted as resident,
   /// unless a device of the model is lost (then it is gone, and the eviction is done).
   residency_effects evict_failed(model_id id, const refusal& why, time_point now);

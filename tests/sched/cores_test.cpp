@@ -377,3 +377,30 @@ TEST_CASE("dispatch: no joins when off, before the start, or while another model
     CHECK(f.d->step_boundary(id, 1, f.t).joins.empty());
   }
 }
+
+TEST_CASE("residency: the free blocks a transfer reports count in the pass it triggers",
+          "[cores]") {
+  // a and b fill 80 of 100 MB; b's load reports a largest free block of 20 MB. c (40 MB)
+  // needs a's room: once a's eviction reports a 60 MB block, c starts, and b stays.
+  refusal why;
+  auto core = residency::make({{100 * mb, 10}}, {}, &why);
+  REQUIRE(core);
+  auto add = [&](const char* name) {
+    return *core->ledger().add(name, {{0}, {40 * mb}, false, 0}, &why);
+  };
+  auto a = add("a"), b = add("b"), c = add("c");
+  time_point t{};
+  for (auto m : {a, b}) {
+    core->acquire(m, 1, t);
+    core->load_started(m, t);
+    core->load_done(m, t, {{0, m == a ? 60 * mb : 20 * mb}});
+    core->release(m, t);
+    t += 1ms;
+  }
+  auto e = core->acquire(c, 2, t);
+  REQUIRE(e.evictions == std::vector<model_id>{a});
+  e = core->evict_done(a, t, {{0, 60 * mb}});
+  CHECK(e.evictions.empty());
+  CHECK(e.loads == std::vector<model_id>{c});
+  CHECK(core->ledger().state_of(b) == model_state::resident);
+}
