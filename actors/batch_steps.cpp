@@ -18,12 +18,13 @@ namespace computron::actors::manager_detail {
 
 void reply_error(manager_pointer self, queued_request& q, const caf::error& err) {
   self->state.batch_of.erase(q.req.id);
-  q.rp.deliver(err);
   auto outcome = is(err, ec::deadline_exceeded) ? "deadline_exceeded"
                  : is(err, ec::cancelled)       ? "cancelled"
                                                 : "error";
+  // Counted before the answer leaves: a client that reads the metrics next sees it.
   self->state.opts.obs->request_done(q.req.model, outcome,
                                      sched::seconds_between(q.arrival, now(self)));
+  q.rp.deliver(err);
 }
 
 /// Answers one row: its tokens so far and why it ended.
@@ -34,6 +35,15 @@ void finish_row(manager_pointer self, const batch_ptr& b, size_t r, const std::s
   st.batch_of.erase(q.req.id);
   auto t = now(self);
   infer_reply rep;
+  request_timeline tl;
+  tl.queue_s = sched::seconds_between(q.arrival, q.taken);
+  tl.swap_s = q.joined ? 0 : b->load_ms / 1e3;
+  if (q.first_token != sched::time_point{})
+    tl.ttft_s = sched::seconds_between(q.arrival, q.first_token);
+  tl.itl_s = std::move(q.itl_s);
+  tl.e2e_s = sched::seconds_between(q.arrival, t);
+  tl.prompt_tokens = static_cast<int64_t>(q.req.tokens.size());
+  if (r < b->outputs.size()) tl.generation_tokens = static_cast<int64_t>(b->outputs[r].size());
   rep.id = q.req.id;
   rep.model = b->model;
   if (r < b->outputs.size()) rep.tokens = std::move(b->outputs[r]);
@@ -47,9 +57,20 @@ void finish_row(manager_pointer self, const batch_ptr& b, size_t r, const std::s
   rep.swapped = b->swapped && !q.joined;
   rep.finish_reason = reason;
   rep.stop_id = stop_id;
-  q.rp.deliver(std::move(rep));
+  // Counted before the answer leaves: a client that reads the metrics next sees it (and
+  // no longer running).
+  if (b->running > 0) set_running(self, b, b->running - 1);
   st.opts.obs->request_done(b->model, reason == "cancelled" ? "cancelled" : "ok",
                             sched::seconds_between(q.arrival, t));
+  st.opts.obs->request_timeline(b->model, tl);
+  q.rp.deliver(std::move(rep));
+}
+
+void set_running(manager_pointer self, const batch_ptr& b, size_t rows) {
+  auto& n = self->state.running[b->model];
+  n = n + rows - std::min(n, b->running);
+  b->running = rows;
+  self->state.opts.obs->running_requests(b->model, n);
 }
 
 /// Ends a batch: on error every row still running fails with it; either way the model,
@@ -57,6 +78,7 @@ void finish_row(manager_pointer self, const batch_ptr& b, size_t r, const std::s
 void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* err) {
   auto& st = self->state;
   auto& m = st.models.at(b->model);
+  set_running(self, b, 0);
   if (err || !b->caches_dropped)
     for (auto& w : m.cfg.devices)
       self->send(st.workers[static_cast<size_t>(w)], cancel_atom_v, b->model, b->id);
@@ -121,10 +143,16 @@ bool take_token(manager_pointer self, const batch_ptr& b, size_t r, size_t p, st
                 bool prefill) {
   auto& q = b->rows[r];
   auto token = res.tokens[p];
+  auto t = now(self);
+  if (q.first_token == sched::time_point{})
+    q.first_token = t;
+  else
+    q.itl_s.push_back(sched::seconds_between(q.last_token, t));
+  q.last_token = t;
   if (prefill && p < res.prompt_logprobs.size())
     b->prompt_logprobs[r] = std::move(res.prompt_logprobs[p]);
   if (b->cancelled.count(q.req.id) > 0) {
-    finish_row(self, b, r, "cancelled");
+    finish_row(self, b, r, b->completed.count(q.req.id) > 0 ? "stop" : "cancelled");
     return false;
   }
   auto& stops = q.req.stop_ids;
@@ -191,6 +219,7 @@ void join_rows(manager_pointer self, const batch_ptr& b, const sched::join_plan&
   // An error from here on fails the joined rows with the others.
   auto going = b->sent;
   b->sent.insert(b->sent.end(), joined.begin(), joined.end());
+  set_running(self, b, b->sent.size());
   ++b->steps;
   const auto pp = st.models.at(b->model).cfg.pp;
   send_step(self, b, std::move(req), st.opts.step_timeout * static_cast<int>(pp),
@@ -203,6 +232,7 @@ void join_rows(manager_pointer self, const batch_ptr& b, const sched::join_plan&
                   keep.push_back(static_cast<int32_t>(previous + j));
                 }
               b->sent = std::move(going);
+              set_running(self, b, b->sent.size());
               if (b->sent.empty()) {
                 finish_batch(self, b, nullptr);
                 return;
@@ -258,6 +288,7 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vecto
       }
     const auto previous = b->sent.size();
     b->sent = std::move(next);
+    set_running(self, b, b->sent.size());
     if (b->sent.empty()) {
       finish_batch(self, b, nullptr);
       return;

@@ -36,7 +36,7 @@ frontend_actor::behavior_type frontend(frontend_pointer self, serving_actor back
     auto& st = self->state;
     auto i = st.asked_by.find(dm.source);
     if (i == st.asked_by.end()) return;
-    for (auto id : i->second) self->send(st.backend, cancel_atom_v, id);
+    for (auto id : i->second) self->send(st.backend, cancel_atom_v, id, false);
     st.asked_by.erase(i);
   });
   return {
@@ -94,7 +94,9 @@ frontend_actor::behavior_type frontend(frontend_pointer self, serving_actor back
                 });
         return rp;
       },
-      [=](cancel_atom a, uint64_t id) { self->send(self->state.backend, a, id); },
+      [=](cancel_atom a, uint64_t id, bool complete) {
+        self->send(self->state.backend, a, id, complete);
+      },
       [=](list_atom a) { return self->delegate(self->state.backend, a); },
       [=](info_atom a, std::string& m) {
         return self->delegate(self->state.backend, a, std::move(m));

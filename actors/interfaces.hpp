@@ -107,7 +107,7 @@ using swap_scheduler_actor = caf::typed_actor<
 
 /// Receives a request's tokens as they are generated (infer_request::stream): (id,
 /// stream_row, token, its log-probabilities when the request asked for them). The sender
-/// is the model manager, which takes (cancel_atom, id).
+/// is the model manager, which takes (cancel_atom, id, complete).
 using token_sink_actor =
     caf::typed_actor<caf::reacts_to<token_atom, uint64_t, uint32_t, int64_t, token_logprobs>>;
 
@@ -126,10 +126,12 @@ using serving_actor = caf::typed_actor<
     caf::replies_to<unload_atom, std::string>::with<model_info>,
     /// Every device's report.
     caf::replies_to<devices_atom>::with<std::vector<device_report>>,
-    /// Ends a request early (its client went away, or its stream receiver saw enough):
-    /// queued, it fails as cancelled; running, its row leaves the batch after this step.
-    /// Ids are the frontend's (infer_request::id); an unknown id is ignored.
-    caf::reacts_to<cancel_atom, uint64_t>>::extend_with<status_reporter_actor>;
+    /// Ends a request early: its client went away (`complete` false: queued, it fails as
+    /// cancelled; running, its row leaves the batch after this step and counts as
+    /// cancelled), or its stream receiver has all it wants (`complete` true: a stop string
+    /// appeared; the row leaves the same way and counts as a success that stopped). Ids are
+    /// the frontend's (infer_request::id); an unknown id is ignored.
+    caf::reacts_to<cancel_atom, uint64_t, bool>>::extend_with<status_reporter_actor>;
 
 /// The model registry, per-model queues, batching and dispatch.
 using model_manager_actor = serving_actor::extend<

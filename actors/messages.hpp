@@ -417,7 +417,7 @@ struct infer_request {
   std::vector<int64_t> stop_ids;
   /// Receives each token as soon as it exists (a token_sink_actor, actors/interfaces.hpp;
   /// untyped here because that header includes this one). It may answer the sender, the
-  /// model manager, with (cancel_atom, id) to end the row early. Null: no streaming.
+  /// model manager, with (cancel_atom, id, complete) to end the row early. Null: no streaming.
   caf::actor stream;
   uint32_t stream_row = 0;
 };

@@ -162,6 +162,7 @@ void run_batch(manager_pointer self, const batch_ptr& b, const sched::started_ba
   b->sent.clear();
   for (size_t r = 0; r < b->rows.size(); ++r) b->sent.push_back(r);
   b->run_s = now_s();
+  set_running(self, b, b->sent.size());
   run_step(self, b, 0, {});
 }
 
@@ -256,11 +257,12 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
         carry_out(self, std::move(e));
         return rp;
       },
-      [=](cancel_atom, uint64_t id) {
+      [=](cancel_atom, uint64_t id, bool complete) {
         auto& st = self->state;
         if (auto i = st.batch_of.find(id); i != st.batch_of.end()) {
           auto& b = *i->second;
           b.cancelled.insert(id);
+          if (complete) b.completed.insert(id);
           for (auto& q : b.rows)
             if (q.req.id == id) st.disp->cancel(b.id, q.key);
           return;

@@ -33,6 +33,11 @@ struct queued_request {
   sched::time_point taken{};
   /// It joined a running batch: it waited for no lease or load (continuous batching).
   bool joined = false;
+  /// When its first and latest tokens came, and the gaps between its tokens (the
+  /// request_timeline the observer gets).
+  sched::time_point first_token{};
+  sched::time_point last_token{};
+  std::vector<double> itl_s{};
 };
 
 struct batch {
@@ -51,8 +56,12 @@ struct batch {
   /// Request ids whose cancel arrived while they were in this batch (the dispatch core
   /// hears of it too, and fails those rows if the batch has not started).
   std::set<uint64_t> cancelled;
+  /// Those of them whose client has all it wants (a stop string): they end as "stop".
+  std::set<uint64_t> completed;
   /// The last step sent was marked last, so the workers dropped the batch's caches.
   bool caches_dropped = false;
+  /// Rows counted as running in model_manager_state::running (see set_running).
+  size_t running = 0;
   sched::time_point dispatched{};
   /// When its first step started, on the trace clock (now_s): the span it reports is
   /// measured on that one clock, so that spans of batches that follow each other never
@@ -117,6 +126,8 @@ struct model_manager_state {
   uint64_t next_key = 1;
   /// Batches formed and not yet started (waiting for a lease, devices or a tick).
   std::unordered_map<sched::batch_id, batch_ptr> pending;
+  /// Rows running per model (the running-requests gauge).
+  std::map<std::string, size_t> running;
 
   sched::batcher& queues() { return disp->queues(); }
 };
@@ -156,6 +167,8 @@ void reply_error(manager_pointer self, queued_request& q, const caf::error& err)
 /// Ends a batch: on error every row still running fails with it; either way the model,
 /// its devices and (where the last step did not) the workers' caches are released.
 void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* err);
+/// The batch runs `rows` rows now: the model's running count and gauge follow.
+void set_running(manager_pointer self, const batch_ptr& b, size_t rows);
 /// Runs step `step` of the rows in b->sent; `keep` says which rows of the previous step
 /// they are (empty: all).
 void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vector<int32_t> keep);

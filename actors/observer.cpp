@@ -13,6 +13,12 @@ class fan_out final : public observer {
   void queue_depth(const std::string& m, size_t d) override {
     for (auto& p : parts_) p->queue_depth(m, d);
   }
+  void running_requests(const std::string& m, size_t rows) override {
+    for (auto& p : parts_) p->running_requests(m, rows);
+  }
+  void request_timeline(const std::string& m, const struct request_timeline& t) override {
+    for (auto& p : parts_) p->request_timeline(m, t);
+  }
   void batch_done(const std::string& m, const std::vector<int32_t>& d, size_t rows, double start,
                   double s) override {
     for (auto& p : parts_) p->batch_done(m, d, rows, start, s);

@@ -16,6 +16,24 @@ namespace computron::actors {
 /// Seconds on the steady clock since the first call in this process (trace timestamps).
 double now_s();
 
+/// One request's timeline as LLM operators chart it (vLLM's meanings), reported when a
+/// request that ran ends (a success, or a row cancelled while it ran).
+struct request_timeline {
+  /// From its arrival at the model's queue to leaving it (into a batch, or joining one).
+  double queue_s = 0;
+  /// Waiting for its model's load (a swap); 0 when the model was resident or it joined
+  /// a running batch.
+  double swap_s = 0;
+  /// From its arrival to its first token; negative when it produced none.
+  double ttft_s = -1;
+  /// Between its consecutive tokens (inter-token latency), in order.
+  std::vector<double> itl_s{};
+  /// From its arrival to its answer.
+  double e2e_s = 0;
+  int64_t prompt_tokens = 0;
+  int64_t generation_tokens = 0;
+};
+
 class observer {
  public:
   virtual ~observer() = default;
@@ -23,6 +41,10 @@ class observer {
   virtual void request_done(const std::string& model, const std::string& outcome, double seconds) {}
   /// Requests waiting in the model's queue.
   virtual void queue_depth(const std::string& model, size_t depth) {}
+  /// Rows of the model's batches running now.
+  virtual void running_requests(const std::string& model, size_t rows) {}
+  /// A request that ran ended (after request_done): its timeline.
+  virtual void request_timeline(const std::string& model, const request_timeline& t) {}
   /// A batch of `rows` sequences ran on `devices` from `start_s` for `seconds`.
   virtual void batch_done(const std::string& model, const std::vector<int32_t>& devices,
                           size_t rows, double start_s, double seconds) {}

@@ -78,8 +78,8 @@ serving_actor::behavior_type router(serving_actor::stateful_pointer<router_state
         return self->delegate(caf::actor_cast<serving_actor>(*m), a, std::move(model));
       },
       // Ids are the frontend's, unique across pools: the one pool that holds it acts.
-      [=](cancel_atom a, uint64_t id) {
-        for (auto& m : self->state.managers) self->send(m, a, id);
+      [=](cancel_atom a, uint64_t id, bool complete) {
+        for (auto& m : self->state.managers) self->send(m, a, id, complete);
       },
       [=](devices_atom) -> caf::result<std::vector<device_report>> {
         auto rp = self->make_response_promise<std::vector<device_report>>();

@@ -92,6 +92,49 @@ struct metrics::impl {
                                              .Name("computron_model_bytes_loaded_total")
                                              .Help("Bytes loaded, by model and device")
                                              .Register(*reg);
+  // The series LLM operators chart, with vLLM's meanings (per model).
+  pm::Family<pm::Histogram>& ttft = pm::BuildHistogram()
+                                        .Name("computron_time_to_first_token_seconds")
+                                        .Help("From a request's arrival to its first token")
+                                        .Register(*reg);
+  pm::Family<pm::Histogram>& itl =
+      pm::BuildHistogram()
+          .Name("computron_inter_token_latency_seconds")
+          .Help("Between consecutive tokens of a request (time per output token)")
+          .Register(*reg);
+  pm::Family<pm::Histogram>& e2e = pm::BuildHistogram()
+                                       .Name("computron_e2e_request_latency_seconds")
+                                       .Help(
+                                           "From a request's arrival to its answer, for "
+                                           "requests that ran")
+                                       .Register(*reg);
+  pm::Family<pm::Histogram>& queue_time = pm::BuildHistogram()
+                                              .Name("computron_request_queue_time_seconds")
+                                              .Help("Time a request waited in its model's queue")
+                                              .Register(*reg);
+  pm::Family<pm::Histogram>& swap_wait =
+      pm::BuildHistogram()
+          .Name("computron_request_swap_wait_seconds")
+          .Help("Time a request's batch waited for its model's load (0 when resident)")
+          .Register(*reg);
+  pm::Family<pm::Counter>& prompt_tokens = pm::BuildCounter()
+                                               .Name("computron_prompt_tokens_total")
+                                               .Help("Prompt tokens of requests that ran")
+                                               .Register(*reg);
+  pm::Family<pm::Counter>& generation_tokens = pm::BuildCounter()
+                                                   .Name("computron_generation_tokens_total")
+                                                   .Help("Tokens generated")
+                                                   .Register(*reg);
+  pm::Family<pm::Gauge>& running = pm::BuildGauge()
+                                       .Name("computron_requests_running")
+                                       .Help(
+                                           "Rows of a model's batches running now (waiting: "
+                                           "computron_queue_depth)")
+                                       .Register(*reg);
+  pm::Family<pm::Counter>& http = pm::BuildCounter()
+                                      .Name("computron_http_responses_total")
+                                      .Help("HTTP responses by status code and route family")
+                                      .Register(*reg);
   pm::Gauge& resident_gauge = resident.Add({});
   pm::Histogram& rows_hist =
       batch_rows.Add({}, pm::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64});
@@ -118,6 +161,36 @@ void metrics::request_done(const std::string& model, const std::string& outcome,
 
 void metrics::queue_depth(const std::string& model, size_t depth) {
   impl_->queue.Add({{"model", model}}).Set(static_cast<double>(depth));
+}
+
+void metrics::running_requests(const std::string& model, size_t rows) {
+  impl_->running.Add({{"model", model}}).Set(static_cast<double>(rows));
+}
+
+void metrics::request_timeline(const std::string& model, const actors::request_timeline& t) {
+  // vLLM's buckets, so dashboards built for it read ours.
+  static const pm::Histogram::BucketBoundaries ttft_b{
+      0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
+      1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+  static const pm::Histogram::BucketBoundaries itl_b{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
+                                                     0.3,  0.4,   0.5,  0.75,  1.0, 2.5,  5.0,
+                                                     7.5,  10.0,  20.0, 40.0,  80.0};
+  static const pm::Histogram::BucketBoundaries e2e_b{
+      0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
+      30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+  pm::Labels l{{"model", model}};
+  if (t.ttft_s >= 0) impl_->ttft.Add(l, ttft_b).Observe(t.ttft_s);
+  auto& itl = impl_->itl.Add(l, itl_b);
+  for (auto s : t.itl_s) itl.Observe(s);
+  impl_->e2e.Add(l, e2e_b).Observe(t.e2e_s);
+  impl_->queue_time.Add(l, e2e_b).Observe(t.queue_s);
+  impl_->swap_wait.Add(l, ttft_b).Observe(t.swap_s);
+  impl_->prompt_tokens.Add(l).Increment(static_cast<double>(t.prompt_tokens));
+  impl_->generation_tokens.Add(l).Increment(static_cast<double>(t.generation_tokens));
+}
+
+void metrics::http_response(const std::string& route, int status) {
+  impl_->http.Add({{"code", std::to_string(status)}, {"route", route}}).Increment();
 }
 
 void metrics::batch_done(const std::string& model, const std::vector<int32_t>&, size_t rows, double,

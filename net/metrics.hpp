@@ -19,6 +19,11 @@ class metrics final : public actors::observer {
 
   void request_done(const std::string& model, const std::string& outcome, double seconds) override;
   void queue_depth(const std::string& model, size_t depth) override;
+  void running_requests(const std::string& model, size_t rows) override;
+  void request_timeline(const std::string& model, const actors::request_timeline& t) override;
+  /// An HTTP response went out: counted by status code (refusals included, 4xx too) and
+  /// route family ("openai", "kserve", "control", "other").
+  void http_response(const std::string& route, int status);
   void batch_done(const std::string& model, const std::vector<int32_t>& devices, size_t rows,
                   double start_s, double seconds) override;
   void transfer_done(const std::string& model, int32_t device, bool load, uint64_t bytes,

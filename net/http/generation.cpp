@@ -220,7 +220,8 @@ void finish_generation(caf::event_based_actor* self, gen_state& st) {
 }
 
 void cancel_row(caf::event_based_actor* self, gen_state& st, const gen_row& r) {
-  if (r.id) self->send(st.frontend, actors::cancel_atom_v, *r.id);
+  // A row that stopped on a stop string is complete: its request counts as a success.
+  if (r.id) self->send(st.frontend, actors::cancel_atom_v, *r.id, r.stopped);
 }
 
 /// Where a row's text ends once a stop string starts at `at`: before it, or after it

@@ -299,13 +299,7 @@ struct http_server::impl {
       return with_text(
           req.model,
           [=](const actors::model_info& info, const model_text& text) {
-            for (auto id : req.tokens)
-              if (id >= info.vocab)
-                return reply(
-                    openai_bad_request({"token id " + std::to_string(id) +
-                                            " is outside the vocabulary of " + info.config.name,
-                                        "tokens"}));
-            reply(make_json(http::status::ok, json{{"prompt", text.tok->decode(req.tokens)}}));
+            reply(detokenize_reply(req, info, text));
           },
           fail);
     }
@@ -315,22 +309,7 @@ struct http_server::impl {
     with_text(
         req.g.model,
         [=](const actors::model_info& info, const model_text& text) {
-          std::string prompt;
-          if (req.g.chat()) {
-            auto rendered = render_chat(text, req.g, info.config.name);
-            if (!rendered) return reply(openai_error_response(rendered.error()));
-            prompt = *rendered;
-          } else {
-            prompt = std::get<std::string>(req.g.prompts.at(0));
-          }
-          auto ids = text.tok->encode(prompt, req.add_special_tokens);
-          json out{{"count", ids.size()}, {"max_model_len", info.max_positions}, {"tokens", ids}};
-          if (req.token_strs) {
-            json strs = json::array();
-            for (auto id : ids) strs.push_back(text.tok->decode({id}, false));
-            out["token_strs"] = strs;
-          }
-          reply(make_json(http::status::ok, out));
+          reply(tokenize_reply(req, info, text));
         },
         fail);
   }
@@ -595,16 +574,16 @@ caf::expected<std::unique_ptr<http_server>> http_server::start(
       p->ioc, p->acceptor, p->stopped, p->opts,
       [srv = p.get()](const request& req, responder reply, sse_opener open_sse, gone_hook on_gone) {
         // An exception here is a bug; it must not end the process from an I/O thread.
-        // The request still gets its one answer (a 500) unless it had one already.
-        auto answered = std::make_shared<std::atomic<bool>>(false);
-        responder once = [reply = std::move(reply), answered](response r) {
-          if (!answered->exchange(true)) reply(std::move(r));
-        };
-        // A stream opened is an answer begun: no 500 after it.
-        sse_opener opener = [open_sse = std::move(open_sse), answered] {
-          answered->store(true);
-          return open_sse();
-        };
+        // The request still gets its one answer (a 500) unless it had one already. Every
+        // answer is counted by status, refusals included.
+        auto family = std::string{route_family(req.method_string(), req.target())};
+        auto g = transport::guard_answer(req, std::move(reply), std::move(open_sse),
+                                         [srv, family](int status) {
+                                           if (srv->metrics_)
+                                             srv->metrics_->http_response(family, status);
+                                         });
+        auto once = g.reply;
+        auto opener = g.open_sse;
         try {
           srv->route(req, once, std::move(opener), std::move(on_gone));
         } catch (const std::exception& e) {

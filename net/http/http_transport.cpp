@@ -295,4 +295,29 @@ void accept(listener& srv) {
                             });
 }
 
+guarded_answer guard_answer(const request& req, responder reply, sse_opener open_sse,
+                            std::function<void(int status)> answered) {
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  auto log_it = [t0 = std::chrono::steady_clock::now(), method = std::string{req.method_string()},
+                 target = std::string{req.target()},
+                 answered = std::move(answered)](int status, bool stream) {
+    auto ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    log::info("http {} {} {}{} {:.1f} ms", method, target, status, stream ? " stream" : "", ms);
+    if (answered) answered(status);
+  };
+  guarded_answer g;
+  g.done = done;
+  g.reply = [reply = std::move(reply), done, log_it](response r) {
+    if (done->exchange(true)) return;
+    log_it(static_cast<int>(r.result_int()), false);
+    reply(std::move(r));
+  };
+  g.open_sse = [open_sse = std::move(open_sse), done, log_it] {
+    if (!done->exchange(true)) log_it(200, true);
+    return open_sse();
+  };
+  return g;
+}
+
 }  // namespace computron::net::transport

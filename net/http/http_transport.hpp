@@ -57,5 +57,17 @@ struct listener {
 /// Accepts connections until the acceptor closes, each served on its own strand.
 void accept(listener& srv);
 
+/// A request's answer paths, guarded: it gets one answer (a later one is dropped; a
+/// stream opened counts as the answer), and that answer is logged (the access log, at
+/// info: method, target, status, milliseconds) and handed to `answered` (its status).
+struct guarded_answer {
+  responder reply;
+  sse_opener open_sse;
+  /// Whether the request has its answer already.
+  std::shared_ptr<std::atomic<bool>> done;
+};
+guarded_answer guard_answer(const request& req, responder reply, sse_opener open_sse,
+                            std::function<void(int status)> answered);
+
 }  // namespace transport
 }  // namespace computron::net

@@ -89,6 +89,20 @@ bool open_route(route_id id) {
          id == route_id::metrics;
 }
 
+const char* route_family(std::string_view method, std::string_view target) {
+  if (openai_target(target)) return "openai";
+  auto m = match_route(method, target);
+  if (!std::holds_alternative<route_match>(m)) return "other";
+  switch (std::get<route_match>(m).id) {
+    case route_id::infer:
+    case route_id::generate:
+    case route_id::generate_stream:
+      return "kserve";
+    default:
+      return "control";
+  }
+}
+
 bool openai_target(std::string_view target) {
   return starts_with(target, "/v1/") || target == "/v1";
 }

@@ -67,6 +67,11 @@ std::variant<nlohmann::json, std::string> control_parameters(
 /// metrics, as vLLM leaves them open.
 bool open_route(route_id id);
 
+/// The API family a request belongs to, for the response counter's label: "openai"
+/// (/v1/...), "kserve" (infer and generate), "control" (the rest of /v2, health,
+/// metrics) or "other" (no route).
+const char* route_family(std::string_view method, std::string_view target);
+
 /// Whether `target` is one of OpenAI's routes (/v1/...), whose every reply, a 404 too, has
 /// OpenAI's error shape.
 bool openai_target(std::string_view target);

@@ -117,4 +117,35 @@ caf::error prepare_rows(gen_state& st, const model_text& text, const actors::mod
   return {};
 }
 
+replies::response tokenize_reply(const tokenize_body& req, const actors::model_info& info,
+                                 const model_text& text) {
+  std::string prompt;
+  if (req.g.chat()) {
+    auto rendered = render_chat(text, req.g, info.config.name);
+    if (!rendered) return replies::openai_error_response(rendered.error());
+    prompt = *rendered;
+  } else {
+    prompt = std::get<std::string>(req.g.prompts.at(0));
+  }
+  auto ids = text.tok->encode(prompt, req.add_special_tokens);
+  json out{{"count", ids.size()}, {"max_model_len", info.max_positions}, {"tokens", ids}};
+  if (req.token_strs) {
+    json strs = json::array();
+    for (auto id : ids) strs.push_back(text.tok->decode({id}, false));
+    out["token_strs"] = strs;
+  }
+  return replies::make_json(boost::beast::http::status::ok, out);
+}
+
+replies::response detokenize_reply(const detokenize_body& req, const actors::model_info& info,
+                                   const model_text& text) {
+  for (auto id : req.tokens)
+    if (id >= info.vocab)
+      return replies::openai_bad_request(
+          {"token id " + std::to_string(id) + " is outside the vocabulary of " + info.config.name,
+           "tokens"});
+  return replies::make_json(boost::beast::http::status::ok,
+                            json{{"prompt", text.tok->decode(req.tokens)}});
+}
+
 }  // namespace computron::net

@@ -12,6 +12,8 @@
 #include "actors/messages.hpp"
 #include "models/text_directory.hpp"
 #include "net/http/generation.hpp"
+#include "net/http/llm_api.hpp"
+#include "net/http/replies.hpp"
 
 namespace computron::net {
 
@@ -44,6 +46,14 @@ caf::expected<std::string> render_chat(const model_text& text, const generation_
 /// of the context, at most `max_tokens_limit`). Errors: invalid_request.
 caf::error prepare_rows(gen_state& st, const model_text& text, const actors::model_info& info,
                         int64_t max_tokens_limit);
+
+/// The answers of POST /tokenize and /detokenize (vLLM's) for a model and its text files:
+/// the ids and their count (with token_strs where asked), or the text; a 400 for an id
+/// outside the vocabulary or a chat the template refuses.
+replies::response tokenize_reply(const tokenize_body& req, const actors::model_info& info,
+                                 const model_text& text);
+replies::response detokenize_reply(const detokenize_body& req, const actors::model_info& info,
+                                   const model_text& text);
 
 /// A completion id no restart repeats: `prefix` and 32 random hex digits.
 std::string fresh_completion_id(const std::string& prefix);

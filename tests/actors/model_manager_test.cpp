@@ -299,7 +299,7 @@ caf::behavior stream_listener(caf::event_based_actor* self, std::vector<int64_t>
         seen->push_back(token);
         if (seen->size() == cancel_after)
           self->send(caf::actor_cast<model_manager_actor>(self->current_sender()), cancel_atom_v,
-                     id);
+                     id, false);
       },
   };
 }
@@ -338,7 +338,7 @@ TEST_CASE("streamed tokens come one by one, and a cancel ends the row after its 
   r.id = 42;
   auto q = f.self->request(f.manager, caf::timespan{24h}, infer_atom_v, r);
   f.sched.run();
-  f.self->send(f.manager, cancel_atom_v, uint64_t{42});
+  f.self->send(f.manager, cancel_atom_v, uint64_t{42}, false);
   f.sched.run();
   std::move(q).receive([](infer_reply&) { FAIL("a cancelled request was served"); },
                        [](caf::error& e) { CHECK(is(e, ec::cancelled)); });
@@ -527,7 +527,7 @@ TEST_CASE("the frontend cancels the requests of a requester that ends before its
   auto queued = f.self->request(fe, caf::timespan{24h}, infer_atom_v, r);
   f.sched.run();
   CHECK(outstanding() == 1);
-  f.self->send(fe, cancel_atom_v, uint64_t{4});  // ids 1..3 went above
+  f.self->send(fe, cancel_atom_v, uint64_t{4}, false);  // ids 1..3 went above
   f.sched.run();
   std::move(queued).receive([](infer_reply&) { FAIL("a cancelled request was served"); },
                             [](caf::error& e) { CHECK(is(e, ec::cancelled)); });

@@ -437,3 +437,38 @@ TEST_CASE("a request that asks for drop_late is refused at its turn when it woul
   CHECK(r.status == 400);
   CHECK_THAT(r.body, Catch::Contains("drop_late"));
 }
+
+TEST_CASE(
+    "the series LLM operators chart: time to first token, inter-token latency, tokens, "
+    "responses by code; a stop string is a success",
+    "[net][e2e][metrics]") {
+  server s;
+  auto m = [&](const std::string& series) { return s.metric(series); };
+  auto r = s.post("/v1/completions", {{"model", "toy"}, {"prompt", "ab"}, {"max_tokens", 5}});
+  REQUIRE(r.status == 200);
+  CHECK(m("computron_time_to_first_token_seconds_count{model=\"toy\"}") == 1);
+  CHECK(m("computron_inter_token_latency_seconds_count{model=\"toy\"}") == 4);
+  CHECK(m("computron_e2e_request_latency_seconds_count{model=\"toy\"}") == 1);
+  CHECK(m("computron_request_queue_time_seconds_count{model=\"toy\"}") == 1);
+  CHECK(m("computron_request_swap_wait_seconds_count{model=\"toy\"}") == 1);
+  CHECK(m("computron_generation_tokens_total{model=\"toy\"}") == 5);
+  CHECK(m("computron_prompt_tokens_total{model=\"toy\"}") >= 1);
+  CHECK(m("computron_requests_running{model=\"toy\"}") == 0);
+  CHECK(m("computron_http_responses_total{code=\"200\",route=\"openai\"}") == 1);
+  // Refusals are counted by code too.
+  CHECK(s.post("/v1/completions", {{"model", "nope"}, {"prompt", "ab"}}).status == 404);
+  CHECK(m("computron_http_responses_total{code=\"404\",route=\"openai\"}") == 1);
+  // A stop string ends the row early (the toy's text is full of these): a success, not a
+  // cancellation.
+  auto stopped = s.post(
+      "/v1/completions",
+      {{"model", "toy"}, {"prompt", "ab"}, {"max_tokens", 40}, {"stop", {" ", "e", "a", "o"}}});
+  REQUIRE(stopped.status == 200);
+  INFO(stopped.body);
+  auto choice = json::parse(stopped.body)["choices"][0];
+  CHECK(choice["finish_reason"] == "stop");
+  CHECK(json::parse(stopped.body)["usage"]["completion_tokens"] < 40);
+  CHECK(m("computron_requests_total{model=\"toy\",outcome=\"cancelled\"}") == 0);
+  CHECK(m("computron_requests_total{model=\"toy\",outcome=\"ok\"}") == 2);
+  CHECK(m("computron_e2e_request_latency_seconds_count{model=\"toy\"}") == 2);
+}
