@@ -4,6 +4,7 @@
 // The manager's dispatch and run passes (model_manager.cpp) start batches here.
 #include <algorithm>
 #include <functional>
+#include <set>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -53,13 +54,14 @@ void finish_row(manager_pointer self, const batch_ptr& b, size_t r, const std::s
   rep.load_ms = q.joined ? 0 : b->load_ms;
   rep.compute_ms = b->compute_ms;
   rep.total_ms = sched::seconds_between(q.arrival, t) * 1e3;
-  rep.batch_size = static_cast<uint32_t>(b->rows.size());
+  rep.batch_size = q.batch_rows;
   rep.swapped = b->swapped && !q.joined;
   rep.finish_reason = reason;
   rep.stop_id = stop_id;
   // Counted before the answer leaves: a client that reads the metrics next sees it (and
   // no longer running).
   if (b->running > 0) set_running(self, b, b->running - 1);
+  if (reason != "cancelled") ++st.models.at(b->model).served;
   st.opts.obs->request_done(b->model, reason == "cancelled" ? "cancelled" : "ok",
                             sched::seconds_between(q.arrival, t));
   st.opts.obs->request_timeline(b->model, tl);
@@ -84,8 +86,6 @@ void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* er
       self->send(st.workers[static_cast<size_t>(w)], cancel_atom_v, b->model, b->id);
   if (err)
     for (auto r : b->sent) reply_error(self, b->rows[r], *err);
-  else
-    m.served += b->rows.size();
   st.opts.obs->batch_done(b->model, m.cfg.devices, b->rows.size(), b->run_s, now_s() - b->run_s);
   // Its devices, lease and in-flight slot are free: the next batches may start.
   carry_out(self, st.disp->batch_done(b->id, now(self), !err, b->compute_ms / 1e3, b->steps));
@@ -176,6 +176,33 @@ bool take_token(manager_pointer self, const batch_ptr& b, size_t r, size_t p, st
   return true;
 }
 
+/// Keeps only the rows in `going` (indices into b->rows, in the workers' order): a batch
+/// that lives on as rows leave and join (continuous batching) holds its live rows only,
+/// and b->sent numbers them 0..n-1 again.
+void compact(const batch_ptr& b, const std::vector<size_t>& going) {
+  std::vector<queued_request> rows;
+  std::vector<std::vector<int64_t>> outputs;
+  std::vector<std::vector<token_logprobs>> logprobs, prompt_logprobs;
+  std::set<uint64_t> cancelled, completed;
+  for (auto r : going) {
+    auto id = b->rows[r].req.id;
+    if (b->cancelled.count(id) > 0) cancelled.insert(id);
+    if (b->completed.count(id) > 0) completed.insert(id);
+    rows.push_back(std::move(b->rows[r]));
+    outputs.push_back(std::move(b->outputs[r]));
+    logprobs.push_back(std::move(b->logprobs[r]));
+    prompt_logprobs.push_back(std::move(b->prompt_logprobs[r]));
+  }
+  b->rows = std::move(rows);
+  b->outputs = std::move(outputs);
+  b->logprobs = std::move(logprobs);
+  b->prompt_logprobs = std::move(prompt_logprobs);
+  b->cancelled = std::move(cancelled);
+  b->completed = std::move(completed);
+  b->sent.resize(b->rows.size());
+  for (size_t i = 0; i < b->sent.size(); ++i) b->sent[i] = i;
+}
+
 /// `keep` lists every row of the previous step in order: the workers need none.
 std::vector<int32_t> unless_all(std::vector<int32_t> keep, size_t previous) {
   if (keep.size() == previous) keep.clear();
@@ -219,6 +246,7 @@ void join_rows(manager_pointer self, const batch_ptr& b, const sched::join_plan&
   // An error from here on fails the joined rows with the others.
   auto going = b->sent;
   b->sent.insert(b->sent.end(), joined.begin(), joined.end());
+  for (auto r : joined) b->rows[r].batch_rows = static_cast<uint32_t>(b->sent.size());
   set_running(self, b, b->sent.size());
   ++b->steps;
   const auto pp = st.models.at(b->model).cfg.pp;
@@ -287,7 +315,7 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vecto
         keep.push_back(static_cast<int32_t>(p));
       }
     const auto previous = b->sent.size();
-    b->sent = std::move(next);
+    compact(b, next);
     set_running(self, b, b->sent.size());
     if (b->sent.empty()) {
       finish_batch(self, b, nullptr);

@@ -360,11 +360,63 @@ typename Inspector::result_type inspect(Inspector& f, lease& x) {
            x.resident, x.loading, x.load_left_ms);
 }
 
+/// Where a model stands, on every message that says so; rendered as text (to_string) at
+/// the HTTP and console edges only (Triton's states there: replies.cpp).
+enum class model_lifecycle : uint8_t {
+  /// Not known to whoever answered (a report that came without the scheduler's view).
+  unknown,
+  /// Its shards are being prepared on their workers.
+  registering,
+  /// Registration failed (model_info::reason says why); it holds nothing.
+  failed,
+  /// Its residency, as the swap scheduler keeps it.
+  offloaded,
+  loading,
+  resident,
+  evicting,
+  /// A device's node is gone (reason says which).
+  unavailable,
+  unregistering,
+  /// The reply to an unregister.
+  unregistered,
+  /// A repository folder that is not registered.
+  unloaded,
+};
+
+/// The state's name ("offloaded", "resident", ...).
+constexpr const char* to_string(model_lifecycle s) {
+  switch (s) {
+    case model_lifecycle::unknown:
+      return "unknown";
+    case model_lifecycle::registering:
+      return "registering";
+    case model_lifecycle::failed:
+      return "failed";
+    case model_lifecycle::offloaded:
+      return "offloaded";
+    case model_lifecycle::loading:
+      return "loading";
+    case model_lifecycle::resident:
+      return "resident";
+    case model_lifecycle::evicting:
+      return "evicting";
+    case model_lifecycle::unavailable:
+      return "unavailable";
+    case model_lifecycle::unregistering:
+      return "unregistering";
+    case model_lifecycle::unregistered:
+      return "unregistered";
+    case model_lifecycle::unloaded:
+      return "unloaded";
+  }
+  return "unknown";
+}
+
 /// The scheduler's view of one model.
 struct residency_report {
   std::string model;
-  /// "offloaded", "loading", "resident" or "evicting".
-  std::string state;
+  /// offloaded, loading, resident, evicting or unavailable.
+  model_lifecycle state = model_lifecycle::unknown;
   uint64_t bytes = 0;
   uint32_t leases = 0;
   bool pinned = false;
@@ -460,12 +512,9 @@ typename Inspector::result_type inspect(Inspector& f, infer_reply& x) {
 /// A registered model as clients see it.
 struct model_info {
   model_config config;
-  /// Its residency ("offloaded", "loading", "resident", "evicting"), "unavailable" (a
-  /// device's node is gone), "registering", "failed" (registration failed: `reason`
-  /// says why; it holds nothing and is listed until registered again or unregistered),
-  /// "unregistering", "unregistered" (the reply to an unregister), or "unloaded" (a
-  /// repository folder that is not registered).
-  std::string state;
+  /// Its residency, or where its registration stands (model_lifecycle): a failed one is
+  /// listed until registered again or unregistered.
+  model_lifecycle state = model_lifecycle::unknown;
   /// Bytes its shards occupy on the devices, and its checkpoint's bytes (0: unknown);
   /// their ratio is what model-parallel swapping moves over the weights' own bytes.
   uint64_t bytes = 0;

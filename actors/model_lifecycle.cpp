@@ -25,7 +25,7 @@ caf::error not_serving(manager_pointer self, const std::string& name) {
 }
 
 /// A model listed without a managed entry (registering, failed, unregistered).
-model_info listed_only(const model_config& cfg, const std::string& state, std::string reason) {
+model_info listed_only(const model_config& cfg, model_lifecycle state, std::string reason) {
   model_info i;
   i.config = cfg;
   i.state = state;
@@ -250,7 +250,7 @@ void rejoin_groups(manager_pointer self, const std::vector<int32_t>& devs) {
 caf::result<model_info> unregister_model(manager_pointer self, const std::string& name) {
   auto& st = self->state;
   if (auto f = st.failed.find(name); f != st.failed.end()) {
-    auto info = listed_only(f->second.cfg, "unregistered", {});
+    auto info = listed_only(f->second.cfg, model_lifecycle::unregistered, {});
     st.failed.erase(f);
     return info;
   }
@@ -296,7 +296,7 @@ caf::result<model_info> unregister_model(manager_pointer self, const std::string
                           st.models.erase(j);
                         }
                         log::info("unregistered {}", name);
-                        rp.deliver(listed_only(cfg, "unregistered", {}));
+                        rp.deliver(listed_only(cfg, model_lifecycle::unregistered, {}));
                       };
                       fan_out_all<bool>(
                           self, holders, caf::timespan{timeout},

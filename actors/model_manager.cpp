@@ -67,7 +67,7 @@ caf::error check_request(const managed_model& m, const infer_request& r, int64_t
 model_info info_of(const sched::batcher& b, const managed_model& m, const residency_report* r) {
   model_info i;
   i.config = m.cfg;
-  i.state = r ? r->state : "unknown";
+  i.state = r ? r->state : model_lifecycle::unknown;
   i.bytes = m.bytes;
   i.weight_bytes = m.weight_bytes;
   i.queued = static_cast<uint32_t>(b.queued(m.index));
@@ -80,7 +80,7 @@ model_info info_of(const sched::batcher& b, const managed_model& m, const reside
   if (r) i.config.pinned = r->pinned;
   if (r) i.idle_s = r->idle_s;
   if (r) i.reason = r->reason;
-  if (m.unregistering) i.state = "unregistering";
+  if (m.unregistering) i.state = model_lifecycle::unregistering;
   return i;
 }
 
@@ -162,6 +162,7 @@ void run_batch(manager_pointer self, const batch_ptr& b, const sched::started_ba
   b->sent.clear();
   for (size_t r = 0; r < b->rows.size(); ++r) b->sent.push_back(r);
   b->run_s = now_s();
+  for (auto& q : b->rows) q.batch_rows = static_cast<uint32_t>(b->rows.size());
   set_running(self, b, b->sent.size());
   run_step(self, b, 0, {});
 }
@@ -234,7 +235,7 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
   st.scheduler = std::move(scheduler);
   st.disp = std::move(disp);
   auto listed_failed = [=](const failed_model& f) {
-    auto i = listed_only(f.cfg, "failed", f.reason);
+    auto i = listed_only(f.cfg, model_lifecycle::failed, f.reason);
     i.reason_code = static_cast<uint8_t>(f.code);
     return i;
   };
@@ -294,7 +295,7 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
                     out.push_back(info_of(self->state.queues(), m, r));
                   }
                   for (auto& [name, cfg] : self->state.registering)
-                    out.push_back(listed_only(cfg, "registering", {}));
+                    out.push_back(listed_only(cfg, model_lifecycle::registering, {}));
                   for (auto& [name, f] : self->state.failed) out.push_back(listed_failed(f));
                   std::sort(out.begin(), out.end(),
                             [](auto& a, auto& b) { return a.config.name < b.config.name; });
@@ -307,7 +308,7 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
         auto& st = self->state;
         if (auto f = st.failed.find(name); f != st.failed.end()) return listed_failed(f->second);
         if (auto r = st.registering.find(name); r != st.registering.end())
-          return listed_only(r->second, "registering", {});
+          return listed_only(r->second, model_lifecycle::registering, {});
         if (st.models.count(name) == 0) return unknown_model_error(name);
         auto rp = self->make_response_promise<model_info>();
         with_info(self, name, rp);

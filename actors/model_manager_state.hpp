@@ -33,6 +33,9 @@ struct queued_request {
   sched::time_point taken{};
   /// It joined a running batch: it waited for no lease or load (continuous batching).
   bool joined = false;
+  /// Rows of its batch when it started running (with it, if it joined): its reply's
+  /// batch_size.
+  uint32_t batch_rows = 0;
   /// When its first and latest tokens came, and the gaps between its tokens (the
   /// request_timeline the observer gets).
   sched::time_point first_token{};
@@ -150,7 +153,7 @@ caf::error unknown_model_error(const std::string& name);
 /// Why a name is not serving (failed, registering, unregistering), else unknown_model.
 caf::error not_serving(manager_pointer self, const std::string& name);
 /// A model listed without a managed entry (registering, failed, unregistered).
-model_info listed_only(const model_config& cfg, const std::string& state, std::string reason);
+model_info listed_only(const model_config& cfg, model_lifecycle state, std::string reason);
 /// Unregisters `name` (see model_lifecycle.cpp).
 caf::result<model_info> unregister_model(manager_pointer self, const std::string& name);
 /// Registers `requested` (see model_lifecycle.cpp).

@@ -38,7 +38,7 @@ model_info folder_info(const repository_folder& f) {
   model_info i;
   i.config = f.config;
   i.config.name = f.name;
-  i.state = f.error ? "failed" : "unloaded";
+  i.state = f.error ? model_lifecycle::failed : model_lifecycle::unloaded;
   i.reason = f.error ? render(f.error) : "unloaded";
   // The folder cannot be read: an operator must fix it; requests get 503 with the reason.
   if (f.error) i.reason_code = static_cast<uint8_t>(ec::unavailable);
@@ -126,7 +126,7 @@ repository_actor::behavior_type repository(repository_pointer self, model_manage
         self->request(self->state.manager, timeout, info_atom_v, name)
             .then(
                 [=](model_info& i) mutable {
-                  if (i.state != "failed") {
+                  if (i.state != model_lifecycle::failed) {
                     // Registered: make it resident (the manager says why it cannot).
                     self->request(self->state.manager, timeout, load_atom_v, name)
                         .then([=](model_info& r) mutable { rp.deliver(std::move(r)); },

@@ -386,15 +386,12 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
           auto& slot = st.batches[key];
           if (!slot) slot = std::make_shared<batch_ctx>();
           ctx = slot;
-          if (req.join_into != 0) {
-            auto j = st.batches.find(std::make_pair(req.model, req.join_into));
-            if (j == st.batches.end())
-              return make_error(ec::invalid_request, "rows join batch " +
-                                                         std::to_string(req.join_into) + " of " +
-                                                         req.model + ", which device " +
-                                                         std::to_string(index) + " does not hold");
-            into_ctx = j->second;
-          }
+          // A missing one is an error after the step ran (below), so that every rank of
+          // the stage still makes the step's collective calls.
+          if (req.join_into != 0)
+            if (auto j = st.batches.find(std::make_pair(req.model, req.join_into));
+                j != st.batches.end())
+              into_ctx = j->second;
         }
         auto program = e.program;
         // The program uses the group: a rejoin may replace both while this step runs.
@@ -442,6 +439,11 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
           }
           if (in->join_into != 0) {
             if (auto err = program->join_batch(in->batch_id, in->join_into)) return err;
+            if (sampling_rank && !into_ctx)
+              return make_error(ec::invalid_request, "rows join batch " +
+                                                         std::to_string(in->join_into) + " of " +
+                                                         in->model + ", which device " +
+                                                         std::to_string(index) + " does not hold");
             if (into_ctx)
               into_ctx->samplers.insert(into_ctx->samplers.end(), ctx->samplers.begin(),
                                         ctx->samplers.end());

@@ -52,13 +52,29 @@ const sched::ledger& ledger_of(sched_pointer self) {
   return self->state.core->ledger();
 }
 
+model_lifecycle lifecycle_of(model_state s) {
+  switch (s) {
+    case model_state::offloaded:
+      return model_lifecycle::offloaded;
+    case model_state::loading:
+      return model_lifecycle::loading;
+    case model_state::resident:
+      return model_lifecycle::resident;
+    case model_state::evicting:
+      return model_lifecycle::evicting;
+    case model_state::unavailable:
+      return model_lifecycle::unavailable;
+  }
+  return model_lifecycle::unknown;
+}
+
 residency_report report_of(sched_pointer self, model_id id) {
   auto& l = ledger_of(self);
   auto& m = l.model(id);
   auto t = now(self);
   residency_report r;
   r.model = m.name;
-  r.state = sched::to_string(l.state_of(id));
+  r.state = lifecycle_of(l.state_of(id));
   r.bytes = m.total_bytes;
   r.leases = m.leases;
   r.pinned = m.pinned;
@@ -361,7 +377,7 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
           auto r = report_of(self, id);
           caf::settings x;
           x["model"] = caf::config_value{r.model};
-          x["state"] = caf::config_value{r.state};
+          x["state"] = caf::config_value{std::string{to_string(r.state)}};
           x["bytes"] = caf::config_value{static_cast<int64_t>(r.bytes)};
           x["leases"] = caf::config_value{static_cast<int64_t>(r.leases)};
           x["pinned"] = caf::config_value{r.pinned};

@@ -48,12 +48,14 @@ std::vector<float> host_tensor::to_floats() const {
   return out;
 }
 
-struct kv_cache::impl {
+struct kv_cache_tensors {
   std::vector<at::Tensor> keys;  // per layer of the stage: [batch, local heads, len, head dim]
   std::vector<at::Tensor> values;
   at::Tensor key_valid;                // [batch, len] bool: false on padding
   std::vector<int64_t> next_position;  // real tokens seen per sequence
 };
+
+struct kv_cache::impl : kv_cache_tensors {};
 
 kv_cache::kv_cache() : impl_(std::make_unique<impl>()) {}
 kv_cache::~kv_cache() = default;
@@ -62,6 +64,28 @@ kv_cache& kv_cache::operator=(kv_cache&&) noexcept = default;
 int64_t kv_cache::length() const {
   return impl_->key_valid.defined() ? impl_->key_valid.size(1) : 0;
 }
+
+namespace {
+
+/// Drops the leading positions no sequence holds a key at (left padding every row has
+/// outgrown): a batch that lives on as rows leave and join (continuous batching) keeps
+/// a cache as long as its longest row, not as old as the batch.
+void trim_padding(kv_cache_tensors& c) {
+  if (!c.key_valid.defined() || c.key_valid.size(1) == 0) return;
+  auto held = c.key_valid.any(0).to(at::kCPU);
+  const auto len = held.size(0);
+  auto* p = held.data_ptr<bool>();
+  int64_t first = 0;
+  while (first < len && !p[first]) ++first;
+  if (first == 0) return;
+  c.key_valid = c.key_valid.narrow(1, first, len - first).contiguous();
+  for (auto& k : c.keys)
+    if (k.defined()) k = k.narrow(2, first, len - first).contiguous();
+  for (auto& v : c.values)
+    if (v.defined()) v = v.narrow(2, first, len - first).contiguous();
+}
+
+}  // namespace
 
 caf::error kv_cache::keep_rows(const std::vector<int64_t>& rows) {
   auto& c = *impl_;
@@ -81,6 +105,7 @@ caf::error kv_cache::keep_rows(const std::vector<int64_t>& rows) {
     std::vector<int64_t> next;
     for (auto r : rows) next.push_back(c.next_position[static_cast<size_t>(r)]);
     c.next_position = std::move(next);
+    trim_padding(c);
   } catch (const std::exception& e) {
     return make_error(ec::device_error, std::string{"dropping finished rows: "} + e.what());
   }
@@ -119,6 +144,7 @@ caf::error kv_cache::append(kv_cache&& other) {
     }
     c.key_valid = at::cat({pad(c.key_valid, 1), pad(o.key_valid, 1)}, 0);
     c.next_position.insert(c.next_position.end(), o.next_position.begin(), o.next_position.end());
+    trim_padding(c);
   } catch (const std::exception& e) {
     return make_error(ec::device_error, std::string{"joining caches: "} + e.what());
   }

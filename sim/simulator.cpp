@@ -263,7 +263,10 @@ class simulator {
   /// residency core answers at once), ticks armed.
   void carry_out(sched::dispatch_effects e) {
     for (auto& f : e.failures) fail(f.row.key, 503, "http_503");
-    for (auto& r : e.releases) carry_out(core_->release(r.model, now_));
+    for (auto& r : e.releases) {
+      batches_.erase(r.batch);  // one that ended before it ran; batch_done erased the rest
+      carry_out(core_->release(r.model, now_));
+    }
     for (auto& s : e.started) {
       auto& b = batches_.at(s.id);
       b.rows = std::move(s.rows);
@@ -436,7 +439,8 @@ class simulator {
     auto it = batches_.find(id);
     if (it == batches_.end()) return;
     auto& b = it->second;
-    if (!b.joining.empty()) {
+    const bool join_step = !b.joining.empty();
+    if (join_step) {
       for (auto& row : b.joining) {
         b.rows.push_back(row);
         b.taken.push_back(b.joining_since);
@@ -470,6 +474,12 @@ class simulator {
       auto steps = b.steps;
       batches_.erase(it);
       carry_out(disp_->batch_done(id, now_, true, compute_s, steps));
+      return;
+    }
+    // After a join's prefill the batch decodes (the manager's join_rows); the next
+    // boundary may take more.
+    if (join_step) {
+      push(run_step(b, now_, static_cast<int64_t>(b.rows.size())), event_kind::step_done, id);
       return;
     }
     auto e = disp_->step_boundary(id, b.rows.size(), now_);

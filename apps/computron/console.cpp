@@ -194,8 +194,9 @@ class session {
                     "tp*pp", "MiB", "x ckpt", "queued", "served", "idle s", "pinned");
     for (auto& m : *ms)
       out += fmt::format(
-          "{:<20} {:<12} {:>5} {:>10.1f} {:>6} {:>6} {:>8} {:>9} {:>6}\n", m.config.name, m.state,
-          fmt::format("{}x{}", m.config.tp, m.config.pp), static_cast<double>(m.bytes) / mib,
+          "{:<20} {:<12} {:>5} {:>10.1f} {:>6} {:>6} {:>8} {:>9} {:>6}\n", m.config.name,
+          to_string(m.state), fmt::format("{}x{}", m.config.tp, m.config.pp),
+          static_cast<double>(m.bytes) / mib,
           m.weight_bytes > 0 ? fmt::format("{:.3f}", static_cast<double>(m.bytes) / m.weight_bytes)
                              : std::string{"-"},
           m.queued, m.served, m.idle_s < 0 ? std::string{"never"} : fmt::format("{:.1f}", m.idle_s),
@@ -236,13 +237,14 @@ class session {
     auto i = load ? ask<model_info>(opts_.infer_timeout, load_atom_v, model)
                   : ask<model_info>(opts_.infer_timeout, unload_atom_v, model);
     if (!i) return fail(render(i.error()));
-    return {fmt::format("{}: {}\n", i->config.name, i->state)};
+    return {fmt::format("{}: {}\n", i->config.name, to_string(i->state))};
   }
 
   outcome pin(const std::string& model, bool on) {
     auto r = ask<residency_report>(opts_.timeout, pin_atom_v, model, on);
     if (!r) return fail(render(r.error()));
-    return {fmt::format("{}: {} ({})\n", r->model, r->pinned ? "pinned" : "unpinned", r->state)};
+    return {fmt::format("{}: {} ({})\n", r->model, r->pinned ? "pinned" : "unpinned",
+                        to_string(r->state))};
   }
 
   outcome infer(const std::vector<std::string>& w) {

@@ -419,7 +419,7 @@ struct http_server::impl {
             auto [state, reason] = triton_state(i);
             if (only_ready && state != "READY") continue;
             json e{{"name", i.config.name}, {"version", "1"}, {"state", state}, {"reason", reason}};
-            if (state == "READY" || state == "UNLOADING") e["residency"] = i.state;
+            if (state == "READY" || state == "UNLOADING") e["residency"] = to_string(i.state);
             out.push_back(std::move(e));
           }
           return make_json(http::status::ok, out);
@@ -511,7 +511,7 @@ struct http_server::impl {
                 return reply(error_response(why));
               auto [state, reason] = triton_state(i);
               bool ready = state == "READY";
-              json j{{"name", i.config.name}, {"ready", ready}, {"state", i.state}};
+              json j{{"name", i.config.name}, {"ready", ready}, {"state", to_string(i.state)}};
               if (!ready) j["reason"] = reason;
               reply(make_json(ready ? http::status::ok : http::status::service_unavailable, j));
             },

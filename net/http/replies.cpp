@@ -93,7 +93,7 @@ json info_json(const actors::model_info& i) {
               {"tp", i.config.tp},
               {"pp", i.config.pp},
               {"devices", i.config.devices},
-              {"state", i.state},
+              {"state", to_string(i.state)},
               {"bytes", i.bytes},
               {"weight_bytes", i.weight_bytes},
               {"queued", i.queued},
@@ -111,13 +111,22 @@ json info_json(const actors::model_info& i) {
 /// ours. A registered model is READY whether or not it is resident: it is swapped in on
 /// demand.
 std::pair<std::string, std::string> triton_state(const actors::model_info& i) {
-  if (i.state == "registering") return {"LOADING", ""};
-  if (i.state == "unregistering") return {"UNLOADING", ""};
-  if (i.state == "failed") return {"UNAVAILABLE", i.reason};
-  if (i.state == "unloaded" || i.state == "unregistered") return {"UNAVAILABLE", "unloaded"};
-  if (i.state == "unavailable")
-    return {"UNAVAILABLE", i.reason.empty() ? "a device of it is unreachable" : i.reason};
-  return {"READY", ""};
+  using actors::model_lifecycle;
+  switch (i.state) {
+    case model_lifecycle::registering:
+      return {"LOADING", ""};
+    case model_lifecycle::unregistering:
+      return {"UNLOADING", ""};
+    case model_lifecycle::failed:
+      return {"UNAVAILABLE", i.reason};
+    case model_lifecycle::unloaded:
+    case model_lifecycle::unregistered:
+      return {"UNAVAILABLE", "unloaded"};
+    case model_lifecycle::unavailable:
+      return {"UNAVAILABLE", i.reason.empty() ? "a device of it is unreachable" : i.reason};
+    default:
+      return {"READY", ""};
+  }
 }
 
 /// Why a model the index lists cannot serve, as the error its requests get: the index's
@@ -129,7 +138,8 @@ caf::error serving_error(const actors::model_info& i) {
   auto [state, reason] = triton_state(i);
   if (state == "READY") return {};
   const auto& name = i.config.name;
-  if (i.state == "unloaded" || i.state == "unregistered")
+  if (i.state == actors::model_lifecycle::unloaded ||
+      i.state == actors::model_lifecycle::unregistered)
     return make_error(ec::unknown_model, "model " + name +
                                              " is in the repository but not loaded (unloaded): "
                                              "POST /v2/repository/models/" +

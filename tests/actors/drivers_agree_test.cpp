@@ -668,10 +668,12 @@ TEST_CASE("the actors and the simulator agree on continuous batching: joins and 
     s.batching.max_batch_size = 4;
     s.batching.batch_window = 5ms;
     s.batching.continuous = continuous;
-    s.arrivals = {{0, "a", 20},  {52, "a", 3},  {54.5, "a", 2},
+    s.arrivals = {{0, "a", 20},  {52, "a", 3},  {54.5, "a", 2}, {60, "a", 2},
                   {101, "b", 2}, {123, "a", 4}, {400, "a", 3}};
     auto simulated = check_drivers_agree(s);
-    REQUIRE(simulated.outcomes.size() == 6);
+    // The request at 60 ms arrives during the others' joining prefill: it joins at the
+    // boundary after the next decode step, in both drivers.
+    REQUIRE(simulated.outcomes.size() == 7);
     for (auto& o : simulated.outcomes) CHECK(o.status == 200);
     // The short requests are answered long before the long one with joins, after it
     // without.

@@ -360,11 +360,11 @@ TEST_CASE("a failed registration stays listed with its reason until registered a
   REQUIRE(listed);
   REQUIRE(listed->size() == 2);
   CHECK(listed->at(0).config.name == "broken");
-  CHECK(listed->at(0).state == "failed");
+  CHECK(listed->at(0).state == model_lifecycle::failed);
   CHECK_THAT(listed->at(0).reason, Catch::Contains("injected: cannot read the weights"));
   auto info = f.ask<model_info>(f.manager, info_atom_v, std::string{"broken"});
   REQUIRE(info);
-  CHECK(info->state == "failed");
+  CHECK(info->state == model_lifecycle::failed);
   // Requests and loads of it say why, with a code that maps to 503, not 404.
   infer_request r;
   r.model = "broken";
@@ -379,7 +379,7 @@ TEST_CASE("a failed registration stays listed with its reason until registered a
   f.script.failing_prepare.clear();
   auto second = f.ask<model_info>(f.manager, register_atom_v, b);
   REQUIRE(second);
-  CHECK(second->state == "offloaded");
+  CHECK(second->state == model_lifecycle::offloaded);
   CHECK(second->reason.empty());
   r.max_tokens = 1;
   auto fut = f.self->request(f.manager, caf::timespan{24h}, infer_atom_v, r);
@@ -395,7 +395,7 @@ TEST_CASE("a failed registration stays listed with its reason until registered a
   REQUIRE_FALSE(f.ask<model_info>(f.manager, register_atom_v, b));
   auto gone = f.ask<model_info>(f.manager, unregister_atom_v, std::string{"other"});
   REQUIRE(gone);
-  CHECK(gone->state == "unregistered");
+  CHECK(gone->state == model_lifecycle::unregistered);
   CHECK(is(f.ask<model_info>(f.manager, info_atom_v, std::string{"other"}).error(),
            ec::unknown_model));
   // A config the manager refuses is listed too.
@@ -406,7 +406,7 @@ TEST_CASE("a failed registration stays listed with its reason until registered a
   REQUIRE_FALSE(f.ask<model_info>(f.manager, register_atom_v, bad));
   auto bad_info = f.ask<model_info>(f.manager, info_atom_v, std::string{"bad"});
   REQUIRE(bad_info);
-  CHECK(bad_info->state == "failed");
+  CHECK(bad_info->state == model_lifecycle::failed);
   CHECK_FALSE(bad_info->reason.empty());
 }
 
@@ -415,10 +415,10 @@ TEST_CASE("unregister evicts, frees every worker's shard and frees the name",
   manager_fixture f;
   auto loaded = f.ask<model_info>(f.manager, load_atom_v, std::string{"m"});
   REQUIRE(loaded);
-  CHECK(loaded->state == "resident");
+  CHECK(loaded->state == model_lifecycle::resident);
   auto gone = f.ask<model_info>(f.manager, unregister_atom_v, std::string{"m"});
   REQUIRE(gone);
-  CHECK(gone->state == "unregistered");
+  CHECK(gone->state == model_lifecycle::unregistered);
   CHECK(f.script.evictions["m"] == 1);
   CHECK(f.script.unregistered["m"] == 1);
   CHECK(is(f.ask<model_info>(f.manager, info_atom_v, std::string{"m"}).error(), ec::unknown_model));
@@ -552,7 +552,7 @@ TEST_CASE("a model larger than its device is refused at registration, before any
   // Listed as failed with the sizes; its requests say why, and retrying cannot help.
   auto info = f.ask<model_info>(f.manager, info_atom_v, std::string{"big"});
   REQUIRE(info);
-  CHECK(info->state == "failed");
+  CHECK(info->state == model_lifecycle::failed);
   CHECK_THAT(info->reason, Catch::Contains("needs 150.0 MiB on device 0"));
   infer_request r;
   r.model = "big";

@@ -192,7 +192,7 @@ TEST_CASE("more models than fit are served by swapping and outputs equal a direc
   size_t resident = 0;
   for (auto& s : status) {
     evictions += s.evictions;
-    resident += s.state == "resident";
+    resident += s.state == model_lifecycle::resident;
   }
   CHECK(evictions >= 4);  // every model was loaded twice with room for two
   CHECK(resident <= 2);

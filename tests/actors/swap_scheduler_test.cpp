@@ -51,7 +51,7 @@ struct scheduler_fixture : deterministic_fixture {
     auto st = ask<std::vector<residency_report>>(sched_actor, status_atom_v);
     if (!st) return "no status: " + caf::to_string(st.error());
     for (auto& r : *st)
-      if (r.model == name) return r.state;
+      if (r.model == name) return to_string(r.state);
     return "missing";
   }
 
@@ -289,7 +289,7 @@ TEST_CASE("unload is refused under a lease and evicts otherwise", "[actors][sche
   f.release("a");
   auto ok = f.ask<residency_report>(f.sched_actor, unload_atom_v, std::string{"a"});
   REQUIRE(ok);
-  CHECK(ok->state == "offloaded");
+  CHECK(ok->state == model_lifecycle::offloaded);
   CHECK(f.script.evictions["a"] == 2);
 }
 
@@ -376,7 +376,7 @@ TEST_CASE("with compute while loading, leases come when the copies start, loads 
   CHECK(f.script.loads["a"] == 2);
   bool loaded = false;
   std::move(explicit_load)
-      .receive([&](residency_report& r) { loaded = r.state == "resident"; },
+      .receive([&](residency_report& r) { loaded = r.state == model_lifecycle::resident; },
                [&](caf::error& e) { FAIL(render(e)); });
   CHECK(loaded);
   std::move(hc).receive([](lease&) {}, [&](caf::error& e) { FAIL(render(e)); });

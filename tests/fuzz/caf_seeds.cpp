@@ -73,11 +73,11 @@ int main(int argc, char** argv) {
   d.shards = {"opt-a"};
   residency_report rr;
   rr.model = "opt-a";
-  rr.state = "resident";
+  rr.state = model_lifecycle::resident;
   rr.bytes = 1 << 20;
   model_info info;
   info.config = m;
-  info.state = "resident";
+  info.state = model_lifecycle::resident;
   info.reason = "";
   seed(1, "model_config", m);
   seed(2, "shard_spec", shard_spec{m, 1, 0, "tcp://127.0.0.1:1"});

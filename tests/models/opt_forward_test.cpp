@@ -439,6 +439,12 @@ TEST_CASE("sequences prefilled apart and joined decode as each does alone",
       REQUIRE_FALSE(batch.keep_rows({2, 0}));
       auto out = stage->decode({1, 1}, nullptr, batch);
       REQUIRE(out);
+      // Once only the joiner is left, the cache is as long as it (its prompt and three
+      // decode steps), not as old as the batch: padding every row outgrew is dropped.
+      REQUIRE_FALSE(batch.keep_rows({0}));
+      CHECK(batch.length() == static_cast<int64_t>(joiner.size()) + 3);
+      auto last = stage->decode({2}, nullptr, batch);
+      REQUIRE(last);
     }
   }
 }
