@@ -118,9 +118,9 @@ void send_step(manager_pointer self, const batch_ptr& b, step_request req,
   for (size_t rank = 0; rank < tp; ++rank) {
     auto r = req;
     for (size_t stage = 0; stage < pp; ++stage)
-      r.route.push_back(caf::actor_cast<caf::actor>(
+      r.route.push_back(caf::actor_cast<step_stage_actor>(
           st.workers[static_cast<size_t>(m.cfg.devices[stage * tp + rank])]));
-    auto first = caf::actor_cast<shard_worker_actor>(r.route[0]);
+    auto first = r.route[0];
     self->request(first, timeout, step_atom_v, std::move(r))
         .then([=](step_result& res) { j->ok(rank, std::move(res)); },
               [=](caf::error& e) { j->failed(std::move(e), rank); });
@@ -167,8 +167,7 @@ bool take_token(manager_pointer self, const batch_ptr& b, size_t r, size_t p, st
     b->logprobs[r].push_back(lp);
   }
   if (q.req.stream)
-    self->send(caf::actor_cast<token_sink_actor>(q.req.stream), token_atom_v, q.req.id,
-               q.req.stream_row, token, std::move(lp));
+    self->send(q.req.stream, token_atom_v, q.req.id, q.req.stream_row, token, std::move(lp));
   if (static_cast<int64_t>(b->outputs[r].size()) >= q.req.max_tokens) {
     finish_row(self, b, r, "length");
     return false;

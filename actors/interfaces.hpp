@@ -105,12 +105,6 @@ using swap_scheduler_actor = caf::typed_actor<
     caf::replies_to<policy_atom,
                     std::string>::with<std::string>>::extend_with<status_reporter_actor>;
 
-/// Receives a request's tokens as they are generated (infer_request::stream): (id,
-/// stream_row, token, its log-probabilities when the request asked for them). The sender
-/// is the model manager, which takes (cancel_atom, id, complete).
-using token_sink_actor =
-    caf::typed_actor<caf::reacts_to<token_atom, uint64_t, uint32_t, int64_t, token_logprobs>>;
-
 /// What serves requests: a model manager, or anything composed in front of managers
 /// (a router). The frontend talks to one of these.
 using serving_actor = caf::typed_actor<

@@ -9,7 +9,9 @@
 
 #include <caf/actor.hpp>
 #include <caf/meta/type_name.hpp>
+#include <caf/replies_to.hpp>
 #include <caf/type_id.hpp>
+#include <caf/typed_actor.hpp>
 
 #include "actors/atoms.hpp"
 
@@ -235,6 +237,14 @@ typename Inspector::result_type inspect(Inspector& f, tensor_payload& x) {
   return f(caf::meta::type_name("tensor_payload"), x.dtype, x.shape, x.bytes);
 }
 
+struct step_request;
+struct step_result;
+
+/// What a step's route names: a worker's step protocol (every shard_worker_actor is one).
+/// Declared here, not in interfaces.hpp, because step_request holds them.
+using step_stage_actor =
+    caf::typed_actor<caf::replies_to<atom::step_atom, step_request>::with<step_result>>;
+
 /// One forward step of a batch through one shard. Step 0 is the prefill of `prompts`;
 /// step k > 0 decodes `tokens` (one per sequence). Each stage sends it on to the next
 /// stage's worker of the same tensor-parallel rank (`route`, one worker per stage), and
@@ -253,7 +263,7 @@ struct step_request {
   tensor_payload hidden;
   /// The batch ends after this step: workers drop its caches.
   bool last = false;
-  std::vector<caf::actor> route;
+  std::vector<step_stage_actor> route;
   /// Decode steps: which rows of the previous step go on (their positions in it, in
   /// order); rows that finished leave the caches and the samplers. Empty: all of them.
   std::vector<int32_t> keep;
@@ -450,6 +460,13 @@ typename Inspector::result_type inspect(Inspector& f, device_usage& x) {
            x.transfers);
 }
 
+/// Receives a request's tokens as they are generated (infer_request::stream): (id,
+/// stream_row, token, its log-probabilities when the request asked for them). The sender
+/// is the model manager, which takes (cancel_atom, id, complete). Declared here, not in
+/// interfaces.hpp, because infer_request holds one.
+using token_sink_actor =
+    caf::typed_actor<caf::reacts_to<atom::token_atom, uint64_t, uint32_t, int64_t, token_logprobs>>;
+
 /// One sequence to complete.
 struct infer_request {
   std::string model;
@@ -467,10 +484,9 @@ struct infer_request {
   /// Generation stops when one of these tokens is sampled (it is not returned): the
   /// model's EOS ids and a request's stop_token_ids. Empty: only at max_tokens.
   std::vector<int64_t> stop_ids;
-  /// Receives each token as soon as it exists (a token_sink_actor, actors/interfaces.hpp;
-  /// untyped here because that header includes this one). It may answer the sender, the
-  /// model manager, with (cancel_atom, id, complete) to end the row early. Null: no streaming.
-  caf::actor stream;
+  /// Receives each token as soon as it exists. It may answer the sender, the model
+  /// manager, with (cancel_atom, id, complete) to end the row early. Null: no streaming.
+  token_sink_actor stream;
   uint32_t stream_row = 0;
 };
 

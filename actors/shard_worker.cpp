@@ -471,7 +471,7 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
                                           "step route has no stage " + std::to_string(next_stage)));
                     return;
                   }
-                  auto next = caf::actor_cast<shard_worker_actor>(in->route[next_stage]);
+                  auto next = in->route[next_stage];
                   auto mine = out->compute_ms;
                   auto remaining = static_cast<int>(in->route.size() - next_stage);
                   in->stage += 1;

@@ -285,7 +285,7 @@ caf::behavior generation(caf::event_based_actor* self, std::shared_ptr<gen_state
     req.stop_ids = st.stop_ids;
     if (req.sampling.min_tokens > 0) req.sampling.suppress = st.stop_ids;
     if (watch) {
-      req.stream = caf::actor_cast<caf::actor>(self);
+      req.stream = caf::actor_cast<actors::token_sink_actor>(self);
       req.stream_row = static_cast<uint32_t>(i);
     }
     self->request(fe, timeout, actors::infer_atom_v, std::move(req))

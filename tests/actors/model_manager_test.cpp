@@ -315,7 +315,7 @@ TEST_CASE("streamed tokens come one by one, and a cancel ends the row after its 
   r.model = "m";
   r.tokens = {1, 2, 3};
   r.max_tokens = 50;
-  r.stream = listener;
+  r.stream = caf::actor_cast<token_sink_actor>(listener);
   r.stream_row = 3;
   r.id = 41;
   auto h = f.self->request(f.manager, caf::timespan{24h}, infer_atom_v, r);
