@@ -8,12 +8,22 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "gpu/collective.hpp"
 #include "gpu/weight_store.hpp"
 #include "models/decoder_spec.hpp"
+#include "models/decoder_stage.hpp"
 
 namespace computron::models::detail {
+
+/// One stage's keys and values for one batch (kv_cache's state; models/kv_cache.cpp).
+struct kv_cache_tensors {
+  std::vector<at::Tensor> keys;  // per layer of the stage: [batch, local heads, len, head dim]
+  std::vector<at::Tensor> values;
+  at::Tensor key_valid;                // [batch, len] bool: false on padding
+  std::vector<int64_t> next_position;  // real tokens seen per sequence
+};
 
 /// The stage's state that blocks read: shape, split, where the weights are, the group.
 struct stage_state {
@@ -88,3 +98,9 @@ std::unique_ptr<decoder_block> make_opt_block(const stage_state& s);
 std::unique_ptr<decoder_block> make_llama_block(const stage_state& s);
 
 }  // namespace computron::models::detail
+
+namespace computron::models {
+/// kv_cache's state is these tensors (kv_cache.cpp keeps and joins them, decoder_stage.cpp
+/// fills and reads them).
+struct kv_cache::impl : detail::kv_cache_tensors {};
+}  // namespace computron::models
