@@ -22,8 +22,9 @@ post() {  # BODY: prints the seconds the request took
 long='{"model": "opt-125m-a", "prompt": [2, 100, 37, 5, 400, 12, 9, 81], "max_tokens": 128, "ignore_eos": true}'
 short='{"model": "opt-125m-a", "prompt": [2, 7, 300, 44], "max_tokens": 4, "ignore_eos": true}'
 for continuous in true false; do
-  sed "s/\"deadline_ms\": 60000}/\"deadline_ms\": 60000, \"continuous\": $continuous}/; s/\"port\": 8000/\"port\": $port/" \
+  sed "s/\"continuous\": true/\"continuous\": $continuous/; s/\"port\": 8000/\"port\": $port/" \
     "$root/configs/default.json" >"$dir/config.json"
+  grep -q "\"continuous\": $continuous" "$dir/config.json"  # the toggle took
   "$bin" serve --config "$dir/config.json" >"$dir/serve-$continuous.log" 2>&1 &
   pid=$!
   for _ in $(seq 1 120); do
