@@ -138,7 +138,10 @@ void dispatcher::abandon(batch_id id) {
 }
 
 void dispatcher::cancel(batch_id id, uint64_t key) {
-  if (auto i = batches_.find(id); i != batches_.end()) i->second.cancelled.push_back(key);
+  // Only a batch not started yet fails the row here; a running one drops it after its
+  // step (the manager's), and a long-lived one must not collect the keys.
+  if (auto i = batches_.find(id); i != batches_.end() && !i->second.started)
+    i->second.cancelled.push_back(key);
 }
 
 dispatch_effects dispatcher::batch_done(batch_id id, time_point now, bool ok, double compute_s,

@@ -135,7 +135,8 @@ class dispatcher {
   dispatch_effects lease_failed(batch_id id, time_point now);
   /// A formed batch whose requests all left before it was asked a lease for.
   void abandon(batch_id id);
-  /// A request of a formed, not yet started batch was cancelled: it fails at the start.
+  /// A request of a formed, not yet started batch was cancelled: it fails at the start
+  /// (ignored once the batch runs: the driver ends that row after its step).
   void cancel(batch_id id, uint64_t key);
   /// A started batch finished a step and `running` of its rows go on: with continuous
   /// batching, queued requests of its model join it, up to max_batch_size rows, unless a

@@ -62,6 +62,19 @@ struct manager_fixture : deterministic_fixture {
   }
 
   bool replied() { return !self->mailbox().empty(); }
+
+  /// Runs messages one by one until the workers ran `steps` steps (bounded).
+  void run_steps(size_t steps) {
+    for (int i = 0; i < 10000 && script.step_rows.size() < steps; ++i) sched.run_once();
+    REQUIRE(script.step_rows.size() == steps);
+  }
+
+  /// Runs everything, lets every batch window close, runs everything again.
+  void settle() {
+    sched.run();
+    sched.advance_time(6ms);
+    sched.run();
+  }
 };
 
 }  // namespace
@@ -177,12 +190,9 @@ TEST_CASE("continuous batching: a short request joins a running long one and lea
     f.sched.run();
     f.sched.advance_time(6ms);
     // a's batch runs its prefill and first decode step; then b arrives.
-    for (int i = 0; i < 10000 && f.script.step_rows.size() < 2; ++i) f.sched.run_once();
-    REQUIRE(f.script.step_rows.size() == 2);
+    f.run_steps(2);
     auto b = f.self->request(f.manager, caf::timespan{24h}, infer_atom_v, long_and_short(2));
-    f.sched.run();
-    f.sched.advance_time(6ms);
-    f.sched.run();
+    f.settle();
     infer_reply ra, rb;
     std::move(a).receive([&](infer_reply& r) { ra = r; }, [](caf::error& e) { FAIL(render(e)); });
     std::move(b).receive([&](infer_reply& r) { rb = r; }, [](caf::error& e) { FAIL(render(e)); });
@@ -229,13 +239,10 @@ TEST_CASE(
   auto c = f.self->request(f.manager, caf::timespan{24h}, infer_atom_v, long_and_short(1, "n"));
   f.sched.run();
   f.sched.advance_time(6ms);
-  for (int i = 0; i < 10000 && f.script.step_rows.size() < 2; ++i) f.sched.run_once();
-  REQUIRE(f.script.step_rows.size() == 2);
+  f.run_steps(2);
   // m's next request must not join m's running batch ahead of c's.
   auto b = f.self->request(f.manager, caf::timespan{24h}, infer_atom_v, long_and_short(2));
-  f.sched.run();
-  f.sched.advance_time(6ms);
-  f.sched.run();
+  f.settle();
   for (auto* h : {&a, &c, &b})
     std::move(*h).receive([](infer_reply&) {}, [](caf::error& e) { FAIL(render(e)); });
   CHECK(
