@@ -1,5 +1,6 @@
 #include "models/decoder_spec.hpp"
 
+#include <algorithm>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -274,6 +275,17 @@ caf::expected<gpu::tensor_table> shard_layout(const decoder_spec& spec, gpu::dty
   for (auto& p : shard_params(spec, par, shard))
     if (auto err = table.add(p.name, type, p.shard_shape)) return err;
   return table;
+}
+
+int64_t local_kv_heads(const decoder_spec& spec, const parallel_config& par) {
+  return std::max<int64_t>(1, spec.kv_head_count() / std::max(1, par.tp));
+}
+
+uint64_t kv_block_bytes(const decoder_spec& spec, gpu::dtype type, const parallel_config& par,
+                        const shard_index& shard) {
+  auto [begin, end] = stage_layers(spec, par.pp, shard.pp_rank);
+  auto per_layer = 2 * local_kv_heads(spec, par) * kv_block_tokens * spec.head_size();
+  return static_cast<uint64_t>(std::max<int64_t>(0, end - begin) * per_layer) * gpu::size_of(type);
 }
 
 caf::expected<uint64_t> shard_bytes(const decoder_spec& spec, gpu::dtype type,

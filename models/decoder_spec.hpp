@@ -173,6 +173,25 @@ std::vector<param_spec> shard_params(const decoder_spec& spec, const parallel_co
 caf::expected<gpu::tensor_table> shard_layout(const decoder_spec& spec, gpu::dtype type,
                                               const parallel_config& par, const shard_index& shard);
 
+/// Tokens one KV block holds (vLLM's default block size): a sequence's keys and values
+/// live in ceil(tokens / kv_block_tokens) blocks of its stage, listed in its block table.
+inline constexpr int64_t kv_block_tokens = 16;
+
+/// Blocks a sequence of `tokens` positions holds.
+inline int64_t kv_blocks_for(int64_t tokens) {
+  return tokens <= 0 ? 0 : (tokens + kv_block_tokens - 1) / kv_block_tokens;
+}
+
+/// Key/value heads one tensor-parallel rank caches: its share, or the one head its
+/// queries use where tp exceeds the key/value heads (replicated).
+int64_t local_kv_heads(const decoder_spec& spec, const parallel_config& par);
+
+/// Bytes of one KV block of `shard`: kv_block_tokens positions of keys and values for
+/// every layer of its stage and its local key/value heads, in `type`. What the ledger
+/// counts per block on the shard's device beside the weights.
+uint64_t kv_block_bytes(const decoder_spec& spec, gpu::dtype type, const parallel_config& par,
+                        const shard_index& shard);
+
 /// Bytes of one shard's buffer, computed without allocating.
 caf::expected<uint64_t> shard_bytes(const decoder_spec& spec, gpu::dtype type,
                                     const parallel_config& par, const shard_index& shard);

@@ -299,7 +299,7 @@ caf::expected<std::unique_ptr<decoder_stage>> decoder_stage::create(const decode
   std::tie(p->layer_begin, p->layer_end) = stage_layers(spec, par.pp, shard.pp_rank);
   p->local_heads = spec.heads / par.tp;
   // Key/value heads split where tp divides them; otherwise each rank holds one.
-  p->local_kv_heads = std::max<int64_t>(1, spec.kv_head_count() / par.tp);
+  p->local_kv_heads = local_kv_heads(spec, par);
   p->head_dim = spec.head_size();
   p->vocab_rows = vocab_rows(spec.vocab, par.tp);
   p->vocab_begin = shard.tp_rank * p->vocab_rows;
