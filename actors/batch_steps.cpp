@@ -43,13 +43,21 @@ void finish_row(manager_pointer self, const batch_ptr& b, size_t r, const std::s
     tl.ttft_s = sched::seconds_between(q.arrival, q.first_token);
   tl.itl_s = std::move(q.itl_s);
   tl.e2e_s = sched::seconds_between(q.arrival, t);
-  tl.prompt_tokens = static_cast<int64_t>(q.req.tokens.size());
-  if (r < b->outputs.size()) tl.generation_tokens = static_cast<int64_t>(b->outputs[r].size());
+  tl.prompt_tokens = static_cast<int64_t>(q.preemptions > 0 ? q.prompt_len : q.req.tokens.size());
   rep.id = q.req.id;
   rep.model = b->model;
-  if (r < b->outputs.size()) rep.tokens = std::move(b->outputs[r]);
-  if (r < b->logprobs.size()) rep.logprobs = std::move(b->logprobs[r]);
-  if (r < b->prompt_logprobs.size()) rep.prompt_logprobs = std::move(b->prompt_logprobs[r]);
+  // A row recomputed after a preemption answers what it generated before, then since.
+  rep.tokens = std::move(q.prior_outputs);
+  rep.logprobs = std::move(q.prior_logprobs);
+  if (r < b->outputs.size())
+    rep.tokens.insert(rep.tokens.end(), b->outputs[r].begin(), b->outputs[r].end());
+  if (r < b->logprobs.size())
+    rep.logprobs.insert(rep.logprobs.end(), b->logprobs[r].begin(), b->logprobs[r].end());
+  tl.generation_tokens = static_cast<int64_t>(rep.tokens.size());
+  if (q.preemptions > 0)
+    rep.prompt_logprobs = std::move(q.prior_prompt_logprobs);
+  else if (r < b->prompt_logprobs.size())
+    rep.prompt_logprobs = std::move(b->prompt_logprobs[r]);
   rep.queue_ms = sched::seconds_between(q.arrival, q.taken) * 1e3;
   rep.load_ms = q.joined ? 0 : b->load_ms;
   rep.compute_ms = b->compute_ms;
@@ -320,15 +328,86 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vecto
       finish_batch(self, b, nullptr);
       return;
     }
-    // A step boundary: queued requests of the model may join (continuous batching).
-    auto e = self->state.disp->step_boundary(b->id, b->sent.size(), now(self));
-    auto joins = std::move(e.joins);
-    carry_out(self, std::move(e));
-    if (joins.empty())
-      run_step(self, b, step + 1, unless_all(std::move(keep), previous));
-    else
-      join_rows(self, b, joins.front(), step, previous, std::move(keep));
+    // A step boundary: queued requests of the model may join (continuous batching), and
+    // the rows' KV must fit the batch's blocks.
+    std::vector<uint64_t> going;
+    for (auto r : b->sent) going.push_back(b->rows[r].key);
+    b->boundary_step = step;
+    b->boundary_previous = previous;
+    b->boundary_keep = std::move(keep);
+    at_step_boundary(self, b, self->state.disp->step_boundary(b->id, going, now(self)));
   });
+}
+
+void at_step_boundary(manager_pointer self, const batch_ptr& b, sched::dispatch_effects e) {
+  auto& st = self->state;
+  // Rows that leave here: preempted ones go back to the queue to be recomputed, with what
+  // they generated as part of their prompt; ones that can never fit fail.
+  std::set<uint64_t> leaving;
+  for (auto& p : e.preempted)
+    if (p.batch == b->id)
+      for (auto& row : p.rows) leaving.insert(row.key);
+  std::vector<sched::row_failure> failed;
+  for (auto& f : e.failures)
+    if (f.batch == b->id) {
+      failed.push_back(f);
+      leaving.insert(f.row.key);
+    }
+  if (!leaving.empty()) {
+    std::vector<size_t> stay;
+    std::vector<int32_t> keep;
+    for (size_t i = 0; i < b->sent.size(); ++i) {
+      auto r = b->sent[i];
+      auto& q = b->rows[r];
+      if (leaving.count(q.key) == 0) {
+        stay.push_back(r);
+        if (i < b->boundary_keep.size()) keep.push_back(b->boundary_keep[i]);
+        continue;
+      }
+      auto f = std::find_if(failed.begin(), failed.end(),
+                            [&](const sched::row_failure& x) { return x.row.key == q.key; });
+      if (f != failed.end()) {
+        if (b->running > 0) set_running(self, b, b->running - 1);
+        reply_error(self, q, row_error(self, *f, q));
+        continue;
+      }
+      // Recompute: the prompt grows by what it generated, max_tokens shrinks by as much.
+      if (q.preemptions++ == 0) {
+        q.prompt_len = q.req.tokens.size();
+        q.prior_prompt_logprobs = std::move(b->prompt_logprobs[r]);
+      }
+      q.req.tokens.insert(q.req.tokens.end(), b->outputs[r].begin(), b->outputs[r].end());
+      q.req.max_tokens -= static_cast<int64_t>(b->outputs[r].size());
+      q.prior_outputs.insert(q.prior_outputs.end(), b->outputs[r].begin(), b->outputs[r].end());
+      q.prior_logprobs.insert(q.prior_logprobs.end(), b->logprobs[r].begin(), b->logprobs[r].end());
+      st.batch_of.erase(q.req.id);
+      st.opts.obs->preempted(b->model);
+      st.waiting.emplace(q.key, std::move(q));
+    }
+    b->boundary_keep = std::move(keep);
+    compact(b, stay);
+    set_running(self, b, b->sent.size());
+  }
+  auto joins = std::move(e.joins);
+  const bool go = std::find(e.steps.begin(), e.steps.end(), b->id) != e.steps.end();
+  carry_out(self, std::move(e));
+  if (b->sent.empty() && joins.empty()) {
+    finish_batch(self, b, nullptr);
+    return;
+  }
+  if (!go) {
+    // Its KV ask is out: the answer continues it.
+    st.at_boundary[b->id] = b;
+    return;
+  }
+  auto step = b->boundary_step;
+  auto previous = b->boundary_previous;
+  auto keep = std::move(b->boundary_keep);
+  b->boundary_keep.clear();
+  if (joins.empty())
+    run_step(self, b, step + 1, unless_all(std::move(keep), previous));
+  else
+    join_rows(self, b, joins.front(), step, previous, std::move(keep));
 }
 
 }  // namespace computron::actors::manager_detail

@@ -60,6 +60,10 @@ class engine {
   /// which its shards' bytes on the devices are reported against; 0 where unknown.
   virtual uint64_t weight_bytes(const model_config&) const { return 0; }
 
+  /// Bytes of one KV block of the shard (models::kv_block_bytes): what the ledger counts
+  /// per block beside the weights. 0: the kind keeps no KV in blocks (nothing counted).
+  virtual uint64_t kv_block_bytes(const shard_spec&) const { return 0; }
+
   /// Writes the shard's weights into its host copy (seeded or from the checkpoint).
   virtual caf::error fill(const shard_spec& s, gpu::weight_shard& w) const = 0;
 

@@ -80,6 +80,13 @@ using swap_scheduler_actor = caf::typed_actor<
     caf::replies_to<acquire_atom, std::string>::with<lease>,
     /// Ends one lease of the model.
     caf::reacts_to<release_atom, std::string>,
+    /// KV blocks for a running batch of the leased model (want, need, wait: see
+    /// sched::residency::kv_reserve); replies with the blocks granted and the most the
+    /// model could ever hold.
+    caf::replies_to<kv_reserve_atom, std::string, uint64_t, uint64_t, bool>::with<uint64_t,
+                                                                                  uint64_t>,
+    /// A batch gives KV blocks back.
+    caf::reacts_to<kv_return_atom, std::string, uint64_t>,
     /// Loads the model without leasing it (explicit load from an operator).
     caf::replies_to<load_atom, std::string>::with<residency_report>,
     /// Evicts the model now; refused while batches hold leases on it.

@@ -334,12 +334,15 @@ struct model_placement {
   bool pinned = false;
   /// Priority class (see model_config::priority).
   int32_t priority = 0;
+  /// Bytes of one KV block on each shard (engine::kv_block_bytes); empty: its KV is not
+  /// counted in blocks (an engine that caches nothing, or not in blocks).
+  std::vector<uint64_t> kv_block_bytes;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, model_placement& x) {
   return f(caf::meta::type_name("model_placement"), x.model, x.devices, x.bytes, x.pinned,
-           x.priority);
+           x.priority, x.kv_block_bytes);
 }
 
 /// Permission to run batches on a resident model until release.
@@ -438,26 +441,32 @@ struct residency_report {
   double idle_s = -1;
   /// Why it cannot serve (state "unavailable"); else empty.
   std::string reason;
+  /// KV blocks its running batches hold (on each of its shards), and their bytes summed
+  /// over its shards.
+  uint64_t kv_blocks = 0;
+  uint64_t kv_bytes = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, residency_report& x) {
   return f(caf::meta::type_name("residency_report"), x.model, x.state, x.bytes, x.leases, x.pinned,
-           x.loads, x.evictions, x.demand_per_s, x.idle_s, x.reason);
+           x.loads, x.evictions, x.demand_per_s, x.idle_s, x.reason, x.kv_blocks, x.kv_bytes);
 }
 
 /// The scheduler's accounting of one device.
 struct device_usage {
   int32_t device = 0;
   uint64_t capacity_bytes = 0;
+  /// Weights' bytes (resident or loading), and KV blocks' bytes: one budget.
   uint64_t used_bytes = 0;
   uint32_t transfers = 0;
+  uint64_t kv_bytes = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, device_usage& x) {
   return f(caf::meta::type_name("device_usage"), x.device, x.capacity_bytes, x.used_bytes,
-           x.transfers);
+           x.transfers, x.kv_bytes);
 }
 
 /// Receives a request's tokens as they are generated (infer_request::stream): (id,

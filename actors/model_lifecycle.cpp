@@ -155,8 +155,20 @@ caf::result<model_info> register_model(manager_pointer self, model_config reques
     prepare_shards(
         self, cfg, all_stages,
         [=](std::vector<shard_report> reports) mutable {
-          model_placement p{cfg.name, cfg.devices, {}, cfg.pinned, cfg.priority};
+          model_placement p{cfg.name, cfg.devices, {}, cfg.pinned, cfg.priority, {}};
           for (auto& r : reports) p.bytes.push_back(r.bytes);
+          if (self->state.opts.kv_in_ledger) {
+            auto& eng = *self->state.engines.at(cfg.kind);
+            for (size_t pos = 0; pos < cfg.devices.size(); ++pos) {
+              auto b = eng.kv_block_bytes(shard_spec{
+                  cfg, static_cast<int32_t>(pos % tp), static_cast<int32_t>(pos / tp), {}});
+              if (b == 0) {
+                p.kv_block_bytes.clear();
+                break;
+              }
+              p.kv_block_bytes.push_back(b);
+            }
+          }
           self->request(self->state.scheduler, 10s, register_atom_v, p)
               .then(
                   [=](bool) mutable {
@@ -170,8 +182,8 @@ caf::result<model_info> register_model(manager_pointer self, model_config reques
                     m.max_positions = eng.max_positions(cfg);
                     for (auto b : p.bytes) m.bytes += b;
                     m.weight_bytes = eng.weight_bytes(cfg);
-                    m.index =
-                        st.disp->add_model(cfg.name, cfg.tp, cfg.pp, cfg.devices, cfg.priority);
+                    m.index = st.disp->add_model(cfg.name, cfg.tp, cfg.pp, cfg.devices,
+                                                 cfg.priority, !p.kv_block_bytes.empty());
                     st.names.push_back(cfg.name);
                     st.models.emplace(cfg.name, std::move(m));
                     st.opts.obs->model_registered(cfg.name, cfg.devices);

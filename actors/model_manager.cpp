@@ -1,5 +1,6 @@
 #include "actors/model_manager.hpp"
 #include "actors/model_manager_state.hpp"
+#include "sched/kv_blocks.hpp"
 
 #include <algorithm>
 #include <deque>
@@ -106,6 +107,14 @@ caf::error row_error(manager_pointer self, const sched::row_failure& f, const qu
                         "request " + id + " passed its deadline waiting for " + model);
     case sched::row_end::cancelled:
       break;
+    case sched::row_end::no_kv_room:
+      return make_error(ec::out_of_device_memory,
+                        fmt::format("request {} needs {} KV blocks of {} tokens on {}'s devices, "
+                                    "more than they can ever hold beside its weights and the "
+                                    "pinned models (a shorter prompt or max_tokens, or more or "
+                                    "larger devices)",
+                                    id, sched::kv_blocks_for(f.row.prompt_tokens + f.row.steps),
+                                    sched::kv_block_tokens, model));
   }
   return make_error(ec::cancelled, "request " + id + " was cancelled before it ran");
 }
@@ -167,6 +176,31 @@ void run_batch(manager_pointer self, const batch_ptr& b, const sched::started_ba
   run_step(self, b, 0, {});
 }
 
+/// Asks the scheduler for a batch's KV blocks; the answer goes to the dispatch core, and
+/// to the batch's step boundary where one waits for it. No timeout: the scheduler always
+/// answers (a start ask waits only while other batches hold KV, which they give back), and
+/// an answer after a timeout would leave its blocks taken for nobody.
+void ask_kv(manager_pointer self, const sched::kv_request& a) {
+  auto& st = self->state;
+  auto done = [=](uint64_t blocks, uint64_t ceiling) {
+    auto& st = self->state;
+    auto e = st.disp->kv_granted(a.batch, a.model, blocks, ceiling, now(self));
+    if (auto i = st.at_boundary.find(a.batch); i != st.at_boundary.end()) {
+      auto b = std::move(i->second);
+      st.at_boundary.erase(i);
+      at_step_boundary(self, b, std::move(e));
+      return;
+    }
+    carry_out(self, std::move(e));
+  };
+  self->request(st.scheduler, caf::infinite, kv_reserve_atom_v, st.names[a.model], a.want, a.need,
+                a.start)
+      .then(done, [=](caf::error& err) {
+        log::warn("KV blocks for {}: {}", self->state.names[a.model], to_string(err));
+        done(0, UINT64_MAX);
+      });
+}
+
 void carry_out(manager_pointer self, sched::dispatch_effects e) {
   auto& st = self->state;
   auto t = now(self);
@@ -183,6 +217,24 @@ void carry_out(manager_pointer self, sched::dispatch_effects e) {
     for (auto& q : i->second->rows)
       if (q.key == f.row.key) reply_error(self, q, row_error(self, f, q));
   }
+  // Rows of a batch about to start that found no KV room go back to the queue (running
+  // batches' preemptions are at_step_boundary's).
+  for (auto& p : e.preempted) {
+    auto i = st.pending.find(p.batch);
+    if (i == st.pending.end()) continue;
+    auto& rows = i->second->rows;
+    for (auto& row : p.rows)
+      for (auto r = rows.begin(); r != rows.end(); ++r)
+        if (r->key == row.key) {
+          st.batch_of.erase(r->req.id);
+          st.waiting.emplace(row.key, std::move(*r));
+          rows.erase(r);
+          break;
+        }
+  }
+  // KV goes back before the lease: the scheduler must not see a lease-free model with KV.
+  for (auto& r : e.kv_returns)
+    self->send(st.scheduler, kv_return_atom_v, st.names[r.model], r.blocks);
   for (auto& r : e.releases) {
     self->send(st.scheduler, release_atom_v, st.names[r.model]);
     st.pending.erase(r.batch);
@@ -215,6 +267,7 @@ void carry_out(manager_pointer self, sched::dispatch_effects e) {
     st.pending[f.id] = b;
     start_batch(self, b);
   }
+  for (auto& a : e.kv_asks) ask_kv(self, a);
   for (auto at : e.ticks)
     self->delayed_send(self, std::chrono::duration_cast<std::chrono::microseconds>(at - t),
                        tick_atom_v);
@@ -248,7 +301,8 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
         if (auto err = check_request(m, req, st.opts.max_tokens_limit)) return err;
         auto t = now(self);
         auto key = st.next_key++;
-        auto e = st.disp->admit(m.index, key, t, req.deadline_ms, req.max_tokens, req.drop_late);
+        auto e = st.disp->admit(m.index, key, t, req.deadline_ms, req.max_tokens, req.drop_late,
+                                static_cast<int64_t>(req.tokens.size()));
         if (e.refused) return make_error(e.refused->code, e.refused->reason);
         queued_request q{std::move(req), key, self->make_response_promise<infer_reply>(), t,
                          e.deadline};

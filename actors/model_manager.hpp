@@ -21,6 +21,11 @@ struct model_manager_options {
   /// sched/policies.hpp), queue bound and default deadline, as sched/ (and the simulator)
   /// take them.
   sched::batching_options batching;
+  /// KV in the ledger (issue 30): each model's batches ask the scheduler for KV blocks
+  /// out of the devices' one budget with the weights, growing as their rows decode and
+  /// preempting rows (recomputed later) when no room can be made. Off: KV is not counted
+  /// (it must fit the reserve beside the ledger's budget).
+  bool kv_in_ledger = true;
   /// Largest max_tokens a request may ask for.
   int64_t max_tokens_limit = 512;
   /// One forward step of one stage at most.

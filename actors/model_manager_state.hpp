@@ -41,6 +41,13 @@ struct queued_request {
   sched::time_point first_token{};
   sched::time_point last_token{};
   std::vector<double> itl_s{};
+  /// Preempted for KV room and recomputed (vLLM's recompute): req.tokens grew by what it
+  /// had generated, req.max_tokens shrank by as much, and its answer starts with these.
+  uint32_t preemptions = 0;
+  size_t prompt_len = 0;
+  std::vector<int64_t> prior_outputs{};
+  std::vector<token_logprobs> prior_logprobs{};
+  std::vector<token_logprobs> prior_prompt_logprobs{};
 };
 
 struct batch {
@@ -79,6 +86,11 @@ struct batch {
   double load_left_ms = 0;
   /// Steps run: the batcher's service estimate learns per step.
   int64_t steps = 0;
+  /// Where its steps stand while a step boundary waits for KV blocks (run_step's step,
+  /// the rows of the previous step and which of them go on).
+  int64_t boundary_step = 0;
+  size_t boundary_previous = 0;
+  std::vector<int32_t> boundary_keep{};
 };
 
 using batch_ptr = std::shared_ptr<batch>;
@@ -129,6 +141,8 @@ struct model_manager_state {
   uint64_t next_key = 1;
   /// Batches formed and not yet started (waiting for a lease, devices or a tick).
   std::unordered_map<sched::batch_id, batch_ptr> pending;
+  /// Batches whose step boundary waits for the answer to a KV ask.
+  std::unordered_map<sched::batch_id, batch_ptr> at_boundary;
   /// Rows running per model (the running-requests gauge).
   std::map<std::string, size_t> running;
 
@@ -163,6 +177,8 @@ void rejoin_groups(manager_pointer self, const std::vector<int32_t>& devs);
 
 /// The manager's clock (the actor system's, as sched:: time).
 sched::time_point now(manager_pointer self);
+/// Why a request failed before or outside its batch's steps, as its client reads it.
+caf::error row_error(manager_pointer self, const sched::row_failure& f, const queued_request& q);
 /// Carries out what the dispatch core decided (model_manager.cpp).
 void carry_out(manager_pointer self, sched::dispatch_effects e);
 /// Fails one queued or running request with `err` (batch_steps.cpp, as what follows).
@@ -172,6 +188,9 @@ void reply_error(manager_pointer self, queued_request& q, const caf::error& err)
 void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* err);
 /// The batch runs `rows` rows now: the model's running count and gauge follow.
 void set_running(manager_pointer self, const batch_ptr& b, size_t rows);
+/// Continues b at a step boundary with what the dispatch core decided there (preemptions,
+/// joins, and whether the next step runs now or waits for KV; batch_steps.cpp).
+void at_step_boundary(manager_pointer self, const batch_ptr& b, sched::dispatch_effects e);
 /// Runs step `step` of the rows in b->sent; `keep` says which rows of the previous step
 /// they are (empty: all).
 void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vector<int32_t> keep);

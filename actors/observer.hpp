@@ -43,6 +43,13 @@ class observer {
   virtual void queue_depth(const std::string& model, size_t depth) {}
   /// Rows of the model's batches running now.
   virtual void running_requests(const std::string& model, size_t rows) {}
+  /// A running row of the model was preempted for KV room (it will be recomputed).
+  virtual void preempted(const std::string& model) {}
+  /// KV bytes a device holds for running batches, and what is free of its budget beside
+  /// the weights and the KV.
+  virtual void kv_device(int32_t device, uint64_t kv_bytes, uint64_t free_bytes) {}
+  /// KV blocks the model's running batches hold (on each of its shards).
+  virtual void kv_model(const std::string& model, uint64_t blocks) {}
   /// A request that ran ended (after request_done): its timeline.
   virtual void request_timeline(const std::string& model, const request_timeline& t) {}
   /// A batch of `rows` sequences ran on `devices` from `start_s` for `seconds`.

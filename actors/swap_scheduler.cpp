@@ -24,6 +24,8 @@ struct pending_waiter {
   std::optional<caf::typed_response_promise<lease>> lease_rp;
   std::optional<caf::typed_response_promise<residency_report>> report_rp;
   sched::time_point asked{};
+  /// A KV ask: blocks granted, and the most the model could ever hold.
+  std::optional<caf::typed_response_promise<uint64_t, uint64_t>> kv_rp{};
 };
 
 struct swap_scheduler_state {
@@ -83,6 +85,8 @@ residency_report report_of(sched_pointer self, model_id id) {
   r.demand_per_s = m.demand.rate(t);
   r.idle_s = m.leases > 0 ? 0 : m.last_used ? sched::seconds_between(*m.last_used, t) : -1;
   r.reason = l.unavailable_reason(id);
+  r.kv_blocks = m.kv_blocks;
+  for (auto b : m.where.kv_block_bytes) r.kv_bytes += m.kv_blocks * b;
   return r;
 }
 
@@ -90,9 +94,17 @@ void publish_usage(sched_pointer self) {
   auto& l = ledger_of(self);
   size_t resident = 0;
   auto per_device = l.resident_per_device(&resident);
-  for (size_t d = 0; d < l.device_count(); ++d)
-    self->state.opts.obs->device_usage(static_cast<int32_t>(d), l.device(d).used_bytes,
-                                       l.device(d).slot.usable_bytes, per_device[d]);
+  auto& obs = *self->state.opts.obs;
+  for (size_t d = 0; d < l.device_count(); ++d) {
+    auto& a = l.device(d);
+    obs.device_usage(static_cast<int32_t>(d), a.used_bytes, a.slot.usable_bytes, per_device[d]);
+    auto taken = a.used_bytes + a.kv_bytes;
+    obs.kv_device(static_cast<int32_t>(d), a.kv_bytes,
+                  a.slot.usable_bytes > taken ? a.slot.usable_bytes - taken : 0);
+  }
+  for (model_id id = 0; id < l.model_count(); ++id)
+    if (!l.model(id).where.kv_block_bytes.empty() && !l.model(id).removed)
+      obs.kv_model(l.model(id).name, l.model(id).kv_blocks);
   self->state.opts.obs->resident_models(resident);
 }
 
@@ -167,6 +179,16 @@ void carry_out(sched_pointer self, sched::residency_effects e,
         l.load_seconds(g.model) * 1e3, resident_names(self),
         l.model(g.model).state == model_state::loading, l.load_left_seconds(g.model, t) * 1e3});
   }
+  for (auto& g : e.kv_grants) {
+    auto p = take(g.waiter);
+    if (p && p->kv_rp) {
+      p->kv_rp->deliver(g.blocks, g.ceiling);
+    } else if (g.blocks > 0) {
+      // Its asker is gone (it cannot be: asks are answered whole); the blocks go back.
+      st.core->ledger().kv_give(g.model, g.blocks);
+    }
+  }
+  if (!e.kv_grants.empty()) publish_usage(self);
   for (auto& d : e.done) {
     auto p = take(d.waiter);
     if (p && p->report_rp) p->report_rp->deliver(report_of(self, d.model));
@@ -282,7 +304,7 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
   return {
       [=](register_atom, model_placement& p) -> caf::result<bool> {
         auto& l = self->state.core->ledger();
-        sched::placement where{p.devices, p.bytes, p.pinned, p.priority};
+        sched::placement where{p.devices, p.bytes, p.pinned, p.priority, p.kv_block_bytes};
         // A model larger than its devices is refused here, not at every request.
         std::vector<uint64_t> usable;
         for (size_t d = 0; d < l.device_count(); ++d)
@@ -291,6 +313,24 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
         sched::refusal why;
         if (!l.add(p.model, where, &why)) return to_error(why);
         return true;
+      },
+      [=](kv_reserve_atom, std::string& name, uint64_t want, uint64_t need,
+          bool wait) -> caf::result<uint64_t, uint64_t> {
+        auto id = find(name);
+        if (!id) return unknown(name);
+        auto rp = self->make_response_promise<uint64_t, uint64_t>();
+        pending_waiter p;
+        p.kv_rp = rp;
+        p.asked = now(self);
+        auto w = add_waiter(self, std::move(p));
+        carry_out(self, self->state.core->kv_reserve(*id, w, want, need, wait, now(self)));
+        return rp;
+      },
+      [=](kv_return_atom, std::string& name, uint64_t blocks) {
+        auto id = find(name);
+        if (!id) return;
+        carry_out(self, self->state.core->kv_return(*id, blocks, now(self)));
+        publish_usage(self);
       },
       [=](acquire_atom, std::string& name) -> caf::result<lease> {
         auto id = find(name);
@@ -412,7 +452,7 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
         auto& l = ledger_of(self);
         for (size_t d = 0; d < l.device_count(); ++d)
           out.push_back({static_cast<int32_t>(d), l.device(d).slot.usable_bytes,
-                         l.device(d).used_bytes, l.device(d).transfers});
+                         l.device(d).used_bytes, l.device(d).transfers, l.device(d).kv_bytes});
         return out;
       },
   };

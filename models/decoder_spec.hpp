@@ -10,6 +10,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "gpu/weight_store.hpp"
+#include "sched/kv_blocks.hpp"
 
 /// Decoder shapes of every family (OPT; the Llama family: Llama, Mistral, Qwen2, Qwen3),
 /// how they split over tensor x pipeline parallel ranks, and the parameter layout of every
@@ -173,14 +174,10 @@ std::vector<param_spec> shard_params(const decoder_spec& spec, const parallel_co
 caf::expected<gpu::tensor_table> shard_layout(const decoder_spec& spec, gpu::dtype type,
                                               const parallel_config& par, const shard_index& shard);
 
-/// Tokens one KV block holds (vLLM's default block size): a sequence's keys and values
-/// live in ceil(tokens / kv_block_tokens) blocks of its stage, listed in its block table.
-inline constexpr int64_t kv_block_tokens = 16;
-
-/// Blocks a sequence of `tokens` positions holds.
-inline int64_t kv_blocks_for(int64_t tokens) {
-  return tokens <= 0 ? 0 : (tokens + kv_block_tokens - 1) / kv_block_tokens;
-}
+/// The KV block size and the blocks a sequence holds (sched/kv_blocks.hpp: the ledger
+/// counts KV in the same blocks).
+using sched::kv_block_tokens;
+using sched::kv_blocks_for;
 
 /// Key/value heads one tensor-parallel rank caches: its share, or the one head its
 /// queries use where tp exceeds the key/value heads (replicated).

@@ -36,6 +36,26 @@ struct metrics::impl {
           .Name("computron_device_used_bytes")
           .Help("Device bytes held by model weights (loading or resident)")
           .Register(*reg);
+  pm::Family<pm::Gauge>& kv_used = pm::BuildGauge()
+                                       .Name("computron_kv_used_bytes")
+                                       .Help("Device bytes held by running batches' KV blocks")
+                                       .Register(*reg);
+  pm::Family<pm::Gauge>& device_free =
+      pm::BuildGauge()
+          .Name("computron_device_free_bytes")
+          .Help("Device bytes neither weights nor KV blocks hold (of the capacity)")
+          .Register(*reg);
+  pm::Family<pm::Gauge>& kv_blocks = pm::BuildGauge()
+                                         .Name("computron_kv_blocks")
+                                         .Help(
+                                             "KV blocks a model's running batches hold "
+                                             "(on each of its shards; 16 tokens each)")
+                                         .Register(*reg);
+  pm::Family<pm::Counter>& preemptions =
+      pm::BuildCounter()
+          .Name("computron_preemptions_total")
+          .Help("Running requests preempted for KV room (recomputed later), by model")
+          .Register(*reg);
   pm::Family<pm::Gauge>& capacity = pm::BuildGauge()
                                         .Name("computron_device_capacity_bytes")
                                         .Help("Device bytes available to model weights")
@@ -237,6 +257,20 @@ void metrics::device_usage(int32_t device, uint64_t used_bytes, uint64_t capacit
   impl_->used.Add(l).Set(static_cast<double>(used_bytes));
   impl_->capacity.Add(l).Set(static_cast<double>(capacity_bytes));
   impl_->device_models.Add(l).Set(static_cast<double>(resident_models));
+}
+
+void metrics::preempted(const std::string& model) {
+  impl_->preemptions.Add({{"model", model}}).Increment();
+}
+
+void metrics::kv_device(int32_t device, uint64_t kv_bytes, uint64_t free_bytes) {
+  pm::Labels l{{"device", std::to_string(device)}};
+  impl_->kv_used.Add(l).Set(static_cast<double>(kv_bytes));
+  impl_->device_free.Add(l).Set(static_cast<double>(free_bytes));
+}
+
+void metrics::kv_model(const std::string& model, uint64_t blocks) {
+  impl_->kv_blocks.Add({{"model", model}}).Set(static_cast<double>(blocks));
 }
 
 void metrics::resident_models(size_t count) {

@@ -20,6 +20,9 @@ class metrics final : public actors::observer {
   void request_done(const std::string& model, const std::string& outcome, double seconds) override;
   void queue_depth(const std::string& model, size_t depth) override;
   void running_requests(const std::string& model, size_t rows) override;
+  void preempted(const std::string& model) override;
+  void kv_device(int32_t device, uint64_t kv_bytes, uint64_t free_bytes) override;
+  void kv_model(const std::string& model, uint64_t blocks) override;
   void request_timeline(const std::string& model, const actors::request_timeline& t) override;
   /// An HTTP response went out: counted by status code (refusals included, 4xx too) and
   /// route family ("openai", "kserve", "control", "other").

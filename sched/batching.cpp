@@ -42,19 +42,42 @@ uint32_t batcher::add_model(std::string name, int32_t max_in_flight, int32_t pri
 
 std::optional<refusal> batcher::admit(uint32_t model, uint64_t key, time_point now,
                                       int64_t deadline_ms, time_point* deadline, int64_t steps,
-                                      bool drop_late) {
+                                      bool drop_late, int64_t prompt_tokens) {
   auto& q = queues_[model];
   if (q.live >= opts_.max_queue)
     return refusal{ec::overloaded, "the queue of " + q.name + " is full (" +
                                        std::to_string(opts_.max_queue) + " requests)"};
   auto d = deadline_of(now, deadline_ms, opts_.default_deadline);
   auto seq = q.next_seq++;
-  q.queue.push_back({key, now, d, std::max<int64_t>(1, steps), drop_late, seq});
+  q.queue.push_back({key, now, d, std::max<int64_t>(1, steps), drop_late, seq, prompt_tokens});
   q.dead.push_back(false);
   ++q.live;
   q.deadlines.emplace(d, seq);
   if (deadline) *deadline = d;
   return std::nullopt;
+}
+
+void batcher::push_front(uint32_t model, const std::vector<queued_entry>& rows) {
+  if (rows.empty()) return;
+  auto& q = queues_[model];
+  q.tidy();
+  for (auto i = rows.rbegin(); i != rows.rend(); ++i) {
+    auto e = *i;
+    e.seq = --q.front_seq;
+    q.queue.push_front(e);
+    q.dead.push_front(false);
+    ++q.live;
+  }
+  // The heap may hold stale entries of requests that left from the front under the numbers
+  // just reused: rebuilt from the live ones (a rare event: no room for a batch).
+  decltype(q.deadlines) fresh;
+  for (size_t i = 0; i < q.queue.size(); ++i)
+    if (!q.dead[i]) fresh.emplace(q.queue[i].deadline, q.front_seq + i);
+  q.deadlines = std::move(fresh);
+}
+
+void batcher::set_blocked(uint32_t model, bool blocked) {
+  queues_[model].blocked = blocked;
 }
 
 void batcher::model_queue::tidy() {
@@ -101,7 +124,7 @@ dispatch_decisions batcher::dispatch(time_point now) {
     if (q.live == 0) continue;
     auto earliest = q.deadlines.top().first;
     want_tick(earliest);
-    if (q.in_flight >= q.max_in_flight) continue;
+    if (q.in_flight >= q.max_in_flight || q.blocked) continue;
     queue_view v;
     v.head_age_s = seconds_between(q.queue.front().arrival, now);
     v.queued = q.live;

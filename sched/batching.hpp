@@ -50,6 +50,9 @@ struct queued_entry {
   bool drop_late = false;
   /// Position in its model's queue (the batcher's; callers leave it alone).
   uint64_t seq = 0;
+  /// Tokens of its prompt (with what it generated before a preemption): the KV blocks
+  /// it needs (0: one token).
+  int64_t prompt_tokens = 0;
 };
 
 /// A batch to start: requests of one model, in queue order.
@@ -87,7 +90,13 @@ class batcher {
   /// full). Returns the deadline it got. `steps` and `drop_late` as in queued_entry.
   std::optional<refusal> admit(uint32_t model, uint64_t key, time_point now, int64_t deadline_ms,
                                time_point* deadline = nullptr, int64_t steps = 1,
-                               bool drop_late = false);
+                               bool drop_late = false, int64_t prompt_tokens = 0);
+  /// Puts requests taken from the queue back at its front, in their order (a batch that
+  /// could not get KV room for them, a preempted row): they keep their times.
+  void push_front(uint32_t model, const std::vector<queued_entry>& rows);
+  /// A blocked model forms no batches (one whose batch found no KV room at all waits for
+  /// room to come back, instead of forming the same batch again at once).
+  void set_blocked(uint32_t model, bool blocked);
 
   /// Expires what passed its deadline, then forms batches in the dispatch policy's order:
   /// a queue goes when it is full or its head waited a batch window.
@@ -136,8 +145,9 @@ class batcher {
     std::deque<queued_entry> queue;
     std::deque<bool> dead;
     /// seq of queue.front(); entries are numbered in admission order.
-    uint64_t front_seq = 0;
-    uint64_t next_seq = 0;
+    /// Numbers start high, so that push_front can number entries below the front.
+    uint64_t front_seq = uint64_t{1} << 40;
+    uint64_t next_seq = uint64_t{1} << 40;
     size_t live = 0;
     std::priority_queue<std::pair<time_point, uint64_t>,
                         std::vector<std::pair<time_point, uint64_t>>,
@@ -147,6 +157,7 @@ class batcher {
     int32_t in_flight = 0;
     int32_t priority = 0;
     bool resident = false;
+    bool blocked = false;
     /// Moving averages of seconds per forward step and per load (0: none measured).
     double step_s = 0;
     double load_s = 0;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "sched/kv_blocks.hpp"
+
 namespace computron::sched {
 
 std::unique_ptr<dispatcher> dispatcher::make(batching_options opts, size_t devices, refusal* why) {
@@ -11,10 +13,10 @@ std::unique_ptr<dispatcher> dispatcher::make(batching_options opts, size_t devic
 }
 
 uint32_t dispatcher::add_model(const std::string& name, int32_t tp, int32_t pp,
-                               const std::vector<int32_t>& devices, int32_t priority) {
+                               const std::vector<int32_t>& devices, int32_t priority, bool kv) {
   auto index = batcher_->add_model(name, pp, priority);
   if (models_.size() <= index) models_.resize(static_cast<size_t>(index) + 1);
-  models_[index] = {gate_.placement_key(tp, pp, devices), pp, devices};
+  models_[index] = {gate_.placement_key(tp, pp, devices), pp, devices, kv};
   return index;
 }
 
@@ -31,7 +33,10 @@ void dispatcher::dispatch_pass(time_point now, dispatch_effects& out) {
   for (auto& [m, e] : d.dropped) out.failures.push_back({m, e, row_end::dropped, 0});
   for (auto& plan : d.batches) {
     auto id = next_batch_++;
-    batches_[id] = {plan.model, plan.rows, {}, {}};
+    batch_state b;
+    b.model = plan.model;
+    b.rows = plan.rows;
+    batches_[id] = std::move(b);
     out.formed.push_back({id, plan.model, std::move(plan.rows)});
   }
   if (d.next_tick) arm(*d.next_tick, now, out);
@@ -76,6 +81,7 @@ void dispatcher::run_pass(time_point now, dispatch_effects& out) {
         live.push_back(e);
     }
     if (live.empty()) {
+      kv_trim(b, 0, out);
       gate_.finish(m.devices);
       out.releases.push_back({id, b.model});
       batcher_->batch_ended(b.model);
@@ -85,6 +91,8 @@ void dispatcher::run_pass(time_point now, dispatch_effects& out) {
     }
     b.rows = live;
     b.started = true;
+    b.going.clear();
+    for (auto& e : live) b.going.push_back(e.key);
     out.started.push_back({id, b.model, std::move(live), start});
   }
   runnable_ = std::move(still);
@@ -93,9 +101,11 @@ void dispatcher::run_pass(time_point now, dispatch_effects& out) {
 }
 
 dispatch_effects dispatcher::admit(uint32_t model, uint64_t key, time_point now,
-                                   int64_t deadline_ms, int64_t steps, bool drop_late) {
+                                   int64_t deadline_ms, int64_t steps, bool drop_late,
+                                   int64_t prompt_tokens) {
   dispatch_effects out;
-  out.refused = batcher_->admit(model, key, now, deadline_ms, &out.deadline, steps, drop_late);
+  out.refused =
+      batcher_->admit(model, key, now, deadline_ms, &out.deadline, steps, drop_late, prompt_tokens);
   if (!out.refused) dispatch_pass(now, out);
   return out;
 }
@@ -114,6 +124,14 @@ dispatch_effects dispatcher::leased(batch_id id, const lease_info& l, time_point
   }
   batcher_->note_load(b.model, l.load_estimate_s);
   batcher_->set_resident(b.model, true);
+  if (models_[b.model].kv) {
+    // Its first step waits for its rows' KV blocks (the prefill caches every prompt).
+    uint64_t want = 0;
+    for (auto& e : b.rows) want += kv_want(e, 0);
+    b.waiting = kv_wait::start;
+    out.kv_asks.push_back({id, b.model, want, kv_need(b.rows.front(), 1), true});
+    return out;
+  }
   runnable_.push_back(id);
   run_pass(now, out);
   return out;
@@ -150,7 +168,9 @@ dispatch_effects dispatcher::batch_done(batch_id id, time_point now, bool ok, do
   auto i = batches_.find(id);
   if (i == batches_.end()) return out;
   auto model = i->second.model;
+  kv_trim(i->second, 0, out);
   batches_.erase(i);
+  unblock();
   gate_.finish(models_[model].devices);
   out.releases.push_back({id, model});
   batcher_->batch_ended(model);
@@ -170,22 +190,211 @@ bool dispatcher::others_wait(uint32_t model) const {
   return false;
 }
 
-dispatch_effects dispatcher::step_boundary(batch_id id, size_t running, time_point now) {
+dispatch_effects dispatcher::step_boundary(batch_id id, const std::vector<uint64_t>& going,
+                                           time_point now) {
   dispatch_effects out;
   auto i = batches_.find(id);
   if (i == batches_.end() || !i->second.started) return out;
-  const auto model = i->second.model;
+  auto& b = i->second;
+  const auto model = b.model;
+  // Rows that left gave their blocks back to the batch; those going on cached a token.
+  std::unordered_map<uint64_t, int64_t> steps_run;
+  for (auto k : going) steps_run[k] = b.steps_run[k] + 1;
+  b.steps_run = std::move(steps_run);
+  b.going = going;
+  // Only the rows going on matter from here (a long-lived batch must not collect them).
+  std::vector<queued_entry> rows;
+  for (auto k : going)
+    if (auto* e = row_of(b, k)) rows.push_back(*e);
+  b.rows = std::move(rows);
   const size_t room = batcher_->options().max_batch_size;
-  if (!batcher_->options().continuous || running >= room || batcher_->queued(model) == 0 ||
-      others_wait(model))
-    return out;
-  auto d = batcher_->join(model, room - running, now);
-  for (auto& [m, e] : d.expired) out.failures.push_back({m, e, row_end::expired, 0});
-  for (auto& [m, e] : d.dropped) out.failures.push_back({m, e, row_end::dropped, 0});
-  for (auto& plan : d.batches)
-    out.joins.push_back({id, next_batch_++, model, std::move(plan.rows)});
-  out.dispatched = true;
+  std::vector<queued_entry> joiners;
+  if (batcher_->options().continuous && going.size() < room && batcher_->queued(model) > 0 &&
+      !others_wait(model)) {
+    auto d = batcher_->join(model, room - going.size(), now);
+    for (auto& [m, e] : d.expired) out.failures.push_back({m, e, row_end::expired, 0});
+    for (auto& [m, e] : d.dropped) out.failures.push_back({m, e, row_end::dropped, 0});
+    for (auto& plan : d.batches) joiners = std::move(plan.rows);
+    out.dispatched = true;
+  }
+  if (models_[model].kv && !going.empty()) {
+    auto need = kv_need_of(b, joiners);
+    if (need > b.kv_held) {
+      uint64_t want = 0;
+      for (auto k : going)
+        if (auto* e = row_of(b, k)) want += kv_want(*e, b.steps_run[k]);
+      for (auto& e : joiners) want += kv_want(e, 0) + 1;
+      b.joiners = std::move(joiners);
+      b.waiting = kv_wait::step;
+      out.kv_asks.push_back({id, model, want - std::min(want, b.kv_held),
+                             kv_need_of(b, {}) - std::min(kv_need_of(b, {}), b.kv_held), false});
+      return out;
+    }
+  }
+  b.joiners = std::move(joiners);
+  kv_continue(id, b, UINT64_MAX, now, out);
   return out;
+}
+
+uint64_t dispatcher::kv_need(const queued_entry& e, int64_t steps_run) {
+  // The next step caches position prompt + steps_run - 1 ... : prompt + steps_run tokens
+  // (the prefill, steps_run 0, caches the prompt); never more than the request's last.
+  auto prompt = std::max<int64_t>(1, e.prompt_tokens);
+  auto last = prompt + std::max<int64_t>(0, e.steps - 1);
+  return static_cast<uint64_t>(kv_blocks_for(std::min(prompt + steps_run, last)));
+}
+
+uint64_t dispatcher::kv_want(const queued_entry& e, int64_t steps_run) {
+  auto prompt = std::max<int64_t>(1, e.prompt_tokens);
+  auto last = prompt + std::max<int64_t>(0, e.steps - 1);
+  return static_cast<uint64_t>(
+      kv_blocks_for(std::min(prompt + steps_run + kv_lookahead_tokens, last)));
+}
+
+const queued_entry* dispatcher::row_of(const batch_state& b, uint64_t key) const {
+  for (auto& e : b.rows)
+    if (e.key == key) return &e;
+  return nullptr;
+}
+
+uint64_t dispatcher::kv_need_of(const batch_state& b,
+                                const std::vector<queued_entry>& joiners) const {
+  uint64_t need = 0;
+  for (auto k : b.going)
+    if (auto* e = row_of(b, k)) {
+      auto s = b.steps_run.find(k);
+      need += kv_need(*e, s == b.steps_run.end() ? 0 : s->second);
+    }
+  // A joiner's prefill caches its prompt and the step after it one token more.
+  for (auto& e : joiners) need += kv_need(e, 1);
+  return need;
+}
+
+void dispatcher::kv_trim(batch_state& b, uint64_t keep, dispatch_effects& out) {
+  if (b.kv_held <= keep) return;
+  out.kv_returns.push_back({b.model, b.kv_held - keep});
+  b.kv_held = keep;
+}
+
+void dispatcher::unblock() {
+  for (auto m : blocked_) batcher_->set_blocked(m, false);
+  blocked_.clear();
+}
+
+void dispatcher::kv_continue(batch_id id, batch_state& b, uint64_t ceiling, time_point now,
+                             dispatch_effects& out) {
+  const auto model = b.model;
+  auto joiners = std::move(b.joiners);
+  b.joiners.clear();
+  if (models_[model].kv) {
+    // Preempt the youngest rows (the last to join) until the rest fit what is held.
+    std::vector<queued_entry> preempted;
+    while (!b.going.empty() && kv_need_of(b, {}) > b.kv_held) {
+      auto key = b.going.back();
+      b.going.pop_back();
+      auto* e = row_of(b, key);
+      if (!e) continue;
+      auto row = *e;
+      auto done = b.steps_run[key];
+      b.steps_run.erase(key);
+      // Recomputed later: what it generated becomes part of its prompt.
+      row.prompt_tokens = std::max<int64_t>(1, row.prompt_tokens) + done;
+      row.steps = std::max<int64_t>(1, row.steps - done);
+      if (kv_need(row, 0) > ceiling)
+        out.failures.push_back({model, row, row_end::no_kv_room, id});
+      else
+        preempted.push_back(row);
+    }
+    if (!preempted.empty()) {
+      batcher_->push_front(model, preempted);
+      out.preempted.push_back({id, model, std::move(preempted)});
+    }
+    // Joiners that do not fit beside them stay queued, in order.
+    std::vector<queued_entry> fit, back;
+    auto used = kv_need_of(b, {});
+    for (auto& e : joiners) {
+      if (back.empty() && used + kv_need(e, 1) <= b.kv_held) {
+        used += kv_need(e, 1);
+        fit.push_back(e);
+      } else {
+        back.push_back(e);
+      }
+    }
+    batcher_->push_front(model, back);
+    joiners = std::move(fit);
+    // A batch that shrank gives back what it holds beyond twice its want (it keeps some
+    // room to grow into without asking again).
+    uint64_t want = 0;
+    for (auto k : b.going)
+      if (auto* e = row_of(b, k)) want += kv_want(*e, b.steps_run[k]);
+    for (auto& e : joiners) want += kv_want(e, 1);
+    if (b.kv_held > 2 * want) kv_trim(b, want, out);
+  }
+  if (!joiners.empty()) {
+    for (auto& e : joiners) b.rows.push_back(e);
+    out.joins.push_back({id, next_batch_++, model, std::move(joiners)});
+  }
+  if (!b.going.empty() || !out.joins.empty()) out.steps.push_back(id);
+}
+
+dispatch_effects dispatcher::kv_granted(batch_id id, uint32_t model, uint64_t blocks,
+                                        uint64_t ceiling, time_point now) {
+  dispatch_effects out;
+  auto i = batches_.find(id);
+  if (i == batches_.end()) {
+    // Its batch is gone (it failed meanwhile): the blocks go straight back.
+    if (blocks > 0) out.kv_returns.push_back({model, blocks});
+    return out;
+  }
+  auto& b = i->second;
+  b.kv_held += blocks;
+  auto waiting = b.waiting;
+  b.waiting = kv_wait::none;
+  if (waiting == kv_wait::step) {
+    kv_continue(id, b, ceiling, now, out);
+    return out;
+  }
+  if (waiting != kv_wait::start) return out;
+  // The rows that fit, in queue order; the rest go back to the front of the queue, or
+  // fail when they could never fit.
+  std::vector<queued_entry> keep, back;
+  uint64_t used = 0;
+  for (auto& e : b.rows) {
+    auto need = kv_need(e, 1);
+    if (need > ceiling)
+      out.failures.push_back({b.model, e, row_end::no_kv_room, id});
+    else if (back.empty() && used + need <= b.kv_held) {
+      used += need;
+      keep.push_back(e);
+    } else {
+      back.push_back(e);
+    }
+  }
+  batcher_->push_front(b.model, back);
+  if (!back.empty()) out.preempted.push_back({id, b.model, back});
+  if (keep.empty()) {
+    // Nothing fits now: the lease goes back and the model forms no batch until room
+    // comes back (a batch ends), or it would form this one again at once.
+    kv_trim(b, 0, out);
+    out.releases.push_back({id, b.model});
+    batcher_->batch_ended(b.model);
+    if (!back.empty()) {
+      batcher_->set_blocked(b.model, true);
+      blocked_.push_back(b.model);
+    }
+    batches_.erase(i);
+    dispatch_pass(now, out);
+    return out;
+  }
+  b.rows = std::move(keep);
+  runnable_.push_back(id);
+  run_pass(now, out);
+  return out;
+}
+
+uint64_t dispatcher::kv_held(batch_id id) const {
+  auto i = batches_.find(id);
+  return i == batches_.end() ? 0 : i->second.kv_held;
 }
 
 dispatch_effects dispatcher::tick(time_point now) {

@@ -35,6 +35,9 @@ enum class row_end : uint8_t {
   expired_waiting,
   /// Cancelled after its batch formed, before the batch started.
   cancelled,
+  /// Its KV blocks need more than its devices hold beside the model's weights and the
+  /// pinned models': it can never run there (out_of_device_memory).
+  no_kv_room,
 };
 
 struct row_failure {
@@ -75,6 +78,34 @@ struct started_batch {
   time_point start{};
 };
 
+/// A batch asks the residency core for KV blocks (sched::residency::kv_reserve): `want`
+/// with lookahead, at least `need` for its rows' next step; `start`: its first step waits
+/// for them (and may wait for room), else its next step does (and never waits for room:
+/// it preempts).
+struct kv_request {
+  batch_id batch = 0;
+  uint32_t model = 0;
+  uint64_t want = 0;
+  uint64_t need = 0;
+  bool start = false;
+};
+
+/// KV blocks a model's batch gives back to the residency core.
+struct kv_giveback {
+  uint32_t model = 0;
+  uint64_t blocks = 0;
+};
+
+/// Rows of a batch that go back to the front of the queue for want of KV room: of a
+/// running batch, preempted (vLLM's recompute: the driver drops them from the batch and
+/// keeps their requests, with what they generated as part of their prompt; prompt_tokens
+/// and steps are already updated); of a batch about to start, rows that did not fit.
+struct preemption {
+  batch_id batch = 0;
+  uint32_t model = 0;
+  std::vector<queued_entry> rows;
+};
+
 /// What an event decided; the driver carries it out in the order of the fields.
 struct dispatch_effects {
   /// An admission refused (admit only), and the deadline an admitted request got.
@@ -90,8 +121,17 @@ struct dispatch_effects {
   /// New batches: the driver asks for a lease on each (leased or lease_failed follows),
   /// or abandons one whose requests all left before it formed (cancelled in the queue).
   std::vector<formed_batch> formed;
-  /// Rows that join a running batch now (step_boundary only).
+  /// Rows that join a running batch now (step_boundary, kv_granted).
   std::vector<join_plan> joins;
+  /// KV asks to send (models that keep KV in the ledger only), and blocks to give back.
+  std::vector<kv_request> kv_asks;
+  std::vector<kv_giveback> kv_returns;
+  /// Rows preempted for room (after step_boundary or kv_granted).
+  std::vector<preemption> preempted;
+  /// Running batches whose next step may run now (after step_boundary or kv_granted; a
+  /// batch with joins runs it after their prefill). A batch missing here waits for its
+  /// KV ask; one with no row left ends (the driver calls batch_done).
+  std::vector<batch_id> steps;
   /// Times to call tick at (each a little after the instant a pass is due, so that the
   /// pass finds the window closed whatever the timer's granularity).
   std::vector<time_point> ticks;
@@ -119,8 +159,9 @@ class dispatcher {
   static std::unique_ptr<dispatcher> make(batching_options opts, size_t devices, refusal* why);
 
   /// Adds a model (its queue and its placement in the gate); returns its index.
+  /// `kv`: the model keeps KV in the ledger's blocks (its batches ask for them).
   uint32_t add_model(const std::string& name, int32_t tp, int32_t pp,
-                     const std::vector<int32_t>& devices, int32_t priority);
+                     const std::vector<int32_t>& devices, int32_t priority, bool kv = false);
   /// The queues, for estimates, counts and residency beliefs.
   const batcher& queues() const { return *batcher_; }
   batcher& queues() { return *batcher_; }
@@ -128,7 +169,7 @@ class dispatcher {
 
   /// A request arrives: admitted (a dispatch pass follows) or refused.
   dispatch_effects admit(uint32_t model, uint64_t key, time_point now, int64_t deadline_ms,
-                         int64_t steps = 1, bool drop_late = false);
+                         int64_t steps = 1, bool drop_late = false, int64_t prompt_tokens = 0);
   /// A formed batch got its lease: a run pass.
   dispatch_effects leased(batch_id id, const lease_info& l, time_point now);
   /// A formed batch got no lease: it ends (the driver fails its requests), a dispatch pass.
@@ -143,7 +184,18 @@ class dispatcher {
   /// batch of another model waits for one of its devices (for a lease or the gate), which
   /// would otherwise wait for as long as requests keep coming: then the batch runs out
   /// and ends.
-  dispatch_effects step_boundary(batch_id id, size_t running, time_point now);
+  /// `going`: the keys of the rows that go on (each cached one more token in the step).
+  /// Their KV (and the joiners') must fit the batch's blocks: if not, a KV ask, and the
+  /// next step waits for kv_granted.
+  dispatch_effects step_boundary(batch_id id, const std::vector<uint64_t>& going, time_point now);
+  /// The answer to a KV ask: `blocks` more for the batch; `ceiling`: the most the model
+  /// could ever hold (rows needing more fail as no_kv_room). At the start, rows that do
+  /// not fit go back to the queue; at a step, joiners that do not fit stay queued and the
+  /// youngest running rows are preempted until the rest fit.
+  dispatch_effects kv_granted(batch_id id, uint32_t model, uint64_t blocks, uint64_t ceiling,
+                              time_point now);
+  /// KV blocks a batch holds (0 for models without KV in the ledger).
+  uint64_t kv_held(batch_id id) const;
   /// A started batch ended: its devices and lease are free; with `ok`, its `steps` steps
   /// took `compute_s` (the estimates learn). A run pass and a dispatch pass.
   dispatch_effects batch_done(batch_id id, time_point now, bool ok, double compute_s,
@@ -158,14 +210,36 @@ class dispatcher {
     uint32_t gate_key = 0;
     int32_t pp = 1;
     std::vector<int32_t> devices;
+    bool kv = false;
   };
+  enum class kv_wait : uint8_t { none, start, step };
   struct batch_state {
     uint32_t model = 0;
     std::vector<queued_entry> rows;
     std::vector<uint64_t> cancelled;
     lease_info lease;
     bool started = false;
+    /// KV: blocks held, steps each running row has run (by key), the ask in flight and
+    /// the joiners taken from the queue while it is.
+    uint64_t kv_held = 0;
+    std::unordered_map<uint64_t, int64_t> steps_run{};
+    kv_wait waiting = kv_wait::none;
+    std::vector<uint64_t> going{};
+    std::vector<queued_entry> joiners{};
   };
+  /// Blocks row `e` needs for its next step after `steps_run` steps, and with lookahead.
+  static uint64_t kv_need(const queued_entry& e, int64_t steps_run);
+  static uint64_t kv_want(const queued_entry& e, int64_t steps_run);
+  /// The blocks the batch's going rows (and `joiners`) need for their next step.
+  uint64_t kv_need_of(const batch_state& b, const std::vector<queued_entry>& joiners) const;
+  const queued_entry* row_of(const batch_state& b, uint64_t key) const;
+  /// Gives back what a batch holds beyond what it wants (or all of it when it ended).
+  void kv_trim(batch_state& b, uint64_t keep, dispatch_effects& out);
+  /// Continues a batch at a step boundary once its KV fits: joins and the next step.
+  void kv_continue(batch_id id, batch_state& b, uint64_t ceiling, time_point now,
+                   dispatch_effects& out);
+  /// Unblocks every blocked model (room came back).
+  void unblock();
   /// Whether a batch of another model than `model` waits for any of `model`'s devices.
   bool others_wait(uint32_t model) const;
 
@@ -187,7 +261,12 @@ class dispatcher {
   std::deque<batch_id> runnable_;
   std::set<time_point> ticks_;
   batch_id next_batch_ = 1;
+  std::vector<uint32_t> blocked_;
 };
+
+/// Tokens of lookahead a KV ask adds per row, so that a batch asks about once per block
+/// its rows fill rather than every step.
+inline constexpr int64_t kv_lookahead_tokens = 16;
 
 /// Seconds after the instant a tick is due that it fires.
 inline constexpr auto tick_slack = std::chrono::microseconds(100);

@@ -76,7 +76,11 @@ std::unique_ptr<ledger> ledger::make(std::vector<device_slot> devices, ledger_op
 ledger::ledger(std::vector<device_slot> devices, ledger_options opts,
                std::unique_ptr<eviction_policy> policy)
     : opts_(std::move(opts)), policy_(std::move(policy)) {
-  for (auto& d : devices) devices_.push_back({d, 0, std::nullopt, 0, false});
+  for (auto& d : devices) {
+    device_account a;
+    a.slot = d;
+    devices_.push_back(a);
+  }
 }
 
 std::optional<model_id> ledger::add(const std::string& name, const placement& p, refusal* why) {
@@ -84,7 +88,8 @@ std::optional<model_id> ledger::add(const std::string& name, const placement& p,
     if (why) *why = {code, std::move(text)};
     return std::nullopt;
   };
-  if (p.devices.empty() || p.devices.size() != p.bytes.size())
+  if (p.devices.empty() || p.devices.size() != p.bytes.size() ||
+      (!p.kv_block_bytes.empty() && p.kv_block_bytes.size() != p.devices.size()))
     return fail(ec::invalid_configuration, "placement of " + name + " is malformed");
   std::set<int32_t> seen;
   for (auto d : p.devices) {
@@ -97,7 +102,9 @@ std::optional<model_id> ledger::add(const std::string& name, const placement& p,
   }
   if (auto i = by_name_.find(name); i != by_name_.end()) {
     auto& m = models_[i->second];
-    if (m.where.devices == p.devices && m.where.bytes == p.bytes) return i->second;
+    if (m.where.devices == p.devices && m.where.bytes == p.bytes &&
+        m.where.kv_block_bytes == p.kv_block_bytes)
+      return i->second;
     return fail(ec::invalid_state, "model " + name + " is registered with another placement");
   }
   model_entry m;
@@ -149,7 +156,8 @@ std::vector<size_t> ledger::resident_per_device(size_t* resident_total) const {
 
 uint64_t ledger::free_bytes(size_t d) const {
   auto& a = devices_[d];
-  return a.slot.usable_bytes > a.used_bytes ? a.slot.usable_bytes - a.used_bytes : 0;
+  auto taken = a.used_bytes + a.kv_bytes;
+  return a.slot.usable_bytes > taken ? a.slot.usable_bytes - taken : 0;
 }
 
 acquire_result ledger::acquire(model_id id, time_point now) {
@@ -307,6 +315,7 @@ void ledger::evict_failed(model_id id) {
 
 void ledger::forget(model_id id) {
   auto& m = models_[id];
+  free_kv(m);
   if (m.state == model_state::offloaded) return;
   free_shards(m);
   m.state = model_state::offloaded;

@@ -40,6 +40,9 @@ struct placement {
   bool pinned = false;
   /// Priority class (higher: evicted last, served first).
   int32_t priority = 0;
+  /// Bytes of one KV block on each shard (models::kv_block_bytes), parallel to `devices`;
+  /// empty: the model keeps no KV in the ledger (it caches nothing, or not in blocks).
+  std::vector<uint64_t> kv_block_bytes;
 };
 
 /// What keeps a placement from ever fitting, even with every other model evicted: the
@@ -90,6 +93,10 @@ struct model_entry {
   uint64_t prefetch_hits = 0;
   /// Loaded (or loading) by a prefetch and not used since.
   bool prefetched = false;
+  /// KV blocks its running batches hold on every one of its shards (each shard caches
+  /// every sequence, for its layers and heads): kv_blocks x kv_block_bytes[i] bytes of
+  /// device i's budget. Held only under a lease, so a model with KV is never a victim.
+  uint64_t kv_blocks = 0;
   /// Unregistered: its name is free again and its id is never used again (ids stay
   /// dense, so the entry stays, offloaded and unpinned).
   bool removed = false;
@@ -98,6 +105,9 @@ struct model_entry {
 struct device_account {
   device_slot slot;
   uint64_t used_bytes = 0;
+  /// Bytes KV blocks hold (every model's kv_blocks x its block bytes here): weights and
+  /// KV share one budget, usable_bytes.
+  uint64_t kv_bytes = 0;
   /// The largest contiguous free block the device last reported (unset: none reported,
   /// free bytes are contiguous). A shard needs a block, not just bytes.
   std::optional<uint64_t> largest_free_bytes;
@@ -231,6 +241,28 @@ class ledger {
   /// A device reported its largest free block (after a transfer).
   void note_largest_free(size_t device, uint64_t bytes);
 
+  /// KV blocks (sched/kv_budget.cpp). Whether `blocks` more of `id`'s blocks fit now,
+  /// and the most that do (0 for a model that keeps no KV in the ledger: then any number
+  /// "fits", as nothing is counted).
+  bool kv_fits(model_id id, uint64_t blocks) const;
+  uint64_t kv_room(model_id id) const;
+  /// Takes `blocks` more for `id` (the caller checked kv_fits) and gives some back
+  /// (clamped to what it holds: a forgotten model's blocks are already gone).
+  void kv_take(model_id id, uint64_t blocks);
+  void kv_give(model_id id, uint64_t blocks);
+  /// Lease-free, unpinned resident models whose eviction would make room for `blocks`
+  /// more of `id`'s blocks, in the policy's order; empty when none is needed, nullopt when
+  /// even all of them would not (their evictions are not started: begin_kv_evictions).
+  std::optional<std::vector<model_id>> kv_victims(model_id id, uint64_t blocks,
+                                                  time_point now) const;
+  void begin_kv_evictions(const std::vector<model_id>& victims);
+  /// The most blocks `id` could hold with every other unpinned model evicted: a sequence
+  /// that needs more can never run there.
+  uint64_t kv_ceiling(model_id id) const;
+  /// Whether other models hold KV blocks on a device of `id` (room that comes back when
+  /// their batches end).
+  bool kv_held_beside(model_id id) const;
+
   /// Devices lost (their resident models are returned: forget them and free what they
   /// hold elsewhere) and found again.
   std::vector<model_id> lose(const std::vector<int32_t>& devices);
@@ -270,6 +302,8 @@ class ledger {
   void begin_load(model_id id);
   void begin_evict(model_id id);
   void free_shards(model_entry& m);
+  /// Frees the model's KV blocks everywhere (a forgotten model).
+  void free_kv(model_entry& m);
 
   std::vector<device_account> devices_;
   std::vector<model_entry> models_;

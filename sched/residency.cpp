@@ -1,5 +1,7 @@
 #include "sched/residency.hpp"
 
+#include <algorithm>
+
 namespace computron::sched {
 
 std::unique_ptr<residency> residency::make(std::vector<device_slot> devices, ledger_options opts,
@@ -31,7 +33,52 @@ void residency::fail_all(model_id id, std::vector<waiter_id> waiters::*which, co
   for (auto w : ws) out.failures.push_back({w, id, why});
 }
 
+bool residency::try_kv(const kv_ask& a, time_point now, residency_effects& out) {
+  auto room = ledger_->kv_room(a.model);
+  if (room >= a.need) {
+    auto blocks = std::min(room, a.want);
+    ledger_->kv_take(a.model, blocks);
+    out.kv_grants.push_back({a.waiter, a.model, blocks, ledger_->kv_ceiling(a.model)});
+    return true;
+  }
+  auto victims = ledger_->kv_victims(a.model, a.need, now);
+  if (victims) {
+    // Room comes from lease-free models' weights (those evictions, or ones under way).
+    ledger_->begin_kv_evictions(*victims);
+    out.evictions.insert(out.evictions.end(), victims->begin(), victims->end());
+    return false;
+  }
+  if (a.wait && ledger_->kv_held_beside(a.model)) return false;
+  ledger_->kv_take(a.model, room);
+  out.kv_grants.push_back({a.waiter, a.model, room, ledger_->kv_ceiling(a.model)});
+  return true;
+}
+
+void residency::serve_kv(time_point now, residency_effects& out) {
+  auto asks = std::move(kv_waiting_);
+  kv_waiting_.clear();
+  for (auto& a : asks)
+    if (!try_kv(a, now, out)) kv_waiting_.push_back(a);
+}
+
+residency_effects residency::kv_reserve(model_id id, waiter_id w, uint64_t want, uint64_t need,
+                                        bool wait, time_point now) {
+  residency_effects out;
+  kv_ask a{id, w, std::max(want, need), need, wait};
+  // Behind older asks: a later one must not take the room an earlier one's evictions made.
+  if (!kv_waiting_.empty() || !try_kv(a, now, out)) kv_waiting_.push_back(a);
+  return out;
+}
+
+residency_effects residency::kv_return(model_id id, uint64_t blocks, time_point now) {
+  residency_effects out;
+  ledger_->kv_give(id, blocks);
+  pump(now, out);
+  return out;
+}
+
 void residency::pump(time_point now, residency_effects& out) {
+  serve_kv(now, out);
   for (;;) {
     auto d = ledger_->pump(now);
     if (d.empty()) return;

@@ -41,6 +41,17 @@ struct free_block {
   uint64_t bytes = 0;
 };
 
+/// KV blocks given to a running batch (kv_reserve): all it wanted, or fewer when no more
+/// room could be made (then fewer than its `need` only when even evicting every lease-free
+/// model would not do: the batch preempts rows to fit).
+struct kv_grant {
+  waiter_id waiter = 0;
+  model_id model = 0;
+  uint64_t blocks = 0;
+  /// The most blocks the model could ever hold (ledger::kv_ceiling).
+  uint64_t ceiling = 0;
+};
+
 struct waiter_failure {
   waiter_id waiter = 0;
   model_id model = 0;
@@ -61,6 +72,8 @@ struct residency_effects {
   std::vector<model_id> loads;
   /// Lease requests that got their lease (already counted in the ledger).
   std::vector<lease_grant> grants;
+  /// KV asks answered (after the grants: a batch's lease comes before its blocks).
+  std::vector<kv_grant> kv_grants;
   /// Explicit loads and unloads that are done.
   std::vector<waiter_done> done;
   /// Waiters that fail, and why.
@@ -68,7 +81,7 @@ struct residency_effects {
 
   bool empty() const {
     return evictions.empty() && loads.empty() && discards.empty() && grants.empty() &&
-           done.empty() && failures.empty();
+           kv_grants.empty() && done.empty() && failures.empty();
   }
 };
 
@@ -111,6 +124,18 @@ class residency {
   /// Devices' node is gone, or back.
   residency_effects lose(const std::vector<int32_t>& devices, time_point now);
   residency_effects find_devices(const std::vector<int32_t>& devices, time_point now);
+  /// A running batch of `id` (under a lease) asks for KV blocks: `want` (what it needs
+  /// with lookahead) when they fit; else as many as fit, if at least `need` (what its rows
+  /// need for their next step); else lease-free models are evicted to make room for
+  /// `need` and the ask waits for them; when even that cannot cover `need`, the ask gets
+  /// what fits now (possibly none) and the batch preempts; unless `wait` (a batch's first
+  /// step) and other models' batches hold KV on its devices: then it waits for them to
+  /// give some back. Asks are served before loads.
+  residency_effects kv_reserve(model_id id, waiter_id w, uint64_t want, uint64_t need, bool wait,
+                               time_point now);
+  /// A batch gives blocks back (rows finished, the batch ended); waiting asks and loads
+  /// may go.
+  residency_effects kv_return(model_id id, uint64_t blocks, time_point now);
   /// Unregisters an offloaded, unused model (ledger::remove), forgetting its waiters.
   std::optional<refusal> remove(model_id id);
 
@@ -129,12 +154,24 @@ class residency {
   void grant_waiting(model_id id, time_point now, residency_effects& out);
   void fail_all(model_id id, std::vector<waiter_id> waiters::*which, const refusal& why,
                 residency_effects& out);
+  struct kv_ask {
+    model_id model = 0;
+    waiter_id waiter = 0;
+    uint64_t want = 0;
+    uint64_t need = 0;
+    bool wait = false;
+  };
+  /// Answers `a` if it can be now (true), else starts the evictions it waits for.
+  bool try_kv(const kv_ask& a, time_point now, residency_effects& out);
+  /// Retries the waiting KV asks, oldest first.
+  void serve_kv(time_point now, residency_effects& out);
   /// Runs the ledger's pass until nothing more follows (a drain called off may queue
   /// another load), appending what it decided.
   void pump(time_point now, residency_effects& out);
 
   std::unique_ptr<sched::ledger> ledger_;
   std::vector<waiters> waiting_;
+  std::vector<kv_ask> kv_waiting_;
 };
 
 }  // namespace computron::sched

@@ -52,6 +52,8 @@ std::string check(const sim_config& cfg) {
     if (!(m.step_s >= 0) || !(m.step_per_token_s >= 0))
       return "model " + m.name + " has a negative compute time";
     if (m.layers < 1) return "model " + m.name + " needs at least one layer per stage";
+    if (!m.kv_block_bytes.empty() && m.kv_block_bytes.size() != m.devices.size())
+      return "model " + m.name + " needs a KV block size per shard, or none";
   }
   auto& c = cfg.cost;
   for (double x : {c.link_efficiency, c.load_overhead_s, c.evict_s, c.stage_overhead_s,
@@ -128,10 +130,11 @@ class simulator {
     disp_ = sched::dispatcher::make(cfg_.batching, cfg_.devices.size(), &why);
     if (!disp_) return why.reason;
     for (auto& m : cfg_.models) {
-      auto id = core_->ledger().add(m.name, {m.devices, m.shard_bytes, m.pinned, m.priority}, &why);
+      auto id = core_->ledger().add(
+          m.name, {m.devices, m.shard_bytes, m.pinned, m.priority, m.kv_block_bytes}, &why);
       if (!id) return why.reason;
       // Model ids agree between the two cores: both number models in this order.
-      disp_->add_model(m.name, m.tp, m.pp, m.devices, m.priority);
+      disp_->add_model(m.name, m.tp, m.pp, m.devices, m.priority, !m.kv_block_bytes.empty());
       // The unhindered load, as the runtime's leases tell its manager.
       disp_->queues().note_load(*id, core_->ledger().load_seconds(*id));
       stage_loads_.emplace_back(static_cast<size_t>(m.pp), stage_load{});
@@ -250,7 +253,7 @@ class simulator {
     core_->ledger().note_demand(r.model, 1, now_);
     const bool drop_late = cfg_.drop_late_deadline_ms > 0 && r.measured;
     auto e = disp_->admit(r.model, key, now_, drop_late ? cfg_.drop_late_deadline_ms : 0,
-                          r.max_tokens, drop_late);
+                          r.max_tokens, drop_late, r.prompt_len);
     if (e.refused) {
       fail(key, 429, "http_429");
       return;
@@ -262,7 +265,10 @@ class simulator {
   /// answered, leases given back, batches computed, new batches ask for leases (here the
   /// residency core answers at once), ticks armed.
   void carry_out(sched::dispatch_effects e) {
-    for (auto& f : e.failures) fail(f.row.key, 503, "http_503");
+    for (auto& f : e.failures)
+      fail(f.row.key, f.why == sched::row_end::no_kv_room ? 507 : 503,
+           f.why == sched::row_end::no_kv_room ? "http_507" : "http_503");
+    for (auto& r : e.kv_returns) carry_out(core_->kv_return(r.model, r.blocks, now_));
     for (auto& r : e.releases) {
       batches_.erase(r.batch);  // one that ended before it ran; batch_done erased the rest
       carry_out(core_->release(r.model, now_));
@@ -288,6 +294,10 @@ class simulator {
       batches_[f.id] = std::move(b);
       carry_out(core_->acquire(f.model, f.id, now_));
     }
+    // The manager's KV asks; the scheduler answers at once here (its round trip is not
+    // modelled).
+    for (auto& a : e.kv_asks)
+      carry_out(core_->kv_reserve(a.model, a.batch, a.want, a.need, a.start, now_));
     for (auto t : e.ticks) push(t, event_kind::tick, 0);
   }
 
@@ -302,6 +312,13 @@ class simulator {
       e.grants.insert(e.grants.end(), s.grants.begin(), s.grants.end());
     }
     for (auto& g : e.grants) lease(g);
+    for (auto& g : e.kv_grants) {
+      auto d = disp_->kv_granted(g.waiter, g.model, g.blocks, g.ceiling, now_);
+      if (at_boundary_.erase(g.waiter) > 0)
+        boundary(g.waiter, std::move(d));
+      else
+        carry_out(std::move(d));
+    }
     for (auto& f : e.failures) {
       auto i = batches_.find(f.waiter);
       if (i == batches_.end()) continue;
@@ -482,10 +499,61 @@ class simulator {
       push(run_step(b, now_, static_cast<int64_t>(b.rows.size())), event_kind::step_done, id);
       return;
     }
-    auto e = disp_->step_boundary(id, b.rows.size(), now_);
+    std::vector<uint64_t> going;
+    for (auto& row : b.rows) going.push_back(row.key);
+    boundary(id, disp_->step_boundary(id, going, now_));
+  }
+
+  /// A step boundary's decisions for batch `id`: preempted rows go back to the queue (the
+  /// dispatch core requeued them with their progress), rows that can never fit fail, the
+  /// next step runs now, or after a KV ask's answer.
+  void boundary(sched::batch_id id, sched::dispatch_effects e) {
+    auto it = batches_.find(id);
+    if (it == batches_.end()) {
+      carry_out(std::move(e));
+      return;
+    }
+    auto& b = it->second;
+    std::set<uint64_t> leaving;
+    for (auto& p : e.preempted)
+      if (p.batch == id)
+        for (auto& row : p.rows) {
+          leaving.insert(row.key);
+          requests_[row.key].prompt_len = row.prompt_tokens;
+          requests_[row.key].max_tokens = row.steps;
+        }
+    for (auto& f : e.failures)
+      if (f.batch == id) leaving.insert(f.row.key);
+    if (!leaving.empty()) {
+      batch kept = b;
+      kept.rows.clear();
+      kept.taken.clear();
+      kept.left.clear();
+      kept.joined.clear();
+      for (size_t i = 0; i < b.rows.size(); ++i) {
+        if (leaving.count(b.rows[i].key) > 0) continue;
+        kept.rows.push_back(b.rows[i]);
+        kept.taken.push_back(b.taken[i]);
+        kept.left.push_back(b.left[i]);
+        kept.joined.push_back(b.joined[i]);
+      }
+      b = std::move(kept);
+    }
     auto joins = std::move(e.joins);
+    const bool go = std::find(e.steps.begin(), e.steps.end(), id) != e.steps.end();
     carry_out(std::move(e));
     auto& bb = batches_.at(id);
+    if (bb.rows.empty() && joins.empty()) {
+      auto compute_s = bb.compute_s;
+      auto steps = bb.steps;
+      batches_.erase(id);
+      carry_out(disp_->batch_done(id, now_, true, compute_s, steps));
+      return;
+    }
+    if (!go) {
+      at_boundary_.insert(id);
+      return;
+    }
     if (joins.empty()) {
       push(run_step(bb, now_, static_cast<int64_t>(bb.rows.size())), event_kind::step_done, id);
       return;
@@ -511,6 +579,8 @@ class simulator {
   size_t first_measured_ = 0;
   size_t next_arrival_ = 0;
   std::unordered_map<sched::batch_id, batch> batches_;
+  /// Batches whose step boundary waits for a KV ask's answer.
+  std::set<sched::batch_id> at_boundary_;
   std::priority_queue<event, std::vector<event>, std::greater<event>> heap_;
   uint64_t seq_ = 0;
   uint64_t events_ = 0;

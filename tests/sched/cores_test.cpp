@@ -322,7 +322,7 @@ TEST_CASE("dispatch: at a step boundary queued requests join, up to the batch si
   REQUIRE(f.d->leased(id, f.resident(), f.t).started.size() == 1);
   for (uint64_t k = 2; k <= 5; ++k) CHECK(f.d->admit(f.x, k, f.t, 0).formed.empty());
   // One row runs: two of the four queued join (batch of 3), in queue order.
-  e = f.d->step_boundary(id, 1, f.t);
+  e = f.d->step_boundary(id, {1}, f.t);
   REQUIRE(e.joins.size() == 1);
   CHECK(e.joins[0].into == id);
   CHECK(e.joins[0].id != id);
@@ -330,11 +330,11 @@ TEST_CASE("dispatch: at a step boundary queued requests join, up to the batch si
   CHECK(e.joins[0].rows[0].key == 2);
   CHECK(e.joins[0].rows[1].key == 3);
   // Full: nobody joins.
-  CHECK(f.d->step_boundary(id, 3, f.t).joins.empty());
+  CHECK(f.d->step_boundary(id, {1, 2, 3}, f.t).joins.empty());
   // A request that expired in the queue fails at the boundary instead of joining.
   CHECK(f.d->admit(f.x, 6, f.t, 5).formed.empty());
   f.t += 10ms;
-  e = f.d->step_boundary(id, 1, f.t);
+  e = f.d->step_boundary(id, {1}, f.t);
   REQUIRE(e.joins.size() == 1);
   CHECK(e.joins[0].rows.size() == 2);  // keys 4 and 5
   REQUIRE(e.failures.size() == 1);
@@ -355,7 +355,7 @@ TEST_CASE("dispatch: no joins when off, before the start, or while another model
     auto id = d->admit(m, 1, f.t, 0).formed.at(0).id;
     REQUIRE(d->leased(id, f.resident(), f.t).started.size() == 1);
     d->admit(m, 2, f.t, 0);
-    CHECK(d->step_boundary(id, 1, f.t).joins.empty());
+    CHECK(d->step_boundary(id, {1}, f.t).joins.empty());
   }
   SECTION("another model's batch waits for a device of it") {
     dispatch_fixture f;
@@ -363,7 +363,7 @@ TEST_CASE("dispatch: no joins when off, before the start, or while another model
     REQUIRE(f.d->leased(id, f.resident(), f.t).started.size() == 1);
     auto yid = f.d->admit(f.y, 2, f.t, 0).formed.at(0).id;
     f.d->admit(f.x, 3, f.t, 0);
-    CHECK(f.d->step_boundary(id, 1, f.t).joins.empty());
+    CHECK(f.d->step_boundary(id, {1}, f.t).joins.empty());
     // Once y's batch ran and ended, x's batch takes joins again.
     f.d->batch_done(id, f.t, true, 0.01, 1);
     auto e = f.d->leased(yid, f.resident(), f.t);
@@ -374,7 +374,7 @@ TEST_CASE("dispatch: no joins when off, before the start, or while another model
     dispatch_fixture f;
     auto id = f.d->admit(f.x, 1, f.t, 0).formed.at(0).id;
     f.d->admit(f.x, 2, f.t, 0);
-    CHECK(f.d->step_boundary(id, 1, f.t).joins.empty());
+    CHECK(f.d->step_boundary(id, {1}, f.t).joins.empty());
   }
 }
 

@@ -1,0 +1,259 @@
+// KV blocks in the one budget with the weights (issue 30): the ledger's accounting, the
+// residency core's answers to KV asks (room, evictions of lease-free models, partial
+// grants, waiting for other batches' KV) and the dispatch core's asks, joins and
+// preemptions at step boundaries, fed scripted events.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+
+#include "sched/dispatch.hpp"
+#include "sched/kv_blocks.hpp"
+#include "sched/residency.hpp"
+
+using namespace computron;
+using namespace computron::sched;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr uint64_t mb = 1 << 20;
+
+/// One device of 100 MB; models a and b of 40 MB whose KV blocks are 1 MB each (the
+/// block bytes are the ledger's only view of KV), and c of 40 MB without KV in blocks.
+struct kv_fixture {
+  std::unique_ptr<residency> core;
+  time_point t{};
+  model_id a = 0, b = 0, c = 0;
+
+  kv_fixture() {
+    refusal why;
+    core = residency::make({{100 * mb, 10}}, {}, &why);
+    REQUIRE(core);
+    a = *core->ledger().add("a", {{0}, {40 * mb}, false, 0, {1 * mb}}, &why);
+    b = *core->ledger().add("b", {{0}, {40 * mb}, false, 0, {1 * mb}}, &why);
+    c = *core->ledger().add("c", {{0}, {40 * mb}, false, 0, {}}, &why);
+  }
+  /// Loads and leases `m` (waiter 100 + m).
+  void lease(model_id m) {
+    auto e = core->acquire(m, 100 + m, t);
+    core->load_done(m, t);
+  }
+  uint64_t kv_bytes() const { return core->ledger().device(0).kv_bytes; }
+};
+
+const kv_grant* grant_of(const residency_effects& e, waiter_id w) {
+  for (auto& g : e.kv_grants)
+    if (g.waiter == w) return &g;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("kv: blocks count against the device's budget beside the weights", "[cores][kv]") {
+  kv_fixture f;
+  f.lease(f.a);
+  auto& l = f.core->ledger();
+  CHECK(l.kv_room(f.a) == 60);
+  CHECK(l.kv_ceiling(f.a) == 60);
+  auto e = f.core->kv_reserve(f.a, 1, 30, 10, false, f.t);
+  auto* g = grant_of(e, 1);
+  REQUIRE(g);
+  CHECK(g->blocks == 30);
+  CHECK(g->ceiling == 60);
+  CHECK(f.kv_bytes() == 30 * mb);
+  CHECK(l.model(f.a).kv_blocks == 30);
+  // b (40 MB) does not fit beside a's weights and KV: its load waits (a is leased).
+  e = f.core->acquire(f.b, 2, f.t);
+  CHECK(e.loads.empty());
+  // The KV coming back makes the room.
+  e = f.core->kv_return(f.a, 30, f.t);
+  CHECK(f.kv_bytes() == 0);
+  CHECK(e.loads == std::vector<model_id>{f.b});
+  // A model without block sizes counts nothing, and any ask fits.
+  f.lease(f.c);
+  CHECK(l.kv_room(f.c) == UINT64_MAX);
+}
+
+TEST_CASE("kv: an ask takes what fits, evicts lease-free models for its need, or gets less",
+          "[cores][kv]") {
+  kv_fixture f;
+  f.lease(f.b);
+  f.core->release(f.b, f.t);  // b resident and lease-free: a victim for KV room
+  f.lease(f.a);
+  auto& l = f.core->ledger();
+  REQUIRE(l.kv_room(f.a) == 20);
+  SECTION("what fits, at least the need, without evicting") {
+    auto e = f.core->kv_reserve(f.a, 1, 30, 15, false, f.t);
+    REQUIRE(grant_of(e, 1));
+    CHECK(grant_of(e, 1)->blocks == 20);
+    CHECK(e.evictions.empty());
+  }
+  SECTION("more than fits: the lease-free model is evicted and the ask waits for it") {
+    auto e = f.core->kv_reserve(f.a, 1, 50, 30, false, f.t);
+    CHECK(e.kv_grants.empty());
+    CHECK(e.evictions == std::vector<model_id>{f.b});
+    // A later ask waits behind it, even one that would fit now.
+    e = f.core->kv_reserve(f.a, 2, 1, 1, false, f.t);
+    CHECK(e.kv_grants.empty());
+    e = f.core->evict_done(f.b, f.t);
+    REQUIRE(grant_of(e, 1));
+    CHECK(grant_of(e, 1)->blocks == 50);
+    REQUIRE(grant_of(e, 2));
+    CHECK(grant_of(e, 2)->blocks == 1);
+    CHECK(f.kv_bytes() == 51 * mb);
+  }
+  SECTION("a need no eviction can cover gets what fits: the batch preempts") {
+    f.core->pin(f.b, true, f.t);
+    auto e = f.core->kv_reserve(f.a, 1, 50, 30, false, f.t);
+    CHECK(e.evictions.empty());
+    REQUIRE(grant_of(e, 1));
+    CHECK(grant_of(e, 1)->blocks == 20);
+    CHECK(grant_of(e, 1)->ceiling == 20);  // b is pinned: 100 - 40 - 40
+  }
+}
+
+TEST_CASE("kv: a first step's ask waits while other batches hold KV on its devices",
+          "[cores][kv]") {
+  kv_fixture f;
+  f.lease(f.a);
+  f.lease(f.b);
+  auto e = f.core->kv_reserve(f.a, 1, 20, 20, false, f.t);
+  REQUIRE(grant_of(e, 1));
+  // b's first step needs 10 blocks; none are free and a (leased) cannot be evicted.
+  e = f.core->kv_reserve(f.b, 2, 10, 10, true, f.t);
+  CHECK(e.kv_grants.empty());
+  e = f.core->kv_return(f.a, 20, f.t);
+  REQUIRE(grant_of(e, 2));
+  CHECK(grant_of(e, 2)->blocks == 10);
+  // Without other KV to wait for, the ask gets what fits (none) at once.
+  e = f.core->kv_reserve(f.b, 3, 30, 30, true, f.t);
+  REQUIRE(grant_of(e, 3));
+  CHECK(grant_of(e, 3)->blocks == 10);  // 100 - 80 weights - 10 held: 10 fit, less than its need
+}
+
+namespace {
+
+/// A dispatcher over one device with model k (KV in blocks) and a batch size of 4.
+struct kv_dispatch_fixture {
+  std::unique_ptr<dispatcher> d;
+  time_point t{};
+  uint32_t k = 0;
+
+  kv_dispatch_fixture() {
+    batching_options o;
+    o.batch_window = 0ms;
+    o.max_batch_size = 4;
+    o.default_deadline = 10s;
+    refusal why;
+    d = dispatcher::make(o, 1, &why);
+    REQUIRE(d);
+    k = d->add_model("k", 1, 1, {0}, 0, true);
+  }
+  lease_info resident() const { return {t, false, 0, 0, std::nullopt}; }
+};
+
+}  // namespace
+
+TEST_CASE("kv: a batch's first step waits for its rows' blocks; rows that do not fit go back",
+          "[cores][kv]") {
+  kv_dispatch_fixture f;
+  // Prompts of 20 and 40 tokens, 8 steps each.
+  auto e = f.d->admit(f.k, 1, f.t, 0, 8, false, 20);
+  auto id = e.formed.at(0).id;
+  e = f.d->leased(id, f.resident(), f.t);
+  CHECK(e.started.empty());
+  REQUIRE(e.kv_asks.size() == 1);
+  CHECK(e.kv_asks[0].start);
+  CHECK(e.kv_asks[0].need == static_cast<uint64_t>(kv_blocks_for(21)));
+  CHECK(e.kv_asks[0].want == static_cast<uint64_t>(kv_blocks_for(20 + 7)));
+  SECTION("enough: it starts") {
+    e = f.d->kv_granted(id, f.k, 2, 100, f.t);
+    REQUIRE(e.started.size() == 1);
+    CHECK(f.d->kv_held(id) == 2);
+    // Its end gives the blocks back, before the lease.
+    e = f.d->batch_done(id, f.t, true, 0.01, 8);
+    REQUIRE(e.kv_returns.size() == 1);
+    CHECK(e.kv_returns[0].blocks == 2);
+    CHECK(e.releases.size() == 1);
+  }
+  SECTION("none: the row goes back to the queue and the model waits for room") {
+    e = f.d->kv_granted(id, f.k, 0, 100, f.t);
+    CHECK(e.started.empty());
+    REQUIRE(e.preempted.size() == 1);
+    CHECK(e.preempted[0].rows.at(0).key == 1);
+    CHECK(e.releases.size() == 1);
+    CHECK(e.formed.empty());  // blocked: not the same batch again at once
+    CHECK(f.d->queues().queued(f.k) == 1);
+  }
+  SECTION("a row that can never fit fails") {
+    e = f.d->kv_granted(id, f.k, 0, 1, f.t);
+    REQUIRE(e.failures.size() == 1);
+    CHECK(e.failures[0].why == row_end::no_kv_room);
+    CHECK(e.preempted.empty());
+  }
+}
+
+TEST_CASE(
+    "kv: rows grow into new blocks at step boundaries; joiners join only where they fit; "
+    "short of room, the youngest rows are preempted with their progress",
+    "[cores][kv]") {
+  kv_dispatch_fixture f;
+  // A 15-token prompt, 40 steps: the prefill caches 15 tokens, the next step the 16th
+  // (one block), the one after the 17th (two blocks).
+  auto id = f.d->admit(f.k, 1, f.t, 0, 40, false, 15).formed.at(0).id;
+  auto e = f.d->leased(id, f.resident(), f.t);
+  REQUIRE(e.kv_asks.size() == 1);
+  e = f.d->kv_granted(id, f.k, 2, 100, f.t);
+  REQUIRE(e.started.size() == 1);
+  // Two more arrive while it runs; they wait for a step boundary.
+  CHECK(f.d->admit(f.k, 2, f.t, 0, 40, false, 15).formed.empty());
+  CHECK(f.d->admit(f.k, 3, f.t, 0, 40, false, 15).formed.empty());
+  // Boundary 1: row 1 needs 1 block, each joiner 1: 3 > 2 held, so an ask; its need is
+  // only row 1's (held already), so the step does not wait for more than what fits.
+  e = f.d->step_boundary(id, {1}, f.t);
+  REQUIRE(e.kv_asks.size() == 1);
+  CHECK(e.kv_asks[0].need == 0);
+  CHECK(e.steps.empty());
+  e = f.d->kv_granted(id, f.k, 0, 100, f.t);
+  REQUIRE(e.joins.size() == 1);
+  REQUIRE(e.joins[0].rows.size() == 1);  // key 2 fits beside row 1; key 3 stays queued
+  CHECK(e.joins[0].rows[0].key == 2);
+  CHECK(std::find(e.steps.begin(), e.steps.end(), id) != e.steps.end());
+  CHECK(f.d->queues().queued(f.k) == 1);
+  // Boundary 2: row 1 now needs 2 blocks (17 tokens), row 2 one: short by one. Nothing
+  // more is granted: row 2, the youngest, is preempted and queued first again with the
+  // token it generated as part of its prompt.
+  e = f.d->step_boundary(id, {1, 2}, f.t);
+  REQUIRE(e.kv_asks.size() == 1);
+  CHECK(e.kv_asks[0].need == 1);
+  e = f.d->kv_granted(id, f.k, 0, 100, f.t);
+  REQUIRE(e.preempted.size() == 1);
+  REQUIRE(e.preempted[0].rows.size() == 1);
+  auto& p = e.preempted[0].rows[0];
+  CHECK(p.key == 2);
+  CHECK(p.prompt_tokens == 16);
+  CHECK(p.steps == 39);
+  CHECK(std::find(e.steps.begin(), e.steps.end(), id) != e.steps.end());
+  CHECK(f.d->queues().queued(f.k) == 2);
+  // Row 1 fits its two blocks (18 tokens); the queued ones ask to join, and only they
+  // wait on the answer.
+  e = f.d->step_boundary(id, {1}, f.t);
+  REQUIRE(e.kv_asks.size() == 1);
+  CHECK(e.kv_asks[0].need == 0);
+}
+
+TEST_CASE("kv: a row that could never fit fails at its step boundary", "[cores][kv]") {
+  kv_dispatch_fixture f;
+  auto id = f.d->admit(f.k, 1, f.t, 0, 40, false, 15).formed.at(0).id;
+  f.d->leased(id, f.resident(), f.t);
+  REQUIRE(f.d->kv_granted(id, f.k, 1, 100, f.t).started.size() == 1);
+  auto e = f.d->step_boundary(id, {1}, f.t);  // 16 tokens: one block
+  CHECK(e.kv_asks.empty());
+  e = f.d->step_boundary(id, {1}, f.t);  // 17 tokens: two blocks
+  REQUIRE(e.kv_asks.size() == 1);
+  e = f.d->kv_granted(id, f.k, 0, 1, f.t);  // the model can never hold more than one
+  REQUIRE(e.failures.size() == 1);
+  CHECK(e.failures[0].why == row_end::no_kv_room);
+  CHECK(e.failures[0].batch == id);
+  CHECK(e.steps.empty());  // no row left: the driver ends the batch
+}
