@@ -390,14 +390,19 @@ void at_step_boundary(manager_pointer self, const batch_ptr& b, sched::dispatch_
   }
   auto joins = std::move(e.joins);
   const bool go = std::find(e.steps.begin(), e.steps.end(), b->id) != e.steps.end();
+  // Waiting for a KV ask: its answer continues the batch (ask_kv).
+  const bool waits = !go && std::any_of(e.kv_asks.begin(), e.kv_asks.end(),
+                                        [&](auto& a) { return a.batch == b->id; });
+  if (waits) st.at_boundary[b->id] = b;
   carry_out(self, std::move(e));
+  if (waits) return;
   if (b->sent.empty() && joins.empty()) {
     finish_batch(self, b, nullptr);
     return;
   }
   if (!go) {
-    // Its KV ask is out: the answer continues it.
-    st.at_boundary[b->id] = b;
+    auto err = make_error(ec::invalid_state, "a step boundary neither stepped nor waited");
+    finish_batch(self, b, &err);
     return;
   }
   auto step = b->boundary_step;

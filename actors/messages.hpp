@@ -306,6 +306,9 @@ struct device_report {
   std::string kind;
   uint64_t capacity_bytes = 0;
   uint64_t used_bytes = 0;
+  /// Of the scheduler's budget for the device: bytes running batches' KV blocks hold
+  /// (filled by the manager from the ledger; the worker does not know them).
+  uint64_t kv_bytes = 0;
   double link_gbps = 0;
   /// Shards held in host memory, and which of them are on the device.
   std::vector<std::string> shards;
@@ -322,8 +325,8 @@ struct device_report {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, device_report& x) {
   return f(caf::meta::type_name("device_report"), x.device, x.name, x.kind, x.capacity_bytes,
-           x.used_bytes, x.link_gbps, x.shards, x.resident, x.loads, x.bytes_loaded, x.load_seconds,
-           x.node, x.online);
+           x.used_bytes, x.kv_bytes, x.link_gbps, x.shards, x.resident, x.loads, x.bytes_loaded,
+           x.load_seconds, x.node, x.online);
 }
 
 /// Where a model's shards live and how big they are (index pp_rank * tp + tp_rank).
@@ -559,13 +562,16 @@ struct model_info {
   /// a request refused with the reason keeps it: a model that can never fit its devices
   /// is out_of_device_memory, which no retry helps.
   uint8_t reason_code = 0;
+  /// KV blocks its running batches hold (on each shard) and their bytes over all shards.
+  uint64_t kv_blocks = 0;
+  uint64_t kv_bytes = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, model_info& x) {
   return f(caf::meta::type_name("model_info"), x.config, x.state, x.bytes, x.weight_bytes, x.queued,
            x.busy, x.served, x.loads, x.evictions, x.vocab, x.max_positions, x.idle_s, x.reason,
-           x.reason_code);
+           x.reason_code, x.kv_blocks, x.kv_bytes);
 }
 
 }  // namespace computron::actors

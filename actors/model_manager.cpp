@@ -81,6 +81,8 @@ model_info info_of(const sched::batcher& b, const managed_model& m, const reside
   if (r) i.config.pinned = r->pinned;
   if (r) i.idle_s = r->idle_s;
   if (r) i.reason = r->reason;
+  if (r) i.kv_blocks = r->kv_blocks;
+  if (r) i.kv_bytes = r->kv_bytes;
   if (m.unregistering) i.state = model_lifecycle::unregistering;
   return i;
 }
@@ -406,7 +408,18 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
         auto rp = self->make_response_promise<std::vector<device_report>>();
         fan_out_all<device_report>(
             self, self->state.workers, caf::timespan{10s},
-            [=](std::vector<device_report> rs) mutable { rp.deliver(std::move(rs)); },
+            [=](std::vector<device_report> rs) mutable {
+              // The KV blocks each device holds are the scheduler's to say.
+              self->request(self->state.scheduler, 10s, devices_atom_v)
+                  .then(
+                      [=](std::vector<device_usage>& us) mutable {
+                        for (auto& u : us)
+                          for (auto& r : rs)
+                            if (r.device == u.device) r.kv_bytes = u.kv_bytes;
+                        rp.deliver(std::move(rs));
+                      },
+                      [=](caf::error&) mutable { rp.deliver(std::move(rs)); });
+            },
             [=](caf::error e, size_t) mutable { rp.deliver(std::move(e)); }, devices_atom_v);
         return rp;
       },

@@ -426,6 +426,10 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
           auto& e = l.model(id);
           x["prefetches"] = caf::config_value{static_cast<int64_t>(e.prefetches)};
           x["prefetch-hits"] = caf::config_value{static_cast<int64_t>(e.prefetch_hits)};
+          if (!e.where.kv_block_bytes.empty()) {
+            x["kv-blocks"] = caf::config_value{static_cast<int64_t>(r.kv_blocks)};
+            x["kv-bytes"] = caf::config_value{static_cast<int64_t>(r.kv_bytes)};
+          }
           models.emplace_back(std::move(x));
         }
         out["models"] = caf::config_value{std::move(models)};
@@ -436,6 +440,11 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
           x["device"] = caf::config_value{static_cast<int64_t>(d)};
           x["usable-bytes"] = caf::config_value{static_cast<int64_t>(a.slot.usable_bytes)};
           x["used-bytes"] = caf::config_value{static_cast<int64_t>(a.used_bytes)};
+          // KV blocks share the budget with the weights: what they hold, and what is left.
+          x["kv-bytes"] = caf::config_value{static_cast<int64_t>(a.kv_bytes)};
+          auto taken = a.used_bytes + a.kv_bytes;
+          x["free-bytes"] = caf::config_value{
+              static_cast<int64_t>(a.slot.usable_bytes > taken ? a.slot.usable_bytes - taken : 0)};
           x["transfers"] = caf::config_value{static_cast<int64_t>(a.transfers)};
           x["lost"] = caf::config_value{a.lost};
           if (a.largest_free_bytes)

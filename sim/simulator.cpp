@@ -193,6 +193,8 @@ class simulator {
       out.prefetches += l.model(m).prefetches;
       out.prefetch_hits += l.model(m).prefetch_hits;
     }
+    out.preemptions = preemptions_;
+    out.peak_kv_bytes = peak_kv_bytes_;
     return out;
   }
 
@@ -312,6 +314,9 @@ class simulator {
       e.grants.insert(e.grants.end(), s.grants.begin(), s.grants.end());
     }
     for (auto& g : e.grants) lease(g);
+    if (!e.kv_grants.empty())
+      for (size_t d = 0; d < core_->ledger().device_count(); ++d)
+        peak_kv_bytes_ = std::max(peak_kv_bytes_, core_->ledger().device(d).kv_bytes);
     for (auto& g : e.kv_grants) {
       auto d = disp_->kv_granted(g.waiter, g.model, g.blocks, g.ceiling, now_);
       if (at_boundary_.erase(g.waiter) > 0)
@@ -518,6 +523,7 @@ class simulator {
     for (auto& p : e.preempted)
       if (p.batch == id)
         for (auto& row : p.rows) {
+          ++preemptions_;
           leaving.insert(row.key);
           requests_[row.key].prompt_len = row.prompt_tokens;
           requests_[row.key].max_tokens = row.steps;
@@ -541,7 +547,13 @@ class simulator {
     }
     auto joins = std::move(e.joins);
     const bool go = std::find(e.steps.begin(), e.steps.end(), id) != e.steps.end();
+    // Waiting for a KV ask: its answer continues the batch, here at once when the core
+    // answers at once (so it must know first that the batch waits).
+    const bool waits = !go && std::any_of(e.kv_asks.begin(), e.kv_asks.end(),
+                                          [&](auto& a) { return a.batch == id; });
+    if (waits) at_boundary_.insert(id);
     carry_out(std::move(e));
+    if (waits) return;
     auto& bb = batches_.at(id);
     if (bb.rows.empty() && joins.empty()) {
       auto compute_s = bb.compute_s;
@@ -550,10 +562,7 @@ class simulator {
       carry_out(disp_->batch_done(id, now_, true, compute_s, steps));
       return;
     }
-    if (!go) {
-      at_boundary_.insert(id);
-      return;
-    }
+    if (!go) return;  // cannot be: a batch with rows either steps or waits
     if (joins.empty()) {
       push(run_step(bb, now_, static_cast<int64_t>(bb.rows.size())), event_kind::step_done, id);
       return;
@@ -581,6 +590,8 @@ class simulator {
   std::unordered_map<sched::batch_id, batch> batches_;
   /// Batches whose step boundary waits for a KV ask's answer.
   std::set<sched::batch_id> at_boundary_;
+  uint64_t preemptions_ = 0;
+  uint64_t peak_kv_bytes_ = 0;
   std::priority_queue<event, std::vector<event>, std::greater<event>> heap_;
   uint64_t seq_ = 0;
   uint64_t events_ = 0;

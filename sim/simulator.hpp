@@ -105,6 +105,9 @@ struct sim_result {
   /// Loads started by prefetch (scheduler.prefetch) and those a batch then used.
   uint64_t prefetches = 0;
   uint64_t prefetch_hits = 0;
+  /// Rows preempted for KV room (recomputed later), and the most KV bytes any device held.
+  uint64_t preemptions = 0;
+  uint64_t peak_kv_bytes = 0;
 };
 
 /// Checks a config: devices, placements (devices exist, one per shard), options.

@@ -189,14 +189,14 @@ class session {
     if (!ms) return fail(render(ms.error()));
     // "x ckpt": bytes on the devices over the checkpoint's (what a swap moves per byte of
     // weights; above 1 only by what the ranks replicate).
-    std::string out =
-        fmt::format("{:<20} {:<12} {:>5} {:>10} {:>6} {:>6} {:>8} {:>9} {:>6}\n", "model", "state",
-                    "tp*pp", "MiB", "x ckpt", "queued", "served", "idle s", "pinned");
+    std::string out = fmt::format(
+        "{:<20} {:<12} {:>5} {:>10} {:>7} {:>6} {:>6} {:>8} {:>9} {:>6}\n", "model", "state",
+        "tp*pp", "MiB", "KV MiB", "x ckpt", "queued", "served", "idle s", "pinned");
     for (auto& m : *ms)
       out += fmt::format(
-          "{:<20} {:<12} {:>5} {:>10.1f} {:>6} {:>6} {:>8} {:>9} {:>6}\n", m.config.name,
+          "{:<20} {:<12} {:>5} {:>10.1f} {:>7.1f} {:>6} {:>6} {:>8} {:>9} {:>6}\n", m.config.name,
           to_string(m.state), fmt::format("{}x{}", m.config.tp, m.config.pp),
-          static_cast<double>(m.bytes) / mib,
+          static_cast<double>(m.bytes) / mib, static_cast<double>(m.kv_bytes) / mib,
           m.weight_bytes > 0 ? fmt::format("{:.3f}", static_cast<double>(m.bytes) / m.weight_bytes)
                              : std::string{"-"},
           m.queued, m.served, m.idle_s < 0 ? std::string{"never"} : fmt::format("{:.1f}", m.idle_s),
@@ -220,15 +220,17 @@ class session {
         out += fmt::format("{:<24} {:>7} {}\n", name, n.first, n.second ? "online" : "OFFLINE");
       return {out};
     }
-    out = fmt::format("{:>3} {:<22} {:<14} {:>16} {:>9} {}\n", "dev", "node", "name",
-                      "used/total MiB", "link GB/s", "resident");
+    out = fmt::format("{:>3} {:<22} {:<14} {:>16} {:>7} {:>9} {}\n", "dev", "node", "name",
+                      "used/total MiB", "KV MiB", "link GB/s", "resident");
     for (auto& d : *ds) {
       std::string resident;
       for (auto& r : d.resident) resident += (resident.empty() ? "" : ",") + r;
-      out += fmt::format("{:>3} {:<22} {:<14} {:>16} {:>9.2f} {}\n", d.device, d.node, d.name,
-                         fmt::format("{:.0f}/{:.0f}", static_cast<double>(d.used_bytes) / mib,
-                                     static_cast<double>(d.capacity_bytes) / mib),
-                         d.link_gbps, d.online ? resident : std::string{"(offline)"});
+      out +=
+          fmt::format("{:>3} {:<22} {:<14} {:>16} {:>7.1f} {:>9.2f} {}\n", d.device, d.node, d.name,
+                      fmt::format("{:.0f}/{:.0f}", static_cast<double>(d.used_bytes) / mib,
+                                  static_cast<double>(d.capacity_bytes) / mib),
+                      static_cast<double>(d.kv_bytes) / mib, d.link_gbps,
+                      d.online ? resident : std::string{"(offline)"});
     }
     return {out};
   }

@@ -438,7 +438,7 @@ caf::expected<serve_config> load_serve_config(const std::string& path,
     auto sw = w + " scheduler";
     if ((e = check_keys(*s, sw,
                         {"policy", "max_transfers_per_link", "workspace_mb", "load_timeout_s",
-                         "prefetch", "compute_while_loading"})))
+                         "prefetch", "compute_while_loading", "kv_in_ledger"})))
       return e;
     double ws = 0;
     int64_t timeout_s = 300;
@@ -448,7 +448,8 @@ caf::expected<serve_config> load_serve_config(const std::string& path,
         (e = read(*s, "workspace_mb", sw, ws)) || (e = read(*s, "load_timeout_s", sw, timeout_s)) ||
         (e = read(*s, "prefetch", sw, c.runtime.scheduler.ledger.prefetch)) ||
         (e = read(*s, "compute_while_loading", sw,
-                  c.runtime.scheduler.ledger.compute_while_loading)))
+                  c.runtime.scheduler.ledger.compute_while_loading)) ||
+        (e = read(*s, "kv_in_ledger", sw, c.runtime.manager.kv_in_ledger)))
       return e;
     if ((e = mib_to_bytes(ws, sw, "workspace_mb", c.runtime.scheduler.workspace_bytes)) ||
         (e = check_time(timeout_s, 10'000'000, sw, "load_timeout_s")))

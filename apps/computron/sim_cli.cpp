@@ -224,8 +224,13 @@ caf::expected<sim::sim_config> sim_config_from(const serve_config& cfg,
         if (!layout) return layout.error();
         m.shard_bytes.push_back(layout->total_bytes());
         total += layout->total_bytes();
+        // KV blocks as the runtime counts them (none for a kind without blocks).
+        if (cfg.runtime.manager.kv_in_ledger)
+          m.kv_block_bytes.push_back(eng.kv_block_bytes(actors::shard_spec{model, r, k, {}}));
         if (k == 0 && r == 0) m.layers = std::max(1, decoder_layers(*layout));
       }
+    if (std::find(m.kv_block_bytes.begin(), m.kv_block_bytes.end(), 0) != m.kv_block_bytes.end())
+      m.kv_block_bytes.clear();
     if (model.kind == "toy") {
       m.layers = actors::toy_layers_per_stage;
       m.step_s = model.toy_compute_ms / 1e3;

@@ -101,6 +101,8 @@ json info_json(const actors::model_info& i) {
               {"served", i.served},
               {"loads", i.loads},
               {"evictions", i.evictions},
+              {"kv_blocks", i.kv_blocks},
+              {"kv_bytes", i.kv_bytes},
               {"vocab", i.vocab},
               {"max_positions", i.max_positions},
               {"tokenizer", !i.config.tokenizer.empty()},
