@@ -1,0 +1,170 @@
+// KV blocks in the ledger, carried out by the model manager and the swap scheduler under
+// CAF's test coordinator (issue 30): a batch's rows ask for blocks as they grow, a joiner
+// that does not fit waits, and a row preempted for room is recomputed and answers all its
+// tokens; every block goes back at the end.
+#include <catch2/catch.hpp>
+
+#include "actors/model_manager.hpp"
+#include "actors/swap_scheduler.hpp"
+#include "common/error.hpp"
+#include "tests/support/deterministic.hpp"
+
+using namespace computron;
+using namespace computron::actors;
+using namespace std::chrono_literals;
+using computron::testing::deterministic_fixture;
+using computron::testing::fake_worker;
+using computron::testing::fake_worker_script;
+
+namespace {
+
+/// The toy engine with KV blocks of `block_bytes` per shard (the toy itself keeps none).
+class kv_toy final : public engine {
+ public:
+  explicit kv_toy(uint64_t block_bytes) : toy_(make_toy_engine()), block_(block_bytes) {}
+  caf::error validate(const model_config& cfg,
+                      const std::vector<gpu::device_kind>& placed) const override {
+    return toy_->validate(cfg, placed);
+  }
+  int64_t vocab(const model_config& cfg) const override { return toy_->vocab(cfg); }
+  int64_t max_positions(const model_config& cfg) const override { return toy_->max_positions(cfg); }
+  caf::expected<gpu::tensor_table> layout(const shard_spec& s) const override {
+    return toy_->layout(s);
+  }
+  uint64_t kv_block_bytes(const shard_spec&) const override { return block_; }
+  caf::error fill(const shard_spec& s, gpu::weight_shard& w) const override {
+    return toy_->fill(s, w);
+  }
+  caf::expected<std::unique_ptr<shard_program>> make_program(const shard_spec& s,
+                                                             gpu::weight_shard& w,
+                                                             gpu::collective& g) const override {
+    return toy_->make_program(s, w, g);
+  }
+
+ private:
+  std::shared_ptr<const engine> toy_;
+  uint64_t block_;
+};
+
+/// One fake worker on a 100 MiB device and a toy model whose KV blocks are 20 MiB (the
+/// fake worker reports no weight bytes): five blocks (80 tokens) fit.
+struct kv_fixture : deterministic_fixture {
+  fake_worker_script script;
+  shard_worker_actor worker;
+  swap_scheduler_actor scheduler;
+  model_manager_actor manager;
+
+  kv_fixture() {
+    script.holder = sys.spawn(computron::testing::load_holder);
+    worker = sys.spawn(fake_worker, &script, 0);
+    scheduler = spawn_swap_scheduler(sys, {{worker, 100 << 20, 10.0}}, {}).value();
+    model_manager_options mo;
+    mo.batching.max_batch_size = 4;
+    mo.batching.batch_window = 0ms;
+    mo.batching.default_deadline = 10s;
+    engine_registry engines{{"toy", std::make_shared<kv_toy>(20 << 20)}};
+    manager = spawn_model_manager(sys, {worker}, scheduler, engines, mo).value();
+    model_config m;
+    m.name = "m";
+    m.kind = "toy";
+    m.devices = {0};
+    REQUIRE(ask<model_info>(manager, register_atom_v, m));
+  }
+
+  ~kv_fixture() {
+    for (auto a : {caf::actor_cast<caf::actor>(manager), caf::actor_cast<caf::actor>(scheduler),
+                   caf::actor_cast<caf::actor>(worker), script.holder})
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  }
+
+  auto send(int64_t max_tokens, std::vector<int64_t> prompt = {1, 2, 3}) {
+    infer_request r;
+    r.model = "m";
+    r.tokens = std::move(prompt);
+    r.max_tokens = max_tokens;
+    return self->request(manager, caf::timespan{24h}, infer_atom_v, r);
+  }
+
+  void run_steps(size_t steps) {
+    for (int i = 0; i < 100000 && script.step_rows.size() < steps; ++i) sched.run_once();
+    REQUIRE(script.step_rows.size() == steps);
+  }
+
+  uint64_t kv_blocks() {
+    auto rs = ask<std::vector<residency_report>>(scheduler, status_atom_v);
+    REQUIRE(rs);
+    REQUIRE(rs->size() == 1);
+    return rs->front().kv_blocks;
+  }
+};
+
+std::vector<int64_t> counting(int64_t from, int64_t n) {
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < n; ++i) out.push_back(from + i);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("KV in the ledger: a batch's blocks grow with its rows and all go back at its end",
+          "[actors][manager][kv]") {
+  kv_fixture f;
+  auto a = f.send(40);
+  f.run_steps(20);
+  // 3 prompt tokens and 19 decoded steps cached: two blocks, asked ahead.
+  CHECK(f.kv_blocks() >= 2);
+  CHECK(f.kv_blocks() <= 4);
+  f.sched.run();
+  infer_reply ra;
+  std::move(a).receive([&](infer_reply& r) { ra = r; }, [](caf::error& e) { FAIL(render(e)); });
+  CHECK(ra.tokens == counting(7, 40));
+  CHECK(f.kv_blocks() == 0);
+}
+
+TEST_CASE(
+    "KV in the ledger: short of room, the youngest row is preempted, recomputed later, "
+    "and answers all its tokens",
+    "[actors][manager][kv]") {
+  kv_fixture f;
+  auto a = f.send(50);
+  f.run_steps(3);
+  auto b = f.send(60);
+  f.sched.run();
+  infer_reply ra, rb;
+  std::move(a).receive([&](infer_reply& r) { ra = r; }, [](caf::error& e) { FAIL(render(e)); });
+  std::move(b).receive([&](infer_reply& r) { rb = r; }, [](caf::error& e) { FAIL(render(e)); });
+  // Five blocks fit. a (52 tokens at its end: four blocks) never gave way; b (62: four
+  // blocks) joined, was preempted when the two outgrew the five, and ran again: the fake
+  // worker's prefill answers 7, so its answer restarts counting where it was recomputed.
+  CHECK(ra.tokens == counting(7, 50));
+  REQUIRE(rb.tokens.size() == 60);
+  CHECK(rb.tokens.front() == 7);
+  auto restart = std::find(rb.tokens.begin() + 1, rb.tokens.end(), 7);
+  REQUIRE(restart != rb.tokens.end());
+  auto before = restart - rb.tokens.begin();
+  CHECK(std::vector<int64_t>(rb.tokens.begin(), restart) == counting(7, before));
+  CHECK(std::vector<int64_t>(restart, rb.tokens.end()) == counting(7, 60 - before));
+  CHECK(f.kv_blocks() == 0);
+}
+
+TEST_CASE(
+    "KV in the ledger: a prompt that can never fit fails with out_of_device_memory, "
+    "the manager serves on",
+    "[actors][manager][kv]") {
+  kv_fixture f;
+  auto big = f.send(1, std::vector<int64_t>(100, 5));  // 100 tokens: seven blocks, five fit
+  f.sched.run();
+  bool refused = false;
+  std::move(big).receive([](infer_reply&) { FAIL("a prompt that cannot fit was served"); },
+                         [&](caf::error& e) {
+                           refused = is(e, ec::out_of_device_memory);
+                           INFO(render(e));
+                           CHECK(render(e).find("KV blocks") != std::string::npos);
+                         });
+  CHECK(refused);
+  auto ok = f.send(3);
+  f.sched.run();
+  std::move(ok).receive([](infer_reply& r) { CHECK(r.tokens == counting(7, 3)); },
+                        [](caf::error& e) { FAIL(render(e)); });
+  CHECK(f.kv_blocks() == 0);
+}
