@@ -18,12 +18,19 @@ uint64_t blocks_in(uint64_t bytes, uint64_t block_bytes) {
 
 }  // namespace
 
+uint64_t ledger::kv_free_bytes(size_t d) const {
+  auto& a = devices_[d];
+  if (opts_.kv_reserve_bytes > 0)
+    return opts_.kv_reserve_bytes > a.kv_bytes ? opts_.kv_reserve_bytes - a.kv_bytes : 0;
+  return free_bytes(d);
+}
+
 uint64_t ledger::kv_room(model_id id) const {
   auto& m = models_[id];
   if (m.where.kv_block_bytes.empty()) return std::numeric_limits<uint64_t>::max();
   auto room = std::numeric_limits<uint64_t>::max();
   for (size_t i = 0; i < m.where.devices.size(); ++i)
-    room = std::min(room, blocks_in(free_bytes(static_cast<size_t>(m.where.devices[i])),
+    room = std::min(room, blocks_in(kv_free_bytes(static_cast<size_t>(m.where.devices[i])),
                                     m.where.kv_block_bytes[i]));
   return room;
 }
@@ -62,6 +69,8 @@ std::optional<std::vector<model_id>> ledger::kv_victims(model_id id, uint64_t bl
   auto& m = models_[id];
   std::vector<model_id> victims;
   if (m.where.kv_block_bytes.empty()) return victims;
+  // A fixed reserve is all the KV there is: evicting weights frees none of it.
+  if (opts_.kv_reserve_bytes > 0) return std::nullopt;
   std::map<size_t, int64_t> short_bytes;
   for (size_t i = 0; i < m.where.devices.size(); ++i) {
     auto d = static_cast<size_t>(m.where.devices[i]);
@@ -116,7 +125,9 @@ uint64_t ledger::kv_ceiling(model_id id) const {
         for (size_t k = 0; k < other.where.devices.size(); ++k)
           if (static_cast<size_t>(other.where.devices[k]) == d) pinned += other.where.bytes[k];
     auto usable = devices_[d].slot.usable_bytes;
-    auto left = usable > m.where.bytes[i] + pinned ? usable - m.where.bytes[i] - pinned : 0;
+    auto left = opts_.kv_reserve_bytes > 0           ? opts_.kv_reserve_bytes
+                : usable > m.where.bytes[i] + pinned ? usable - m.where.bytes[i] - pinned
+                                                     : 0;
     ceiling = std::min(ceiling, blocks_in(left, m.where.kv_block_bytes[i]));
   }
   return ceiling;

@@ -67,6 +67,12 @@ std::unique_ptr<ledger> ledger::make(std::vector<device_slot> devices, ledger_op
   };
   if (devices.empty()) return fail("scheduler without devices");
   if (opts.max_transfers_per_link == 0) return fail("max_transfers_per_link must be at least 1");
+  for (size_t d = 0; d < devices.size(); ++d)
+    if (opts.kv_reserve_bytes >= devices[d].usable_bytes && opts.kv_reserve_bytes > 0)
+      return fail("the KV reserve of " + std::to_string(opts.kv_reserve_bytes) +
+                  " bytes leaves no room for weights on device " + std::to_string(d));
+  // A fixed KV reserve is not the weights' to use.
+  for (auto& d : devices) d.usable_bytes -= opts.kv_reserve_bytes;
   auto policy = make_eviction_policy(opts.policy, why);
   if (!policy) return nullptr;
   return std::unique_ptr<ledger>(
@@ -156,7 +162,8 @@ std::vector<size_t> ledger::resident_per_device(size_t* resident_total) const {
 
 uint64_t ledger::free_bytes(size_t d) const {
   auto& a = devices_[d];
-  auto taken = a.used_bytes + a.kv_bytes;
+  // With a fixed KV reserve, KV is not the weights' concern (kv_budget.cpp accounts it).
+  auto taken = a.used_bytes + (opts_.kv_reserve_bytes > 0 ? 0 : a.kv_bytes);
   return a.slot.usable_bytes > taken ? a.slot.usable_bytes - taken : 0;
 }
 

@@ -161,6 +161,11 @@ struct ledger_options {
   /// about max(load, compute) instead of load + compute. A loading model is never a
   /// victim, leased or not.
   bool compute_while_loading = true;
+  /// Above 0: KV blocks live in a fixed reserve of this many bytes per device, apart from
+  /// the weights (whose budget shrinks by it), as single-model servers slice memory
+  /// (vLLM's gpu_memory_utilization); no weights are evicted for KV. 0: KV and weights
+  /// share each device's one budget. The comparison for the shared budget's figures.
+  uint64_t kv_reserve_bytes = 0;
 };
 
 /// A prefetch evicts only models whose demand is below the candidate's divided by this:
@@ -304,6 +309,8 @@ class ledger {
   void free_shards(model_entry& m);
   /// Frees the model's KV blocks everywhere (a forgotten model).
   void free_kv(model_entry& m);
+  /// Bytes KV may still take on device d (of the shared budget, or of the fixed reserve).
+  uint64_t kv_free_bytes(size_t d) const;
 
   std::vector<device_account> devices_;
   std::vector<model_entry> models_;

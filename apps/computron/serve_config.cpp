@@ -438,9 +438,9 @@ caf::expected<serve_config> load_serve_config(const std::string& path,
     auto sw = w + " scheduler";
     if ((e = check_keys(*s, sw,
                         {"policy", "max_transfers_per_link", "workspace_mb", "load_timeout_s",
-                         "prefetch", "compute_while_loading", "kv_in_ledger"})))
+                         "prefetch", "compute_while_loading", "kv_in_ledger", "kv_reserve_mb"})))
       return e;
-    double ws = 0;
+    double ws = 0, kv_reserve = 0;
     int64_t timeout_s = 300;
     if ((e = read(*s, "policy", sw, c.runtime.scheduler.ledger.policy)) ||
         (e = read(*s, "max_transfers_per_link", sw,
@@ -449,7 +449,11 @@ caf::expected<serve_config> load_serve_config(const std::string& path,
         (e = read(*s, "prefetch", sw, c.runtime.scheduler.ledger.prefetch)) ||
         (e = read(*s, "compute_while_loading", sw,
                   c.runtime.scheduler.ledger.compute_while_loading)) ||
-        (e = read(*s, "kv_in_ledger", sw, c.runtime.manager.kv_in_ledger)))
+        (e = read(*s, "kv_in_ledger", sw, c.runtime.manager.kv_in_ledger)) ||
+        (e = read(*s, "kv_reserve_mb", sw, kv_reserve)))
+      return e;
+    if ((e = mib_to_bytes(kv_reserve, sw, "kv_reserve_mb",
+                          c.runtime.scheduler.ledger.kv_reserve_bytes)))
       return e;
     if ((e = mib_to_bytes(ws, sw, "workspace_mb", c.runtime.scheduler.workspace_bytes)) ||
         (e = check_time(timeout_s, 10'000'000, sw, "load_timeout_s")))

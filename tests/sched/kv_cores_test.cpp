@@ -257,3 +257,34 @@ TEST_CASE("kv: a row that could never fit fails at its step boundary", "[cores][
   CHECK(e.failures[0].batch == id);
   CHECK(e.steps.empty());  // no row left: the driver ends the batch
 }
+
+TEST_CASE("kv: a fixed reserve holds all KV apart from the weights, and no weights go for it",
+          "[cores][kv]") {
+  refusal why;
+  ledger_options o;
+  o.kv_reserve_bytes = 10 * mb;
+  auto core = residency::make({{100 * mb, 10}}, o, &why);
+  REQUIRE(core);
+  auto a = *core->ledger().add("a", {{0}, {40 * mb}, false, 0, {1 * mb}}, &why);
+  auto b = *core->ledger().add("b", {{0}, {40 * mb}, false, 0, {1 * mb}}, &why);
+  time_point t{};
+  core->acquire(b, 1, t);
+  core->load_done(b, t);
+  core->release(b, t);
+  core->acquire(a, 2, t);
+  core->load_done(a, t);
+  auto& l = core->ledger();
+  CHECK(l.device(0).slot.usable_bytes == 90 * mb);
+  CHECK(l.kv_room(a) == 10);
+  CHECK(l.kv_ceiling(a) == 10);
+  auto e = core->kv_reserve(a, 3, 30, 20, false, t);
+  CHECK(e.evictions.empty());  // b is lease-free, but its room is not the reserve's
+  REQUIRE(grant_of(e, 3));
+  CHECK(grant_of(e, 3)->blocks == 10);
+  // The weights' budget is untouched by the KV held.
+  CHECK(l.device(0).used_bytes == 80 * mb);
+  // A reserve as large as a device is refused.
+  o.kv_reserve_bytes = 100 * mb;
+  CHECK_FALSE(residency::make({{100 * mb, 10}}, o, &why));
+  CHECK(why.reason.find("KV reserve") != std::string::npos);
+}
