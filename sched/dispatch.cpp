@@ -331,7 +331,12 @@ void dispatcher::kv_continue(batch_id id, batch_state& b, uint64_t ceiling, time
     if (b.kv_held > 2 * want) kv_trim(b, want, out);
   }
   if (!joiners.empty()) {
-    for (auto& e : joiners) b.rows.push_back(e);
+    // A joiner's prefill is a step of its own before the batch's next: it has run one
+    // step (and generated a token) when the next boundary counts the step they share.
+    for (auto& e : joiners) {
+      b.rows.push_back(e);
+      b.steps_run[e.key] = 1;
+    }
     out.joins.push_back({id, next_batch_++, model, std::move(joiners)});
   }
   if (!b.going.empty() || !out.joins.empty()) out.steps.push_back(id);

@@ -8,6 +8,7 @@
 #include "actors/swap_scheduler.hpp"
 #include "common/error.hpp"
 #include "tests/support/deterministic.hpp"
+#include "tests/support/kv_toy.hpp"
 
 using namespace computron;
 using namespace computron::actors;
@@ -15,36 +16,9 @@ using namespace std::chrono_literals;
 using computron::testing::deterministic_fixture;
 using computron::testing::fake_worker;
 using computron::testing::fake_worker_script;
+using computron::testing::kv_toy;
 
 namespace {
-
-/// The toy engine with KV blocks of `block_bytes` per shard (the toy itself keeps none).
-class kv_toy final : public engine {
- public:
-  explicit kv_toy(uint64_t block_bytes) : toy_(make_toy_engine()), block_(block_bytes) {}
-  caf::error validate(const model_config& cfg,
-                      const std::vector<gpu::device_kind>& placed) const override {
-    return toy_->validate(cfg, placed);
-  }
-  int64_t vocab(const model_config& cfg) const override { return toy_->vocab(cfg); }
-  int64_t max_positions(const model_config& cfg) const override { return toy_->max_positions(cfg); }
-  caf::expected<gpu::tensor_table> layout(const shard_spec& s) const override {
-    return toy_->layout(s);
-  }
-  uint64_t kv_block_bytes(const shard_spec&) const override { return block_; }
-  caf::error fill(const shard_spec& s, gpu::weight_shard& w) const override {
-    return toy_->fill(s, w);
-  }
-  caf::expected<std::unique_ptr<shard_program>> make_program(const shard_spec& s,
-                                                             gpu::weight_shard& w,
-                                                             gpu::collective& g) const override {
-    return toy_->make_program(s, w, g);
-  }
-
- private:
-  std::shared_ptr<const engine> toy_;
-  uint64_t block_;
-};
 
 /// One fake worker on a 100 MiB device and a toy model whose KV blocks are 20 MiB (the
 /// fake worker reports no weight bytes): five blocks (80 tokens) fit.

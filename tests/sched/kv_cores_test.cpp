@@ -220,19 +220,20 @@ TEST_CASE(
   CHECK(e.joins[0].rows[0].key == 2);
   CHECK(std::find(e.steps.begin(), e.steps.end(), id) != e.steps.end());
   CHECK(f.d->queues().queued(f.k) == 1);
-  // Boundary 2: row 1 now needs 2 blocks (17 tokens), row 2 one: short by one. Nothing
-  // more is granted: row 2, the youngest, is preempted and queued first again with the
-  // token it generated as part of its prompt.
+  // Boundary 2: row 1 now needs 2 blocks (17 tokens) and so does row 2 (its prefill and
+  // the step it shared: 17 tokens too): short by two. Nothing more is granted: row 2, the
+  // youngest, is preempted and queued first again with the two tokens it generated as
+  // part of its prompt.
   e = f.d->step_boundary(id, {1, 2}, f.t);
   REQUIRE(e.kv_asks.size() == 1);
-  CHECK(e.kv_asks[0].need == 1);
+  CHECK(e.kv_asks[0].need == 2);
   e = f.d->kv_granted(id, f.k, 0, 100, f.t);
   REQUIRE(e.preempted.size() == 1);
   REQUIRE(e.preempted[0].rows.size() == 1);
   auto& p = e.preempted[0].rows[0];
   CHECK(p.key == 2);
-  CHECK(p.prompt_tokens == 16);
-  CHECK(p.steps == 39);
+  CHECK(p.prompt_tokens == 17);
+  CHECK(p.steps == 38);
   CHECK(std::find(e.steps.begin(), e.steps.end(), id) != e.steps.end());
   CHECK(f.d->queues().queued(f.k) == 2);
   // Row 1 fits its two blocks (18 tokens); the queued ones ask to join, and only they
