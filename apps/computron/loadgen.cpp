@@ -5,12 +5,15 @@
 #include <atomic>
 #include <cmath>
 #include <csignal>
+#include <functional>
 #include <iostream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "apps/computron/loadgen_llm.hpp"
 #include "common/error.hpp"
+#include "net/client/llm_lengths.hpp"
 #include "net/client/loadgen.hpp"
 #include "workload/arrivals.hpp"
 #include "workload/report.hpp"
@@ -51,10 +54,12 @@ class progress_bar {
         p.total == 0
             ? width
             : static_cast<int>(width * static_cast<double>(p.done) / static_cast<double>(p.total));
-    auto line = fmt::format("[{}{}] sent {}/{}  done {}  failed {}  {:.1f}/{:.1f} s",
+    auto line = fmt::format("[{}{}] sent {}/{}  done {}  failed {}  {:.1f}",
                             std::string(static_cast<size_t>(filled), '#'),
                             std::string(static_cast<size_t>(width - filled), '.'), p.sent, p.total,
-                            p.done, p.failed, p.elapsed_s, duration_s_);
+                            p.done, p.failed, p.elapsed_s);
+    // A closed loop's requests are all due at the start: no planned duration to show.
+    line += duration_s_ > 0 ? fmt::format("/{:.1f} s", duration_s_) : std::string{" s"};
     if (tty_)
       std::cerr << '\r' << line << "\x1b[K" << (last ? "\n" : "") << std::flush;
     else
@@ -66,6 +71,44 @@ class progress_bar {
   bool tty_;
   double last_line_s_ = -1e9;
 };
+
+/// The infer mode: KServe requests of token ids, loadgen's original table and report.
+int run_infer(const loadgen_cli& cli, const net::server_address& at,
+              const std::vector<net::served_model>& served, const workload::schedule& sched,
+              const std::string& described_text,
+              std::function<void(const net::open_loop_progress&)> on_progress) {
+  net::loadgen_options o;
+  o.server = at;
+  o.prompt_len = cli.prompt_len;
+  o.max_tokens = cli.max_tokens;
+  if (cli.drop_late) o.deadline_ms = static_cast<uint32_t>(std::lround(cli.slo_s * 1000));
+  o.seed = cli.seed;
+  o.max_connections = in_flight_bound(cli);
+  o.request_timeout = std::chrono::milliseconds(static_cast<int64_t>(cli.timeout_s * 1000));
+  o.on_progress = std::move(on_progress);
+  o.cancel = &interrupted;
+  auto run = net::run_loadgen(sched, served, o);
+  if (!run) {
+    std::cerr << "computron loadgen: " << render(run.error()) << '\n';
+    return exit_unreachable;
+  }
+  auto summary = workload::summarize_run(sched.models, run->records, cli.slo_s, run->devices);
+  json extra{{"url", cli.url}, {"api", "infer"}, {"workload", json::parse(described_text)}};
+  if (interrupted.load()) extra["interrupted"] = true;
+  if (cli.json)
+    std::cout << workload::to_json(summary, extra.dump()) << '\n';
+  else
+    std::cout << workload::to_table(summary) << first_errors(run->records);
+  if (!cli.report_dir.empty()) {
+    if (auto err = workload::write_report(cli.report_dir, summary, run->records, run->swaps,
+                                          extra.dump())) {
+      std::cerr << "computron loadgen: " << render(err) << '\n';
+      return exit_unreachable;
+    }
+    if (!cli.json) std::cout << "report written to " << cli.report_dir << '\n';
+  }
+  return summary.overall.failed > 0 || summary.unsent > 0 ? exit_some_failed : 0;
+}
 
 }  // namespace
 
@@ -84,7 +127,7 @@ std::string check_workload_flags(const loadgen_cli& cli) {
   if (!(cli.cv >= 0) || !std::isfinite(cli.cv)) return "--cv must be 0 or more";
   if (!(cli.duration_s > 0) || !std::isfinite(cli.duration_s))
     return "--duration must be a positive number of seconds";
-  return {};
+  return check_llm_flags(cli);
 }
 
 caf::expected<workload::schedule> make_schedule(const loadgen_cli& cli,
@@ -99,6 +142,21 @@ caf::expected<workload::schedule> make_schedule(const loadgen_cli& cli,
     if (!s) return s.error();
     sched = std::move(*s);
     described = {{"kind", "trace"}, {"file", cli.trace}, {"arrivals", sched.arrivals.size()}};
+  } else if (cli.num_prompts > 0) {
+    // A closed loop (with --max-concurrency): every request due at once, the bound on
+    // requests in flight paces them.
+    std::vector<std::string> names = known;
+    if (!cli.models.empty()) {
+      auto m = workload::split_list(cli.models, "--models");
+      if (!m) return m.error();
+      names = *m;
+    }
+    if (names.empty()) return make_error(ec::unknown_model, "the server has no models");
+    sched.models = names;
+    for (int64_t i = 0; i < cli.num_prompts; ++i)
+      sched.arrivals.push_back(
+          {0.0, static_cast<uint32_t>(static_cast<size_t>(i) % names.size()), 0, 0});
+    described = {{"kind", "closed"}, {"models", names}, {"num_prompts", cli.num_prompts}};
   } else {
     std::vector<double> rates;
     if (!cli.rates.empty()) {
@@ -151,9 +209,7 @@ int run_loadgen_cli(const loadgen_cli& cli) {
   if (cli.max_connections < 1) return usage("--max-connections must be at least 1");
   if (!(cli.timeout_s > 0)) return usage("--timeout must be positive");
   // Everything that can be checked without the server is checked first.
-  if (!cli.trace.empty()) {
-    if (auto s = workload::read_trace(cli.trace); !s) return usage(render(s.error()));
-  } else if (!cli.rates.empty()) {
+  if (!cli.rates.empty()) {
     auto r = workload::parse_numbers(cli.rates, "--rates");
     if (!r) return usage(render(r.error()));
     for (auto x : *r)
@@ -166,9 +222,19 @@ int run_loadgen_cli(const loadgen_cli& cli) {
       return usage(
           fmt::format("{} rates for {} models: give one rate per model", r->size(), m->size()));
   }
+  auto wanted = models_named(cli);
+  if (!wanted) return usage(render(wanted.error()));
+  std::vector<net::length_pair> rows;
+  if (!cli.lengths_csv.empty()) {
+    auto read = net::read_length_pairs(cli.lengths_csv);
+    if (!read) return usage(render(read.error()));
+    rows = std::move(*read);
+  }
 
-  auto served =
-      net::discover(*at, std::chrono::milliseconds(static_cast<int64_t>(cli.wait_ready_s * 1000)));
+  // Only the models this run drives must be ready: a folder that failed elsewhere in the
+  // server's repository does not hold the run up.
+  auto served = net::discover(
+      *at, std::chrono::milliseconds(static_cast<int64_t>(cli.wait_ready_s * 1000)), *wanted);
   if (!served) {
     std::cerr << "computron loadgen: " << render(served.error()) << '\n';
     return exit_unreachable;
@@ -185,49 +251,35 @@ int run_loadgen_cli(const loadgen_cli& cli) {
     return usage(render(made.error()));
   }
   auto sched = std::move(*made);
-  auto described = json::parse(described_text);
+  auto completions = use_completions(cli, *served, sched);
+  if (!completions) return usage(render(completions.error()));
+  auto lengths = lengths_of(cli, *completions, std::move(rows));
+  if (!lengths) return usage(render(lengths.error()));
+  net::assign_lengths(sched, *lengths, cli.seed);
 
-  net::loadgen_options o;
-  o.server = *at;
-  o.prompt_len = cli.prompt_len;
-  o.max_tokens = cli.max_tokens;
-  if (cli.drop_late) o.deadline_ms = static_cast<uint32_t>(std::lround(cli.slo_s * 1000));
-  o.seed = cli.seed;
-  o.max_connections = cli.max_connections;
-  o.request_timeout = std::chrono::milliseconds(static_cast<int64_t>(cli.timeout_s * 1000));
   progress_bar bar{sched.duration_s};
-  if (cli.progress) o.on_progress = [&bar](const net::open_loop_progress& p) { bar(p); };
+  std::function<void(const net::open_loop_progress&)> on_progress;
+  if (cli.progress) on_progress = [&bar](const net::open_loop_progress& p) { bar(p); };
   interrupted.store(false);
-  o.cancel = &interrupted;
   auto previous_int = std::signal(SIGINT, on_interrupt);
   auto previous_term = std::signal(SIGTERM, on_interrupt);
   if (!cli.json)
-    std::cout << fmt::format("computron loadgen: {} requests to {} models at {} over {:.1f} s\n",
-                             sched.arrivals.size(), sched.models.size(), cli.url, sched.duration_s)
+    std::cout << fmt::format("computron loadgen: {} requests to {} models at {} {}{}{}\n",
+                             sched.arrivals.size(), sched.models.size(), cli.url,
+                             cli.num_prompts > 0 ? std::string{"all due at the start"}
+                                                 : fmt::format("over {:.1f} s", sched.duration_s),
+                             *completions ? " (streamed completions)" : " (infer)",
+                             cli.max_concurrency > 0
+                                 ? fmt::format(", at most {} in flight", cli.max_concurrency)
+                                 : std::string{})
               << std::flush;
-  auto run = net::run_loadgen(sched, *served, o);
+  auto code = *completions
+                  ? run_llm_cli(cli, *at, *served, sched, described_text, std::move(on_progress),
+                                &interrupted)
+                  : run_infer(cli, *at, *served, sched, described_text, std::move(on_progress));
   std::signal(SIGINT, previous_int);
   std::signal(SIGTERM, previous_term);
-  if (!run) {
-    std::cerr << "computron loadgen: " << render(run.error()) << '\n';
-    return exit_unreachable;
-  }
-  auto summary = workload::summarize_run(sched.models, run->records, cli.slo_s, run->devices);
-  json extra{{"url", cli.url}, {"workload", described}};
-  if (interrupted.load()) extra["interrupted"] = true;
-  if (cli.json)
-    std::cout << workload::to_json(summary, extra.dump()) << '\n';
-  else
-    std::cout << workload::to_table(summary);
-  if (!cli.report_dir.empty()) {
-    if (auto err = workload::write_report(cli.report_dir, summary, run->records, run->swaps,
-                                          extra.dump())) {
-      std::cerr << "computron loadgen: " << render(err) << '\n';
-      return exit_unreachable;
-    }
-    if (!cli.json) std::cout << "report written to " << cli.report_dir << '\n';
-  }
-  return summary.overall.failed > 0 || summary.unsent > 0 ? exit_some_failed : 0;
+  return code;
 }
 
 }  // namespace computron::app

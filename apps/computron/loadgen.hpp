@@ -9,8 +9,14 @@
 
 #include "workload/arrivals.hpp"
 
-/// `computron loadgen`: an open-loop workload against a running server, with a progress
-/// bar, a summary (table or JSON) and an optional report folder.
+namespace CLI {
+class App;
+}
+
+/// `computron loadgen`: an open-loop (or, with --max-concurrency, closed-loop) workload
+/// against a running server, with a progress bar, a summary (table or JSON) and an
+/// optional report folder. Models with a tokenizer are driven as an LLM server is
+/// benchmarked (streamed completions: TTFT, TPOT, ITL, goodput); others with KServe infer.
 namespace computron::app {
 
 struct loadgen_cli {
@@ -36,7 +42,40 @@ struct loadgen_cli {
   double wait_ready_s = 10;
   double timeout_s = 300;
   bool progress = true;
+
+  // The LLM mode (apps/computron/loadgen_llm.cpp).
+  /// "auto" (completions when every model driven has a tokenizer, else infer),
+  /// "completions" (streamed /v1/completions) or "infer" (KServe infer, token ids).
+  std::string api = "auto";
+  /// fixed, uniform:SPREAD or lognormal:SPREAD around --prompt-len and --max-tokens.
+  std::string prompt_dist = "fixed";
+  std::string output_dist = "fixed";
+  /// A CSV of prompt_len,output_len rows; each request draws one (instead of the dists).
+  std::string lengths_csv;
+  /// Requests in flight at most (0: only --max-connections bounds them). Signed, so that
+  /// a negative value is refused by name rather than wrapped around.
+  int64_t max_concurrency = 0;
+  /// Closed loop: this many requests due at the start, over the models in turn.
+  int64_t num_prompts = 0;
+  /// Goodput's SLOs in milliseconds (0: none); --slo is the end-to-end one.
+  double slo_ttft_ms = 0;
+  double slo_tpot_ms = 0;
+  std::string metric_percentiles = "50,90,99";
+  /// Set when the flags were given: the completions mode has defaults of its own.
+  bool prompt_len_given = false;
+  bool max_tokens_given = false;
 };
+
+/// The completions mode's lengths where the flags leave them out: a 32-token prompt and
+/// 16 tokens out, so TPOT and ITL have tokens to measure (infer's default is 1).
+constexpr int64_t llm_default_prompt_len = 32;
+constexpr int64_t llm_default_max_tokens = 16;
+
+/// Adds the LLM mode's flags to loadgen's command, beside those main.cpp declares.
+void add_llm_flags(CLI::App& cmd, loadgen_cli& cli);
+
+/// What is wrong with the LLM mode's flags, or empty (no server needed).
+std::string check_llm_flags(const loadgen_cli& cli);
 
 /// What is wrong with the workload flags, or empty (no server needed).
 std::string check_workload_flags(const loadgen_cli& cli);

@@ -258,7 +258,9 @@ int main(int argc, char** argv) {
 
   // loadgen
   auto lg_cmd = app.add_subcommand(
-      "loadgen", "open-loop Gamma or trace workload against a running server; latency report");
+      "loadgen",
+      "open- or closed-loop workload against a running server; latency report (TTFT, TPOT, "
+      "ITL and goodput for models with a tokenizer)");
   app::loadgen_cli lg;
   double lg_alpha = 0, lg_total = 0;
   lg_cmd->add_option("--url", lg.url, "server, http://HOST:PORT")->capture_default_str();
@@ -274,11 +276,14 @@ int main(int argc, char** argv) {
       lg_cmd->add_option("--power-law", lg_alpha, "skew rates as (i+1)^-ALPHA over the models");
   auto lg_total_opt =
       lg_cmd->add_option("--total-rate", lg_total, "requests/s over all models (uniform alone)");
-  lg_cmd->add_option("--prompt-len", lg.prompt_len, "prompt tokens per request")
+  lg_cmd->add_option("--prompt-len", lg.prompt_len,
+                     "prompt tokens per request (the mean of --prompt-dist; completions: 32)")
       ->capture_default_str();
-  lg_cmd->add_option("--max-tokens", lg.max_tokens, "tokens generated per request")
+  lg_cmd->add_option("--max-tokens", lg.max_tokens,
+                     "tokens generated per request (the mean of --output-dist; completions: 16)")
       ->capture_default_str();
-  lg_cmd->add_option("--slo", lg.slo_s, "latency SLO in seconds for the attainment figure");
+  lg_cmd->add_option("--slo", lg.slo_s,
+                     "latency SLO in seconds for the attainment figure (and goodput's E2EL)");
   lg_cmd->add_flag("--drop-late", lg.drop_late,
                    "send the SLO as each request's deadline, asking to be refused rather than "
                    "answered late (needs --slo)");
@@ -293,6 +298,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bool lg_no_progress = false;
   lg_cmd->add_flag("--no-progress", lg_no_progress, "no progress bar on stderr");
+  app::add_llm_flags(*lg_cmd, lg);
 
   // sim
   auto sim_cmd = app.add_subcommand(

@@ -1,9 +1,11 @@
 #include "net/client/loadgen.hpp"
 
+#include <algorithm>
 #include <random>
 #include <sstream>
 #include <thread>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
@@ -61,6 +63,52 @@ std::vector<workload::swap_event> fetch_swaps(http_client& c,
   return out;
 }
 
+/// A connection to a server that answers /v2/health/live, polled until `deadline`.
+caf::expected<std::unique_ptr<http_client>> answering(
+    const server_address& at, std::chrono::steady_clock::time_point deadline) {
+  std::string why = "no answer";
+  while (true) {
+    auto c = http_client::connect(at.host, at.port, 2s);
+    if (c) {
+      auto live = (*c)->request("GET", "/v2/health/live", {}, 5s);
+      if (live && live->status == 200) return c;
+      why = live ? "not live (HTTP " + std::to_string(live->status) + ")" : render(live.error());
+    } else {
+      why = render(c.error());
+    }
+    if (std::chrono::steady_clock::now() >= deadline)
+      return make_error(ec::io_error, "cannot reach a ready server at http://" + at.host + ":" +
+                                          std::to_string(at.port) + ": " + why);
+    std::this_thread::sleep_for(200ms);  // polling a server we do not control
+  }
+}
+
+/// The ready models' metadata: vocabulary, tokenizer and context. A model whose metadata
+/// cannot be read, or that has no vocabulary, is left out.
+std::vector<served_model> describe(http_client& c, const std::vector<std::string>& names) {
+  std::vector<served_model> out;
+  for (auto& name : names) {
+    served_model s;
+    s.name = name;
+    auto info = c.request("GET", "/v2/models/" + name, {}, 10s);
+    if (!info || info->status != 200) continue;
+    auto j = json::parse(info->body, nullptr, false);
+    if (!j.is_object()) continue;
+    auto p = j.find("parameters");
+    if (p == j.end() || !p->is_object()) continue;
+    auto int_of = [&](const char* key) {
+      auto v = p->find(key);
+      return v != p->end() && v->is_number_integer() ? v->get<int64_t>() : int64_t{0};
+    };
+    s.vocab = int_of("vocab");
+    s.max_model_len = int_of("max_positions");
+    auto t = p->find("tokenizer");
+    s.tokenizer = t != p->end() && t->is_boolean() && t->get<bool>();
+    if (s.vocab > 0) out.push_back(s);
+  }
+  return out;
+}
+
 }  // namespace
 
 caf::expected<server_address> parse_url(const std::string& url) {
@@ -99,47 +147,85 @@ caf::expected<server_address> parse_url(const std::string& url) {
 }
 
 caf::expected<std::vector<served_model>> discover(const server_address& at,
-                                                  std::chrono::milliseconds wait) {
-  auto deadline = std::chrono::steady_clock::now() + wait;
-  std::string why = "no answer";
+                                                  std::chrono::milliseconds wait,
+                                                  const std::vector<std::string>& wanted) {
+  const auto begin = std::chrono::steady_clock::now();
+  const auto deadline = begin + wait;
   const auto where = "http://" + at.host + ":" + std::to_string(at.port);
+  auto c = answering(at, deadline);
+  if (!c) return c.error();
   while (true) {
-    auto c = http_client::connect(at.host, at.port, 2s);
-    if (c) {
-      auto ready = (*c)->request("GET", "/v2/health/ready", {}, 5s);
-      if (ready && ready->status == 200) {
-        auto index = (*c)->request("POST", "/v2/repository/index", {}, 10s);
-        if (!index || index->status != 200)
-          return make_error(ec::io_error, where + ": the repository index failed");
-        auto list = json::parse(index->body, nullptr, false);
-        if (!list.is_array())
-          return make_error(ec::io_error, where + ": the repository index is not a JSON array");
-        std::vector<served_model> out;
-        for (auto& m : list) {
-          served_model s;
-          if (!m.is_object() || !m.contains("name") || !m["name"].is_string()) continue;
-          s.name = m["name"].get<std::string>();
-          auto info = (*c)->request("GET", "/v2/models/" + s.name, {}, 10s);
-          if (!info || info->status != 200) continue;
-          auto j = json::parse(info->body, nullptr, false);
-          if (!j.is_object()) continue;
-          auto p = j.find("parameters");
-          if (p == j.end() || !p->is_object()) continue;
-          auto v = p->find("vocab");
-          if (v != p->end() && v->is_number_integer()) s.vocab = v->get<int64_t>();
-          if (s.vocab > 0) out.push_back(s);
-        }
-        return out;
+    auto index = (*c)->request("POST", "/v2/repository/index", {}, 10s);
+    if (!index || index->status != 200)
+      return make_error(ec::io_error, where + ": the repository index failed");
+    auto list = json::parse(index->body, nullptr, false);
+    if (!list.is_array())
+      return make_error(ec::io_error, where + ": the repository index is not a JSON array");
+    std::vector<std::string> ready;
+    std::string pending;  // "name (STATE: reason)" of each driven model not ready yet
+    for (auto& m : list) {
+      if (!m.is_object() || !m.contains("name") || !m["name"].is_string()) continue;
+      auto name = m["name"].get<std::string>();
+      auto state = m.value("state", std::string{});
+      auto reason = m.value("reason", std::string{});
+      if (state == "READY") {
+        ready.push_back(name);
+        continue;
       }
-      why =
-          ready ? "not ready (HTTP " + std::to_string(ready->status) + ")" : render(ready.error());
-    } else {
-      why = render(c.error());
+      const bool driven = wanted.empty()
+                              ? state != "UNAVAILABLE"
+                              : std::find(wanted.begin(), wanted.end(), name) != wanted.end();
+      if (driven)
+        pending += (pending.empty() ? "" : ", ") + name + " (" + state +
+                   (reason.empty() ? "" : ": " + reason) + ")";
     }
+    if (pending.empty()) return describe(**c, ready);
     if (std::chrono::steady_clock::now() >= deadline)
-      return make_error(ec::io_error, "cannot reach a ready server at " + where + ": " + why);
+      return make_error(
+          ec::io_error,
+          fmt::format(
+              "{}: not ready after {:.1f} s: {}", where,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count(),
+              pending));
     std::this_thread::sleep_for(200ms);  // polling a server we do not control
   }
+}
+
+server_account server_account::before(const server_address& at) {
+  auto c = http_client::connect(at.host, at.port, 5s);
+  return {c ? scrape_metrics(**c) : std::string{}};
+}
+
+void server_account::after(const server_address& at, std::chrono::steady_clock::time_point start,
+                           std::vector<workload::device_traffic>& devices,
+                           std::vector<workload::swap_event>& swaps) const {
+  auto c = http_client::connect(at.host, at.port, 2s);
+  if (!c || metrics_before.empty()) return;
+  auto b = device_traffic(metrics_before);
+  for (auto& [dev, a] : device_traffic(scrape_metrics(**c))) {
+    auto d = a;
+    auto& p = b[dev];
+    d.shard_loads -= p.shard_loads;
+    d.evictions -= p.evictions;
+    d.bytes_loaded -= p.bytes_loaded;
+    d.load_seconds -= p.load_seconds;
+    d.evict_seconds -= p.evict_seconds;
+    devices.push_back(d);
+  }
+  swaps = fetch_swaps(**c, start);
+}
+
+std::string error_message(const std::string& body) {
+  auto j = json::parse(body, nullptr, false);
+  if (j.is_object()) {
+    auto e = j.find("error");
+    if (e != j.end() && e->is_string()) return e->get<std::string>();
+    if (e != j.end() && e->is_object()) {
+      auto m = e->find("message");
+      if (m != e->end() && m->is_string()) return m->get<std::string>();
+    }
+  }
+  return body.size() > 300 ? body.substr(0, 300) : body;
 }
 
 std::string error_kind(const timed_result& r) {
@@ -182,8 +268,7 @@ caf::expected<loadgen_run> run_loadgen(const workload::schedule& s,
         {"parameters", std::move(params)}};
     reqs.push_back({a.time_s, "POST", "/v2/models/" + s.models[a.model] + "/infer", body.dump()});
   }
-  auto side = http_client::connect(opts.server.host, opts.server.port, 5s);
-  std::string before = side ? scrape_metrics(**side) : std::string{};
+  auto account = server_account::before(opts.server);
   open_loop_options o;
   o.host = opts.server.host;
   o.port = opts.server.port;
@@ -222,27 +307,11 @@ caf::expected<loadgen_run> run_loadgen(const workload::schedule& s,
         }
       }
     } else {
-      rec.error = r.body.substr(0, 200);
+      rec.error = error_message(r.body);
     }
     run.records.push_back(std::move(rec));
   }
-  // The server's account: transfers during the run, and when each swap happened. A
-  // server that died mid-run has none to give; the records already say so.
-  auto after_conn = http_client::connect(opts.server.host, opts.server.port, 2s);
-  if (after_conn && !before.empty()) {
-    auto b = device_traffic(before);
-    for (auto& [dev, a] : device_traffic(scrape_metrics(**after_conn))) {
-      auto d = a;
-      auto& p = b[dev];
-      d.shard_loads -= p.shard_loads;
-      d.evictions -= p.evictions;
-      d.bytes_loaded -= p.bytes_loaded;
-      d.load_seconds -= p.load_seconds;
-      d.evict_seconds -= p.evict_seconds;
-      run.devices.push_back(d);
-    }
-    run.swaps = fetch_swaps(**after_conn, start);
-  }
+  account.after(opts.server, start, run.devices, run.swaps);
   return run;
 }
 

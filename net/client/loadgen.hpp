@@ -31,12 +31,22 @@ caf::expected<server_address> parse_url(const std::string& url);
 struct served_model {
   std::string name;
   int64_t vocab = 0;
+  /// It has a tokenizer, so it speaks text (/v1/completions).
+  bool tokenizer = false;
+  /// Prompt plus output positions at most (0: not known).
+  int64_t max_model_len = 0;
 };
 
-/// Waits up to `wait` for the server to answer ready, then lists its models. Errors:
-/// io_error "cannot reach ..." with the last reason.
+/// Waits up to `wait` for the server to answer and for the models a run drives to be
+/// ready, then lists every ready model. `wanted` names the models the run drives; those
+/// the server does not list are not waited for (the caller reports them as unknown).
+/// Empty: every model the server was asked to serve, once none is still registering; a
+/// model that failed is left out rather than waited for. Only the driven models count, so
+/// a folder that failed elsewhere in the repository never blocks a run. Errors: io_error
+/// "cannot reach a ready server ..." or "model M is not ready after S s: REASON".
 caf::expected<std::vector<served_model>> discover(const server_address& at,
-                                                  std::chrono::milliseconds wait);
+                                                  std::chrono::milliseconds wait,
+                                                  const std::vector<std::string>& wanted = {});
 
 struct loadgen_options {
   server_address server;
@@ -65,6 +75,22 @@ struct loadgen_run {
 caf::expected<loadgen_run> run_loadgen(const workload::schedule& s,
                                        const std::vector<served_model>& models,
                                        const loadgen_options& opts);
+
+/// The server's account of a run: its transfer counters before, and after the run the
+/// transfers during it and when each swap happened (on the client's clock, whose zero is
+/// `start`). A server that died mid-run has none to give; the records already say so.
+struct server_account {
+  /// Scrapes /metrics before the run.
+  static server_account before(const server_address& at);
+  void after(const server_address& at, std::chrono::steady_clock::time_point start,
+             std::vector<workload::device_traffic>& devices,
+             std::vector<workload::swap_event>& swaps) const;
+  std::string metrics_before;
+};
+
+/// The message of an error answer: OpenAI's error.message, KServe's "error" string, else
+/// the body itself (cut to 300 characters).
+std::string error_message(const std::string& body);
 
 /// The kind of a failed request ("http_429", "connect", "timeout", "io", "cancelled"),
 /// empty for a success.

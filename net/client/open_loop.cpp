@@ -152,17 +152,59 @@ class runner {
     http::async_write(c->stream, c->req, [this, c, i, retry](beast::error_code ec, size_t) {
       if (cancelled_) return;
       if (ec) return broken(c, i, "write: " + ec.message(), retry);
-      http::async_read(
-          c->stream, c->buffer, *c->parser, [this, c, i, retry](beast::error_code ec, size_t) {
-            if (cancelled_) return;
-            if (ec) {
-              auto why =
-                  ec == beast::error::timeout ? std::string{"timeout"} : "read: " + ec.message();
-              return broken(c, i, why, retry);
-            }
-            answered(c, i);
-          });
+      if (reqs_[i].stream) return read_stream(c, i, retry);
+      http::async_read(c->stream, c->buffer, *c->parser,
+                       [this, c, i, retry](beast::error_code ec, size_t) {
+                         if (cancelled_) return;
+                         if (ec) return broken(c, i, read_error(ec), retry);
+                         answered(c, i);
+                       });
     });
+  }
+
+  static std::string read_error(beast::error_code ec) {
+    return ec == beast::error::timeout ? std::string{"timeout"} : "read: " + ec.message();
+  }
+
+  /// A streamed answer, read piece by piece so that each event is timed when it arrives.
+  void read_stream(const conn_ptr& c, size_t i, bool retry) {
+    http::async_read_some(c->stream, c->buffer, *c->parser,
+                          [this, c, i, retry](beast::error_code ec, size_t) {
+                            if (cancelled_) return;
+                            if (ec) return broken(c, i, read_error(ec), retry);
+                            if (c->parser->is_header_done()) take_events(c, i);
+                            if (c->parser->is_done()) return answered(c, i);
+                            read_stream(c, i, retry);
+                          });
+  }
+
+  /// Hands the complete events of a 200 event stream to on_event and drops them from the
+  /// body (the parser appends at the body's end, so a consumed prefix may go). Other
+  /// answers (an error's JSON) are kept whole.
+  void take_events(const conn_ptr& c, size_t i) {
+    auto& res = c->parser->get();
+    if (res.result_int() != 200) return;
+    auto type = res.find(http::field::content_type);
+    if (type == res.end() || type->value().find("text/event-stream") == std::string::npos) return;
+    auto& body = res.body();
+    const double at = now_s();
+    size_t begin = 0;
+    for (auto end = body.find("\n\n"); end != std::string::npos; end = body.find("\n\n", begin)) {
+      std::string_view event{body.data() + begin, end - begin};
+      begin = end + 2;
+      // An event's lines; only data lines carry anything here (one per event from us).
+      while (!event.empty()) {
+        auto nl = event.find('\n');
+        auto line = event.substr(0, nl);
+        event = nl == std::string_view::npos ? std::string_view{} : event.substr(nl + 1);
+        if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+        if (line.substr(0, 5) != "data:") continue;
+        line.remove_prefix(5);
+        if (!line.empty() && line.front() == ' ') line.remove_prefix(1);
+        if (opts_.on_event) opts_.on_event(i, at, line);
+      }
+    }
+    body.erase(0, begin);
   }
 
   void forget(const conn_ptr& c) {
@@ -199,7 +241,9 @@ class runner {
     beast::error_code ignored;
     c->stream.socket().close(ignored);
     --live_;
-    if (c->reused && idle_close && !retried) {
+    // Never once an answer began: a streamed request may have delivered events already.
+    const bool began = c->parser && c->parser->is_header_done();
+    if (c->reused && idle_close && !retried && !began) {
       // The server closed a kept-alive connection while it sat idle: once more, fresh.
       open_and_send(i, true);
       return;

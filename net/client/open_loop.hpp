@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <caf/expected.hpp>
@@ -21,6 +22,9 @@ struct timed_request {
   std::string method = "POST";
   std::string target;
   std::string body;
+  /// Read a 200 text/event-stream answer as it comes: each event's data goes to
+  /// open_loop_options::on_event, and the body is not kept.
+  bool stream = false;
 };
 
 struct timed_result {
@@ -58,6 +62,10 @@ struct open_loop_options {
   /// Called on the I/O thread every progress_interval and once at the end.
   std::function<void(const open_loop_progress&)> on_progress;
   std::chrono::milliseconds progress_interval{250};
+  /// Streamed requests: called on the I/O thread with the request's index, the time of
+  /// arrival (seconds after the start) and the data of each Server-Sent Event, in order
+  /// ("[DONE]" included).
+  std::function<void(size_t, double, std::string_view)> on_event;
   /// Set from elsewhere to stop: nothing more is sent, requests in flight fail as
   /// "cancelled", the run returns.
   const std::atomic<bool>* cancel = nullptr;
