@@ -30,6 +30,15 @@ class fan_out final : public observer {
   void device_usage(int32_t d, uint64_t used, uint64_t cap, size_t n) override {
     for (auto& p : parts_) p->device_usage(d, used, cap, n);
   }
+  void preempted(const std::string& m) override {
+    for (auto& p : parts_) p->preempted(m);
+  }
+  void kv_device(int32_t d, uint64_t kv, uint64_t free) override {
+    for (auto& p : parts_) p->kv_device(d, kv, free);
+  }
+  void kv_model(const std::string& m, uint64_t blocks) override {
+    for (auto& p : parts_) p->kv_model(m, blocks);
+  }
   void resident_models(size_t n) override {
     for (auto& p : parts_) p->resident_models(n);
   }

@@ -32,6 +32,31 @@ void trace_recorder::transfer_done(const std::string& model, int32_t device, boo
        args.dump()});
 }
 
+void trace_recorder::device_usage(int32_t device, uint64_t used_bytes, uint64_t, size_t) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  weights_[device] = used_bytes;
+}
+
+void trace_recorder::kv_device(int32_t device, uint64_t kv_bytes, uint64_t free_bytes) {
+  constexpr double mib = 1 << 20;
+  uint64_t weights = 0;
+  {
+    std::lock_guard<std::mutex> guard{mtx_};
+    weights = weights_[device];
+  }
+  nlohmann::json args{{"weights MiB", static_cast<double>(weights) / mib},
+                      {"KV MiB", static_cast<double>(kv_bytes) / mib},
+                      {"free MiB", static_cast<double>(free_bytes) / mib}};
+  event e{"memory of device " + std::to_string(device),
+          "memory",
+          device,
+          actors::now_s(),
+          0,
+          args.dump()};
+  e.phase = "C";
+  add(std::move(e));
+}
+
 std::string trace_recorder::to_json() const {
   nlohmann::json events = nlohmann::json::array();
   std::set<int32_t> devices;
@@ -39,6 +64,15 @@ std::string trace_recorder::to_json() const {
     std::lock_guard<std::mutex> guard{mtx_};
     for (auto& e : events_) {
       devices.insert(e.device);
+      if (e.phase[0] == 'C') {
+        events.push_back({{"name", e.name},
+                          {"cat", e.category},
+                          {"ph", "C"},
+                          {"pid", 1},
+                          {"ts", e.start_s * 1e6},
+                          {"args", nlohmann::json::parse(e.args)}});
+        continue;
+      }
       events.push_back({{"name", e.name},
                         {"cat", e.category},
                         {"ph", "X"},

@@ -2,13 +2,15 @@
 
 #include <cstddef>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <string>
 
 #include "actors/observer.hpp"
 
 /// A Chrome trace-event timeline (opens in Perfetto / chrome://tracing) of loads,
-/// evictions and batches, one track per device.
+/// evictions and batches, one track per device, and a memory counter per device: weights,
+/// KV blocks and what is free of the scheduler's budget.
 namespace computron::net {
 
 class trace_recorder final : public actors::observer {
@@ -29,6 +31,9 @@ class trace_recorder final : public actors::observer {
                   double start_s, double seconds) override;
   void transfer_done(const std::string& model, int32_t device, bool load, uint64_t bytes,
                      double start_s, double seconds) override;
+  void device_usage(int32_t device, uint64_t used_bytes, uint64_t capacity_bytes,
+                    size_t resident_models) override;
+  void kv_device(int32_t device, uint64_t kv_bytes, uint64_t free_bytes) override;
 
  private:
   struct event {
@@ -38,12 +43,16 @@ class trace_recorder final : public actors::observer {
     double start_s;
     double seconds;
     std::string args;
+    /// "X" (a span) or "C" (a counter sample at start_s).
+    const char* phase = "X";
   };
   void add(event e);
 
   size_t max_events_;
   mutable std::mutex mtx_;
   std::deque<event> events_;
+  /// Weights' bytes per device as last reported (kv_device follows device_usage).
+  std::map<int32_t, uint64_t> weights_;
 };
 
 }  // namespace computron::net

@@ -254,7 +254,7 @@ std::string latency_cdf_svg(const std::vector<std::string>& models,
     lat[static_cast<size_t>(it - models.begin())].push_back(r.latency_s());
     xmax = std::max(xmax, r.latency_s());
   }
-  frame f{70, 40, W - 270.0, H - 100.0, xmax > 0 ? xmax * 1.05 : 1, 1.0};
+  frame f{70, 40, W - 110.0, H - 100.0, xmax > 0 ? xmax * 1.05 : 1, 1.0};
   std::ostringstream o;
   o << svg_open(W, H, "Latency CDF per model (successful requests)");
   axes(o, f, "latency from scheduled arrival (s)", "fraction of requests");
@@ -274,11 +274,17 @@ std::string latency_cdf_svg(const std::vector<std::string>& models,
       }
       o << fmt::format("{:.1f},{:.1f}", f.px(xs.back()), f.py(1.0)) << "\"/>\n";
     }
-    double ly = 50 + 20.0 * static_cast<double>(m);
+    // The legend sits inside the plot area, at the bottom right where a CDF leaves room,
+    // its labels cut to the area's width (they ran past the picture's right edge).
+    const double lx = f.x0 + f.w * 0.45, row = 18;
+    const double ly = f.y0 + f.h - 10 - row * static_cast<double>(models.size() - m) + 12;
+    auto label = fmt::format("{} (n={}, p99 {:.3f} s)", models[m], xs.size(), percentile(xs, 0.99));
+    const auto fit = static_cast<size_t>((f.x0 + f.w - lx - 30) / 7.0);
+    if (label.size() > fit) label = label.substr(0, fit - 1) + "~";
     o << fmt::format(
-        R"(<rect x="{}" y="{}" width="14" height="4" fill="{}"/><text x="{}" y="{}" font-size="12">{} (n={}, p99 {:.3f} s)</text>)"
+        R"(<rect x="{:.1f}" y="{:.1f}" width="14" height="4" fill="{}"/><text x="{:.1f}" y="{:.1f}" font-size="12">{}</text>)"
         "\n",
-        W - 190, ly - 4, color(m), W - 172, ly, esc(models[m]), xs.size(), percentile(xs, 0.99));
+        lx + 4, ly - 4, color(m), lx + 22, ly, esc(label));
   }
   o << "</svg>\n";
   return o.str();
