@@ -197,9 +197,14 @@ dispatch_effects dispatcher::step_boundary(batch_id id, const std::vector<uint64
   if (i == batches_.end() || !i->second.started) return out;
   auto& b = i->second;
   const auto model = b.model;
-  // Rows that left gave their blocks back to the batch; those going on cached a token.
+  // Rows that left give their blocks back to the batch (once the workers applied the next
+  // step's keep list); those going on cached a token.
   std::unordered_map<uint64_t, int64_t> steps_run;
   for (auto k : going) steps_run[k] = b.steps_run[k] + 1;
+  b.leaving = 0;
+  for (auto& [k, n] : b.steps_run)
+    if (steps_run.count(k) == 0)
+      if (auto* e = row_of(b, k)) b.leaving += kv_need(*e, n);
   b.steps_run = std::move(steps_run);
   b.going = going;
   // Only the rows going on matter from here (a long-lived batch must not collect them).
@@ -217,13 +222,14 @@ dispatch_effects dispatcher::step_boundary(batch_id id, const std::vector<uint64
     for (auto& plan : d.batches) joiners = std::move(plan.rows);
     out.dispatched = true;
   }
-  if (models_[model].kv && !going.empty()) {
-    auto need = kv_need_of(b, joiners);
+  if (models_[model].kv) {
+    auto need = kv_need_of(b, joiners) + (joiners.empty() ? 0 : b.leaving);
     if (need > b.kv_held) {
       uint64_t want = 0;
       for (auto k : going)
         if (auto* e = row_of(b, k)) want += kv_want(*e, b.steps_run[k]);
       for (auto& e : joiners) want += kv_want(e, 0) + 1;
+      if (!joiners.empty()) want += b.leaving;
       b.joiners = std::move(joiners);
       b.waiting = kv_wait::step;
       out.kv_asks.push_back({id, model, want - std::min(want, b.kv_held),
@@ -297,10 +303,11 @@ void dispatcher::kv_continue(batch_id id, batch_state& b, uint64_t ceiling, time
       auto row = *e;
       auto done = b.steps_run[key];
       b.steps_run.erase(key);
+      b.leaving += kv_need(row, done);
       // Recomputed later: what it generated becomes part of its prompt.
       row.prompt_tokens = std::max<int64_t>(1, row.prompt_tokens) + done;
       row.steps = std::max<int64_t>(1, row.steps - done);
-      if (kv_need(row, 0) > ceiling)
+      if (kv_need(row, row.steps) > ceiling)
         out.failures.push_back({model, row, row_end::no_kv_room, id});
       else
         preempted.push_back(row);
@@ -311,7 +318,7 @@ void dispatcher::kv_continue(batch_id id, batch_state& b, uint64_t ceiling, time
     }
     // Joiners that do not fit beside them stay queued, in order.
     std::vector<queued_entry> fit, back;
-    auto used = kv_need_of(b, {});
+    auto used = kv_need_of(b, {}) + b.leaving;
     for (auto& e : joiners) {
       if (back.empty() && used + kv_need(e, 1) <= b.kv_held) {
         used += kv_need(e, 1);
@@ -366,7 +373,8 @@ dispatch_effects dispatcher::kv_granted(batch_id id, uint32_t model, uint64_t bl
   uint64_t used = 0;
   for (auto& e : b.rows) {
     auto need = kv_need(e, 1);
-    if (need > ceiling)
+    // One that could never reach its last token fails now, not after computing most of it.
+    if (kv_need(e, e.steps) > ceiling)
       out.failures.push_back({b.model, e, row_end::no_kv_room, id});
     else if (back.empty() && used + need <= b.kv_held) {
       used += need;

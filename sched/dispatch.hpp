@@ -226,6 +226,9 @@ class dispatcher {
     kv_wait waiting = kv_wait::none;
     std::vector<uint64_t> going{};
     std::vector<queued_entry> joiners{};
+    /// Blocks of rows that left at this boundary (finished or preempted): the workers free
+    /// them with the next step's keep list, after a join's prefill, which cannot use them.
+    uint64_t leaving = 0;
   };
   /// Blocks row `e` needs for its next step after `steps_run` steps, and with lookahead.
   static uint64_t kv_need(const queued_entry& e, int64_t steps_run);

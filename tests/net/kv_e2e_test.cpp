@@ -1,0 +1,140 @@
+// KV blocks in the ledger, end to end (issue 30): the real `computron serve` with one small
+// OPT model on a device with room for its weights and twelve KV blocks (16 tokens each).
+// Four long sequences at once need 28: rows are preempted and recomputed, none fails, and
+// every greedy output equals the sequence run alone.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/child_process.hpp"
+#include "net/client/http_client.hpp"
+#include "tests/support/run_binary.hpp"
+#include "tests/support/temp_files.hpp"
+
+using namespace computron;
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// opt-tiny in f32, one shard: 564736 bytes of weights; a KV block is 2 layers x keys and
+/// values x 4 heads x 16 tokens x 16 x 4 bytes = 16384 bytes.
+constexpr uint64_t weight_bytes = 564736;
+constexpr uint64_t block_bytes = 16384;
+
+struct kv_server {
+  std::string dir = test::temp_path("kv-e2e-" + std::to_string(reinterpret_cast<uintptr_t>(this)));
+  std::unique_ptr<child_process> proc;
+  uint16_t port = 0;
+
+  explicit kv_server(uint64_t blocks) {
+    fs::create_directories(dir + "/repo/tiny");
+    std::ofstream{dir + "/repo/tiny/config.json"}
+        << json{{"kind", "opt"}, {"spec", "opt-tiny"}, {"dtype", "f32"}, {"seed", 9}}.dump();
+    // Room for the weights and `blocks` blocks, and less than one block more.
+    double capacity_mb =
+        static_cast<double>(weight_bytes + blocks * block_bytes + block_bytes / 2) / (1 << 20);
+    json cfg{{"devices",
+              {{"kind", "emulated"}, {"count", 1}, {"capacity_mb", capacity_mb}, {"link_gbps", 1}}},
+             {"http", {{"host", "127.0.0.1"}, {"port", 0}}},
+             {"batching", {{"max_batch_size", 4}, {"batch_window_ms", 2}, {"max_tokens", 120}}},
+             {"repository", "repo"}};
+    std::ofstream{dir + "/config.json"} << cfg.dump();
+    proc = std::make_unique<child_process>(std::vector<std::string>{
+        "/usr/bin/timeout", "300", COMPUTRON_BINARY, "serve", "--config", dir + "/config.json"});
+    port = test::wait_for_port(*proc);
+  }
+
+  ~kv_server() {
+    proc.reset();
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+
+  net::http_result post(const std::string& path, const json& body) const {
+    auto c = std::move(net::http_client::connect("127.0.0.1", port, 5s).value());
+    return c->request("POST", path, body.dump(), 120s).value();
+  }
+
+  double metric(const std::string& series) const {
+    auto c = std::move(net::http_client::connect("127.0.0.1", port, 5s).value());
+    auto r = c->request("GET", "/metrics").value();
+    for (size_t at = 0; (at = r.body.find(series, at)) != std::string::npos; ++at)
+      if ((at == 0 || r.body[at - 1] == '\n') && r.body.compare(at + series.size(), 1, " ") == 0)
+        return std::stod(r.body.substr(at + series.size() + 1));
+    return -1;
+  }
+};
+
+json infer(const std::vector<int64_t>& prompt, int64_t max_tokens) {
+  return {{"inputs",
+           {{{"name", "input_ids"},
+             {"datatype", "INT64"},
+             {"shape", {1, prompt.size()}},
+             {"data", prompt}}}},
+          {"parameters", {{"max_tokens", max_tokens}}}};
+}
+
+std::vector<int64_t> tokens_of(const net::http_result& r) {
+  auto j = json::parse(r.body);
+  return j["outputs"][0]["data"].get<std::vector<int64_t>>();
+}
+
+}  // namespace
+
+TEST_CASE(
+    "KV in the ledger end to end: preempted rows are recomputed, none fails, and every "
+    "greedy output equals the sequence alone",
+    "[net][e2e][kv]") {
+  kv_server s{12};
+  // Four prompts of 20 tokens, 90 to generate: 110 tokens, seven blocks each at their end.
+  std::vector<std::vector<int64_t>> prompts;
+  for (int64_t p = 0; p < 4; ++p) {
+    std::vector<int64_t> x;
+    for (int64_t i = 0; i < 20; ++i) x.push_back(2 + (p * 37 + i * 11) % 500);
+    prompts.push_back(x);
+  }
+  std::vector<std::vector<int64_t>> alone;
+  for (auto& p : prompts) {
+    auto r = s.post("/v2/models/tiny/infer", infer(p, 90));
+    INFO(r.body);
+    REQUIRE(r.status == 200);
+    alone.push_back(tokens_of(r));
+    REQUIRE(alone.back().size() == 90);
+  }
+  CHECK(s.metric("computron_preemptions_total{model=\"tiny\"}") <= 0);
+  std::vector<std::future<net::http_result>> together;
+  for (auto& p : prompts)
+    together.push_back(std::async(
+        std::launch::async, [&s, p] { return s.post("/v2/models/tiny/infer", infer(p, 90)); }));
+  for (size_t i = 0; i < together.size(); ++i) {
+    auto r = together[i].get();
+    INFO("prompt " << i << ": " << r.body);
+    REQUIRE(r.status == 200);
+    CHECK(tokens_of(r) == alone[i]);
+  }
+  CHECK(s.metric("computron_preemptions_total{model=\"tiny\"}") > 0);
+  CHECK(s.metric("computron_kv_blocks{model=\"tiny\"}") == 0);
+  CHECK(s.metric("computron_kv_used_bytes{device=\"0\"}") == 0);
+}
+
+TEST_CASE(
+    "KV in the ledger end to end: a prompt whose KV can never fit is refused with the "
+    "sizes, and the server serves on",
+    "[net][e2e][kv]") {
+  kv_server s{4};  // 64 tokens of KV at most
+  std::vector<int64_t> long_prompt(100, 7);
+  auto r = s.post("/v2/models/tiny/infer", infer(long_prompt, 1));
+  INFO(r.body);
+  CHECK(r.status >= 400);
+  CHECK(r.status < 600);
+  CHECK(r.body.find("KV blocks") != std::string::npos);
+  auto ok = s.post("/v2/models/tiny/infer", infer({5, 6, 7}, 8));
+  CHECK(ok.status == 200);
+}
