@@ -371,13 +371,23 @@ void at_step_boundary(manager_pointer self, const batch_ptr& b, sched::dispatch_
         reply_error(self, q, row_error(self, *f, q));
         continue;
       }
-      // Recompute: the prompt grows by what it generated, max_tokens shrinks by as much.
+      // Its client withdrew it meanwhile (or has what it wants): it ends here, not after a
+      // recompute (the queue skips its key).
+      if (b->cancelled.count(q.req.id) > 0) {
+        finish_row(self, b, r, b->completed.count(q.req.id) > 0 ? "stop" : "cancelled");
+        continue;
+      }
+      // Recompute: the prompt grows by what it generated, max_tokens shrinks by as much
+      // (and min_tokens, which counts generated tokens).
       if (q.preemptions++ == 0) {
         q.prompt_len = q.req.tokens.size();
         q.prior_prompt_logprobs = std::move(b->prompt_logprobs[r]);
       }
       q.req.tokens.insert(q.req.tokens.end(), b->outputs[r].begin(), b->outputs[r].end());
       q.req.max_tokens -= static_cast<int64_t>(b->outputs[r].size());
+      q.req.sampling.min_tokens = std::max<int64_t>(
+          0, q.req.sampling.min_tokens - static_cast<int64_t>(b->outputs[r].size()));
+      q.joined = false;
       q.prior_outputs.insert(q.prior_outputs.end(), b->outputs[r].begin(), b->outputs[r].end());
       q.prior_logprobs.insert(q.prior_logprobs.end(), b->logprobs[r].begin(), b->logprobs[r].end());
       st.batch_of.erase(q.req.id);

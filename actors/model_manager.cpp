@@ -113,9 +113,9 @@ caf::error row_error(manager_pointer self, const sched::row_failure& f, const qu
       return make_error(ec::out_of_device_memory,
                         fmt::format("request {} needs {} KV blocks of {} tokens on {}'s devices, "
                                     "more than they can ever hold beside its weights and the "
-                                    "pinned models (a shorter prompt or max_tokens, or more or "
-                                    "larger devices)",
-                                    id, sched::kv_blocks_for(f.row.prompt_tokens + f.row.steps),
+                                    "pinned models, or in the KV reserve (a shorter prompt or "
+                                    "max_tokens, or more or larger devices)",
+                                    id, sched::kv_blocks_for(f.row.prompt_tokens + f.row.steps - 1),
                                     sched::kv_block_tokens, model));
   }
   return make_error(ec::cancelled, "request " + id + " was cancelled before it ran");

@@ -280,6 +280,8 @@ void dispatcher::kv_trim(batch_state& b, uint64_t keep, dispatch_effects& out) {
   if (b.kv_held <= keep) return;
   out.kv_returns.push_back({b.model, b.kv_held - keep});
   b.kv_held = keep;
+  // Room came back: a model that found none may try again.
+  unblock();
 }
 
 void dispatcher::unblock() {
@@ -312,11 +314,8 @@ void dispatcher::kv_continue(batch_id id, batch_state& b, uint64_t ceiling, time
       else
         preempted.push_back(row);
     }
-    if (!preempted.empty()) {
-      batcher_->push_front(model, preempted);
-      out.preempted.push_back({id, model, std::move(preempted)});
-    }
-    // Joiners that do not fit beside them stay queued, in order.
+    // Joiners that do not fit beside them stay queued, in order, behind the preempted
+    // rows (older, and partly done: vLLM requeues those first).
     std::vector<queued_entry> fit, back;
     auto used = kv_need_of(b, {}) + b.leaving;
     for (auto& e : joiners) {
@@ -328,6 +327,10 @@ void dispatcher::kv_continue(batch_id id, batch_state& b, uint64_t ceiling, time
       }
     }
     batcher_->push_front(model, back);
+    if (!preempted.empty()) {
+      batcher_->push_front(model, preempted);
+      out.preempted.push_back({id, model, std::move(preempted)});
+    }
     joiners = std::move(fit);
     // A batch that shrank gives back what it holds beyond twice its want (it keeps some
     // room to grow into without asking again).
@@ -335,7 +338,9 @@ void dispatcher::kv_continue(batch_id id, batch_state& b, uint64_t ceiling, time
     for (auto k : b.going)
       if (auto* e = row_of(b, k)) want += kv_want(*e, b.steps_run[k]);
     for (auto& e : joiners) want += kv_want(e, 1);
-    if (b.kv_held > 2 * want) kv_trim(b, want, out);
+    // Rows that left keep their blocks on the workers until the next step (after a join's
+    // prefill): those are not given back yet.
+    if (b.kv_held > 2 * want + b.leaving) kv_trim(b, want + b.leaving, out);
   }
   if (!joiners.empty()) {
     // A joiner's prefill is a step of its own before the batch's next: it has run one
@@ -374,7 +379,9 @@ dispatch_effects dispatcher::kv_granted(batch_id id, uint32_t model, uint64_t bl
   for (auto& e : b.rows) {
     auto need = kv_need(e, 1);
     // One that could never reach its last token fails now, not after computing most of it.
-    if (kv_need(e, e.steps) > ceiling)
+    if (std::find(b.cancelled.begin(), b.cancelled.end(), e.key) != b.cancelled.end())
+      out.failures.push_back({b.model, e, row_end::cancelled, id});
+    else if (kv_need(e, e.steps) > ceiling)
       out.failures.push_back({b.model, e, row_end::no_kv_room, id});
     else if (back.empty() && used + need <= b.kv_held) {
       used += need;
@@ -394,6 +401,9 @@ dispatch_effects dispatcher::kv_granted(batch_id id, uint32_t model, uint64_t bl
     if (!back.empty()) {
       batcher_->set_blocked(b.model, true);
       blocked_.push_back(b.model);
+      // Room also comes back where this core hears nothing (a load ends, another
+      // scheduler's batch): try again a little later whatever happens.
+      arm(now + kv_retry, now, out);
     }
     batches_.erase(i);
     dispatch_pass(now, out);
@@ -413,6 +423,7 @@ uint64_t dispatcher::kv_held(batch_id id) const {
 dispatch_effects dispatcher::tick(time_point now) {
   dispatch_effects out;
   ticks_.erase(ticks_.begin(), ticks_.upper_bound(now));
+  unblock();
   run_pass(now, out);
   dispatch_pass(now, out);
   return out;

@@ -113,6 +113,9 @@ struct dispatch_effects {
   time_point deadline{};
   /// Requests that fail before they run.
   std::vector<row_failure> failures;
+  /// KV blocks to give back, before the leases (a lease-free model with KV would be a
+  /// victim whose KV is still counted).
+  std::vector<kv_giveback> kv_returns;
   /// Leases to give back: a batch ended, or all its rows failed before it ran (it is
   /// gone then too).
   std::vector<lease_release> releases;
@@ -123,9 +126,8 @@ struct dispatch_effects {
   std::vector<formed_batch> formed;
   /// Rows that join a running batch now (step_boundary, kv_granted).
   std::vector<join_plan> joins;
-  /// KV asks to send (models that keep KV in the ledger only), and blocks to give back.
+  /// KV asks to send (models that keep KV in the ledger only).
   std::vector<kv_request> kv_asks;
-  std::vector<kv_giveback> kv_returns;
   /// Rows preempted for room (after step_boundary or kv_granted).
   std::vector<preemption> preempted;
   /// Running batches whose next step may run now (after step_boundary or kv_granted; a
@@ -266,6 +268,10 @@ class dispatcher {
   batch_id next_batch_ = 1;
   std::vector<uint32_t> blocked_;
 };
+
+/// How long a model whose batch found no KV room at all waits before it tries again when
+/// nothing else tells it room came back.
+inline constexpr auto kv_retry = std::chrono::milliseconds(50);
 
 /// Tokens of lookahead a KV ask adds per row, so that a batch asks about once per block
 /// its rows fill rather than every step.

@@ -33,7 +33,7 @@ void residency::fail_all(model_id id, std::vector<waiter_id> waiters::*which, co
   for (auto w : ws) out.failures.push_back({w, id, why});
 }
 
-bool residency::try_kv(const kv_ask& a, time_point now, residency_effects& out) {
+bool residency::try_kv(const kv_ask& a, time_point now, residency_effects& out, bool no_evict) {
   auto room = ledger_->kv_room(a.model);
   if (room >= a.need) {
     auto blocks = std::min(room, a.want);
@@ -41,32 +41,34 @@ bool residency::try_kv(const kv_ask& a, time_point now, residency_effects& out) 
     out.kv_grants.push_back({a.waiter, a.model, blocks, ledger_->kv_ceiling(a.model)});
     return true;
   }
-  auto victims = ledger_->kv_victims(a.model, a.need, now);
+  auto victims = no_evict ? std::nullopt : ledger_->kv_victims(a.model, a.need, now);
   if (victims) {
     // Room comes from lease-free models' weights (those evictions, or ones under way).
     ledger_->begin_kv_evictions(*victims);
     out.evictions.insert(out.evictions.end(), victims->begin(), victims->end());
     return false;
   }
-  if (a.wait && ledger_->kv_held_beside(a.model)) return false;
+  if (a.wait && !no_evict && ledger_->kv_held_beside(a.model)) return false;
   ledger_->kv_take(a.model, room);
   out.kv_grants.push_back({a.waiter, a.model, room, ledger_->kv_ceiling(a.model)});
   return true;
 }
 
-void residency::serve_kv(time_point now, residency_effects& out) {
+void residency::serve_kv(time_point now, residency_effects& out, bool no_evict) {
   auto asks = std::move(kv_waiting_);
   kv_waiting_.clear();
   for (auto& a : asks)
-    if (!try_kv(a, now, out)) kv_waiting_.push_back(a);
+    if (!try_kv(a, now, out, no_evict)) kv_waiting_.push_back(a);
 }
 
 residency_effects residency::kv_reserve(model_id id, waiter_id w, uint64_t want, uint64_t need,
                                         bool wait, time_point now) {
   residency_effects out;
   kv_ask a{id, w, std::max(want, need), need, wait};
-  // Behind older asks: a later one must not take the room an earlier one's evictions made.
-  if (!kv_waiting_.empty() || !try_kv(a, now, out)) kv_waiting_.push_back(a);
+  // Tried at once, whatever waits: queued behind a first step that waits for this very
+  // batch's KV, a growing batch would wait for ever. An earlier ask whose evictions this
+  // one takes the room of evicts more, or gets less, when they end.
+  if (!try_kv(a, now, out)) kv_waiting_.push_back(a);
   return out;
 }
 
@@ -225,6 +227,9 @@ residency_effects residency::evict_failed(model_id id, const refusal& why, time_
   }
   ledger_->evict_failed(id);
   fail_all(id, &waiters::evictions, why, out);
+  // KV asks that waited for it get what fits now (the batch preempts) instead of choosing
+  // the same victim again and again.
+  serve_kv(now, out, true);
   return out;
 }
 

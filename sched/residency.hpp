@@ -162,9 +162,10 @@ class residency {
     bool wait = false;
   };
   /// Answers `a` if it can be now (true), else starts the evictions it waits for.
-  bool try_kv(const kv_ask& a, time_point now, residency_effects& out);
+  /// `no_evict`: answer with what fits, evicting nothing and waiting for nothing.
+  bool try_kv(const kv_ask& a, time_point now, residency_effects& out, bool no_evict = false);
   /// Retries the waiting KV asks, oldest first.
-  void serve_kv(time_point now, residency_effects& out);
+  void serve_kv(time_point now, residency_effects& out, bool no_evict = false);
   /// Runs the ledger's pass until nothing more follows (a drain called off may queue
   /// another load), appending what it decided.
   void pump(time_point now, residency_effects& out);

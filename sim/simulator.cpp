@@ -267,9 +267,9 @@ class simulator {
   /// answered, leases given back, batches computed, new batches ask for leases (here the
   /// residency core answers at once), ticks armed.
   void carry_out(sched::dispatch_effects e) {
-    for (auto& f : e.failures)
-      fail(f.row.key, f.why == sched::row_end::no_kv_room ? 507 : 503,
-           f.why == sched::row_end::no_kv_room ? "http_507" : "http_503");
+    // Every failure is a 503, as the runtime answers them (no_kv_room is
+    // out_of_device_memory, also a 503).
+    for (auto& f : e.failures) fail(f.row.key, 503, "http_503");
     for (auto& r : e.kv_returns) carry_out(core_->kv_return(r.model, r.blocks, now_));
     for (auto& r : e.releases) {
       batches_.erase(r.batch);  // one that ended before it ran; batch_done erased the rest

@@ -92,15 +92,23 @@ TEST_CASE("kv: an ask takes what fits, evicts lease-free models for its need, or
     auto e = f.core->kv_reserve(f.a, 1, 50, 30, false, f.t);
     CHECK(e.kv_grants.empty());
     CHECK(e.evictions == std::vector<model_id>{f.b});
-    // A later ask waits behind it, even one that would fit now.
+    // A later ask that fits is answered at once: queued behind a waiting one, a growing
+    // batch could wait for ever.
     e = f.core->kv_reserve(f.a, 2, 1, 1, false, f.t);
-    CHECK(e.kv_grants.empty());
+    REQUIRE(grant_of(e, 2));
+    CHECK(grant_of(e, 2)->blocks == 1);
     e = f.core->evict_done(f.b, f.t);
     REQUIRE(grant_of(e, 1));
     CHECK(grant_of(e, 1)->blocks == 50);
-    REQUIRE(grant_of(e, 2));
-    CHECK(grant_of(e, 2)->blocks == 1);
     CHECK(f.kv_bytes() == 51 * mb);
+  }
+  SECTION("an eviction that fails: the ask gets what fits instead of the same victim again") {
+    auto e = f.core->kv_reserve(f.a, 1, 50, 30, false, f.t);
+    CHECK(e.evictions == std::vector<model_id>{f.b});
+    e = f.core->evict_failed(f.b, {ec::device_error, "injected"}, f.t);
+    CHECK(e.evictions.empty());
+    REQUIRE(grant_of(e, 1));
+    CHECK(grant_of(e, 1)->blocks == 20);
   }
   SECTION("a need no eviction can cover gets what fits: the batch preempts") {
     f.core->pin(f.b, true, f.t);
@@ -184,6 +192,11 @@ TEST_CASE("kv: a batch's first step waits for its rows' blocks; rows that do not
     CHECK(e.releases.size() == 1);
     CHECK(e.formed.empty());  // blocked: not the same batch again at once
     CHECK(f.d->queues().queued(f.k) == 1);
+    // It tries again after kv_retry, whatever else happens (a load may end unheard).
+    REQUIRE_FALSE(e.ticks.empty());
+    e = f.d->tick(e.ticks.front());
+    REQUIRE(e.formed.size() == 1);
+    CHECK(e.formed[0].rows.at(0).key == 1);
   }
   SECTION("a row that can never fit fails") {
     e = f.d->kv_granted(id, f.k, 0, 1, f.t);
