@@ -182,6 +182,11 @@ class decoder_engine final : public engine {
     return s ? models::weight_bytes(s->spec, s->type) : 0;
   }
 
+  uint64_t kv_block_bytes(const shard_spec& sh) const override {
+    auto s = shape_of(sh.model);
+    return s ? models::kv_block_bytes(s->spec, s->type, s->par, {sh.tp_rank, sh.pp_rank}) : 0;
+  }
+
   caf::expected<gpu::tensor_table> layout(const shard_spec& sh) const override {
     auto s = shape_of(sh.model);
     if (!s) return s.error();
