@@ -339,7 +339,7 @@ struct model_placement {
   int32_t priority = 0;
   /// Bytes of one KV block on each shard (engine::kv_block_bytes); empty: its KV is not
   /// counted in blocks (an engine that caches nothing, or not in blocks).
-  std::vector<uint64_t> kv_block_bytes;
+  std::vector<uint64_t> kv_block_bytes{};
 };
 
 template <class Inspector>

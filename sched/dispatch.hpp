@@ -115,7 +115,7 @@ struct dispatch_effects {
   std::vector<row_failure> failures;
   /// KV blocks to give back, before the leases (a lease-free model with KV would be a
   /// victim whose KV is still counted).
-  std::vector<kv_giveback> kv_returns;
+  std::vector<kv_giveback> kv_returns{};
   /// Leases to give back: a batch ended, or all its rows failed before it ran (it is
   /// gone then too).
   std::vector<lease_release> releases;
@@ -127,13 +127,13 @@ struct dispatch_effects {
   /// Rows that join a running batch now (step_boundary, kv_granted).
   std::vector<join_plan> joins;
   /// KV asks to send (models that keep KV in the ledger only).
-  std::vector<kv_request> kv_asks;
+  std::vector<kv_request> kv_asks{};
   /// Rows preempted for room (after step_boundary or kv_granted).
-  std::vector<preemption> preempted;
+  std::vector<preemption> preempted{};
   /// Running batches whose next step may run now (after step_boundary or kv_granted; a
   /// batch with joins runs it after their prefill). A batch missing here waits for its
   /// KV ask; one with no row left ends (the driver calls batch_done).
-  std::vector<batch_id> steps;
+  std::vector<batch_id> steps{};
   /// Times to call tick at (each a little after the instant a pass is due, so that the
   /// pass finds the window closed whatever the timer's granularity).
   std::vector<time_point> ticks;

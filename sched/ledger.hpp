@@ -42,7 +42,7 @@ struct placement {
   int32_t priority = 0;
   /// Bytes of one KV block on each shard (models::kv_block_bytes), parallel to `devices`;
   /// empty: the model keeps no KV in the ledger (it caches nothing, or not in blocks).
-  std::vector<uint64_t> kv_block_bytes;
+  std::vector<uint64_t> kv_block_bytes{};
 };
 
 /// What keeps a placement from ever fitting, even with every other model evicted: the

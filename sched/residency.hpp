@@ -73,7 +73,7 @@ struct residency_effects {
   /// Lease requests that got their lease (already counted in the ledger).
   std::vector<lease_grant> grants;
   /// KV asks answered (after the grants: a batch's lease comes before its blocks).
-  std::vector<kv_grant> kv_grants;
+  std::vector<kv_grant> kv_grants{};
   /// Explicit loads and unloads that are done.
   std::vector<waiter_done> done;
   /// Waiters that fail, and why.
@@ -172,7 +172,7 @@ class residency {
 
   std::unique_ptr<sched::ledger> ledger_;
   std::vector<waiters> waiting_;
-  std::vector<kv_ask> kv_waiting_;
+  std::vector<kv_ask> kv_waiting_{};
 };
 
 }  // namespace computron::sched

@@ -35,7 +35,7 @@ struct sim_model {
   int32_t priority = 0;
   /// Bytes of one KV block on each shard (models::kv_block_bytes), as the runtime counts
   /// them in the ledger; empty: its KV is not counted (the runtime with kv_in_ledger off).
-  std::vector<uint64_t> kv_block_bytes;
+  std::vector<uint64_t> kv_block_bytes{};
   /// One forward step of the whole model (all stages): a fixed part and a part per token
   /// in the batch (prompt tokens at the first step, one per row after).
   double step_s = 0;
