@@ -66,6 +66,19 @@ caf::expected<decoder_shape> shape_of(const model_config& cfg) {
   return decoder_shape{*spec, *type, models::parallel_config{cfg.tp, cfg.pp}};
 }
 
+/// KV blocks from the shard's own device, sub-allocated from its arena as the weights are,
+/// so that KV bytes and weights share the device's memory and its accounting.
+models::kv_pool_options device_kv(gpu::device& dev) {
+  models::kv_pool_options o;
+  o.allocate = [d = dev.shared_from_this()](uint64_t bytes) -> caf::expected<models::kv_memory> {
+    auto a = d->allocate(bytes);
+    if (!a) return std::move(a.error());
+    auto held = std::make_shared<gpu::device_allocation>(std::move(*a));
+    return models::kv_memory{held->data(), held};
+  };
+  return o;
+}
+
 class decoder_program final : public shard_program {
  public:
   explicit decoder_program(std::unique_ptr<models::decoder_stage> stage)
@@ -232,7 +245,7 @@ class decoder_engine final : public engine {
     if (auto err = ws.wait_loaded(std::chrono::minutes{1})) return err;
     auto group = gpu::join_local_group("warm-up/" + key, 0, 1, std::chrono::seconds{10});
     if (!group) return group.error();
-    auto stage = models::decoder_stage::create(w, {1, 1}, {0, 0}, ws, **group);
+    auto stage = models::decoder_stage::create(w, {1, 1}, {0, 0}, ws, **group, device_kv(*dev));
     if (!stage) return stage.error();
     models::kv_cache cache;
     auto out = (*stage)->prefill({{2, 5, 7, 11, 13, 17, 19, 23}}, nullptr, cache);
@@ -253,7 +266,8 @@ class decoder_engine final : public engine {
                                                              gpu::collective& g) const override {
     auto s = shape_of(sh.model);
     if (!s) return s.error();
-    auto stage = models::decoder_stage::create(s->spec, s->par, {sh.tp_rank, sh.pp_rank}, w, g);
+    auto stage = models::decoder_stage::create(s->spec, s->par, {sh.tp_rank, sh.pp_rank}, w, g,
+                                               device_kv(w.dev()));
     if (!stage) return stage.error();
     return std::unique_ptr<shard_program>{std::make_unique<decoder_program>(std::move(*stage))};
   }

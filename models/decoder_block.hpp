@@ -17,13 +17,8 @@
 
 namespace computron::models::detail {
 
-/// One stage's keys and values for one batch (kv_cache's state; models/kv_cache.cpp).
-struct kv_cache_tensors {
-  std::vector<at::Tensor> keys;  // per layer of the stage: [batch, local heads, len, head dim]
-  std::vector<at::Tensor> values;
-  at::Tensor key_valid;                // [batch, len] bool: false on padding
-  std::vector<int64_t> next_position;  // real tokens seen per sequence
-};
+/// What a step does with the KV blocks (models/kv_blocks.hpp).
+struct kv_step;
 
 /// The stage's state that blocks read: shape, split, where the weights are, the group.
 struct stage_state {
@@ -68,12 +63,12 @@ struct stage_state {
   /// as a stable sort of the gathered logits orders them; padding is never a candidate.
   /// `local` is the head's own output: its NaN become -inf in place.
   caf::expected<at::Tensor> top_vocab(const at::Tensor& local, int64_t k) const;
-  /// Attention of this rank's heads: `q` [b, heads, t, d] already scaled, `k` and `v`
-  /// [b, kv heads, t, d] of the new positions, appended to the layer's cache (keys and
-  /// values are cached per key/value head; grouped queries share them). `allowed` is the
-  /// mask [b, 1, queries, keys]. Returns [b, t, heads x d]. Softmax runs in f32.
-  at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, const at::Tensor& allowed,
-                    at::Tensor& cache_k, at::Tensor& cache_v) const;
+  /// Attention of this rank's heads in layer `i` (absolute index): `q` [b, heads, t, d]
+  /// already scaled, `k` and `v` [b, kv heads, t, d] of the step's positions, which go into
+  /// the rows' KV blocks (keys and values are cached per key/value head; grouped queries
+  /// share them). Returns [b, t, heads x d]. Softmax runs in f32.
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t i,
+                    const kv_step& kv) const;
 };
 
 /// A family's decoder: token embedding, one layer, the head. Stateless apart from what
@@ -85,10 +80,10 @@ class decoder_block {
   /// positions; padding at 0).
   virtual caf::expected<at::Tensor> embed(const stage_state& s, const at::Tensor& ids,
                                           const at::Tensor& positions) const = 0;
-  /// Layer `i` (absolute index) over `x` [b, t, hidden].
+  /// Layer `i` (absolute index) over `x` [b, t, hidden] at `positions` [b, t]; its
+  /// attention reads and extends the cache as `kv` plans (stage_state::attend).
   virtual caf::expected<at::Tensor> layer(const stage_state& s, int64_t i, at::Tensor x,
-                                          const at::Tensor& allowed, const at::Tensor& positions,
-                                          at::Tensor& cache_k, at::Tensor& cache_v) const = 0;
+                                          const at::Tensor& positions, const kv_step& kv) const = 0;
   /// This rank's logits [b, vocab_rows] in f32 of the last hidden states [b, hidden]: its
   /// slice of the vocabulary-parallel head (the core gathers them or takes their best).
   virtual at::Tensor head(const stage_state& s, const at::Tensor& last) const = 0;
@@ -98,9 +93,3 @@ std::unique_ptr<decoder_block> make_opt_block(const stage_state& s);
 std::unique_ptr<decoder_block> make_llama_block(const stage_state& s);
 
 }  // namespace computron::models::detail
-
-namespace computron::models {
-/// kv_cache's state is these tensors (kv_cache.cpp keeps and joins them, decoder_stage.cpp
-/// fills and reads them).
-struct kv_cache::impl : detail::kv_cache_tensors {};
-}  // namespace computron::models

@@ -11,6 +11,7 @@
 
 #include "common/error.hpp"
 #include "models/decoder_block.hpp"
+#include "models/kv_blocks.hpp"
 #include "models/torch_interop.hpp"
 #include "models/weights.hpp"
 
@@ -148,32 +149,49 @@ caf::expected<at::Tensor> detail::stage_state::top_vocab(const at::Tensor& local
   return out;
 }
 
-at::Tensor detail::stage_state::attend(const at::Tensor& q, at::Tensor k, at::Tensor v,
-                                       const at::Tensor& allowed, at::Tensor& cache_k,
-                                       at::Tensor& cache_v) const {
-  auto b = q.size(0);
-  auto t = q.size(2);
-  if (cache_k.defined()) {
-    k = at::cat({cache_k, k}, 2);
-    v = at::cat({cache_v, v}, 2);
+at::Tensor detail::stage_state::attend(const at::Tensor& q, const at::Tensor& k,
+                                       const at::Tensor& v, int64_t i, const kv_step& kv) const {
+  const auto b = q.size(0);
+  const auto t = q.size(2);
+  const auto groups = local_heads / local_kv_heads;
+  const auto layer = i - layer_begin;
+  kv.write(layer, k, v);
+  constexpr auto hidden = -std::numeric_limits<float>::infinity();
+  if (kv.prefill) {
+    // The cache was empty: the step's keys are all the keys, and the unbatched forward's
+    // math runs on them as they are (left-padded rows, `blocked` masks the padding).
+    auto keys = k, values = v;
+    if (groups > 1) {
+      // Grouped queries: each key/value head serves heads / kv_heads consecutive queries.
+      keys = keys.repeat_interleave(groups, 1);
+      values = values.repeat_interleave(groups, 1);
+    }
+    // Softmax in f32 whatever the weights are: bf16 logits lose too much there.
+    auto scores = at::matmul(q, keys.transpose(-1, -2)).to(at::kFloat);
+    scores.masked_fill_(kv.blocked, hidden);
+    auto probs = at::softmax(scores, -1).to(q.scalar_type());
+    return at::matmul(probs, values).transpose(1, 2).reshape({b, t, local_heads * head_dim});
   }
-  cache_k = k;
-  cache_v = v;
-  if (local_kv_heads != local_heads) {
-    // Grouped queries: each key/value head serves heads / kv_heads consecutive queries.
-    auto groups = local_heads / local_kv_heads;
-    k = k.repeat_interleave(groups, 1);
-    v = v.repeat_interleave(groups, 1);
-  }
-  // Softmax in f32 whatever the weights are: bf16 logits lose too much there.
-  auto scores = at::matmul(q, k.transpose(-1, -2)).to(at::kFloat);
-  scores.masked_fill_(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+  // Decode: the rows' blocks gathered, [kv heads, b, positions, d], each row from position
+  // 0 with its unused tail blocked. Each key/value head's queries (its `groups` heads, in
+  // order) form one matrix, so grouped heads read the keys once instead of a copy per
+  // query head; the products and the f32 softmax are the unbatched forward's.
+  auto [keys, values] = kv.gather(layer);
+  auto qg = q.reshape({b, local_kv_heads, groups * t, head_dim}).transpose(0, 1);
+  auto scores = at::matmul(qg, keys.transpose(-1, -2)).to(at::kFloat);
+  scores.masked_fill_(kv.blocked, hidden);
   auto probs = at::softmax(scores, -1).to(q.scalar_type());
-  return at::matmul(probs, v).transpose(1, 2).reshape({b, t, local_heads * head_dim});
+  // [kv heads, b, groups x t, d] -> [b, t, heads x d], head = kv head x groups + group.
+  return at::matmul(probs, values)
+      .view({local_kv_heads, b, groups, t, head_dim})
+      .permute({1, 3, 0, 2, 4})
+      .reshape({b, t, local_heads * head_dim});
 }
 
 struct decoder_stage::impl : detail::stage_state {
   std::unique_ptr<detail::decoder_block> block;
+  /// The stage's KV blocks; caches hold it too, so a cache may outlive the stage.
+  std::shared_ptr<detail::kv_block_pool> kv_pool;
   /// Bytes of the shard that must be on the device before layer i (relative index) runs;
   /// the embeddings come first, the final norm and LM head last.
   std::vector<uint64_t> layer_ready_bytes;
@@ -193,14 +211,13 @@ struct decoder_stage::impl : detail::stage_state {
   /// hidden states or the last position's logits.
   /// `scored`: prefill rows (with their prompt lengths) whose every position before the
   /// last also gets logits, appended after the batch's rows.
-  caf::expected<host_tensor> run(at::Tensor x, const at::Tensor& allowed,
-                                 const at::Tensor& positions, kv_cache::impl& cache,
-                                 head_output out,
+  caf::expected<host_tensor> run(at::Tensor x, const at::Tensor& positions,
+                                 const detail::kv_step& kv, head_output out,
                                  const std::vector<std::pair<int64_t, int64_t>>& scored = {}) {
     for (auto i = layer_begin; i < layer_end; ++i) {
       auto li = static_cast<size_t>(i - layer_begin);
       if (auto err = wait_for(layer_ready_bytes[li])) return err;
-      auto y = block->layer(*this, i, x, allowed, positions, cache.keys[li], cache.values[li]);
+      auto y = block->layer(*this, i, x, positions, kv);
       if (!y) return std::move(y.error());
       x = std::move(*y);
     }
@@ -251,11 +268,9 @@ bool decoder_stage::last() const {
   return impl_->last();
 }
 
-caf::expected<std::unique_ptr<decoder_stage>> decoder_stage::create(const decoder_spec& spec,
-                                                                    const parallel_config& par,
-                                                                    const shard_index& shard,
-                                                                    gpu::weight_shard& weights,
-                                                                    gpu::collective& tp_group) {
+caf::expected<std::unique_ptr<decoder_stage>> decoder_stage::create(
+    const decoder_spec& spec, const parallel_config& par, const shard_index& shard,
+    gpu::weight_shard& weights, gpu::collective& tp_group, kv_pool_options kv) {
   if (weights.table().entries().empty()) return bad("the weight shard has no tensors");
   auto type = weights.table().entries().front().type;
   auto layout = shard_layout(spec, type, par, shard);
@@ -315,7 +330,14 @@ caf::expected<std::unique_ptr<decoder_stage>> decoder_stage::create(const decode
   }
   p->block =
       spec.family == model_family::opt ? detail::make_opt_block(*p) : detail::make_llama_block(*p);
+  p->kv_pool = std::make_shared<detail::kv_block_pool>(
+      fmt::format("{} stage {} tp rank {}", spec.name, shard.pp_rank, shard.tp_rank),
+      p->layer_end - p->layer_begin, p->local_kv_heads, p->head_dim, p->options, std::move(kv));
   return std::unique_ptr<decoder_stage>{new decoder_stage(std::move(p))};
+}
+
+kv_pool_stats decoder_stage::kv_blocks() const {
+  return impl_->kv_pool->stats();
 }
 
 namespace {
@@ -383,13 +405,11 @@ caf::expected<host_tensor> decoder_stage::prefill_rows(
   if (auto err = m.bind()) return err;
   try {
     at::NoGradGuard no_grad;
+    cache.impl_->clear();  // a prefill starts the batch afresh, whatever happens below
     auto ids = at::full({b, t}, pad_token, at::kLong);
     auto pos = at::zeros({b, t}, at::kLong);
     auto valid = at::zeros({b, t}, at::kBool);
-    auto& c = *cache.impl_;
-    c = kv_cache::impl{};
-    c.keys.resize(static_cast<size_t>(m.layer_end - m.layer_begin));
-    c.values.resize(c.keys.size());
+    std::vector<int64_t> lengths;
     for (int64_t i = 0; i < b; ++i) {
       auto& pr = prompts[static_cast<size_t>(i)];
       auto len = static_cast<int64_t>(pr.size());
@@ -399,16 +419,15 @@ caf::expected<host_tensor> decoder_stage::prefill_rows(
         pos[i][pad + j] = j;
       }
       valid.narrow(0, i, 1).narrow(1, pad, len).fill_(true);
-      c.next_position.push_back(len);
+      lengths.push_back(len);
     }
-    c.key_valid = valid.to(m.options.device());
+    auto key_valid = valid.to(m.options.device());
     // Query i sees key j when j <= i and j is not padding; a padding query sees itself,
     // so that no softmax row is empty.
     auto causal =
         at::ones({t, t}, at::TensorOptions().dtype(at::kBool).device(m.options.device())).tril();
     auto eye = at::eye(t, at::TensorOptions().dtype(at::kBool).device(m.options.device()));
-    auto allowed = (causal.unsqueeze(0) & c.key_valid.unsqueeze(1)) | eye.unsqueeze(0);
-    allowed = allowed.unsqueeze(1);
+    auto allowed = (causal.unsqueeze(0) & key_valid.unsqueeze(1)) | eye.unsqueeze(0);
     auto dev_pos = pos.to(m.options.device());
     at::Tensor x;
     if (m.first()) {
@@ -426,7 +445,12 @@ caf::expected<host_tensor> decoder_stage::prefill_rows(
     std::vector<std::pair<int64_t, int64_t>> scored;
     for (size_t i = 0; i < score.size() && i < prompts.size(); ++i)
       if (score[i]) scored.emplace_back(static_cast<int64_t>(i), prompts[i].size());
-    return m.run(x, allowed, dev_pos, c, out, scored);
+    // The prompts' blocks are taken before any layer runs: a pool without room fails the
+    // step here, with the cache empty.
+    auto kv = detail::plan_prefill(*cache.impl_, m.kv_pool, lengths, t,
+                                   allowed.unsqueeze(1).logical_not());
+    if (!kv) return std::move(kv.error());
+    return m.run(x, dev_pos, *kv, out, scored);
   } catch (const std::exception& e) {
     return detail::compute_error(m.spec.name + " prefill", e);
   }
@@ -437,25 +461,26 @@ caf::expected<host_tensor> decoder_stage::decode(const std::vector<int64_t>& tok
                                                  head_output out) {
   auto& m = *impl_;
   auto& c = *cache.impl_;
-  if (!c.key_valid.defined()) return bad("decode before prefill: the cache is empty");
-  auto b = c.key_valid.size(0);
+  if (c.rows.empty()) return bad("decode before prefill: the cache is empty");
+  if (c.pool != m.kv_pool) return bad("decode with a cache of another stage");
+  auto b = static_cast<int64_t>(c.rows.size());
   if (static_cast<int64_t>(tokens.size()) != b)
     return bad(fmt::format("decode needs one token per sequence: {} given for a batch of {}",
                            tokens.size(), b));
   if (m.first())
     if (auto err = m.check_tokens(tokens)) return err;
-  for (auto p : c.next_position)
-    if (p >= m.spec.max_positions)
+  std::vector<int64_t> next_position;  // each row's new token goes at its length
+  for (auto& row : c.rows) {
+    if (row.length >= m.spec.max_positions)
       return bad(
           fmt::format("sequence reached {}'s {} positions", m.spec.name, m.spec.max_positions));
+    next_position.push_back(row.length);
+  }
   if (auto err = m.bind()) return err;
   try {
     at::NoGradGuard no_grad;
     auto dev = m.options.device();
-    c.key_valid = at::cat(
-        {c.key_valid, at::ones({b, 1}, at::TensorOptions().dtype(at::kBool).device(dev))}, 1);
-    auto allowed = c.key_valid.unsqueeze(1).unsqueeze(1);  // [b, 1, 1, len]: every cached real key
-    auto pos = at::tensor(c.next_position, at::kLong).view({b, 1}).to(dev);
+    auto pos = at::tensor(next_position, at::kLong).view({b, 1}).to(dev);
     at::Tensor x;
     if (m.first()) {
       auto ids = at::tensor(tokens, at::kLong).view({b, 1}).to(dev);
@@ -467,9 +492,11 @@ caf::expected<host_tensor> decoder_stage::decode(const std::vector<int64_t>& tok
       if (!h) return std::move(h.error());
       x = *h;
     }
-    auto result = m.run(x, allowed, pos, c, out);
-    for (auto& p : c.next_position) ++p;
-    return result;
+    // The new positions' blocks are taken before any layer runs: a pool without room
+    // fails the step here, with the cache as it was (a bad input above leaves it too).
+    auto kv = detail::plan_decode(c);
+    if (!kv) return std::move(kv.error());
+    return m.run(x, pos, *kv, out);
   } catch (const std::exception& e) {
     return detail::compute_error(m.spec.name + " decode", e);
   }

@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,24 +30,62 @@ struct host_tensor {
   std::vector<float> to_floats() const;
 };
 
-/// One stage's decoding state for one batch: keys and values of its layers, and which
-/// cached positions are padding. Created empty; prefill fills it, decode extends it.
+/// Device memory for a stage's KV blocks, as its allocator hands it out.
+struct kv_memory {
+  /// `bytes` on the stage's device (a host address for CPU and emulated devices).
+  void* data = nullptr;
+  /// Holds the memory: it goes back when the last copy of `owner` is dropped.
+  std::shared_ptr<void> owner;
+};
+
+/// Where a stage's KV blocks come from.
+struct kv_pool_options {
+  /// `bytes` of device memory on the stage's device, or an error (out_of_device_memory
+  /// when there is no room). The shard worker's takes them from the shard's gpu::device,
+  /// so that KV bytes share the weights' memory. Empty: libtorch allocates them with the
+  /// stage's tensor options (tests, benchmarks).
+  std::function<caf::expected<kv_memory>(uint64_t bytes)> allocate;
+  /// Blocks of the smallest chunk the pool asks for (a chunk of 16 holds 256 positions of
+  /// one row): fewer, larger chunks mean fewer allocator calls and gathers per step.
+  int64_t min_chunk_blocks = 16;
+};
+
+/// A stage's KV block pool, in blocks of kv_block_bytes (models/decoder_spec.hpp).
+struct kv_pool_stats {
+  /// Blocks the pool's chunks hold (device memory taken), and those some sequence holds.
+  int64_t blocks_allocated = 0;
+  int64_t blocks_in_use = 0;
+  /// Chunks of device memory the blocks live in.
+  int64_t chunks = 0;
+  uint64_t block_bytes = 0;
+};
+
+/// One stage's decoding state for one batch: each sequence's block table (the KV blocks of
+/// the stage's pool that hold its keys and values) and length. Created empty; prefill
+/// fills it, decode extends it. A sequence's blocks go back to the pool when it leaves.
 class kv_cache {
  public:
   kv_cache();
   ~kv_cache();
   kv_cache(kv_cache&&) noexcept;
   kv_cache& operator=(kv_cache&&) noexcept;
-  /// Cached positions per sequence, padding included (0 before prefill).
+  /// Cached positions of the longest sequence (0 before prefill).
   int64_t length() const;
+  /// Sequences in the batch, and the positions each holds.
+  int64_t rows() const;
+  std::vector<int64_t> lengths() const;
+  /// Distinct KV blocks the sequences hold: the sum of kv_blocks_for(length) over them,
+  /// less the blocks repeated rows share.
+  int64_t blocks() const;
   /// Keeps only these sequences (their positions in the batch, in the order they go on);
-  /// the others left the batch. A position may repeat: that sequence is copied (a shared
-  /// prefill's rows). Errors: an index outside the batch.
+  /// the others left the batch and their blocks go back. A position may repeat: that
+  /// sequence is copied (a shared prefill's rows) and shares its blocks until it writes
+  /// into one. No key or value is copied. Errors: an index outside the batch.
   caf::error keep_rows(const std::vector<int64_t>& rows);
   /// Appends `other`'s sequences after this cache's (continuous batching: rows prefilled
-  /// apart join a running batch at a step boundary). The shorter of the two is padded on
-  /// the left, as prefill pads prompts, so every row keeps its own positions and masks.
-  /// `other` is left empty. Errors: caches of different stages (layers, heads, devices).
+  /// apart join a running batch at a step boundary): their block tables move over, every
+  /// row keeps its own positions. `other` is left empty. Errors: caches of different
+  /// stages (their blocks live in different pools).
   caf::error append(kv_cache&& other);
 
  private:
@@ -72,16 +111,19 @@ struct head_output {
 class decoder_stage {
  public:
   /// Checks the shard's layout against (spec, par, shard) and the group size against tp.
-  /// `tp_group` and `weights` must outlive the stage. fp16 needs a CUDA device.
-  static caf::expected<std::unique_ptr<decoder_stage>> create(const decoder_spec& spec,
-                                                              const parallel_config& par,
-                                                              const shard_index& shard,
-                                                              gpu::weight_shard& weights,
-                                                              gpu::collective& tp_group);
+  /// `tp_group` and `weights` must outlive the stage. fp16 needs a CUDA device. `kv` says
+  /// where the stage's KV blocks come from.
+  static caf::expected<std::unique_ptr<decoder_stage>> create(
+      const decoder_spec& spec, const parallel_config& par, const shard_index& shard,
+      gpu::weight_shard& weights, gpu::collective& tp_group, kv_pool_options kv = {});
   ~decoder_stage();
 
   bool first() const;
   bool last() const;
+
+  /// The stage's KV block pool: blocks allocated and in use (what the ledger counts beside
+  /// the weights). Thread-safe.
+  kv_pool_stats kv_blocks() const;
 
   /// Prefill a batch of prompts (token ids of different lengths, left-padded here). The
   /// first stage reads the tokens; later stages read `hidden` from the previous stage
@@ -93,12 +135,14 @@ class decoder_stage {
   /// one prompt) share one prefill where none is scored: it runs once and its cache rows
   /// and outputs are copied. Errors: empty batch or prompt, token ids outside the
   /// vocabulary, prompts longer than the positions, missing or misshapen hidden states,
-  /// weights not loaded. `out` (last stage): logits, or the candidates where no row is scored.
+  /// weights not loaded, no KV blocks to be had (out_of_device_memory; the cache is left
+  /// empty). `out` (last stage): logits, or the candidates where no row is scored.
   caf::expected<host_tensor> prefill(const std::vector<std::vector<int64_t>>& prompts,
                                      const host_tensor* hidden, kv_cache& cache,
                                      const std::vector<bool>& score = {}, head_output out = {});
 
-  /// One more token per sequence, using and extending the cache.
+  /// One more token per sequence, using and extending the cache. Errors: a cache of
+  /// another stage, no KV block to be had (out_of_device_memory; the cache is unchanged).
   caf::expected<host_tensor> decode(const std::vector<int64_t>& tokens, const host_tensor* hidden,
                                     kv_cache& cache, head_output out = {});
 

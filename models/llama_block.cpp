@@ -66,8 +66,7 @@ class llama_block final : public decoder_block {
   }
 
   caf::expected<at::Tensor> layer(const stage_state& s, int64_t i, at::Tensor x,
-                                  const at::Tensor& allowed, const at::Tensor& positions,
-                                  at::Tensor& cache_k, at::Tensor& cache_v) const override {
+                                  const at::Tensor& positions, const kv_step& kv) const override {
     auto p = fmt::format("layers.{}.", i);
     auto a = p + "self_attn.";
     const auto& spec = s.spec;
@@ -93,7 +92,7 @@ class llama_block final : public decoder_block {
     q = q * cos + rotate_half(q) * sin;
     k = k * cos + rotate_half(k) * sin;
     q = q * (1.0 / std::sqrt(static_cast<double>(s.head_dim)));
-    auto o = s.attend(q, k, v, allowed, cache_k, cache_v);
+    auto o = s.attend(q, k, v, i, kv);
     o = at::linear(o, s.param(a + "o_proj.weight"));
     if (auto err = s.all_reduce(o)) return err;
     x = residual + o;

@@ -30,9 +30,8 @@ class opt_block final : public decoder_block {
     return x;
   }
 
-  caf::expected<at::Tensor> layer(const stage_state& s, int64_t i, at::Tensor x,
-                                  const at::Tensor& allowed, const at::Tensor&, at::Tensor& cache_k,
-                                  at::Tensor& cache_v) const override {
+  caf::expected<at::Tensor> layer(const stage_state& s, int64_t i, at::Tensor x, const at::Tensor&,
+                                  const kv_step& kv) const override {
     auto p = fmt::format("layers.{}.", i);
     auto h_dim = s.spec.hidden;
     auto b = x.size(0);
@@ -51,7 +50,7 @@ class opt_block final : public decoder_block {
                               s.param(p + "self_attn.k_proj.bias")));
     auto v = split(at::linear(h, s.param(p + "self_attn.v_proj.weight"),
                               s.param(p + "self_attn.v_proj.bias")));
-    auto o = s.attend(q, k, v, allowed, cache_k, cache_v);
+    auto o = s.attend(q, k, v, i, kv);
     o = at::linear(o, s.param(p + "self_attn.out_proj.weight"));
     if (auto err = s.all_reduce(o)) return err;
     x = residual + o + s.param(p + "self_attn.out_proj.bias");

@@ -15,6 +15,7 @@
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
 #endif
 
 namespace computron::models::detail {
@@ -57,6 +58,20 @@ caf::error cap_cuda_workspace(const gpu::device& dev) {
   (void)dev;
 #endif
   return {};
+}
+
+void finish_compute(at::Device device) noexcept {
+#ifdef COMPUTRON_TORCH_CUDA
+  if (!device.is_cuda()) return;
+  try {
+    c10::cuda::getCurrentCUDAStream(device.index()).synchronize();
+  } catch (const std::exception& e) {
+    log::warn("waiting for the compute on {}: {}", device.str(),
+              std::string{e.what()}.substr(0, 200));
+  }
+#else
+  (void)device;
+#endif
 }
 
 at::ScalarType to_torch(gpu::dtype t) {

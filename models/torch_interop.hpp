@@ -38,4 +38,9 @@ caf::error compute_error(const std::string& what, const std::exception& e);
 /// CUDA libtorch.
 caf::error cap_cuda_workspace(const gpu::device& dev);
 
+/// Waits until the compute queued on `device` finished (the current CUDA stream there);
+/// a no-op on the CPU. Device memory that kernels may still read (a KV chunk) is given
+/// back only after it. Never throws: a failure is logged, the caller goes on.
+void finish_compute(at::Device device) noexcept;
+
 }  // namespace computron::models::detail

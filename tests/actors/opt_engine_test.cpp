@@ -1,5 +1,5 @@
-// A model's dtype against the kinds of the devices it is placed on: a fake device list is
-// enough, no GPU needed.
+// A model's dtype against the kinds of the devices it is placed on (a fake device list is
+// enough, no GPU needed), a batch's head, and where a shard's KV blocks live.
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -9,6 +9,7 @@
 #include "gpu/collective.hpp"
 #include "gpu/emulated_device.hpp"
 #include "gpu/weight_store.hpp"
+#include "models/decoder_spec.hpp"
 
 using namespace computron;
 using namespace computron::actors;
@@ -133,4 +134,42 @@ TEST_CASE("a batch's head follows its step-0 settings: candidates, or whole rows
   auto out = (*program)->run(next, nullptr);
   REQUIRE(out);
   CHECK(out->shape == std::vector<int64_t>{2, 512});
+}
+
+TEST_CASE("a decoder shard's KV blocks come out of its device's memory and go back",
+          "[actors][engine][kv]") {
+  // The worker's program takes KV chunks from the shard's own device (beside the
+  // weights), and a batch that ends gives them back.
+  auto engines = all_engines();
+  auto& e = *engines.at("opt");
+  auto m = opt("f32", {0});
+  shard_spec s{m, 0, 0, {}};
+  auto table = e.layout(s);
+  REQUIRE(table);
+  gpu::emulated_device_options o;
+  o.capacity_bytes = 64ull << 20;
+  auto dev = gpu::emulated_device::make(o);
+  REQUIRE(dev);
+  auto w = gpu::weight_shard::create(*dev, *table);
+  REQUIRE(w);
+  REQUIRE_FALSE(e.fill(s, **w));
+  REQUIRE_FALSE((*w)->load({1ull << 20}));
+  REQUIRE_FALSE((*w)->wait_loaded(std::chrono::seconds{30}));
+  auto group = gpu::make_solo_collective();
+  auto program = e.make_program(s, **w, *group);
+  REQUIRE(program);
+  const auto weights = (*dev)->used_bytes();
+  auto spec = models::find_spec("opt-tiny");
+  REQUIRE(spec);
+  const auto block = models::kv_block_bytes(*spec, gpu::dtype::f32, {1, 1}, {0, 0});
+  step_request q;
+  q.model = "m";
+  q.batch_id = 1;
+  q.prompts = {{2, 100, 37}, {2, 9}};
+  q.sampling = {row_sampling{}, row_sampling{}};
+  REQUIRE((*program)->run(q, nullptr));
+  // One chunk of the pool's smallest size (16 blocks) holds the two rows' blocks.
+  CHECK((*dev)->used_bytes() == weights + 16 * block);
+  (*program)->end_batch(1);
+  CHECK((*dev)->used_bytes() == weights);
 }

@@ -174,3 +174,54 @@ TEST_CASE("a row that leaves the cache leaves the others' decode unchanged on th
     CHECK(kept.keep_rows({7}));  // outside the batch of 2
   }
 }
+
+TEST_CASE("KV blocks in the GPU's arena: a join, a leave and a block boundary equal the CPU",
+          "[cuda][opt][kv]") {
+  // The shard worker's allocator: KV chunks sub-allocated from the CUDA device's arena and
+  // read through from_blob on the GPU, against the CPU forward with libtorch's memory.
+  auto dev = cuda_device();
+  auto spec = *find_spec("opt-125m");
+  single on_gpu{spec, gpu::dtype::f32, dev};
+  single on_cpu{spec, gpu::dtype::f32, cpu_device()};
+  kv_pool_options kv;
+  kv.allocate = [dev](uint64_t bytes) -> caf::expected<kv_memory> {
+    auto a = dev->allocate(bytes);
+    if (!a) return std::move(a.error());
+    auto held = std::make_shared<gpu::device_allocation>(std::move(*a));
+    return kv_memory{held->data(), held};
+  };
+  auto arena = opt_stage::create(spec, {1, 1}, {0, 0}, *on_gpu.shard, *on_gpu.group, kv);
+  REQUIRE(arena);
+  const auto weights = dev->used_bytes();
+  uint64_t most = 0;
+  // Rows of 6 and 3 tokens decode 12 steps (the first crosses 16 positions), a row of 2
+  // joins, all decode 4 more, the middle one leaves, the others decode once more.
+  auto run = [&](opt_stage& stage) {
+    kv_cache batch, join;
+    REQUIRE(stage.prefill({prompts[0], prompts[1]}, nullptr, batch));
+    for (int64_t s = 0; s < 12; ++s) REQUIRE(stage.decode({5 + s, 6 + s}, nullptr, batch));
+    REQUIRE(stage.prefill({prompts[2]}, nullptr, join));
+    REQUIRE_FALSE(batch.append(std::move(join)));
+    host_tensor joined;
+    for (int64_t s = 0; s < 4; ++s) {
+      auto out = stage.decode({7 + s, 8 + s, 9 + s}, nullptr, batch);
+      REQUIRE(out);
+      joined = *out;
+    }
+    most = std::max(most, dev->used_bytes());
+    REQUIRE_FALSE(batch.keep_rows({2, 0}));
+    auto out = stage.decode({1, 1}, nullptr, batch);
+    REQUIRE(out);
+    return std::make_pair(joined, *out);
+  };
+  auto want = run(*on_cpu.stage);
+  most = 0;
+  auto got = run(**arena);
+  CHECK(most > weights);                // the blocks lived in the arena
+  CHECK(dev->used_bytes() == weights);  // and went back with the caches
+  auto e1 = relative_error(want.first, got.first);
+  auto e2 = relative_error(want.second, got.second);
+  INFO(e1 << ", " << e2);
+  CHECK(e1 <= 1e-3);
+  CHECK(e2 <= 1e-3);
+}
