@@ -1,7 +1,7 @@
 #include "models/decoder_spec.hpp"
 
-#include <algorithm>
 #include <fmt/format.h>
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "common/error.hpp"

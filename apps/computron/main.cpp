@@ -276,11 +276,13 @@ int main(int argc, char** argv) {
       lg_cmd->add_option("--power-law", lg_alpha, "skew rates as (i+1)^-ALPHA over the models");
   auto lg_total_opt =
       lg_cmd->add_option("--total-rate", lg_total, "requests/s over all models (uniform alone)");
-  lg_cmd->add_option("--prompt-len", lg.prompt_len,
-                     "prompt tokens per request (the mean of --prompt-dist; completions: 32)")
+  lg_cmd
+      ->add_option("--prompt-len", lg.prompt_len,
+                   "prompt tokens per request (the mean of --prompt-dist; completions: 32)")
       ->capture_default_str();
-  lg_cmd->add_option("--max-tokens", lg.max_tokens,
-                     "tokens generated per request (the mean of --output-dist; completions: 16)")
+  lg_cmd
+      ->add_option("--max-tokens", lg.max_tokens,
+                   "tokens generated per request (the mean of --output-dist; completions: 16)")
       ->capture_default_str();
   lg_cmd->add_option("--slo", lg.slo_s,
                      "latency SLO in seconds for the attainment figure (and goodput's E2EL)");
