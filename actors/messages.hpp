@@ -271,12 +271,24 @@ struct step_request {
   /// every stage appends this batch's caches and samplers after those of batch
   /// `join_into`, and this batch id is gone. 0: an ordinary step.
   uint64_t join_into = 0;
+  /// Chunked prefill (step 0 computed in several steps, so that a running batch's decode
+  /// steps go between them instead of waiting for a whole long prompt): `prompts` are the
+  /// whole prompts on every chunk, `prefill_chunk` > 0 is the most tokens of a prompt this
+  /// step computes and `prefill_left` the tokens of each prompt left for later chunks. Row
+  /// i computes its tokens [max(0, n_i - left - chunk), max(0, n_i - left)): the prompts
+  /// end together, in the chunk with `prefill_left` 0, whose logits are sampled (earlier
+  /// chunks answer no tokens and no logits). `prefill_chunk` 0: the whole prompt at once.
+  int32_t prefill_chunk = 0;
+  int32_t prefill_left = 0;
+
+  bool partial_prefill() const { return prefill_chunk > 0 && prefill_left > 0; }
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_request& x) {
   return f(caf::meta::type_name("step_request"), x.model, x.batch_id, x.step, x.stage, x.prompts,
-           x.tokens, x.sampling, x.hidden, x.last, x.route, x.keep, x.join_into);
+           x.tokens, x.sampling, x.hidden, x.last, x.route, x.keep, x.join_into, x.prefill_chunk,
+           x.prefill_left);
 }
 
 /// The tokens a step produced (rank 0 of the last stage; other ranks answer empty).
