@@ -92,8 +92,14 @@ void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* er
   if (err || !b->caches_dropped)
     for (auto& w : m.cfg.devices)
       self->send(st.workers[static_cast<size_t>(w)], cancel_atom_v, b->model, b->id);
-  if (err)
+  // A chunked prefill under way has caches of its own.
+  if (b->pending_id != 0)
+    for (auto& w : m.cfg.devices)
+      self->send(st.workers[static_cast<size_t>(w)], cancel_atom_v, b->model, b->pending_id);
+  if (err) {
     for (auto r : b->sent) reply_error(self, b->rows[r], *err);
+    for (auto r : b->pending) reply_error(self, b->rows[r], *err);
+  }
   st.opts.obs->batch_done(b->model, m.cfg.devices, b->rows.size(), b->run_s, now_s() - b->run_s);
   // Its devices, lease and in-flight slot are free: the next batches may start.
   carry_out(self, st.disp->batch_done(b->id, now(self), !err, b->compute_ms / 1e3, b->steps));
@@ -183,15 +189,17 @@ bool take_token(manager_pointer self, const batch_ptr& b, size_t r, size_t p, st
   return true;
 }
 
-/// Keeps only the rows in `going` (indices into b->rows, in the workers' order): a batch
-/// that lives on as rows leave and join (continuous batching) holds its live rows only,
-/// and b->sent numbers them 0..n-1 again.
+/// Keeps only the rows in `going` (indices into b->rows, in the workers' order) and those
+/// of a chunked prefill under way: a batch that lives on as rows leave and join
+/// (continuous batching) holds its live rows only, and b->sent numbers them 0..n-1 again.
 void compact(const batch_ptr& b, const std::vector<size_t>& going) {
   std::vector<queued_request> rows;
   std::vector<std::vector<int64_t>> outputs;
   std::vector<std::vector<token_logprobs>> logprobs, prompt_logprobs;
   std::set<uint64_t> cancelled, completed;
-  for (auto r : going) {
+  auto all = going;
+  all.insert(all.end(), b->pending.begin(), b->pending.end());
+  for (auto r : all) {
     auto id = b->rows[r].req.id;
     if (b->cancelled.count(id) > 0) cancelled.insert(id);
     if (b->completed.count(id) > 0) completed.insert(id);
@@ -206,8 +214,9 @@ void compact(const batch_ptr& b, const std::vector<size_t>& going) {
   b->prompt_logprobs = std::move(prompt_logprobs);
   b->cancelled = std::move(cancelled);
   b->completed = std::move(completed);
-  b->sent.resize(b->rows.size());
+  b->sent.resize(going.size());
   for (size_t i = 0; i < b->sent.size(); ++i) b->sent[i] = i;
+  for (size_t i = 0; i < b->pending.size(); ++i) b->pending[i] = going.size() + i;
 }
 
 /// `keep` lists every row of the previous step in order: the workers need none.
@@ -225,18 +234,23 @@ void join_rows(manager_pointer self, const batch_ptr& b, const sched::join_plan&
   auto& st = self->state;
   auto t = now(self);
   std::vector<size_t> joined;
-  for (auto& row : plan.rows) {
-    auto i = st.waiting.find(row.key);
-    if (i == st.waiting.end()) continue;  // cancelled in the queue
-    i->second.taken = t;
-    i->second.joined = true;
-    st.batch_of[i->second.req.id] = b;
-    joined.push_back(b->rows.size());
-    b->rows.push_back(std::move(i->second));
-    st.waiting.erase(i);
-    b->outputs.emplace_back();
-    b->logprobs.emplace_back();
-    b->prompt_logprobs.emplace_back();
+  if (plan.chunk > 0 && b->pending_id == plan.id) {
+    // A later chunk: its rows came with the first.
+    joined = b->pending;
+  } else {
+    for (auto& row : plan.rows) {
+      auto i = st.waiting.find(row.key);
+      if (i == st.waiting.end()) continue;  // cancelled in the queue
+      i->second.taken = t;
+      i->second.joined = true;
+      st.batch_of[i->second.req.id] = b;
+      joined.push_back(b->rows.size());
+      b->rows.push_back(std::move(i->second));
+      st.waiting.erase(i);
+      b->outputs.emplace_back();
+      b->logprobs.emplace_back();
+      b->prompt_logprobs.emplace_back();
+    }
   }
   if (joined.empty()) {
     run_step(self, b, step + 1, unless_all(std::move(keep), previous));
@@ -245,18 +259,35 @@ void join_rows(manager_pointer self, const batch_ptr& b, const sched::join_plan&
   step_request req;
   req.model = b->model;
   req.batch_id = plan.id;
-  req.join_into = b->id;
+  req.prefill_chunk = plan.chunk;
+  req.prefill_left = plan.left;
   for (auto r : joined) {
     req.prompts.push_back(b->rows[r].req.tokens);
     req.sampling.push_back(b->rows[r].req.sampling);
   }
+  const auto pp = st.models.at(b->model).cfg.pp;
+  if (plan.partial()) {
+    // A chunk of their prompts, then the running rows' next step: they wait for a chunk,
+    // not a whole long prompt. The chunk's rows stay pending (failed with the batch).
+    b->pending = joined;
+    b->pending_id = plan.id;
+    ++b->steps;
+    send_step(self, b, std::move(req), st.opts.step_timeout * static_cast<int>(pp),
+              [=](step_result& res) mutable {
+                b->compute_ms += res.compute_ms;
+                run_step(self, b, step + 1, unless_all(std::move(keep), previous));
+              });
+    return;
+  }
+  b->pending.clear();
+  b->pending_id = 0;
+  req.join_into = b->id;
   // An error from here on fails the joined rows with the others.
   auto going = b->sent;
   b->sent.insert(b->sent.end(), joined.begin(), joined.end());
   for (auto r : joined) b->rows[r].batch_rows = static_cast<uint32_t>(b->sent.size());
   set_running(self, b, b->sent.size());
   ++b->steps;
-  const auto pp = st.models.at(b->model).cfg.pp;
   send_step(self, b, std::move(req), st.opts.step_timeout * static_cast<int>(pp),
             [=](step_result& res) mutable {
               if (!check_tokens(self, b, res, joined.size())) return;

@@ -303,8 +303,11 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
         if (auto err = check_request(m, req, st.opts.max_tokens_limit)) return err;
         auto t = now(self);
         auto key = st.next_key++;
+        // A prompt whose log-probabilities are asked for is computed in one step (a
+        // chunked prefill gives only the last position's).
         auto e = st.disp->admit(m.index, key, t, req.deadline_ms, req.max_tokens, req.drop_late,
-                                static_cast<int64_t>(req.tokens.size()));
+                                static_cast<int64_t>(req.tokens.size()),
+                                req.sampling.prompt_logprobs >= 0);
         if (e.refused) return make_error(e.refused->code, e.refused->reason);
         queued_request q{std::move(req), key, self->make_response_promise<infer_reply>(), t,
                          e.deadline};

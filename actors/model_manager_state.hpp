@@ -91,6 +91,11 @@ struct batch {
   int64_t boundary_step = 0;
   size_t boundary_previous = 0;
   std::vector<int32_t> boundary_keep{};
+  /// Rows whose prompts are computed in chunks before they join (sched::join_plan):
+  /// indices into `rows` (after the running ones), and the batch id their chunks run as,
+  /// under which the workers cache them until the last chunk joins them to this batch.
+  std::vector<size_t> pending{};
+  sched::batch_id pending_id = 0;
 };
 
 using batch_ptr = std::shared_ptr<batch>;

@@ -417,7 +417,9 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
           }
           auto r = program->run(*in, hp);
           if (!r) return r.error();
-          if (sampling_rank) {
+          if (sampling_rank && in->partial_prefill()) {
+            // A chunk of a prefill that goes on: nothing to sample yet.
+          } else if (sampling_rank) {
             if (in->step > 0 && !in->keep.empty()) {
               // Finished rows left the batch: their samplers go with them.
               std::vector<models::sampler> kept;

@@ -42,14 +42,15 @@ uint32_t batcher::add_model(std::string name, int32_t max_in_flight, int32_t pri
 
 std::optional<refusal> batcher::admit(uint32_t model, uint64_t key, time_point now,
                                       int64_t deadline_ms, time_point* deadline, int64_t steps,
-                                      bool drop_late, int64_t prompt_tokens) {
+                                      bool drop_late, int64_t prompt_tokens, bool whole_prefill) {
   auto& q = queues_[model];
   if (q.live >= opts_.max_queue)
     return refusal{ec::overloaded, "the queue of " + q.name + " is full (" +
                                        std::to_string(opts_.max_queue) + " requests)"};
   auto d = deadline_of(now, deadline_ms, opts_.default_deadline);
   auto seq = q.next_seq++;
-  q.queue.push_back({key, now, d, std::max<int64_t>(1, steps), drop_late, seq, prompt_tokens});
+  q.queue.push_back(
+      {key, now, d, std::max<int64_t>(1, steps), drop_late, seq, prompt_tokens, whole_prefill});
   q.dead.push_back(false);
   ++q.live;
   q.deadlines.emplace(d, seq);

@@ -33,6 +33,12 @@ struct batching_options {
   /// its model join it (up to max_batch_size rows) instead of waiting for the whole batch
   /// to end. Off: a batch keeps the rows it formed with.
   bool continuous = true;
+  /// Chunked prefill of joiners (continuous batching): prompts longer than this many
+  /// tokens that join a batch with running rows are computed in chunks of it, each chunk
+  /// a step of its own between two of the running rows' steps, so that they wait for a
+  /// chunk at a time rather than a whole long prompt. 0: a joiner's whole prompt in one
+  /// step.
+  uint32_t prefill_chunk = 512;
 };
 
 /// The deadline of a request that arrived at `arrival` asking for `deadline_ms` (0 or
@@ -53,6 +59,9 @@ struct queued_entry {
   /// Tokens of its prompt (with what it generated before a preemption): the KV blocks
   /// it needs (0: one token).
   int64_t prompt_tokens = 0;
+  /// Its prompt must be computed in one step (it asks for its prompt's log-probabilities,
+  /// which a chunked prefill does not give).
+  bool whole_prefill = false;
 };
 
 /// A batch to start: requests of one model, in queue order.
@@ -90,7 +99,8 @@ class batcher {
   /// full). Returns the deadline it got. `steps` and `drop_late` as in queued_entry.
   std::optional<refusal> admit(uint32_t model, uint64_t key, time_point now, int64_t deadline_ms,
                                time_point* deadline = nullptr, int64_t steps = 1,
-                               bool drop_late = false, int64_t prompt_tokens = 0);
+                               bool drop_late = false, int64_t prompt_tokens = 0,
+                               bool whole_prefill = false);
   /// Puts requests taken from the queue back at its front, in their order (a batch that
   /// could not get KV room for them, a preempted row): they keep their times.
   void push_front(uint32_t model, const std::vector<queued_entry>& rows);

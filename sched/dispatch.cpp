@@ -102,10 +102,10 @@ void dispatcher::run_pass(time_point now, dispatch_effects& out) {
 
 dispatch_effects dispatcher::admit(uint32_t model, uint64_t key, time_point now,
                                    int64_t deadline_ms, int64_t steps, bool drop_late,
-                                   int64_t prompt_tokens) {
+                                   int64_t prompt_tokens, bool whole_prefill) {
   dispatch_effects out;
-  out.refused =
-      batcher_->admit(model, key, now, deadline_ms, &out.deadline, steps, drop_late, prompt_tokens);
+  out.refused = batcher_->admit(model, key, now, deadline_ms, &out.deadline, steps, drop_late,
+                                prompt_tokens, whole_prefill);
   if (!out.refused) dispatch_pass(now, out);
   return out;
 }
@@ -214,7 +214,9 @@ dispatch_effects dispatcher::step_boundary(batch_id id, const std::vector<uint64
   b.rows = std::move(rows);
   const size_t room = batcher_->options().max_batch_size;
   std::vector<queued_entry> joiners;
-  if (batcher_->options().continuous && going.size() < room && batcher_->queued(model) > 0 &&
+  // While a chunked prefill is under way its joiners hold the batch's places.
+  const size_t busy = going.size() + (b.chunking ? b.chunking->rows.size() : 0);
+  if (batcher_->options().continuous && !b.chunking && busy < room && batcher_->queued(model) > 0 &&
       !others_wait(model)) {
     auto d = batcher_->join(model, room - going.size(), now);
     for (auto& [m, e] : d.expired) out.failures.push_back({m, e, row_end::expired, 0});
@@ -223,13 +225,18 @@ dispatch_effects dispatcher::step_boundary(batch_id id, const std::vector<uint64
     out.dispatched = true;
   }
   if (models_[model].kv) {
-    auto need = kv_need_of(b, joiners) + (joiners.empty() ? 0 : b.leaving);
+    // A join's prefill (or chunk) runs before the step whose keep list frees the blocks
+    // of rows that left.
+    const bool prefill_first = !joiners.empty() || b.chunking;
+    auto need = kv_need_of(b, joiners) + (prefill_first ? b.leaving : 0);
     if (need > b.kv_held) {
       uint64_t want = 0;
       for (auto k : going)
         if (auto* e = row_of(b, k)) want += kv_want(*e, b.steps_run[k]);
       for (auto& e : joiners) want += kv_want(e, 0) + 1;
-      if (!joiners.empty()) want += b.leaving;
+      if (b.chunking)
+        for (auto& e : b.chunking->rows) want += kv_want(e, 1);
+      if (prefill_first) want += b.leaving;
       b.joiners = std::move(joiners);
       b.waiting = kv_wait::step;
       out.kv_asks.push_back({id, model, want - std::min(want, b.kv_held),
@@ -271,8 +278,11 @@ uint64_t dispatcher::kv_need_of(const batch_state& b,
       auto s = b.steps_run.find(k);
       need += kv_need(*e, s == b.steps_run.end() ? 0 : s->second);
     }
-  // A joiner's prefill caches its prompt and the step after it one token more.
+  // A joiner's prefill caches its prompt and the step after it one token more; a chunked
+  // prefill holds that from its first chunk on.
   for (auto& e : joiners) need += kv_need(e, 1);
+  if (b.chunking)
+    for (auto& e : b.chunking->rows) need += kv_need(e, 1);
   return need;
 }
 
@@ -338,20 +348,61 @@ void dispatcher::kv_continue(batch_id id, batch_state& b, uint64_t ceiling, time
     for (auto k : b.going)
       if (auto* e = row_of(b, k)) want += kv_want(*e, b.steps_run[k]);
     for (auto& e : joiners) want += kv_want(e, 1);
+    if (b.chunking)
+      for (auto& e : b.chunking->rows) want += kv_want(e, 1);
     // Rows that left keep their blocks on the workers until the next step (after a join's
     // prefill): those are not given back yet.
     if (b.kv_held > 2 * want + b.leaving) kv_trim(b, want + b.leaving, out);
   }
-  if (!joiners.empty()) {
-    // A joiner's prefill is a step of its own before the batch's next: it has run one
-    // step (and generated a token) when the next boundary counts the step they share.
-    for (auto& e : joiners) {
+  plan_joins(id, b, std::move(joiners), out);
+  if (!b.going.empty() || !out.joins.empty()) out.steps.push_back(id);
+}
+
+void dispatcher::plan_joins(batch_id id, batch_state& b, std::vector<queued_entry> joiners,
+                            dispatch_effects& out) {
+  const auto model = b.model;
+  const auto chunk = static_cast<int64_t>(batcher_->options().prefill_chunk);
+  // A prefill is a step of its own before the batch's next: the joiners have run one step
+  // (and generated a token) when the next boundary counts the step they share.
+  auto join = [&](batch_id jid, std::vector<queued_entry> rows, int64_t c) {
+    for (auto& e : rows) {
       b.rows.push_back(e);
       b.steps_run[e.key] = 1;
     }
-    out.joins.push_back({id, next_batch_++, model, std::move(joiners)});
+    out.joins.push_back({id, jid, model, std::move(rows), static_cast<int32_t>(c), 0});
+  };
+  if (b.chunking) {
+    // The next chunk; with no row running nothing stalls, so the rest goes at once.
+    auto& c = *b.chunking;
+    const auto n = b.going.empty() ? c.left : std::min(chunk, c.left);
+    c.left -= n;
+    if (c.left > 0) {
+      out.joins.push_back(
+          {id, c.id, model, c.rows, static_cast<int32_t>(n), static_cast<int32_t>(c.left)});
+      return;
+    }
+    auto done = std::move(c);
+    b.chunking.reset();
+    join(done.id, std::move(done.rows), n);
+    return;
   }
-  if (!b.going.empty() || !out.joins.empty()) out.steps.push_back(id);
+  if (joiners.empty()) return;
+  int64_t longest = 0;
+  bool whole = false;
+  for (auto& e : joiners) {
+    longest = std::max(longest, std::max<int64_t>(1, e.prompt_tokens));
+    whole = whole || e.whole_prefill;
+  }
+  if (chunk > 0 && longest > chunk && !whole && !b.going.empty()) {
+    // Chunks of `chunk` tokens, the prompts ending together in the last; the first takes
+    // what the others leave of the longest.
+    auto left = (longest - 1) / chunk * chunk;
+    b.chunking = batch_state::chunked_join{next_batch_++, std::move(joiners), left};
+    out.joins.push_back({id, b.chunking->id, model, b.chunking->rows,
+                         static_cast<int32_t>(longest - left), static_cast<int32_t>(left)});
+    return;
+  }
+  join(next_batch_++, std::move(joiners), 0);
 }
 
 dispatch_effects dispatcher::kv_granted(batch_id id, uint32_t model, uint64_t blocks,

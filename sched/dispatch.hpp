@@ -62,11 +62,20 @@ struct formed_batch {
 
 /// Requests joining a running batch (continuous batching): the driver prefills them as
 /// batch `id` and appends that to batch `into` (whose next step then runs them all).
+/// A chunked prefill (`chunk` > 0; batching_options::prefill_chunk) comes as one plan per
+/// step boundary, all of one `id` and `rows`: each computes up to `chunk` tokens of every
+/// prompt, `left` tokens of each being left for later chunks (step_request's
+/// prefill_chunk and prefill_left). A partial chunk (`left` > 0) joins nothing: the
+/// batch's next step runs its own rows after it. The last (`left` 0) joins.
 struct join_plan {
   batch_id into = 0;
   batch_id id = 0;
   uint32_t model = 0;
   std::vector<queued_entry> rows;
+  int32_t chunk = 0;
+  int32_t left = 0;
+
+  bool partial() const { return chunk > 0 && left > 0; }
 };
 
 struct started_batch {
@@ -171,7 +180,8 @@ class dispatcher {
 
   /// A request arrives: admitted (a dispatch pass follows) or refused.
   dispatch_effects admit(uint32_t model, uint64_t key, time_point now, int64_t deadline_ms,
-                         int64_t steps = 1, bool drop_late = false, int64_t prompt_tokens = 0);
+                         int64_t steps = 1, bool drop_late = false, int64_t prompt_tokens = 0,
+                         bool whole_prefill = false);
   /// A formed batch got its lease: a run pass.
   dispatch_effects leased(batch_id id, const lease_info& l, time_point now);
   /// A formed batch got no lease: it ends (the driver fails its requests), a dispatch pass.
@@ -231,6 +241,14 @@ class dispatcher {
     /// Blocks of rows that left at this boundary (finished or preempted): the workers free
     /// them with the next step's keep list, after a join's prefill, which cannot use them.
     uint64_t leaving = 0;
+    /// Joiners whose prompts are computed in chunks (join_plan): their batch id, and the
+    /// tokens of each prompt the chunks so far left. No other join starts meanwhile.
+    struct chunked_join {
+      batch_id id = 0;
+      std::vector<queued_entry> rows;
+      int64_t left = 0;
+    };
+    std::optional<chunked_join> chunking{};
   };
   /// Blocks row `e` needs for its next step after `steps_run` steps, and with lookahead.
   static uint64_t kv_need(const queued_entry& e, int64_t steps_run);
@@ -240,6 +258,10 @@ class dispatcher {
   const queued_entry* row_of(const batch_state& b, uint64_t key) const;
   /// Gives back what a batch holds beyond what it wants (or all of it when it ended).
   void kv_trim(batch_state& b, uint64_t keep, dispatch_effects& out);
+  /// The joins of a step boundary: `joiners` prefilled whole or start a chunked prefill,
+  /// or the chunked prefill under way goes on by one chunk.
+  void plan_joins(batch_id id, batch_state& b, std::vector<queued_entry> joiners,
+                  dispatch_effects& out);
   /// Continues a batch at a step boundary once its KV fits: joins and the next step.
   void kv_continue(batch_id id, batch_state& b, uint64_t ceiling, time_point now,
                    dispatch_effects& out);

@@ -104,6 +104,10 @@ struct batch {
   /// queue.
   std::vector<sched::queued_entry> joining;
   time_point joining_since{};
+  /// The step in flight is a partial chunk of a chunked prefill (sched::join_plan): the
+  /// running rows' step follows it; and the chunked prefill under way, since when.
+  bool chunk_step = false;
+  sched::batch_id chunking = 0;
 };
 
 /// A load's bytes in flight, per pipeline stage: they flow from `from` and the stage's
@@ -461,6 +465,13 @@ class simulator {
     auto it = batches_.find(id);
     if (it == batches_.end()) return;
     auto& b = it->second;
+    if (b.chunk_step) {
+      // A chunk of the joiners' prompts: the running rows' step comes next (the
+      // manager's join_rows).
+      b.chunk_step = false;
+      push(run_step(b, now_, static_cast<int64_t>(b.rows.size())), event_kind::step_done, id);
+      return;
+    }
     const bool join_step = !b.joining.empty();
     if (join_step) {
       for (auto& row : b.joining) {
@@ -567,11 +578,24 @@ class simulator {
       push(run_step(bb, now_, static_cast<int64_t>(bb.rows.size())), event_kind::step_done, id);
       return;
     }
-    // The joiners' prefill, as its own step (the manager's join_rows).
+    // The joiners' prefill, as its own step (the manager's join_rows), whole or a chunk.
+    auto& plan = joins.front();
     int64_t prompt_tokens = 0;
-    bb.joining_since = now_;
-    for (auto& row : joins.front().rows) prompt_tokens += requests_[row.key].prompt_len;
-    bb.joining = std::move(joins.front().rows);
+    for (auto& row : plan.rows) {
+      const auto n = requests_[row.key].prompt_len;
+      prompt_tokens += plan.chunk == 0 ? n
+                                       : std::max<int64_t>(0, n - plan.left) -
+                                             std::max<int64_t>(0, n - plan.left - plan.chunk);
+    }
+    // The joiners left the queue at their first chunk.
+    if (bb.chunking != plan.id) bb.joining_since = now_;
+    if (plan.partial()) {
+      bb.chunking = plan.id;
+      bb.chunk_step = true;
+    } else {
+      bb.chunking = 0;
+      bb.joining = std::move(plan.rows);
+    }
     push(run_step(bb, now_, prompt_tokens), event_kind::step_done, id);
   }
 

@@ -148,3 +148,28 @@ TEST_CASE("the actors and the simulator agree on continuous batching: joins and 
       CHECK(simulated.outcomes[1].done_s > simulated.outcomes[0].done_s);
   }
 }
+
+TEST_CASE("the actors and the simulator agree on chunked prefill: joiners come in chunks",
+          "[drivers][continuous][chunked]") {
+  // A long request decodes; one with a 10-token prompt joins in chunks of 4 (2, 4 and 4
+  // tokens), each a step of its own between the running row's; one arriving meanwhile
+  // joins only after the chunked join ends; a long prompt while nothing else runs is
+  // prefilled whole.
+  scenario s;
+  s.capacity_bytes = {100 * mb};
+  s.models = {{"a", 1, {0}, 10 * mb, 10}};
+  s.batching.max_batch_size = 4;
+  s.batching.batch_window = 5ms;
+  s.batching.prefill_chunk = 4;
+  s.arrivals = {{0, "a", 20, 3}, {52, "a", 3, 10}, {61, "a", 2, 3}, {600, "a", 2, 12}};
+  auto simulated = check_drivers_agree(s);
+  REQUIRE(simulated.outcomes.size() == 4);
+  for (auto& o : simulated.outcomes) CHECK(o.status == 200);
+  CHECK(simulated.outcomes[1].done_s < simulated.outcomes[0].done_s);
+  // Steps here take 10 ms whatever their tokens: the two partial chunks and the running
+  // row's steps after them put the joiner 40 ms behind its whole prefill.
+  s.batching.prefill_chunk = 0;
+  auto whole = check_drivers_agree(s);
+  REQUIRE(whole.outcomes.size() == 4);
+  CHECK(simulated.outcomes[1].done_s - whole.outcomes[1].done_s == Approx(0.040).margin(0.002));
+}
