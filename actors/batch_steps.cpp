@@ -219,6 +219,25 @@ void compact(const batch_ptr& b, const std::vector<size_t>& going) {
   for (size_t i = 0; i < b->pending.size(); ++i) b->pending[i] = going.size() + i;
 }
 
+/// Carries the rows' one deadline to the workers (step_request::deadline_ms): the time
+/// left to the latest answer_limit among `rows` (indices into b->rows), and the step's
+/// expected compute as the batcher learned it.
+void set_deadline(manager_pointer self, const batch_ptr& b, step_request& req,
+                  const std::vector<size_t>& rows) {
+  auto& st = self->state;
+  sched::time_point latest{};
+  const auto grace = st.queues().options().late_grace;
+  for (auto r : rows) {
+    auto& q = b->rows[r];
+    if (q.deadline == sched::time_point{}) return;  // one without a deadline: none
+    latest = std::max(latest, sched::answer_limit(q.deadline, q.req.drop_late, grace));
+  }
+  if (latest == sched::time_point{}) return;
+  auto left_ms = sched::seconds_between(now(self), latest) * 1e3;
+  req.deadline_ms = std::max<int64_t>(1, static_cast<int64_t>(left_ms));
+  req.expected_ms = st.queues().step_seconds(st.models.at(b->model).index) * 1e3;
+}
+
 /// `keep` lists every row of the previous step in order: the workers need none.
 std::vector<int32_t> unless_all(std::vector<int32_t> keep, size_t previous) {
   if (keep.size() == previous) keep.clear();
@@ -266,6 +285,7 @@ void join_rows(manager_pointer self, const batch_ptr& b, const sched::join_plan&
     req.sampling.push_back(b->rows[r].req.sampling);
   }
   const auto pp = st.models.at(b->model).cfg.pp;
+  set_deadline(self, b, req, joined);
   if (plan.partial()) {
     // A chunk of their prompts, then the running rows' next step: they wait for a chunk,
     // not a whole long prompt. The chunk's rows stay pending (failed with the batch).
@@ -338,6 +358,7 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vecto
       req.tokens.push_back(b->outputs[r].back());
     }
   }
+  set_deadline(self, b, req, b->sent);
   auto timeout = st.opts.step_timeout * static_cast<int>(pp);
   if (step == 0 && b->loading)  // it also waits for the load under way
     timeout += std::max<std::chrono::milliseconds>(

@@ -280,6 +280,13 @@ struct step_request {
   /// chunks answer no tokens and no logits). `prefill_chunk` 0: the whole prompt at once.
   int32_t prefill_chunk = 0;
   int32_t prefill_left = 0;
+  /// The request's one deadline, carried to the workers: milliseconds left, when the
+  /// request is sent, until the latest deadline of the step's rows (0: none), and the
+  /// manager's estimate of the step's compute over all its stages. A stage that starts so
+  /// late that the rest of the step cannot end in time refuses it (deadline_exceeded)
+  /// instead of computing tokens nobody waits for; each stage passes on what is left.
+  int64_t deadline_ms = 0;
+  double expected_ms = 0;
 
   bool partial_prefill() const { return prefill_chunk > 0 && prefill_left > 0; }
 };
@@ -288,7 +295,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_request& x) {
   return f(caf::meta::type_name("step_request"), x.model, x.batch_id, x.step, x.stage, x.prompts,
            x.tokens, x.sampling, x.hidden, x.last, x.route, x.keep, x.join_into, x.prefill_chunk,
-           x.prefill_left);
+           x.prefill_left, x.deadline_ms, x.expected_ms);
 }
 
 /// The tokens a step produced (rank 0 of the last stage; other ranks answer empty).

@@ -107,6 +107,18 @@ caf::error row_error(manager_pointer self, const sched::row_failure& f, const qu
     case sched::row_end::expired_waiting:
       return make_error(ec::deadline_exceeded,
                         "request " + id + " passed its deadline waiting for " + model);
+    case sched::row_end::expired_running:
+      return make_error(
+          ec::deadline_exceeded,
+          fmt::format("request {} passed its deadline while {} generated it ({}: its client "
+                      "waits no longer)",
+                      id, model,
+                      q.req.drop_late
+                          ? "drop_late"
+                          : fmt::format("{} ms past it",
+                                        std::chrono::duration_cast<std::chrono::milliseconds>(
+                                            st.queues().options().late_grace)
+                                            .count())));
     case sched::row_end::cancelled:
       break;
     case sched::row_end::no_kv_room:

@@ -105,6 +105,11 @@ caf::expected<runtime> spawn_stack(caf::actor_system& sys, runtime rt, runtime_o
   opts.frontend.obs = opts.obs;
   // Admission has one owner: the manager's batching options; the frontend only bounds
   // what is in flight and waits for the same deadline (plus slack).
+  // The frontend waits for an answer as long past its deadline as the manager serves it,
+  // and a second more, so that the manager's answer (with its reason) comes first.
+  opts.frontend.reply_slack =
+      std::chrono::duration_cast<std::chrono::milliseconds>(opts.manager.batching.late_grace) +
+      std::chrono::seconds(1);
   opts.frontend.default_deadline =
       std::chrono::duration_cast<std::chrono::milliseconds>(opts.manager.batching.default_deadline);
   opts.manager.device_kinds.clear();

@@ -1,9 +1,12 @@
 #include "actors/shard_worker.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <map>
 #include <set>
 #include <utility>
 
+#include <fmt/format.h>
 #include <caf/all.hpp>
 
 #include "common/error.hpp"
@@ -52,6 +55,25 @@ using worker_pointer = shard_worker_actor::stateful_pointer<shard_worker_state>;
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+/// A step that reached the front of the lane at `start` so late that the stages left
+/// (this one and those after it, each a share of the manager's estimate) cannot end within
+/// the deadline it carries: deadline_exceeded, saying by how much. None without a deadline.
+caf::error too_late(const step_request& req, std::chrono::steady_clock::time_point received,
+                    std::chrono::steady_clock::time_point start, int32_t device) {
+  if (req.deadline_ms <= 0) return {};
+  const auto stages = std::max<size_t>(1, req.route.size());
+  const auto left_stages = stages - std::min(stages - 1, static_cast<size_t>(req.stage));
+  const double to_go =
+      req.expected_ms * static_cast<double>(left_stages) / static_cast<double>(stages);
+  const double waited = std::chrono::duration<double, std::milli>(start - received).count();
+  if (waited + to_go <= static_cast<double>(req.deadline_ms)) return {};
+  return make_error(ec::deadline_exceeded,
+                    fmt::format("step {} of {} reached device {}'s compute lane {:.0f} ms after "
+                                "it came, with {} ms of its deadline left then and about "
+                                "{:.0f} ms of compute to go: it would end past the deadline",
+                                req.step, req.model, device, waited, req.deadline_ms, to_go));
 }
 
 bool same_shard(const shard_spec& a, const shard_spec& b) {
@@ -400,8 +422,10 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
         auto in = std::make_shared<step_request>(std::move(req));
         auto out = std::make_shared<step_result>();
         auto hidden_out = std::make_shared<tensor_payload>();
+        const auto received = std::chrono::steady_clock::now();
         lane_job job{[=]() -> caf::error {
           auto t0 = std::chrono::steady_clock::now();
+          if (auto err = too_late(*in, received, t0, index)) return err;
           const double waited0 = gpu::thread_wait_seconds();
           (void)group;
           auto state = w->state();
@@ -475,6 +499,9 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
                   }
                   auto next = in->route[next_stage];
                   auto mine = out->compute_ms;
+                  if (in->deadline_ms > 0)  // what is left of it for the stages after this
+                    in->deadline_ms = std::max<int64_t>(
+                        1, in->deadline_ms - static_cast<int64_t>(seconds_since(received) * 1e3));
                   auto remaining = static_cast<int>(in->route.size() - next_stage);
                   in->stage += 1;
                   in->hidden = std::move(*hidden_out);

@@ -33,6 +33,11 @@ struct batching_options {
   /// its model join it (up to max_batch_size rows) instead of waiting for the whole batch
   /// to end. Off: a batch keeps the rows it formed with.
   bool continuous = true;
+  /// How long past its deadline a running request that did not ask for drop_late is
+  /// still served (late): the frontend waits as long for its answer (start_runtime gives
+  /// it this as its reply_slack), so the manager ends the row then. A drop_late request
+  /// ends at its deadline.
+  duration late_grace = std::chrono::seconds(30);
   /// Chunked prefill of joiners (continuous batching): prompts longer than this many
   /// tokens that join a batch with running rows are computed in chunks of it, each chunk
   /// a step of its own between two of the running rows' steps, so that they wait for a
@@ -44,6 +49,14 @@ struct batching_options {
 /// The deadline of a request that arrived at `arrival` asking for `deadline_ms` (0 or
 /// less: the default). The one rule every admitting actor uses.
 time_point deadline_of(time_point arrival, int64_t deadline_ms, duration default_deadline);
+
+/// When a running request stops being worth a step: its deadline with drop_late, else
+/// late_grace after it (its client stops waiting then). The one rule of the dispatch core
+/// (rows end at the step boundary after it) and of the workers (a step that cannot end
+/// before the latest of its rows' is refused).
+inline time_point answer_limit(time_point deadline, bool drop_late, duration late_grace) {
+  return drop_late ? deadline : deadline + late_grace;
+}
 
 /// A queued request: the caller's key (its own table holds the request) and its times.
 struct queued_entry {

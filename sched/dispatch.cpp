@@ -190,13 +190,23 @@ bool dispatcher::others_wait(uint32_t model) const {
   return false;
 }
 
-dispatch_effects dispatcher::step_boundary(batch_id id, const std::vector<uint64_t>& going,
+dispatch_effects dispatcher::step_boundary(batch_id id, const std::vector<uint64_t>& rows_on,
                                            time_point now) {
   dispatch_effects out;
   auto i = batches_.find(id);
   if (i == batches_.end() || !i->second.started) return out;
   auto& b = i->second;
   const auto model = b.model;
+  // Rows past their deadline end here; they leave as finished rows do.
+  std::vector<uint64_t> going;
+  for (auto k : rows_on) {
+    auto* e = row_of(b, k);
+    if (e && e->deadline != time_point{} &&
+        now >= answer_limit(e->deadline, e->drop_late, batcher_->options().late_grace))
+      out.failures.push_back({model, *e, row_end::expired_running, id});
+    else
+      going.push_back(k);
+  }
   // Rows that left give their blocks back to the batch (once the workers applied the next
   // step's keep list); those going on cached a token.
   std::unordered_map<uint64_t, int64_t> steps_run;

@@ -35,6 +35,10 @@ enum class row_end : uint8_t {
   expired_waiting,
   /// Cancelled after its batch formed, before the batch started.
   cancelled,
+  /// It ran past its answer_limit (its deadline with drop_late, else late_grace after
+  /// it): it ends at the step boundary after that, as its client stops waiting then,
+  /// rather than taking steps whose tokens nobody reads.
+  expired_running,
   /// Its KV blocks need more than its devices hold beside the model's weights and the
   /// pinned models': it can never run there (out_of_device_memory).
   no_kv_room,

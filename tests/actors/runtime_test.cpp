@@ -23,7 +23,8 @@ struct runtime_fixture {
 
   explicit runtime_fixture(uint32_t per_model_bound = 64, std::chrono::milliseconds window = 2ms,
                            std::shared_ptr<observer> obs = null_observer(),
-                           uint32_t max_batch_size = 4) {
+                           uint32_t max_batch_size = 4,
+                           std::chrono::milliseconds late_grace = 30s) {
     runtime_options o;
     o.obs = std::move(obs);
     o.devices.kind = "emulated";
@@ -32,6 +33,7 @@ struct runtime_fixture {
     o.devices.emulated_link_gbps = 1.0;
     o.manager.batching.batch_window = window;
     o.manager.batching.max_batch_size = max_batch_size;
+    o.manager.batching.late_grace = late_grace;
     o.frontend.max_outstanding_per_model = per_model_bound;
     rt = start_runtime(sys, o, torch_free_engines()).value();
   }
@@ -342,4 +344,50 @@ TEST_CASE("a cold request computes while its model loads and answers as a reside
     }
     rt->shutdown();
   }
+}
+
+TEST_CASE("one deadline: a running request ends at it, a worker refuses a step that would miss it",
+          "[actors][runtime][deadline]") {
+  runtime_fixture f{64, 2ms, null_observer(), 4, 50ms};
+  auto slow = runtime_fixture::toy("slow", 3, 1, 1);
+  slow.toy_compute_ms = 10;
+  REQUIRE(f.add(slow));
+  // 200 steps of 10 ms cannot end within 100 ms and the 50 ms it is served late: the row
+  // ends at the boundary after that with deadline_exceeded, long before its last step.
+  auto r = request("slow", {1, 2, 3}, 200);
+  r.deadline_ms = 100;
+  auto t0 = std::chrono::steady_clock::now();
+  auto late = f.infer(r);
+  auto took = std::chrono::steady_clock::now() - t0;
+  REQUIRE_FALSE(late);
+  CHECK(is(late.error(), ec::deadline_exceeded));
+  CHECK_THAT(render(late.error()), Catch::Contains("while slow generated it (50 ms past it"));
+  CHECK(took < 1500ms);
+  // The manager goes on serving.
+  auto ok = f.infer(request("slow", {1, 2, 3}, 2));
+  REQUIRE(ok);
+  CHECK(ok->tokens.size() == 2);
+  // A worker's refusal: 1 ms of deadline left and 1 s of compute expected.
+  step_request s;
+  s.model = "slow";
+  s.batch_id = 999;
+  s.prompts = {{1, 2}};
+  s.sampling = {row_sampling{}};
+  s.last = true;
+  s.route = {caf::actor_cast<step_stage_actor>(f.rt.node.workers[0])};
+  s.deadline_ms = 1;
+  s.expected_ms = 1000;
+  caf::error refused;
+  f.self->request(f.rt.node.workers[0], 10s, step_atom_v, s)
+      .receive([&](step_result&) {}, [&](caf::error& e) { refused = e; });
+  CHECK(is(refused, ec::deadline_exceeded));
+  CHECK_THAT(render(refused), Catch::Contains("would end past the deadline"));
+  // The same step with time enough runs.
+  s.deadline_ms = 10000;
+  s.expected_ms = 10;
+  bool ran = false;
+  f.self->request(f.rt.node.workers[0], 10s, step_atom_v, s)
+      .receive([&](step_result& res) { ran = res.tokens.size() == 1; },
+               [&](caf::error& e) { FAIL(render(e)); });
+  CHECK(ran);
 }

@@ -404,3 +404,36 @@ TEST_CASE("residency: the free blocks a transfer reports count in the pass it tr
   CHECK(e.loads == std::vector<model_id>{c});
   CHECK(core->ledger().state_of(b) == model_state::resident);
 }
+
+TEST_CASE("dispatch: a running row past its answer limit ends at the next step boundary",
+          "[cores][continuous][deadline]") {
+  dispatch_fixture f{0ms, 3};
+  CHECK(answer_limit(f.t, true, 5s) == f.t);
+  CHECK(answer_limit(f.t, false, 5s) == f.t + 5s);
+  // Rows 1 (drop_late) and 2 (served late, up to late_grace past its deadline).
+  auto e = f.d->admit(f.x, 1, f.t, 0, 100, true);
+  auto id = e.formed.at(0).id;
+  REQUIRE(f.d->leased(id, f.resident(), f.t).started.size() == 1);
+  f.t += 500ms;
+  CHECK(f.d->admit(f.x, 2, f.t, 0, 100).formed.empty());
+  e = f.d->step_boundary(id, {1}, f.t);
+  CHECK(e.failures.empty());
+  REQUIRE(e.joins.size() == 1);
+  // The fixture's deadline is 1 s: row 1 (drop_late) passes it and leaves; row 2 steps on.
+  f.t += 600ms;
+  e = f.d->step_boundary(id, {1, 2}, f.t);
+  REQUIRE(e.failures.size() == 1);
+  CHECK(e.failures[0].row.key == 1);
+  CHECK(e.failures[0].why == row_end::expired_running);
+  CHECK(e.failures[0].batch == id);
+  CHECK(e.steps == std::vector<batch_id>{id});
+  // Row 2 is served late, up to late_grace (30 s) past its deadline: then nothing is
+  // left, the batch ends (no step).
+  f.t += 1s;
+  e = f.d->step_boundary(id, {2}, f.t);
+  CHECK(e.failures.empty());
+  f.t += 30s;
+  e = f.d->step_boundary(id, {2}, f.t);
+  REQUIRE(e.failures.size() == 1);
+  CHECK(e.steps.empty());
+}
