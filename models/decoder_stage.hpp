@@ -62,7 +62,8 @@ struct kv_pool_stats {
 
 /// One stage's decoding state for one batch: each sequence's block table (the KV blocks of
 /// the stage's pool that hold its keys and values) and length. Created empty; prefill
-/// fills it, decode extends it. A sequence's blocks go back to the pool when it leaves.
+/// fills it (or a chunked prefill, a chunk of each prompt per step), decode extends it. A
+/// sequence's blocks go back to the pool when it leaves.
 class kv_cache {
  public:
   kv_cache();

@@ -6,7 +6,8 @@
 // that a pool takes through the stage's allocator and gives back once none of their blocks
 // is held. A kv_cache is a list of rows, each a block table and a length, so that rows
 // leave and join a batch without a KV byte being copied. Internal: include it only from the
-// .cpp files that already pay for torch (kv_blocks.cpp, kv_cache.cpp, decoder_stage.cpp).
+// .cpp files that already pay for torch (kv_blocks.cpp, kv_cache.cpp, decoder_stage.cpp,
+// chunked_prefill.cpp).
 #include <ATen/core/Tensor.h>
 #include <caf/expected.hpp>
 
