@@ -96,22 +96,26 @@ class decoder_program final : public shard_program {
       }
     }
     caf::expected<models::host_tensor> out{models::host_tensor{}};
-    if (req.step == 0) {
+    if (req.step == 0 && req.prefill_chunk > 0) {
+      // A chunk of a chunked prefill: the first one chooses the batch's head as a one-step
+      // prefill does; the others carry on with it (they may carry no settings).
+      if (models::first_prefill_chunk(req.prompts, req.prefill_left, req.prefill_chunk)) {
+        for (auto& s : req.sampling)
+          if (s.prompt_logprobs >= 0) {
+            end_batch(req.batch_id);
+            return make_error(ec::invalid_request,
+                              "prompt log-probabilities need the prompt prefilled in one step, "
+                              "not in chunks");
+          }
+        choose_head(req);
+      }
+      out = stage_->prefill_chunk(req.prompts, req.prefill_left, req.prefill_chunk, hidden, cache,
+                                  head_of(req.batch_id));
+    } else if (req.step == 0) {
       // Rows that ask for their prompt's log-probabilities get their positions' logits.
       std::vector<bool> score;
-      // The most candidates a row needs; 0 when some row needs its whole row.
-      int64_t top = req.sampling.empty() ? 0 : 1;
-      for (auto& s : req.sampling) {
-        score.push_back(s.prompt_logprobs >= 0);
-        auto k = candidates_of(s);
-        top = k == 0 || top == 0 ? 0 : std::max(top, k);
-      }
-      // Every rank of the stage got the same settings, so all take the same head (and
-      // make the same collective calls). The batch keeps it: later steps carry none.
-      if (top > 0)
-        top_[req.batch_id] = top;
-      else
-        top_.erase(req.batch_id);  // a batch id used again starts afresh
+      for (auto& s : req.sampling) score.push_back(s.prompt_logprobs >= 0);
+      choose_head(req);
       out = stage_->prefill(req.prompts, hidden, cache, score, head_of(req.batch_id));
     } else {
       out = stage_->decode(req.tokens, hidden, cache, head_of(req.batch_id));
@@ -145,6 +149,22 @@ class decoder_program final : public shard_program {
   }
 
  private:
+  /// Step 0's settings choose the batch's head: the most candidates a row needs, or whole
+  /// rows when some row needs them. Every rank of the stage got the same settings, so all
+  /// take the same head (and make the same collective calls). The batch keeps it: later
+  /// steps carry none.
+  void choose_head(const step_request& req) {
+    int64_t top = req.sampling.empty() ? 0 : 1;
+    for (auto& s : req.sampling) {
+      auto k = candidates_of(s);
+      top = k == 0 || top == 0 ? 0 : std::max(top, k);
+    }
+    if (top > 0)
+      top_[req.batch_id] = top;
+    else
+      top_.erase(req.batch_id);  // a batch id used again starts afresh
+  }
+
   models::head_output head_of(uint64_t batch_id) const {
     auto i = top_.find(batch_id);
     return models::head_output{i == top_.end() ? 0 : i->second};

@@ -11,28 +11,35 @@
 
 #include "common/error.hpp"
 #include "models/decoder_block.hpp"
+#include "models/decoder_stage_impl.hpp"
 #include "models/kv_blocks.hpp"
 #include "models/torch_interop.hpp"
 #include "models/weights.hpp"
 
 namespace computron::models {
 
+using detail::bad;
 using detail::to_torch;
 
-namespace {
-
-/// Waiting for a layer's bytes: as long as a large load could possibly take.
-constexpr auto layer_wait = std::chrono::minutes{10};
-
-/// The padding token; padded positions are masked, the id only has to be valid (OPT's
-/// pad id, inside every vocabulary).
-constexpr int64_t pad_token = 1;
-
-caf::error bad(std::string what) {
-  return make_error(ec::invalid_request, std::move(what));
+detail::step_inputs detail::left_padded(const std::vector<std::vector<int64_t>>& prompts,
+                                        const std::vector<int64_t>& begin,
+                                        const std::vector<int64_t>& end, int64_t t) {
+  const auto b = static_cast<int64_t>(prompts.size());
+  std::vector<int64_t> ids(static_cast<size_t>(b * t), pad_token), pos(ids.size(), 0);
+  auto valid = at::zeros({b, t}, at::kBool);
+  for (int64_t i = 0; i < b; ++i) {
+    const auto r = static_cast<size_t>(i);
+    const auto n = end[r] - begin[r];
+    const auto pad = t - n;
+    for (int64_t j = 0; j < n; ++j) {
+      const auto cell = static_cast<size_t>(i * t + pad + j);
+      ids[cell] = prompts[r][static_cast<size_t>(begin[r] + j)];
+      pos[cell] = begin[r] + j;
+    }
+    valid.narrow(0, i, 1).narrow(1, pad, n).fill_(true);
+  }
+  return {at::tensor(ids, at::kLong).view({b, t}), at::tensor(pos, at::kLong).view({b, t}), valid};
 }
-
-}  // namespace
 
 std::vector<float> host_tensor::to_floats() const {
   auto n = bytes.size() / gpu::size_of(type);
@@ -172,14 +179,16 @@ at::Tensor detail::stage_state::attend(const at::Tensor& q, const at::Tensor& k,
     auto probs = at::softmax(scores, -1).to(q.scalar_type());
     return at::matmul(probs, values).transpose(1, 2).reshape({b, t, local_heads * head_dim});
   }
-  // Decode: the rows' blocks gathered, [kv heads, b, positions, d], each row from position
-  // 0 with its unused tail blocked. Each key/value head's queries (its `groups` heads, in
-  // order) form one matrix, so grouped heads read the keys once instead of a copy per
-  // query head; the products and the f32 softmax are the unbatched forward's.
+  // Extend (decode, a later prefill chunk): the rows' blocks gathered, [kv heads, b,
+  // positions, d], each row from position 0, each query blocked past its own position.
+  // Each key/value head's queries (its `groups` heads' t columns, in order) form one
+  // matrix, so grouped heads read the keys once instead of a copy per query head; the
+  // products and the f32 softmax are the unbatched forward's.
   auto [keys, values] = kv.gather(layer);
   auto qg = q.reshape({b, local_kv_heads, groups * t, head_dim}).transpose(0, 1);
   auto scores = at::matmul(qg, keys.transpose(-1, -2)).to(at::kFloat);
-  scores.masked_fill_(kv.blocked, hidden);
+  // The mask is [1, b, 1, t, positions]: the same for every head of a group.
+  scores.view({local_kv_heads, b, groups, t, keys.size(2)}).masked_fill_(kv.blocked, hidden);
   auto probs = at::softmax(scores, -1).to(q.scalar_type());
   // [kv heads, b, groups x t, d] -> [b, t, heads x d], head = kv head x groups + group.
   return at::matmul(probs, values)
@@ -187,77 +196,6 @@ at::Tensor detail::stage_state::attend(const at::Tensor& q, const at::Tensor& k,
       .permute({1, 3, 0, 2, 4})
       .reshape({b, t, local_heads * head_dim});
 }
-
-struct decoder_stage::impl : detail::stage_state {
-  std::unique_ptr<detail::decoder_block> block;
-  /// The stage's KV blocks; caches hold it too, so a cache may outlive the stage.
-  std::shared_ptr<detail::kv_block_pool> kv_pool;
-  /// Bytes of the shard that must be on the device before layer i (relative index) runs;
-  /// the embeddings come first, the final norm and LM head last.
-  std::vector<uint64_t> layer_ready_bytes;
-
-  caf::error bind() {
-    auto p = weights->device_data();
-    if (!p)
-      return with_context(p.error(), fmt::format("{} stage {} tp rank {}: weights are not loaded",
-                                                 spec.name, shard.pp_rank, shard.tp_rank));
-    base = *p;
-    return {};
-  }
-
-  caf::error wait_for(uint64_t bytes) { return weights->wait_bytes(bytes, layer_wait); }
-
-  /// Shared by prefill and decode once inputs are tensors: the layers, then either the
-  /// hidden states or the last position's logits.
-  /// `scored`: prefill rows (with their prompt lengths) whose every position before the
-  /// last also gets logits, appended after the batch's rows.
-  caf::expected<host_tensor> run(at::Tensor x, const at::Tensor& positions,
-                                 const detail::kv_step& kv, head_output out,
-                                 const std::vector<std::pair<int64_t, int64_t>>& scored = {}) {
-    for (auto i = layer_begin; i < layer_end; ++i) {
-      auto li = static_cast<size_t>(i - layer_begin);
-      if (auto err = wait_for(layer_ready_bytes[li])) return err;
-      auto y = block->layer(*this, i, x, positions, kv);
-      if (!y) return std::move(y.error());
-      x = std::move(*y);
-    }
-    if (!last()) return detail::to_host(x);
-    if (auto err = weights->wait_loaded(layer_wait)) return err;
-    auto last_tok = x.select(1, x.size(1) - 1);  // left padding: the last token is last
-    at::Tensor rows = last_tok;
-    if (!scored.empty()) {
-      // The prompt's log-probabilities (echo with logprobs): only the rows that ask pay
-      // for their positions' logits.
-      std::vector<at::Tensor> parts{last_tok};
-      const auto t = x.size(1);
-      for (auto [row, len] : scored)
-        if (len > 1) parts.push_back(x.select(0, row).narrow(0, t - len, len - 1));
-      rows = at::cat(parts, 0);
-    }
-    auto local = block->head(*this, rows);
-    auto result = out.top > 0 && scored.empty() ? top_vocab(local, out.top) : gather_vocab(local);
-    if (!result) return std::move(result.error());
-    return detail::to_host(*result);
-  }
-
-  caf::expected<at::Tensor> hidden_input(const host_tensor* hidden, int64_t b, int64_t t) {
-    if (hidden == nullptr)
-      return bad("a later pipeline stage needs the previous stage's hidden states");
-    std::vector<int64_t> want{b, t, spec.hidden};
-    if (hidden->type != type || hidden->shape != want)
-      return bad(fmt::format("hidden states must be {} [{}, {}, {}]", gpu::to_string(type), b, t,
-                             spec.hidden));
-    return detail::from_host(*hidden, options.device());
-  }
-
-  caf::error check_tokens(const std::vector<int64_t>& ids) const {
-    for (auto id : ids)
-      if (id < 0 || id >= spec.vocab)
-        return bad(fmt::format("token id {} is outside the vocabulary of {} ({} ids)", id,
-                               spec.name, spec.vocab));
-    return {};
-  }
-};
 
 decoder_stage::decoder_stage(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
 decoder_stage::~decoder_stage() = default;
@@ -406,35 +344,14 @@ caf::expected<host_tensor> decoder_stage::prefill_rows(
   try {
     at::NoGradGuard no_grad;
     cache.impl_->clear();  // a prefill starts the batch afresh, whatever happens below
-    auto ids = at::full({b, t}, pad_token, at::kLong);
-    auto pos = at::zeros({b, t}, at::kLong);
-    auto valid = at::zeros({b, t}, at::kBool);
     std::vector<int64_t> lengths;
-    for (int64_t i = 0; i < b; ++i) {
-      auto& pr = prompts[static_cast<size_t>(i)];
-      auto len = static_cast<int64_t>(pr.size());
-      auto pad = t - len;
-      for (int64_t j = 0; j < len; ++j) {
-        ids[i][pad + j] = pr[static_cast<size_t>(j)];
-        pos[i][pad + j] = j;
-      }
-      valid.narrow(0, i, 1).narrow(1, pad, len).fill_(true);
-      lengths.push_back(len);
-    }
-    auto key_valid = valid.to(m.options.device());
-    // Query i sees key j when j <= i and j is not padding; a padding query sees itself,
-    // so that no softmax row is empty.
-    auto causal =
-        at::ones({t, t}, at::TensorOptions().dtype(at::kBool).device(m.options.device())).tril();
-    auto eye = at::eye(t, at::TensorOptions().dtype(at::kBool).device(m.options.device()));
-    auto allowed = (causal.unsqueeze(0) & key_valid.unsqueeze(1)) | eye.unsqueeze(0);
-    auto dev_pos = pos.to(m.options.device());
+    for (auto& pr : prompts) lengths.push_back(static_cast<int64_t>(pr.size()));
+    auto in = detail::left_padded(prompts, std::vector<int64_t>(prompts.size(), 0), lengths, t);
+    auto blocked = m.prefill_blocked(in.valid);
+    auto dev_pos = in.positions.to(m.options.device());
     at::Tensor x;
     if (m.first()) {
-      if (auto err = m.wait_for(m.layer_ready_bytes.empty() ? m.weights->size_bytes()
-                                                            : m.layer_ready_bytes.front()))
-        return err;
-      auto e = m.block->embed(m, ids.to(m.options.device()), dev_pos);
+      auto e = m.embed_first(in.ids.to(m.options.device()), dev_pos);
       if (!e) return std::move(e.error());
       x = std::move(*e);
     } else {
@@ -447,8 +364,7 @@ caf::expected<host_tensor> decoder_stage::prefill_rows(
       if (score[i]) scored.emplace_back(static_cast<int64_t>(i), prompts[i].size());
     // The prompts' blocks are taken before any layer runs: a pool without room fails the
     // step here, with the cache empty.
-    auto kv = detail::plan_prefill(*cache.impl_, m.kv_pool, lengths, t,
-                                   allowed.unsqueeze(1).logical_not());
+    auto kv = detail::plan_prefill(*cache.impl_, m.kv_pool, lengths, t, blocked);
     if (!kv) return std::move(kv.error());
     return m.run(x, dev_pos, *kv, out, scored);
   } catch (const std::exception& e) {

@@ -62,7 +62,8 @@ struct kv_pool_stats {
 
 /// One stage's decoding state for one batch: each sequence's block table (the KV blocks of
 /// the stage's pool that hold its keys and values) and length. Created empty; prefill
-/// fills it, decode extends it. A sequence's blocks go back to the pool when it leaves.
+/// fills it (or a chunked prefill, a chunk of each prompt per step), decode extends it. A
+/// sequence's blocks go back to the pool when it leaves.
 class kv_cache {
  public:
   kv_cache();
@@ -141,6 +142,29 @@ class decoder_stage {
                                      const host_tensor* hidden, kv_cache& cache,
                                      const std::vector<bool>& score = {}, head_output out = {});
 
+  /// One step of a chunked prefill (models/chunked_prefill.cpp): the batch's prompts are
+  /// computed over several steps, so that a running batch's decode steps go between them.
+  /// `prompts` are the whole prompts on every chunk; row i computes its tokens
+  /// [max(0, n_i - left - chunk), max(0, n_i - left)) (n_i its prompt's length), so the
+  /// prompts end together in the chunk with `left` 0. The first chunk (every row starts at
+  /// token 0; first_prefill_chunk) starts the batch afresh, as prefill does: one row per
+  /// prompt, some of which may compute no token yet. A later chunk extends the rows, each
+  /// of which must hold exactly the tokens before its chunk. The step's columns are
+  /// left-padded (row i's tokens end in the last column) at the tokens' real positions.
+  /// The first stage reads the tokens, later stages `hidden` [b, t, hidden] as the previous
+  /// stage produced it for this chunk. Returns hidden states [b, t, hidden], or on the last
+  /// stage: with `left` 0 each prompt's last-token logits (or candidates, per `out`) as
+  /// prefill returns them, with `left` > 0 an empty tensor (the head is skipped). No
+  /// prompt log-probabilities and no shared prefill of identical prompts here: a caller
+  /// that needs either prefills in one step. Errors: as prefill's, and `chunk` <= 0,
+  /// `left` < 0, a chunk with no token for any row, a later chunk whose cache is another
+  /// stage's, another batch's shape or holds other lengths; no KV blocks to be had
+  /// (out_of_device_memory). A failed later chunk leaves the cache as it was; a first
+  /// chunk that finds no KV blocks leaves it empty.
+  caf::expected<host_tensor> prefill_chunk(const std::vector<std::vector<int64_t>>& prompts,
+                                           int64_t left, int64_t chunk, const host_tensor* hidden,
+                                           kv_cache& cache, head_output out = {});
+
   /// One more token per sequence, using and extending the cache. Errors: a cache of
   /// another stage, no KV block to be had (out_of_device_memory; the cache is unchanged).
   caf::expected<host_tensor> decode(const std::vector<int64_t>& tokens, const host_tensor* hidden,
@@ -158,6 +182,11 @@ class decoder_stage {
   explicit decoder_stage(std::unique_ptr<impl> p);
   std::unique_ptr<impl> impl_;
 };
+
+/// Whether a chunk of a chunked prefill (decoder_stage::prefill_chunk) is the batch's
+/// first: `left` + `chunk` tokens cover the longest prompt, so every row starts at token 0.
+bool first_prefill_chunk(const std::vector<std::vector<int64_t>>& prompts, int64_t left,
+                         int64_t chunk);
 
 /// OPT's name for the stage, kept for callers that only know OPT.
 using opt_stage = decoder_stage;

@@ -6,7 +6,8 @@
 // that a pool takes through the stage's allocator and gives back once none of their blocks
 // is held. A kv_cache is a list of rows, each a block table and a length, so that rows
 // leave and join a batch without a KV byte being copied. Internal: include it only from the
-// .cpp files that already pay for torch (kv_blocks.cpp, kv_cache.cpp, decoder_stage.cpp).
+// .cpp files that already pay for torch (kv_blocks.cpp, kv_cache.cpp, decoder_stage.cpp,
+// chunked_prefill.cpp).
 #include <ATen/core/Tensor.h>
 #include <caf/expected.hpp>
 
@@ -109,11 +110,14 @@ struct kv_step {
   const kv_block_pool* pool = nullptr;
   /// Prefill: the cache was empty, so the step's own keys are all the keys; attention
   /// reads them directly (as the unbatched forward does) and the blocks only store them.
-  /// Decode: attention reads the rows' blocks gathered.
+  /// Extend (decode, a later chunk of a chunked prefill): attention reads the rows'
+  /// blocks gathered, the step's new positions already written into them.
   bool prefill = false;
   int64_t rows = 0;
-  /// Where a query may not look: prefill [b, 1, t, t] (causal, padding); decode
-  /// [1, b, 1, read_positions]: the gathered positions past each row's length.
+  /// Where a query may not look: prefill [b, 1, t, t] (causal, padding); extend
+  /// [1, b, 1, t, read_positions] (a query head's group broadcast): the gathered positions
+  /// past the query's own (its row's cached length before the step plus its index among
+  /// the row's new tokens), and for a padding column every position but the row's first.
   at::Tensor blocked;
   /// One chunk's share of a copy: `from` indexes the source, `into` the destination;
   /// an undefined one means every element in order.
@@ -125,7 +129,7 @@ struct kv_step {
   /// Writes: `into` slots of the chunk (block index x kv_block_tokens + offset), `from`
   /// positions of the step's keys flattened as row x t + column.
   std::vector<part> writes;
-  /// Reads (decode): `from` block indices in the chunk; `into` (where several chunks hold
+  /// Reads (extend): `from` block indices in the chunk; `into` (where several chunks hold
   /// the batch's blocks) places in the gathered list viewed as [kv heads x rows x
   /// read_blocks] slices of one block each.
   std::vector<part> reads;
@@ -167,9 +171,16 @@ struct kv_cache_rows {
 caf::expected<kv_step> plan_prefill(kv_cache_rows& cache, std::shared_ptr<kv_block_pool> pool,
                                     const std::vector<int64_t>& lengths, int64_t t,
                                     at::Tensor blocked);
-/// Decode's step: one new position per row, written at its length (a new block where it
-/// crosses a block boundary, a private copy of a shared last block), then every row's
-/// blocks gathered. Rows' lengths grow by one. Errors: the pool's (nothing changed then).
+/// A step over a cache that holds rows already: row i gets `added[i]` >= 0 new positions
+/// written from its length on (new blocks where they cross a block boundary, a private
+/// copy of a shared, partly filled last block before writing into it), then every row's
+/// blocks are gathered. The step's columns are left-padded to `t` (row i's new tokens in
+/// columns t - added[i] .. t - 1). A row with no position yet reads another row's first
+/// block as padding (finite, masked). Rows' lengths grow by `added`. At least one row
+/// must add a position. Errors: the pool's (nothing changed then).
+caf::expected<kv_step> plan_extend(kv_cache_rows& cache, const std::vector<int64_t>& added,
+                                   int64_t t);
+/// Decode's step: plan_extend with one new position per row.
 caf::expected<kv_step> plan_decode(kv_cache_rows& cache);
 
 }  // namespace computron::models::detail

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "common/error.hpp"
@@ -138,16 +139,18 @@ class index_pack {
 /// A chunk's share of a copy while it is planned: `into` and `from` as host lists.
 using chunk_lists = std::map<int32_t, std::pair<std::vector<int64_t>, std::vector<int64_t>>>;
 
-/// Whether v is 0, 1, ..., n - 1.
-bool in_order(const std::vector<int64_t>& v) {
+/// Whether v is 0, 1, ..., n - 1 (every one of n elements, in order).
+bool in_order(const std::vector<int64_t>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) != n) return false;
   for (size_t i = 0; i < v.size(); ++i)
     if (v[i] != static_cast<int64_t>(i)) return false;
   return true;
 }
 
 /// The parts of a plan from its lists, their index tensors on the device. Where one chunk
-/// holds everything and `from` (writes) or `into` (reads) is every element in order, that
-/// list is left out: the copy then takes the tensor as it is.
+/// holds everything and `from` (writes) or `into` (reads) is every one of the `n`
+/// elements in order, that list is left out: the copy then takes the tensor as it is (a
+/// step whose rows all write every column, a gather from one chunk).
 struct part_builder {
   index_pack pack;
   struct pending {
@@ -156,18 +159,19 @@ struct part_builder {
   };
   std::vector<pending> writes, reads;
 
-  void add_writes(const chunk_lists& lists) {
+  void add_writes(const chunk_lists& lists, int64_t n) {
     for (auto& [chunk, l] : lists) {
       pending p{chunk};
       p.into = static_cast<long>(pack.add(l.first));
-      if (lists.size() > 1 || !in_order(l.second)) p.from = static_cast<long>(pack.add(l.second));
+      if (lists.size() > 1 || !in_order(l.second, n))
+        p.from = static_cast<long>(pack.add(l.second));
       writes.push_back(p);
     }
   }
-  void add_reads(const chunk_lists& lists) {
+  void add_reads(const chunk_lists& lists, int64_t n) {
     for (auto& [chunk, l] : lists) {
       pending p{chunk};
-      if (lists.size() > 1 || !in_order(l.first)) p.into = static_cast<long>(pack.add(l.first));
+      if (lists.size() > 1 || !in_order(l.first, n)) p.into = static_cast<long>(pack.add(l.first));
       p.from = static_cast<long>(pack.add(l.second));
       reads.push_back(p);
     }
@@ -222,45 +226,49 @@ caf::expected<kv_step> plan_prefill(kv_cache_rows& c, std::shared_ptr<kv_block_p
   s.rows = static_cast<int64_t>(lengths.size());
   s.blocked = std::move(blocked);
   part_builder parts;
-  parts.add_writes(writes);
+  parts.add_writes(writes, s.rows * t);
   parts.finish(s, parts.pack.tensors(c.pool->options().device()));
   return s;
 }
 
-caf::expected<kv_step> plan_decode(kv_cache_rows& c) {
+caf::expected<kv_step> plan_extend(kv_cache_rows& c, const std::vector<int64_t>& added, int64_t t) {
   auto& pool = *c.pool;
   const auto b = c.rows.size();
-  // Rows that need a block: a fresh one where the new position starts a block, a private
-  // copy where their last block is shared (the last of its holders here writes in place).
-  enum class need : uint8_t { none, fresh, copy };
-  std::vector<need> needs(b, need::none);
+  // What each row needs before it writes: a private copy where it writes into a shared,
+  // partly filled last block (the last of its holders here writes in place), and fresh
+  // blocks for the positions past its last block. All are taken at once, so that a pool
+  // without room changes nothing.
+  std::vector<bool> copy(b, false);
+  std::vector<int64_t> fresh_count(b, 0);
   std::map<block_id, int32_t> leaving;
   int64_t n = 0;
   for (size_t r = 0; r < b; ++r) {
     auto& row = c.rows[r];
-    if (row.length % kv_block_tokens == 0) {
-      needs[r] = need::fresh;
-      ++n;
-    } else if (auto last = row.blocks.back(); pool.holders(last) - leaving[last] > 1) {
-      needs[r] = need::copy;
-      ++leaving[last];
-      ++n;
-    }
+    if (added[r] == 0) continue;
+    if (row.length % kv_block_tokens != 0)
+      if (auto last = row.blocks.back(); pool.holders(last) - leaving[last] > 1) {
+        copy[r] = true;
+        ++leaving[last];
+        ++n;
+      }
+    fresh_count[r] = kv_blocks_for(row.length + added[r]) - kv_blocks_for(row.length);
+    n += fresh_count[r];
   }
   auto ids = pool.take(n);
   if (!ids) return std::move(ids.error());
-  std::vector<block_id> fresh;
+  // Fresh blocks the step leaves partly filled hold finite values past the row's length.
+  std::vector<block_id> partial;
   std::vector<std::pair<block_id, block_id>> copies;  // (shared, private)
   size_t next = 0;
   for (size_t r = 0; r < b; ++r) {
-    auto& blocks = c.rows[r].blocks;
-    if (needs[r] == need::fresh) {
-      fresh.push_back((*ids)[next]);
-      blocks.push_back((*ids)[next++]);
-    } else if (needs[r] == need::copy) {
-      copies.emplace_back(blocks.back(), (*ids)[next]);
-      blocks.back() = (*ids)[next++];
+    auto& row = c.rows[r];
+    if (copy[r]) {
+      copies.emplace_back(row.blocks.back(), (*ids)[next]);
+      row.blocks.back() = (*ids)[next++];
     }
+    for (int64_t k = 0; k < fresh_count[r]; ++k) row.blocks.push_back((*ids)[next++]);
+    if (fresh_count[r] > 0 && (row.length + added[r]) % kv_block_tokens != 0)
+      partial.push_back(row.blocks.back());
   }
   // The rows hold their new blocks now; the shared ones are let go whatever happens.
   try {
@@ -270,28 +278,39 @@ caf::expected<kv_step> plan_decode(kv_cache_rows& c) {
     throw;
   }
   for (auto [shared, own] : copies) pool.release(shared);
-  pool.zero(fresh);
+  pool.zero(partial);
 
+  // Writes: row r's k-th new position, from column t - added[r] + k of the step's keys.
+  // Limits: query column j of row r sees the positions below limits[r x t + j].
   chunk_lists writes, reads;
-  std::vector<int64_t> lengths;
-  int64_t read_blocks = 0;
+  std::vector<int64_t> limits(b * static_cast<size_t>(t), 1);
+  int64_t read_blocks = 0, read_positions = 0;
+  std::optional<block_id> filler;
   for (size_t r = 0; r < b; ++r) {
     auto& row = c.rows[r];
-    auto blk = row.blocks.back();
-    auto& w = writes[chunk_of(blk)];
-    w.first.push_back(index_in_chunk(blk) * kv_block_tokens + row.length % kv_block_tokens);
-    w.second.push_back(static_cast<int64_t>(r));
-    ++row.length;
-    lengths.push_back(row.length);
+    const auto pad = t - added[r];
+    for (int64_t k = 0; k < added[r]; ++k) {
+      const auto p = row.length + k;
+      auto blk = row.blocks[static_cast<size_t>(p / kv_block_tokens)];
+      auto& w = writes[chunk_of(blk)];
+      w.first.push_back(index_in_chunk(blk) * kv_block_tokens + p % kv_block_tokens);
+      w.second.push_back(static_cast<int64_t>(r) * t + pad + k);
+      limits[r * static_cast<size_t>(t) + static_cast<size_t>(pad + k)] = p + 1;
+    }
+    row.length += added[r];
     read_blocks = std::max(read_blocks, static_cast<int64_t>(row.blocks.size()));
+    read_positions = std::max(read_positions, row.length);
+    if (!filler && !row.blocks.empty()) filler = row.blocks.front();
   }
   // Every row gathers read_blocks blocks: its own, then its last again as padding (finite
-  // values, masked); positions past its length are blocked.
+  // values, masked), or another row's first where it has none yet; positions past a
+  // query's own are blocked.
   for (size_t r = 0; r < b; ++r) {
     auto& blocks = c.rows[r].blocks;
     for (int64_t j = 0; j < read_blocks; ++j) {
-      auto blk =
-          j < static_cast<int64_t>(blocks.size()) ? blocks[static_cast<size_t>(j)] : blocks.back();
+      auto blk = j < static_cast<int64_t>(blocks.size()) ? blocks[static_cast<size_t>(j)]
+                 : blocks.empty()                        ? *filler
+                                                         : blocks.back();
       auto& l = reads[chunk_of(blk)];
       l.first.push_back(static_cast<int64_t>(r) * read_blocks + j);
       l.second.push_back(index_in_chunk(blk));
@@ -313,18 +332,22 @@ caf::expected<kv_step> plan_decode(kv_cache_rows& c) {
   s.pool = &pool;
   s.rows = static_cast<int64_t>(b);
   s.read_blocks = read_blocks;
+  s.read_positions = read_positions;
   part_builder parts;
-  parts.add_writes(writes);
-  parts.add_reads(reads);
-  auto lens_at = parts.pack.add(lengths);
+  parts.add_writes(writes, s.rows * t);
+  parts.add_reads(reads, s.rows * read_blocks);
+  auto limits_at = parts.pack.add(limits);
   auto device = pool.options().device();
-  auto t = parts.pack.tensors(device);
-  parts.finish(s, t);
-  s.read_positions = *std::max_element(lengths.begin(), lengths.end());
-  auto positions =
-      at::arange(s.read_positions, at::TensorOptions().dtype(at::kLong).device(device));
-  s.blocked = (positions.view({1, 1, 1, -1}) >= t[lens_at].view({1, -1, 1, 1}));
+  auto tensors = parts.pack.tensors(device);
+  parts.finish(s, tensors);
+  auto positions = at::arange(read_positions, at::TensorOptions().dtype(at::kLong).device(device));
+  s.blocked = positions.view({1, 1, 1, 1, -1}) >=
+              tensors[limits_at].view({1, static_cast<int64_t>(b), 1, t, 1});
   return s;
+}
+
+caf::expected<kv_step> plan_decode(kv_cache_rows& c) {
+  return plan_extend(c, std::vector<int64_t>(c.rows.size(), 1), 1);
 }
 
 }  // namespace detail

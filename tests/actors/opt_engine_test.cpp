@@ -136,6 +136,94 @@ TEST_CASE("a batch's head follows its step-0 settings: candidates, or whole rows
   CHECK(out->shape == std::vector<int64_t>{2, 512});
 }
 
+TEST_CASE("a chunked step 0 answers nothing until its last chunk, then what one step answers",
+          "[actors][engine][chunked]") {
+  auto engines = all_engines();
+  auto& e = *engines.at("opt");
+  auto m = opt("f32", {0});
+  shard_spec s{m, 0, 0, {}};
+  auto table = e.layout(s);
+  REQUIRE(table);
+  gpu::emulated_device_options o;
+  o.capacity_bytes = 64ull << 20;
+  auto dev = gpu::emulated_device::make(o);
+  REQUIRE(dev);
+  auto w = gpu::weight_shard::create(*dev, *table);
+  REQUIRE(w);
+  REQUIRE_FALSE(e.fill(s, **w));
+  REQUIRE_FALSE((*w)->load({1ull << 20}));
+  REQUIRE_FALSE((*w)->wait_loaded(std::chrono::seconds{30}));
+  auto group = gpu::make_solo_collective();
+  auto program = e.make_program(s, **w, *group);
+  REQUIRE(program);
+  const std::vector<std::vector<int64_t>> prompts = {{2, 100, 37, 5, 400, 12, 9}, {2, 9}};
+  auto request = [&](uint64_t batch, int32_t step) {
+    step_request q;
+    q.model = "m";
+    q.batch_id = batch;
+    q.step = step;
+    q.prompts = prompts;
+    return q;
+  };
+  // The one-step prefill: greedy rows take one candidate each.
+  auto one = request(1, 0);
+  one.sampling = {row_sampling{}, row_sampling{}};
+  auto want = (*program)->run(one, nullptr);
+  REQUIRE(want);
+  REQUIRE(want->shape == std::vector<int64_t>{2, 1, 2});
+  // Chunks of 3 (7 tokens: 1, 3 and 3 of the long prompt); only the first carries the
+  // settings, and the head it chose holds to the last.
+  for (int32_t left : {6, 3, 0}) {
+    INFO("left " << left);
+    auto q = request(2, 0);
+    q.prefill_chunk = 3;
+    q.prefill_left = left;
+    if (left == 6) q.sampling = {row_sampling{}, row_sampling{}};
+    auto out = (*program)->run(q, nullptr);
+    INFO((out ? std::string{} : render(out.error())));
+    REQUIRE(out);
+    if (left > 0) {
+      CHECK(out->shape.empty());
+      CHECK(out->bytes.empty());
+      continue;
+    }
+    REQUIRE(out->shape == want->shape);
+    auto got = out->to_floats(), ref = want->to_floats();
+    for (size_t r = 0; r < 2; ++r) {
+      CHECK(got[2 * r + 1] == ref[2 * r + 1]);  // the same id
+      CHECK(got[2 * r] == Approx(ref[2 * r]).epsilon(1e-5));
+    }
+  }
+  // The chunked batch decodes on as the one-step batch does.
+  auto next = request(2, 1);
+  next.tokens = {5, 6};
+  auto d = (*program)->run(next, nullptr);
+  REQUIRE(d);
+  next.batch_id = 1;
+  auto d_one = (*program)->run(next, nullptr);
+  REQUIRE(d_one);
+  CHECK(d->shape == d_one->shape);
+  CHECK(d->to_floats()[1] == d_one->to_floats()[1]);
+  // Prompt log-probabilities need the whole prompt in one step.
+  auto scored = request(3, 0);
+  scored.prefill_chunk = 3;
+  scored.prefill_left = 6;
+  row_sampling logprobs;
+  logprobs.prompt_logprobs = 1;
+  scored.sampling = {logprobs, row_sampling{}};
+  auto refused = (*program)->run(scored, nullptr);
+  REQUIRE_FALSE(refused);
+  CHECK(is(refused.error(), ec::invalid_request));
+  // A chunk its batch's cache does not match is an error, and the batch ends (the
+  // worker's rule for a failed step): its next step finds no cache.
+  auto stale = request(2, 0);
+  stale.prefill_chunk = 3;
+  stale.prefill_left = 3;
+  CHECK_FALSE((*program)->run(stale, nullptr));
+  next.batch_id = 2;
+  CHECK_FALSE((*program)->run(next, nullptr));
+}
+
 TEST_CASE("a decoder shard's KV blocks come out of its device's memory and go back",
           "[actors][engine][kv]") {
   // The worker's program takes KV chunks from the shard's own device (beside the

@@ -1,0 +1,150 @@
+#pragma once
+
+// The decoder stage's own state, shared by the .cpp files that define its members
+// (decoder_stage.cpp: creation, prefill and decode; chunked_prefill.cpp: a prefill in
+// chunks): what a family's block sees (stage_state), the block, the KV pool, and the parts
+// every step shares (the layers and the head, the inputs of a left-padded step).
+// Internal: include it only from those .cpp files, which already pay for torch.
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <caf/expected.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/error.hpp"
+#include "models/decoder_block.hpp"
+#include "models/decoder_stage.hpp"
+#include "models/kv_blocks.hpp"
+#include "models/torch_interop.hpp"
+
+namespace computron::models {
+
+namespace detail {
+
+/// Waiting for a layer's bytes: as long as a large load could possibly take.
+inline constexpr auto layer_wait = std::chrono::minutes{10};
+
+/// The padding token; padded positions are masked, the id only has to be valid (OPT's
+/// pad id, inside every vocabulary).
+inline constexpr int64_t pad_token = 1;
+
+inline caf::error bad(std::string what) {
+  return make_error(ec::invalid_request, std::move(what));
+}
+
+/// A left-padded step's inputs on the host, [b, t] each: row i's tokens are prompt i's
+/// [begin[i], end[i]), in its last end[i] - begin[i] columns at their real positions (so
+/// every row's last token is in the last column); padding is pad_token at position 0.
+struct step_inputs {
+  at::Tensor ids;
+  at::Tensor positions;
+  at::Tensor valid;  // bool: a row's own token, not padding
+};
+step_inputs left_padded(const std::vector<std::vector<int64_t>>& prompts,
+                        const std::vector<int64_t>& begin, const std::vector<int64_t>& end,
+                        int64_t t);
+
+}  // namespace detail
+
+struct decoder_stage::impl : detail::stage_state {
+  std::unique_ptr<detail::decoder_block> block;
+  /// The stage's KV blocks; caches hold it too, so a cache may outlive the stage.
+  std::shared_ptr<detail::kv_block_pool> kv_pool;
+  /// Bytes of the shard that must be on the device before layer i (relative index) runs;
+  /// the embeddings come first, the final norm and LM head last.
+  std::vector<uint64_t> layer_ready_bytes;
+
+  caf::error bind() {
+    auto p = weights->device_data();
+    if (!p)
+      return with_context(p.error(), fmt::format("{} stage {} tp rank {}: weights are not loaded",
+                                                 spec.name, shard.pp_rank, shard.tp_rank));
+    base = *p;
+    return {};
+  }
+
+  caf::error wait_for(uint64_t bytes) { return weights->wait_bytes(bytes, detail::layer_wait); }
+
+  /// Shared by every step once inputs are tensors: the layers, then either the hidden
+  /// states or the last position's logits.
+  /// `scored`: prefill rows (with their prompt lengths) whose every position before the
+  /// last also gets logits, appended after the batch's rows. `logits` false (a chunk of a
+  /// chunked prefill before its last): the last stage skips the head and returns an empty
+  /// tensor.
+  caf::expected<host_tensor> run(at::Tensor x, const at::Tensor& positions,
+                                 const detail::kv_step& kv, head_output out,
+                                 const std::vector<std::pair<int64_t, int64_t>>& scored = {},
+                                 bool logits = true) {
+    for (auto i = layer_begin; i < layer_end; ++i) {
+      auto li = static_cast<size_t>(i - layer_begin);
+      if (auto err = wait_for(layer_ready_bytes[li])) return err;
+      auto y = block->layer(*this, i, x, positions, kv);
+      if (!y) return std::move(y.error());
+      x = std::move(*y);
+    }
+    if (!last()) return detail::to_host(x);
+    if (!logits) return host_tensor{};
+    if (auto err = weights->wait_loaded(detail::layer_wait)) return err;
+    auto last_tok = x.select(1, x.size(1) - 1);  // left padding: the last token is last
+    at::Tensor rows = last_tok;
+    if (!scored.empty()) {
+      // The prompt's log-probabilities (echo with logprobs): only the rows that ask pay
+      // for their positions' logits.
+      std::vector<at::Tensor> parts{last_tok};
+      const auto t = x.size(1);
+      for (auto [row, len] : scored)
+        if (len > 1) parts.push_back(x.select(0, row).narrow(0, t - len, len - 1));
+      rows = at::cat(parts, 0);
+    }
+    auto local = block->head(*this, rows);
+    auto result = out.top > 0 && scored.empty() ? top_vocab(local, out.top) : gather_vocab(local);
+    if (!result) return std::move(result.error());
+    return detail::to_host(*result);
+  }
+
+  /// The first stage's input: the embedded tokens, once the embeddings are on the device.
+  caf::expected<at::Tensor> embed_first(const at::Tensor& ids, const at::Tensor& positions) {
+    if (auto err =
+            wait_for(layer_ready_bytes.empty() ? weights->size_bytes() : layer_ready_bytes.front()))
+      return err;
+    return block->embed(*this, ids, positions);
+  }
+
+  caf::expected<at::Tensor> hidden_input(const host_tensor* hidden, int64_t b, int64_t t) {
+    if (hidden == nullptr)
+      return detail::bad("a later pipeline stage needs the previous stage's hidden states");
+    std::vector<int64_t> want{b, t, spec.hidden};
+    if (hidden->type != type || hidden->shape != want)
+      return detail::bad(fmt::format("hidden states must be {} [{}, {}, {}]", gpu::to_string(type),
+                                     b, t, spec.hidden));
+    return detail::from_host(*hidden, options.device());
+  }
+
+  caf::error check_tokens(const std::vector<int64_t>& ids) const {
+    for (auto id : ids)
+      if (id < 0 || id >= spec.vocab)
+        return detail::bad(fmt::format("token id {} is outside the vocabulary of {} ({} ids)", id,
+                                       spec.name, spec.vocab));
+    return {};
+  }
+
+  /// Prefill's mask [b, 1, t, t] on the stage's device from the step's `valid` columns
+  /// [b, t]: query i sees key j when j <= i and j is not padding; a padding query sees
+  /// itself, so that no softmax row is empty.
+  at::Tensor prefill_blocked(const at::Tensor& valid) const {
+    const auto t = valid.size(1);
+    auto key_valid = valid.to(options.device());
+    auto causal =
+        at::ones({t, t}, at::TensorOptions().dtype(at::kBool).device(options.device())).tril();
+    auto eye = at::eye(t, at::TensorOptions().dtype(at::kBool).device(options.device()));
+    auto allowed = (causal.unsqueeze(0) & key_valid.unsqueeze(1)) | eye.unsqueeze(0);
+    return allowed.unsqueeze(1).logical_not();
+  }
+};
+
+}  // namespace computron::models
