@@ -29,6 +29,7 @@
 #include "common/log.hpp"
 #include "gpu/backends.hpp"
 #include "net/client/loadgen.hpp"
+#include "serve/overrides.hpp"
 
 namespace {
 
@@ -160,46 +161,41 @@ int main(int argc, char** argv) {
   // serve
   auto serve_cmd =
       app.add_subcommand("serve", "serve the models of a repository over HTTP (KServe v2)");
-  std::string serve_config_path, serve_repository, serve_host, serve_trace;
-  int serve_port = -1;
-  int serve_devices = 0;
-  serve_cmd->add_option("--config", serve_config_path,
+  serve::serve_overrides serve_flags;
+  serve_cmd->add_option("--config", serve_flags.config_path,
                         "JSON serve config (default: built-in, see configs/)");
-  serve_cmd->add_option("--repository", serve_repository,
+  serve_cmd->add_option("--repository", serve_flags.repository,
                         "model repository folder (one folder per model), or one model's "
                         "folder (it holds config.json); served instead of the config's "
                         "`repository`, beside its inline `models` (without --config, instead "
                         "of the built-in models)");
-  serve_cmd->add_option("--host", serve_host, "address to listen on (default 127.0.0.1)");
+  serve_cmd->add_option("--host", serve_flags.host, "address to listen on (default 127.0.0.1)");
   serve_cmd
-      ->add_option("--port", serve_port, "port to listen on (default 8000; 0 picks a free one)")
+      ->add_option("--port", serve_flags.port,
+                   "port to listen on (default 8000; 0 picks a free one)")
       ->check(CLI::Range(0, 65535));
-  serve_cmd->add_option("--devices", serve_devices, "number of devices (overrides the config)")
-      ->check(CLI::Range(1, 1024));
-  double serve_capacity_mb = 0;
   serve_cmd
-      ->add_option("--capacity-mb", serve_capacity_mb,
+      ->add_option("--devices", serve_flags.devices, "number of devices (overrides the config)")
+      ->check(CLI::Range(1, 1024));
+  serve_cmd
+      ->add_option("--capacity-mb", serve_flags.capacity_mb,
                    "memory of each emulated device, MiB (the config's devices.capacity_mb; "
                    "refused unless devices.kind is emulated)")
       ->check(CLI::Range(1.0, 1024.0 * 1024 * 1024));
-  serve_cmd->add_option("--trace", serve_trace,
+  serve_cmd->add_option("--trace", serve_flags.trace_file,
                         "write a Chrome trace of loads and batches here at exit");
-  std::string serve_api_key;
-  serve_cmd->add_option("--api-key", serve_api_key,
+  serve_cmd->add_option("--api-key", serve_flags.api_key,
                         "require `Authorization: Bearer KEY` on every route but /health, "
                         "/v2/health/* and /metrics (default: $COMPUTRON_API_KEY; none: open)");
 
-  std::string serve_nodes;
-  net::tls_options serve_tls;
-  int serve_console_port = -2;
-  serve_cmd->add_option("--nodes", serve_nodes,
+  serve_cmd->add_option("--nodes", serve_flags.nodes,
                         "serve with these nodes, host:port,... (`computron node` on each)");
   auto add_tls = [](CLI::App* cmd, net::tls_options& tls) {
     cmd->add_option("--tls-certificate", tls.certificate, "PEM certificate (TLS to peers)");
     cmd->add_option("--tls-key", tls.key, "PEM private key of the certificate");
     cmd->add_option("--tls-cafile", tls.cafile, "PEM CA that signed the peers' certificates");
   };
-  add_tls(serve_cmd, serve_tls);
+  add_tls(serve_cmd, serve_flags.tls);
 
   // node
   auto node_cmd = app.add_subcommand(
@@ -226,7 +222,7 @@ int main(int argc, char** argv) {
   add_tls(node_cmd, node.tls);
 
   serve_cmd
-      ->add_option("--console-port", serve_console_port,
+      ->add_option("--console-port", serve_flags.console_port,
                    "console port on 127.0.0.1 (default 4242; 0 picks one; -1 turns it off)")
       ->check(CLI::Range(-1, 65535));
 
@@ -407,56 +403,17 @@ int main(int argc, char** argv) {
   if (auto code = bench_commands.run()) return *code;
   if (*devices_cmd) return run_devices(dev_opts, devices_json);
   if (*serve_cmd) {
-    // --repository is served instead of the config's `repository`, its models beside
-    // the config's inline ones; without --config it replaces the built-in models.
-    auto cfg = serve_config_path.empty()
-                   ? caf::expected<app::serve_config>{app::default_serve_config()}
-                   : app::load_serve_config(serve_config_path, serve_repository);
+    if (const char* k = std::getenv("COMPUTRON_API_KEY"); k && *k && serve_flags.api_key.empty())
+      serve_flags.api_key = k;
+    auto cfg = serve::base_serve_config(serve_flags);
     if (!cfg) {
       std::cerr << "computron serve: " << render(cfg.error()) << '\n';
       return exit_usage;
     }
-    if (!serve_repository.empty() && serve_config_path.empty()) {
-      cfg->models.clear();
-      if (auto err = app::add_repository(*cfg, serve_repository)) {
-        std::cerr << "computron serve: " << render(err) << '\n';
-        return exit_usage;
-      }
+    if (auto why = serve::apply_overrides(*cfg, serve_flags); !why.empty()) {
+      std::cerr << "computron serve: " << why << '\n';
+      return exit_usage;
     }
-    if (serve_capacity_mb > 0) {
-      // Emulated memory only: a GPU's memory is what it is (the config's
-      // devices.capacity_mb caps its weights arena), and nodes bring their own devices.
-      if (cfg->runtime.devices.kind != "emulated") {
-        std::cerr << "computron serve: --capacity-mb sets the memory of emulated devices, and "
-                     "the devices are '"
-                  << cfg->runtime.devices.kind
-                  << "' (set devices.kind to emulated, or cap a GPU's weights arena with "
-                     "devices.capacity_mb in the config)\n";
-        return exit_usage;
-      }
-      if (!serve_nodes.empty() || !cfg->cluster.nodes.empty()) {
-        std::cerr << "computron serve: --capacity-mb sets this process's emulated devices, and "
-                     "it serves with nodes (give each `computron node` --capacity-mb)\n";
-        return exit_usage;
-      }
-      cfg->runtime.devices.emulated_capacity_bytes = mib_to_bytes(serve_capacity_mb);
-    }
-    if (!serve_host.empty()) cfg->http.host = serve_host;
-    if (serve_port >= 0) cfg->http.port = static_cast<uint16_t>(serve_port);
-    if (serve_devices > 0) cfg->runtime.devices.count = serve_devices;
-    if (!serve_trace.empty()) cfg->trace_file = serve_trace;
-    if (const char* k = std::getenv("COMPUTRON_API_KEY"); k && *k) cfg->http.api_key = k;
-    if (!serve_api_key.empty()) cfg->http.api_key = serve_api_key;
-    if (!serve_nodes.empty()) {
-      auto nodes = net::parse_node_list(serve_nodes);
-      if (!nodes) {
-        std::cerr << "computron serve: " << render(nodes.error()) << '\n';
-        return exit_usage;
-      }
-      cfg->cluster.nodes = std::move(*nodes);
-    }
-    if (serve_tls.enabled()) cfg->tls = serve_tls;
-    if (serve_console_port >= -1) cfg->console_port = serve_console_port;
     return app::run_serve(std::move(*cfg));
   }
   if (*node_cmd) {
