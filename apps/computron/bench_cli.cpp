@@ -250,8 +250,8 @@ std::optional<int> bench_cli::run() {
     return 0;
   }
   exp.compute_while_loading = !exp_no_overlap;
-  if (*exp1_cmd) return app::run_experiment1(exp);
-  if (*exp2_cmd) return app::run_experiment2(exp);
+  if (*exp1_cmd) return bench::run_experiment1(exp);
+  if (*exp2_cmd) return bench::run_experiment2(exp);
   if (*simfid_cmd) return app::run_sim_fidelity(exp);
   return std::nullopt;
 }

@@ -4,8 +4,9 @@
 
 #include <CLI/CLI.hpp>
 
-#include "apps/computron/experiments.hpp"
+#include "apps/computron/sim_fidelity.hpp"
 #include "bench/cluster_bench.hpp"
+#include "bench/experiments/experiments.hpp"
 #include "bench/forward_bench.hpp"
 #include "bench/runtime_bench.hpp"
 #include "bench/startup_bench.hpp"
@@ -48,7 +49,7 @@ class bench_cli {
   bench::cluster_bench_options clb;
   double cl_swap_mb = 0;
   bool cl_json = false;
-  app::experiment_options exp;
+  bench::experiment_options exp;
   bool exp_no_overlap = false;
   CLI::App* exp1_cmd = nullptr;
   CLI::App* exp2_cmd = nullptr;

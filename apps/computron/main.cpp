@@ -21,7 +21,6 @@
 
 #include "apps/computron/bench_cli.hpp"
 #include "apps/computron/console.hpp"
-#include "apps/computron/experiments.hpp"
 #include "apps/computron/loadgen.hpp"
 #include "apps/computron/serve.hpp"
 #include "apps/computron/sim_cli.hpp"
