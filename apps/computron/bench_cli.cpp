@@ -1,22 +1,25 @@
 // `computron bench ...`: the benchmarks' subcommands, their flags and how each runs (the
-// figures go to bench/RESULTS.md). main.cpp adds them and hands over when one was chosen.
-#include "apps/computron/bench_cli.hpp"
-
+// figures go to bench/RESULTS.md). The benchmarks themselves are in bench/ (computron_bench)
+// and bench/experiments/ (exp1 and exp2); `bench sim` in sim_fidelity.cpp.
 #include <cmath>
 #include <iostream>
+#include <memory>
 
+#include <CLI/CLI.hpp>
+
+#include "apps/computron/command.hpp"
+#include "apps/computron/sim_fidelity.hpp"
+#include "bench/cluster_bench.hpp"
+#include "bench/experiments/experiments.hpp"
+#include "bench/forward_bench.hpp"
+#include "bench/runtime_bench.hpp"
+#include "bench/startup_bench.hpp"
+#include "bench/swap_bench.hpp"
 #include "common/error.hpp"
 
 namespace computron::app {
 
 namespace {
-
-constexpr int exit_failure = 1;
-constexpr int exit_usage = 2;
-
-uint64_t mib_to_bytes(double mib) {
-  return static_cast<uint64_t>(std::llround(mib * 1048576.0));
-}
 
 int run_bench_swap(const bench::swap_bench_options& opts, bool json) {
   auto r = bench::run_swap_bench(opts);
@@ -31,13 +34,50 @@ int run_bench_swap(const bench::swap_bench_options& opts, bool json) {
   return 0;
 }
 
-}  // namespace
+/// `computron bench ...` as one piece of the CLI: its subcommands and flags, and running
+/// the one chosen.
+class bench_cli {
+ public:
+  /// Adds bench's subcommands to `bench_cmd` (`computron bench`).
+  explicit bench_cli(CLI::App& bench_cmd);
+  /// Runs the bench subcommand that was parsed and returns the exit code.
+  int run();
 
-bench_cli::bench_cli(CLI::App& app) {
+ private:
+  CLI::App* swap_cmd = nullptr;
+  bench::swap_bench_options swap;
+  double size_mb = 0;
+  double chunk_mb = 0;
+  bool no_baseline = false;
+  bool no_verify = false;
+  bool swap_json = false;
+  CLI::App* layout_cmd = nullptr;
+  std::string layout_dtype = "bf16";
+  CLI::App* fwd_cmd = nullptr;
+  bench::forward_bench_options fwd;
+  bool fwd_json = false;
+  CLI::App* su_cmd = nullptr;
+  bench::startup_bench_options sub;
+  bool su_json = false;
+  CLI::App* rt_cmd = nullptr;
+  bench::runtime_bench_options rtb;
+  double rt_swap_mb = 0;
+  bool rt_json = false;
+  CLI::App* cl_cmd = nullptr;
+  bench::cluster_bench_options clb;
+  double cl_swap_mb = 0;
+  bool cl_json = false;
+  bench::experiment_options exp;
+  bool exp_no_overlap = false;
+  CLI::App* exp1_cmd = nullptr;
+  CLI::App* exp2_cmd = nullptr;
+  CLI::App* simfid_cmd = nullptr;
+};
+
+bench_cli::bench_cli(CLI::App& bench_cmd) {
   // bench swap
-  bench_cmd = app.add_subcommand("bench", "benchmarks (figures go to bench/RESULTS.md)");
-  bench_cmd->require_subcommand(1);
-  swap_cmd = bench_cmd->add_subcommand(
+  bench_cmd.require_subcommand(1);
+  swap_cmd = bench_cmd.add_subcommand(
       "swap", "load one model split over N devices at once (the model-parallel swap)");
   size_mb = static_cast<double>(swap.size_bytes) / 1048576.0;
   chunk_mb = static_cast<double>(swap.chunk_bytes) / 1048576.0;
@@ -71,14 +111,14 @@ bench_cli::bench_cli(CLI::App& app) {
   swap_cmd->add_flag("--json", swap_json, "print one JSON object");
 
   // bench layout
-  layout_cmd = bench_cmd->add_subcommand(
+  layout_cmd = bench_cmd.add_subcommand(
       "layout",
       "every catalogue model's bytes on its devices over its checkpoint's, tp 1/2/4 x "
       "pp 1/2, now and with the vocabulary replicated (no device needed)");
   layout_cmd->add_option("--dtype", layout_dtype, "f32, bf16 or f16")->capture_default_str();
 
   // bench forward
-  fwd_cmd = bench_cmd->add_subcommand(
+  fwd_cmd = bench_cmd.add_subcommand(
       "forward", "prefill and decode latency of one decoder shard read from the weight store");
   fwd_cmd
       ->add_option("--model", fwd.model,
@@ -100,7 +140,7 @@ bench_cli::bench_cli(CLI::App& app) {
   fwd_cmd->add_flag("--json", fwd_json, "print one JSON object");
 
   // bench startup
-  su_cmd = bench_cmd->add_subcommand(
+  su_cmd = bench_cmd.add_subcommand(
       "startup", "GB/s of writing a model's host copy: seeded and from a safetensors folder");
   su_cmd->add_option("--model", sub.model, "catalogue name")->capture_default_str();
   su_cmd->add_option("--dtype", sub.dtype, "f32, bf16 or f16")->capture_default_str();
@@ -112,7 +152,7 @@ bench_cli::bench_cli(CLI::App& app) {
   su_cmd->add_flag("--json", su_json, "print one JSON object");
 
   // bench runtime
-  rt_cmd = bench_cmd->add_subcommand(
+  rt_cmd = bench_cmd.add_subcommand(
       "runtime",
       "actor-path dispatch rate and added latency, HTTP requests/s, swap via the actors");
   rt_swap_mb = static_cast<double>(rtb.swap_bytes) / 1048576.0;
@@ -130,7 +170,7 @@ bench_cli::bench_cli(CLI::App& app) {
   rt_cmd->add_flag("--json", rt_json, "print one JSON object");
 
   // bench cluster
-  cl_cmd = bench_cmd->add_subcommand(
+  cl_cmd = bench_cmd.add_subcommand(
       "cluster", "remote hop latency and a 4-shard swap over node processes vs in process");
   cl_swap_mb = static_cast<double>(clb.swap_bytes) / 1048576.0;
   cl_cmd->add_option("--hops", clb.hops, "sequential requests timed per hop kind")
@@ -144,11 +184,11 @@ bench_cli::bench_cli(CLI::App& app) {
   cl_cmd->add_flag("--json", cl_json, "print one JSON object");
 
   // bench exp1 / exp2
-  exp1_cmd = bench_cmd->add_subcommand(
+  exp1_cmd = bench_cmd.add_subcommand(
       "exp1", "the original's experiment 1 (swap scaling over TP x PP) against a real server");
-  exp2_cmd = bench_cmd->add_subcommand(
+  exp2_cmd = bench_cmd.add_subcommand(
       "exp2", "the original's experiment 2 (18 Gamma workloads) against a real server");
-  simfid_cmd = bench_cmd->add_subcommand(
+  simfid_cmd = bench_cmd.add_subcommand(
       "sim", "the simulator against the runtime: experiment 1 and every experiment-2 cell");
   for (auto* c : {exp1_cmd, exp2_cmd, simfid_cmd}) {
     c->add_option("--factor", exp.factor, "model bytes and link bandwidth divided by this")
@@ -176,7 +216,7 @@ bench_cli::bench_cli(CLI::App& app) {
                      "requests carry the SLO as their deadline with drop_late (needs --slo)");
 }
 
-std::optional<int> bench_cli::run() {
+int bench_cli::run() {
   if (*swap_cmd) {
     if (!(size_mb > 0) || !(chunk_mb > 0) || !std::isfinite(size_mb) || !std::isfinite(chunk_mb)) {
       std::cerr << "computron bench swap: --size-mb and --chunk-mb must be positive\n";
@@ -250,10 +290,18 @@ std::optional<int> bench_cli::run() {
     return 0;
   }
   exp.compute_while_loading = !exp_no_overlap;
-  if (*exp1_cmd) return app::run_experiment1(exp);
-  if (*exp2_cmd) return app::run_experiment2(exp);
-  if (*simfid_cmd) return app::run_sim_fidelity(exp);
-  return std::nullopt;
+  if (*exp1_cmd) return bench::run_experiment1(exp);
+  if (*exp2_cmd) return bench::run_experiment2(exp);
+  if (*simfid_cmd) return run_sim_fidelity(exp);
+  return exit_usage;
 }
+
+const registration bench_command{
+    {"bench", "benchmarks (figures go to bench/RESULTS.md)", 10, [](CLI::App& cmd) -> command_run {
+       auto cli = std::make_shared<bench_cli>(cmd);
+       return [cli] { return cli->run(); };
+     }}};
+
+}  // namespace
 
 }  // namespace computron::app

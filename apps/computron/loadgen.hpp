@@ -71,7 +71,7 @@ struct loadgen_cli {
 constexpr int64_t llm_default_prompt_len = 32;
 constexpr int64_t llm_default_max_tokens = 16;
 
-/// Adds the LLM mode's flags to loadgen's command, beside those main.cpp declares.
+/// Adds the LLM mode's flags to loadgen's command, beside those loadgen_command.cpp declares.
 void add_llm_flags(CLI::App& cmd, loadgen_cli& cli);
 
 /// What is wrong with the LLM mode's flags, or empty (no server needed).

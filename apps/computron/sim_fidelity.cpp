@@ -9,16 +9,16 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/opt_engine.hpp"
-#include "apps/computron/experiment_support.hpp"
-#include "apps/computron/experiments.hpp"
 #include "apps/computron/serve.hpp"
 #include "apps/computron/sim_cli.hpp"
+#include "apps/computron/sim_fidelity.hpp"
+#include "bench/experiments/experiment_support.hpp"
 #include "common/child_process.hpp"
 #include "common/error.hpp"
 
 namespace computron::app {
 
-using namespace detail;
+using namespace bench::detail;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using namespace std::chrono_literals;

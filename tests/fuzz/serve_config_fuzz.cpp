@@ -1,4 +1,4 @@
-// Fuzz target: a serve config file (apps/computron/serve_config.cpp), read from a file
+// Fuzz target: a serve config file (serve/serve_config.cpp), read from a file
 // in a folder of its own so relative paths in it resolve there.
 #include <cstddef>
 #include <cstdint>
@@ -6,8 +6,8 @@
 #include <fstream>
 #include <string>
 
-#include "apps/computron/serve.hpp"
 #include "common/log.hpp"
+#include "serve/serve_config.hpp"
 #include "tests/fuzz/memfile.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -21,6 +21,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::ofstream out{path, std::ios::binary | std::ios::trunc};
     out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
   }
-  (void)computron::app::load_serve_config(path);
+  (void)computron::serve::load_serve_config(path);
   return 0;
 }

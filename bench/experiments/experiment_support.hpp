@@ -1,16 +1,16 @@
 #pragma once
 
-// What the experiment commands share (experiments.cpp: exp1 and exp2; sim_fidelity.cpp:
-// `bench sim`).
+// What the experiment commands share (experiments.cpp: exp1 and exp2;
+// apps/computron/sim_fidelity.cpp: `bench sim`, which needs the simulator's CLI).
 #include <filesystem>
 #include <string>
 #include <vector>
 
 #include <caf/expected.hpp>
 
-#include "apps/computron/experiments.hpp"
+#include "bench/experiments/experiments.hpp"
 
-namespace computron::app::detail {
+namespace computron::bench::detail {
 
 /// An experiment-2 cell's rates as its label: "(1,10,10)", or "(1x8)" for more than three
 /// equal ones.
@@ -27,4 +27,4 @@ caf::expected<std::filesystem::path> output_dir(const experiment_options& o,
 /// The mean of `xs` (0 for none).
 double mean(const std::vector<double>& xs);
 
-}  // namespace computron::app::detail
+}  // namespace computron::bench::detail

@@ -6,7 +6,7 @@
 /// `computron bench exp1` and `computron bench exp2`: the original Computron's two
 /// experiments (../shared/WORKLOADS.md) reproduced against a real `computron serve`
 /// process on emulated devices, printed beside the original's published tables.
-namespace computron::app {
+namespace computron::bench {
 
 struct experiment_options {
   /// Model bytes and link bandwidth are both divided by this, so swap times stay those
@@ -39,9 +39,4 @@ struct experiment_options {
 int run_experiment1(const experiment_options& opts);
 int run_experiment2(const experiment_options& opts);
 
-/// `computron bench sim`: experiment 1 and every experiment-2 cell on the runtime (through
-/// bench exp1/exp2) and in the simulator with the same configs, arrivals and seeds, side
-/// by side: the simulator's fidelity.
-int run_sim_fidelity(const experiment_options& opts);
-
-}  // namespace computron::app
+}  // namespace computron::bench

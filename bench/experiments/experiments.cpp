@@ -1,6 +1,6 @@
 // `computron bench exp1` and `computron bench exp2`: the original's two experiments run against a
 // real `computron serve` on emulated devices, each cell beside the published figure.
-#include "apps/computron/experiments.hpp"
+#include "bench/experiments/experiments.hpp"
 
 #include <unistd.h>
 
@@ -16,10 +16,8 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include "actors/opt_engine.hpp"
-#include "apps/computron/experiment_support.hpp"
-#include "apps/computron/serve.hpp"
-#include "apps/computron/sim_cli.hpp"
+#include "actors/engine.hpp"
+#include "bench/experiments/experiment_support.hpp"
 #include "common/child_process.hpp"
 #include "common/error.hpp"
 #include "models/decoder_spec.hpp"
@@ -28,7 +26,7 @@
 #include "workload/arrivals.hpp"
 #include "workload/report.hpp"
 
-namespace computron::app {
+namespace computron::bench {
 
 namespace detail {
 
@@ -561,4 +559,4 @@ int run_experiment2(const experiment_options& o) {
   return 0;
 }
 
-}  // namespace computron::app
+}  // namespace computron::bench

@@ -1,0 +1,69 @@
+// `computron serve`: its flags (serve/overrides.hpp says what each overrides in the serve
+// config), then the server (serve.cpp).
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+
+#include <CLI/CLI.hpp>
+
+#include "apps/computron/command.hpp"
+#include "apps/computron/serve.hpp"
+#include "common/error.hpp"
+#include "serve/overrides.hpp"
+
+namespace computron::app {
+
+namespace {
+
+int run(serve::serve_overrides flags) {
+  if (const char* k = std::getenv("COMPUTRON_API_KEY"); k && *k && flags.api_key.empty())
+    flags.api_key = k;
+  auto cfg = serve::base_serve_config(flags);
+  if (!cfg) {
+    std::cerr << "computron serve: " << render(cfg.error()) << '\n';
+    return exit_usage;
+  }
+  if (auto why = serve::apply_overrides(*cfg, flags); !why.empty()) {
+    std::cerr << "computron serve: " << why << '\n';
+    return exit_usage;
+  }
+  return run_serve(std::move(*cfg));
+}
+
+const registration serve_command{
+    {"serve", "serve the models of a repository over HTTP (KServe v2)", 30,
+     [](CLI::App& cmd) -> command_run {
+       auto f = std::make_shared<serve::serve_overrides>();
+       cmd.add_option("--config", f->config_path,
+                      "JSON serve config (default: built-in, see configs/)");
+       cmd.add_option("--repository", f->repository,
+                      "model repository folder (one folder per model), or one model's "
+                      "folder (it holds config.json); served instead of the config's "
+                      "`repository`, beside its inline `models` (without --config, instead "
+                      "of the built-in models)");
+       cmd.add_option("--host", f->host, "address to listen on (default 127.0.0.1)");
+       cmd.add_option("--port", f->port, "port to listen on (default 8000; 0 picks a free one)")
+           ->check(CLI::Range(0, 65535));
+       cmd.add_option("--devices", f->devices, "number of devices (overrides the config)")
+           ->check(CLI::Range(1, 1024));
+       cmd.add_option("--capacity-mb", f->capacity_mb,
+                      "memory of each emulated device, MiB (the config's devices.capacity_mb; "
+                      "refused unless devices.kind is emulated)")
+           ->check(CLI::Range(1.0, 1024.0 * 1024 * 1024));
+       cmd.add_option("--trace", f->trace_file,
+                      "write a Chrome trace of loads and batches here at exit");
+       cmd.add_option("--api-key", f->api_key,
+                      "require `Authorization: Bearer KEY` on every route but /health, "
+                      "/v2/health/* and /metrics (default: $COMPUTRON_API_KEY; none: open)");
+       cmd.add_option("--nodes", f->nodes,
+                      "serve with these nodes, host:port,... (`computron node` on each)");
+       add_tls_flags(cmd, f->tls);
+       cmd.add_option("--console-port", f->console_port,
+                      "console port on 127.0.0.1 (default 4242; 0 picks one; -1 turns it off)")
+           ->check(CLI::Range(-1, 65535));
+       return [f] { return run(*f); };
+     }}};
+
+}  // namespace
+
+}  // namespace computron::app

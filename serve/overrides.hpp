@@ -1,0 +1,48 @@
+#pragma once
+
+// What `computron serve`'s flags change in the serve config, and applying them: the CLI
+// declares the flags (apps/computron/serve_command.cpp), this says what they mean.
+#include <string>
+
+#include <caf/expected.hpp>
+
+#include "net/cluster.hpp"
+#include "serve/serve_config.hpp"
+
+namespace computron::serve {
+
+/// serve's flags; each left at its default keeps the config's value.
+struct serve_overrides {
+  /// --config: the config file; empty: the built-in defaults.
+  std::string config_path;
+  /// --repository: served instead of the config's `repository`, its models beside the
+  /// config's inline ones; without a config file it replaces the built-in models.
+  std::string repository;
+  std::string host;
+  /// Below 0: the config's port.
+  int port = -1;
+  /// 0: the config's device count.
+  int devices = 0;
+  /// Memory of each emulated device in MiB; 0: the config's.
+  double capacity_mb = 0;
+  std::string trace_file;
+  /// The bearer key every route but health and metrics requires (--api-key, else
+  /// $COMPUTRON_API_KEY, which the CLI reads); empty: the config's.
+  std::string api_key;
+  /// Nodes as host:port,...; empty: the config's.
+  std::string nodes;
+  /// Used when it names a certificate (tls.enabled()).
+  net::tls_options tls;
+  /// Below -1: the config's console port.
+  int console_port = -2;
+};
+
+/// The config the flags start from: the config file (or the built-in defaults) with the
+/// repository. Errors: the file's, or the repository's.
+caf::expected<serve_config> base_serve_config(const serve_overrides& o);
+
+/// Applies the flags over `cfg`. Returns what is wrong, or empty: --capacity-mb sets the
+/// memory of this process's emulated devices only; --nodes must parse.
+std::string apply_overrides(serve_config& cfg, const serve_overrides& o);
+
+}  // namespace computron::serve

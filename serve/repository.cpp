@@ -1,0 +1,196 @@
+// The model repository: a folder of model folders (ours: config.json with the model's
+// fields; Hugging Face's as downloaded, with computron.json beside it), each read into a
+// model config or the error that keeps it from being one.
+#include "serve/repository.hpp"
+
+#include <algorithm>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/error.hpp"
+#include "common/log.hpp"
+#include "models/checkpoint.hpp"
+#include "models/decoder_spec.hpp"
+#include "models/json_file.hpp"
+#include "models/tokenizer.hpp"
+#include "serve/json_fields.hpp"
+#include "serve/sections.hpp"
+
+namespace computron::serve {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using models::read_json_file;
+
+namespace {
+
+bool has_tokenizer_files(const fs::path& f) {
+  return fs::exists(f / "tokenizer.json") || fs::exists(f / "vocab.json");
+}
+
+/// One repository folder as a model, or the error that keeps it from being one.
+caf::expected<actors::model_config> read_folder(const fs::path& f, models::text_directory* texts) {
+  auto cfg_path = f / "config.json";
+  actors::model_config m;
+  m.name = f.filename().string();
+  if (models::is_hf_folder(f.string())) {
+    // A Hugging Face folder as downloaded (OPT or the Llama family): its config.json
+    // gives the shape and dtype; our settings, if any, sit beside it in computron.json.
+    auto hf = models::read_hf_config(f.string());
+    if (!hf) return hf.error();
+    if (auto err = models::check_checkpoint_files(f.string())) return err;
+    m.kind = models::to_string(hf->spec.family);
+    m.spec = hf->spec.name;
+    if (hf->spec.family == models::model_family::opt)
+      m.shape = {hf->spec.hidden, hf->spec.layers, hf->spec.heads,
+                 hf->spec.ffn,    hf->spec.vocab,  hf->spec.max_positions};
+    else
+      m.arch = models::to_json(hf->spec).dump();
+    m.checkpoint_dtype = hf->dtype;
+    m.dtype = "auto";
+    m.weights_path = f.string();
+    if (has_tokenizer_files(f)) {
+      m.tokenizer = f.string();
+      // Ids the tokenizer can produce must all be rows of the embedding. Read into the
+      // directory the server looks text files up in, so that no request opens them; an
+      // entry there is never replaced (models serving with it keep it).
+      caf::expected<std::shared_ptr<const models::tokenizer>> tok{nullptr};
+      if (texts) {
+        auto t = texts->open(m.tokenizer);
+        if (!t) return t.error();
+        tok = (*t)->tok;
+      } else {
+        tok = models::tokenizer::open(m.tokenizer);
+      }
+      if (!tok) return tok.error();
+      if ((*tok)->size() > hf->spec.vocab)
+        return bad((f / "config.json").string(),
+                   fmt::format("vocab_size {} is smaller than the tokenizer's {} ids",
+                               hf->spec.vocab, (*tok)->size()));
+    }
+    auto ours = f / "computron.json";
+    json settings = json::object();
+    if (fs::exists(ours)) {
+      auto j = read_json_file(ours);
+      if (!j) return j.error();
+      settings = *j;
+    }
+    if (auto e = read_model(settings, ours.string(), f, m)) return e;
+    if (m.name != f.filename().string())
+      return bad(ours.string(), "name '" + m.name + "' differs from its folder's");
+    return m;
+  }
+  auto j = read_json_file(cfg_path);
+  if (!j) return j.error();
+  if (auto e = read_model(*j, cfg_path.string(), f, m)) return e;
+  if (m.name != f.filename().string())
+    return bad(cfg_path.string(), "name '" + m.name + "' differs from its folder's");
+  if (m.weights_path.empty() && fs::exists(f / "weights.safetensors"))
+    m.weights_path = (f / "weights.safetensors").string();
+  if (m.tokenizer.empty() && has_tokenizer_files(f)) m.tokenizer = f.string();
+  if (texts && !m.tokenizer.empty()) {
+    // Opened here, off the request path; a broken tokenizer is the text requests' error.
+    (void)texts->open(m.tokenizer);
+  }
+  return m;
+}
+
+/// `dir` without a trailing separator or dots, so that its last part is its name
+/// (`./opt-125m/` and `.` name their folders).
+fs::path folder_path(const std::string& dir) {
+  std::error_code ec;
+  auto p = fs::absolute(fs::path{dir}, ec);
+  if (ec) p = fs::path{dir};
+  p = p.lexically_normal();
+  if (p.filename().empty() && p.has_parent_path() && p != p.root_path()) p = p.parent_path();
+  return p;
+}
+
+}  // namespace
+
+bool is_model_folder(const std::string& dir) {
+  std::error_code ec;
+  return fs::is_regular_file(fs::path{dir} / "config.json", ec);
+}
+
+caf::expected<std::vector<actors::repository_folder>> read_repository(
+    const std::string& dir, const std::string& only, models::text_directory* texts) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    return make_error(ec::io_error, "model repository " + dir + " is not a folder");
+  std::vector<fs::path> folders;
+  if (is_model_folder(dir)) {
+    // One model's folder given as the repository (as `vllm serve ./model` takes it): that
+    // model alone, named after the folder. Its subfolders are never models of their own
+    // (a Hugging Face download may carry some, e.g. original/).
+    auto self = folder_path(dir);
+    if (only.empty() || only == self.filename().string()) folders.push_back(self);
+  } else if (!only.empty()) {
+    // A name is a folder name, never a path.
+    if (only.find('/') == std::string::npos && only != "." && only != ".." &&
+        fs::is_directory(fs::path{dir} / only, ec))
+      folders.push_back(fs::path{dir} / only);
+  } else {
+    for (auto& entry : fs::directory_iterator(dir, ec))
+      if (entry.is_directory(ec)) folders.push_back(entry.path());
+    if (ec) return make_error(ec::io_error, "cannot list " + dir + ": " + ec.message());
+  }
+  std::sort(folders.begin(), folders.end());
+  std::vector<actors::repository_folder> out;
+  const bool single = is_model_folder(dir);
+  for (auto& f : folders) {
+    // Hidden folders (.git, editors' caches) are never models; a model folder given
+    // itself is served whatever its name.
+    if (!single && f.filename().string().rfind('.', 0) == 0) continue;
+    actors::repository_folder rf;
+    rf.name = f.filename().string();
+    auto m = read_folder(f, texts);
+    if (m)
+      rf.config = std::move(*m);
+    else
+      rf.error = std::move(m.error());
+    out.push_back(std::move(rf));
+  }
+  return out;
+}
+
+caf::expected<std::vector<actors::model_config>> load_repository(const std::string& dir) {
+  auto folders = read_repository(dir);
+  if (!folders) return folders.error();
+  std::vector<actors::model_config> out;
+  for (auto& f : *folders) {
+    if (f.error) return f.error;
+    out.push_back(std::move(f.config));
+  }
+  return out;
+}
+
+caf::error add_repository(serve_config& c, const std::string& dir) {
+  auto folders = read_repository(dir);
+  if (!folders) return folders.error();
+  for (auto& f : *folders)
+    for (auto& m : c.models)
+      if (m.name == f.name) {
+        auto why = fmt::format(
+            "model {} is both in the config's models and in the repository {}: rename one", f.name,
+            dir);
+        return make_error(ec::invalid_configuration, why);
+      }
+  c.repository = dir;
+  if (is_model_folder(dir))
+    log::info("repository {} holds config.json: serving it as one model folder ({})", dir,
+              folders->empty() ? std::string{"?"} : folders->front().name);
+  for (auto& f : *folders) {
+    if (f.error) {
+      // Listed by the repository index as failed, with this reason; the rest serve.
+      log::warn("repository folder {} is not served: {}", f.name, render(f.error));
+      continue;
+    }
+    c.models.push_back(std::move(f.config));
+  }
+  return {};
+}
+
+}  // namespace computron::serve

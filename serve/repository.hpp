@@ -1,0 +1,41 @@
+#pragma once
+
+// The model repository: one folder per model, read into model configs for the serve config
+// (and, on request, again by the running server's repository actor).
+#include <string>
+#include <vector>
+
+#include <caf/error.hpp>
+#include <caf/expected.hpp>
+
+#include "actors/messages.hpp"
+#include "actors/repository.hpp"
+#include "models/text_directory.hpp"
+#include "serve/serve_config.hpp"
+
+namespace computron::serve {
+
+/// Whether `dir` is itself one model's folder: it holds config.json.
+bool is_model_folder(const std::string& dir);
+
+/// Reads a model repository: one folder per model holding config.json (the model_config
+/// fields) and optionally weights.safetensors, or a Hugging Face OPT folder. Every
+/// folder (or only the one named `only`; hidden ones never) comes back with its model or
+/// the error that names the folder and the problem. A `dir` that is itself a model folder
+/// (is_model_folder) is a repository of that one model, named after the folder; its
+/// subfolders are not read. `texts`: where a folder's tokenizer, chat template and
+/// generation defaults are opened (read again after a change on disk); null: the
+/// tokenizer is opened only for the vocabulary check. Error: `dir` is not a folder.
+caf::expected<std::vector<actors::repository_folder>> read_repository(
+    const std::string& dir, const std::string& only = {}, models::text_directory* texts = nullptr);
+
+/// read_repository, strict: the first folder that cannot be read is the error.
+caf::expected<std::vector<actors::model_config>> load_repository(const std::string& dir);
+
+/// Serves `dir` as the model repository: its readable folders join `c.models`, the
+/// others are logged (the repository index lists them with their reason), and the
+/// server gets model control over it. Errors: `dir` is not a folder; a folder named like
+/// a model already in `c.models`.
+caf::error add_repository(serve_config& c, const std::string& dir);
+
+}  // namespace computron::serve

@@ -1,0 +1,62 @@
+// The serve config: its built-in defaults, and a config file read section by section
+// (sections.hpp) in the file's documented order, so the first bad key is the one named.
+#include "serve/serve_config.hpp"
+
+#include <chrono>
+#include <filesystem>
+
+#include "models/json_file.hpp"
+#include "serve/json_fields.hpp"
+#include "serve/sections.hpp"
+
+namespace computron::serve {
+
+serve_config default_serve_config() {
+  serve_config c;
+  c.runtime.devices.kind = "emulated";
+  c.runtime.devices.count = 4;
+  // Two of the three models' shards (79 MiB each since the vocabulary is cut across the
+  // ranks) fit, three do not: the default job swaps.
+  c.runtime.devices.emulated_capacity_bytes = 192ull << 20;
+  c.runtime.devices.emulated_link_gbps = 2.0;
+  c.runtime.manager.batching.max_batch_size = 8;
+  c.runtime.manager.batching.batch_window = std::chrono::milliseconds(5);
+  for (int i = 0; i < 3; ++i) {
+    actors::model_config m;
+    m.name = "opt-125m-" + std::string(1, static_cast<char>('a' + i));
+    m.kind = "opt";
+    m.spec = "opt-125m";
+    m.dtype = "bf16";
+    m.tp = 2;
+    m.pp = 2;
+    m.devices = {0, 1, 2, 3};
+    m.seed = static_cast<uint64_t>(i + 1);
+    // Silent: a config file replaces these models, and says "gpt2" itself where it wants it.
+    m.tokenizer = gpt2_tokenizer(false);
+    c.models.push_back(m);
+  }
+  return c;
+}
+
+caf::expected<serve_config> load_serve_config(const std::string& path,
+                                              const std::string& repository) {
+  auto j = models::read_json_file(path);
+  if (!j) return j.error();
+  auto base = std::filesystem::path{path}.parent_path();
+  auto c = default_serve_config();
+  c.models.clear();
+  const std::string& w = path;
+  caf::error e;
+  if ((e = check_keys(*j, w,
+                      {"devices", "http", "scheduler", "batching", "frontend", "repository",
+                       "models", "trace_file", "compute_threads", "chunk_mb", "nodes",
+                       "node_wait_s", "tls", "console_host", "console_port", "comment"})) ||
+      (e = read_devices(*j, w, c)) || (e = read_http(*j, w, c)) || (e = read_scheduler(*j, w, c)) ||
+      (e = read_batching(*j, w, c)) || (e = read_frontend(*j, w, c)) ||
+      (e = read_controller(*j, w, base, c)) || (e = read_process(*j, w, c)) ||
+      (e = read_models(*j, w, base, repository, c)))
+    return e;
+  return c;
+}
+
+}  // namespace computron::serve

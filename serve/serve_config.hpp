@@ -1,0 +1,51 @@
+#pragma once
+
+// The serve config: what a `computron serve` process runs with, and reading it.
+#include <string>
+#include <vector>
+
+#include <caf/expected.hpp>
+
+#include "actors/messages.hpp"
+#include "actors/node.hpp"
+#include "net/cluster.hpp"
+#include "net/http/http_server.hpp"
+
+/// The serve config (configs/README.md): its file, the model repository and serve's flags.
+namespace computron::serve {
+
+/// Everything a serve process runs with: the config file, then the repository's models,
+/// then command-line overrides.
+struct serve_config {
+  actors::runtime_options runtime;
+  net::http_options http;
+  std::vector<actors::model_config> models;
+  /// Written at shutdown when set (the timeline is also at GET /v2/trace).
+  std::string trace_file;
+  /// Intra-op threads of the CPU compute (0: leave libtorch's default).
+  int compute_threads = 1;
+  /// Nodes to serve with (`computron node` on each machine); empty: devices in this
+  /// process (the embedded default).
+  net::cluster_options cluster;
+  /// Certificates for the connections to the nodes and for the console port.
+  net::tls_options tls;
+  /// Where `computron console` attaches (the controller actor, over CAF); a port below 0
+  /// turns it off, 0 picks a free one. Not binding it is a warning, not a failure.
+  std::string console_host = "127.0.0.1";
+  int console_port = 4242;
+  /// The model repository (`repository` key or --repository): loading a folder of it
+  /// registers the model; empty: model control over the configured models only.
+  std::string repository;
+};
+
+/// Reads a JSON serve config (see configs/README.md); relative paths are resolved from
+/// the file's folder. Unknown keys and bad values are errors that name them.
+/// `repository` (serve's --repository) is served instead of the file's `repository` key,
+/// its models beside the file's inline `models` (a name in both is an error).
+caf::expected<serve_config> load_serve_config(const std::string& path,
+                                              const std::string& repository = {});
+
+/// The built-in defaults (configs/default.json has the same values, documented).
+serve_config default_serve_config();
+
+}  // namespace computron::serve

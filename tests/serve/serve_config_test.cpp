@@ -1,0 +1,97 @@
+// The serve library without the binary: a config file read section by section, and serve's
+// flags over it (the CLI's cases, which run the binary, are in tests/apps).
+#include <fstream>
+#include <string>
+
+#include <catch2/catch.hpp>
+
+#include "common/error.hpp"
+#include "serve/overrides.hpp"
+#include "serve/serve_config.hpp"
+#include "tests/support/temp_files.hpp"
+
+using namespace computron;
+
+namespace {
+
+/// Writes `text` as serve.json in `dir` and reads it.
+caf::expected<serve::serve_config> read_config(const test::temp_dir& dir, const std::string& text) {
+  auto path = dir.path() + "/serve.json";
+  std::ofstream{path} << text;
+  return serve::load_serve_config(path);
+}
+
+}  // namespace
+
+TEST_CASE("a serve config fills each section and resolves paths from its folder",
+          "[serve][config]") {
+  test::temp_dir dir{"serve-config"};
+  auto c = read_config(dir, R"({
+    "devices": {"kind": "emulated", "count": 2, "capacity_mb": 64, "link_gbps": 4},
+    "http": {"port": 0, "threads": 3},
+    "scheduler": {"policy": "cost", "load_timeout_s": 7},
+    "batching": {"max_batch_size": 16, "batch_window_ms": 2},
+    "frontend": {"max_outstanding": 9},
+    "console_port": -1,
+    "tls": {"certificate": "cert.pem"},
+    "chunk_mb": 8,
+    "models": [{"name": "m", "kind": "toy", "tp": 2, "pp": 1, "toy_shard_bytes": 4096}]})");
+  REQUIRE(c);
+  CHECK(c->runtime.devices.count == 2);
+  CHECK(c->runtime.devices.emulated_capacity_bytes == 64ull << 20);
+  CHECK(c->http.threads == 3);
+  CHECK(c->runtime.scheduler.ledger.policy == "cost");
+  CHECK(c->runtime.scheduler.load_timeout == std::chrono::seconds(7));
+  CHECK(c->runtime.manager.batching.max_batch_size == 16);
+  CHECK(c->runtime.frontend.max_outstanding == 9);
+  CHECK(c->console_port == -1);
+  CHECK(c->tls.certificate == dir.path() + "/cert.pem");
+  CHECK(c->runtime.worker.chunk_bytes == 8ull << 20);
+  REQUIRE(c->models.size() == 1);
+  CHECK(c->models[0].devices == std::vector<int32_t>{0, 1});
+}
+
+TEST_CASE("a serve config's first bad key in the file's order is the one named",
+          "[serve][config]") {
+  test::temp_dir dir{"serve-config"};
+  auto both = read_config(dir, R"({"batching": {"max_batch": 1}, "devices": {"count": "2"}})");
+  REQUIRE(!both);
+  CHECK(is(both.error(), ec::invalid_configuration));
+  CHECK_THAT(render(both.error()), Catch::Contains("devices: count must be a number"));
+  auto unknown = read_config(dir, R"({"device": {}})");
+  REQUIRE(!unknown);
+  CHECK_THAT(render(unknown.error()), Catch::Contains("unknown key 'device'"));
+  auto wide = read_config(dir, R"({"models": [{"name": "m", "devices": [1e30]}]})");
+  REQUIRE(!wide);
+  CHECK_THAT(render(wide.error()), Catch::Contains("models[0]: devices must hold integers"));
+}
+
+TEST_CASE("serve's flags override the config, and --capacity-mb sets only emulated devices",
+          "[serve][config]") {
+  serve::serve_overrides o;
+  o.capacity_mb = 64;
+  o.port = 0;
+  o.devices = 2;
+  o.console_port = -1;
+  o.api_key = "k";
+  auto c = serve::base_serve_config(o);
+  REQUIRE(c);
+  CHECK(serve::apply_overrides(*c, o).empty());
+  CHECK(c->runtime.devices.emulated_capacity_bytes == 64ull << 20);
+  CHECK(c->http.port == 0);
+  CHECK(c->runtime.devices.count == 2);
+  CHECK(c->console_port == -1);
+  CHECK(c->http.api_key == "k");
+
+  auto gpus = serve::default_serve_config();
+  gpus.runtime.devices.kind = "cuda";
+  CHECK_THAT(serve::apply_overrides(gpus, o),
+             Catch::StartsWith("--capacity-mb sets the memory of emulated devices"));
+  auto remote = serve::default_serve_config();
+  serve::serve_overrides with_nodes = o;
+  with_nodes.nodes = "127.0.0.1:7000";
+  CHECK_THAT(serve::apply_overrides(remote, with_nodes), Catch::Contains("it serves with nodes"));
+  serve::serve_overrides bad_nodes;
+  bad_nodes.nodes = "nowhere";
+  CHECK(!serve::apply_overrides(remote, bad_nodes).empty());
+}
