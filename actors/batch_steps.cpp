@@ -286,6 +286,16 @@ void join_rows(manager_pointer self, const batch_ptr& b, const sched::join_plan&
   }
   const auto pp = st.models.at(b->model).cfg.pp;
   set_deadline(self, b, req, joined);
+  if (plan.chunk > 0) {
+    // Row i computes its tokens [n_i - left - chunk, n_i - left) (step_request).
+    int64_t tokens = 0;
+    for (auto& p : req.prompts) {
+      auto n = static_cast<int64_t>(p.size());
+      tokens +=
+          std::max<int64_t>(0, n - plan.left) - std::max<int64_t>(0, n - plan.left - plan.chunk);
+    }
+    st.opts.obs->prefill_chunk(b->model, tokens);
+  }
   if (plan.partial()) {
     // A chunk of their prompts, then the running rows' next step: they wait for a chunk,
     // not a whole long prompt. The chunk's rows stay pending (failed with the batch).

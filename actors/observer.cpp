@@ -30,6 +30,9 @@ class fan_out final : public observer {
   void device_usage(int32_t d, uint64_t used, uint64_t cap, size_t n) override {
     for (auto& p : parts_) p->device_usage(d, used, cap, n);
   }
+  void prefill_chunk(const std::string& m, int64_t tokens) override {
+    for (auto& p : parts_) p->prefill_chunk(m, tokens);
+  }
   void preempted(const std::string& m) override {
     for (auto& p : parts_) p->preempted(m);
   }

@@ -45,6 +45,9 @@ class observer {
   virtual void running_requests(const std::string& model, size_t rows) {}
   /// A running row of the model was preempted for KV room (it will be recomputed).
   virtual void preempted(const std::string& model) {}
+  /// A chunk of joiners' prompts ran as a step of its own between a batch's steps
+  /// (chunked prefill); `tokens`: the prompt tokens it computed.
+  virtual void prefill_chunk(const std::string& model, int64_t tokens) {}
   /// KV bytes a device holds for running batches, and what is free of its budget beside
   /// the weights and the KV.
   virtual void kv_device(int32_t device, uint64_t kv_bytes, uint64_t free_bytes) {}

@@ -56,6 +56,18 @@ struct metrics::impl {
           .Name("computron_preemptions_total")
           .Help("Running requests preempted for KV room (recomputed later), by model")
           .Register(*reg);
+  pm::Family<pm::Counter>& prefill_chunks =
+      pm::BuildCounter()
+          .Name("computron_prefill_chunks_total")
+          .Help(
+              "Chunks of joiners' prompts run as steps of their own between a running "
+              "batch's steps (chunked prefill), by model")
+          .Register(*reg);
+  pm::Family<pm::Counter>& prefill_chunk_tokens =
+      pm::BuildCounter()
+          .Name("computron_prefill_chunk_tokens_total")
+          .Help("Prompt tokens computed in those chunks, by model")
+          .Register(*reg);
   pm::Family<pm::Gauge>& capacity = pm::BuildGauge()
                                         .Name("computron_device_capacity_bytes")
                                         .Help("Device bytes available to model weights")
@@ -261,6 +273,11 @@ void metrics::device_usage(int32_t device, uint64_t used_bytes, uint64_t capacit
 
 void metrics::preempted(const std::string& model) {
   impl_->preemptions.Add({{"model", model}}).Increment();
+}
+
+void metrics::prefill_chunk(const std::string& model, int64_t tokens) {
+  impl_->prefill_chunks.Add({{"model", model}}).Increment();
+  impl_->prefill_chunk_tokens.Add({{"model", model}}).Increment(static_cast<double>(tokens));
 }
 
 void metrics::kv_device(int32_t device, uint64_t kv_bytes, uint64_t free_bytes) {

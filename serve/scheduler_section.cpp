@@ -40,9 +40,10 @@ caf::error read_batching(const nlohmann::json& file, const std::string& where, s
   if (b == file.end()) return {};
   auto bw = where + " batching";
   caf::error e;
-  if ((e = check_keys(*b, bw,
-                      {"max_batch_size", "batch_window_ms", "dispatch", "max_wait_ms", "max_queue",
-                       "max_tokens", "deadline_ms", "continuous"})))
+  if ((e = check_keys(
+           *b, bw,
+           {"max_batch_size", "batch_window_ms", "dispatch", "max_wait_ms", "max_queue",
+            "max_tokens", "deadline_ms", "continuous", "prefill_chunk", "late_grace_ms"})))
     return e;
   auto& m = c.runtime.manager;
   auto& bo = m.batching;
@@ -50,21 +51,26 @@ caf::error read_batching(const nlohmann::json& file, const std::string& where, s
     return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
   };
   int64_t window = ms(bo.batch_window), max_wait = ms(bo.max_wait),
-          deadline = ms(bo.default_deadline);
+          deadline = ms(bo.default_deadline), grace = ms(bo.late_grace);
   if ((e = read(*b, "max_batch_size", bw, bo.max_batch_size)) ||
       (e = read(*b, "batch_window_ms", bw, window)) ||
       (e = read(*b, "dispatch", bw, bo.dispatch)) || (e = read(*b, "max_wait_ms", bw, max_wait)) ||
       (e = read(*b, "max_queue", bw, bo.max_queue)) ||
       (e = read(*b, "max_tokens", bw, m.max_tokens_limit)) ||
       (e = read(*b, "deadline_ms", bw, deadline)) ||
-      (e = read(*b, "continuous", bw, bo.continuous)))
+      (e = read(*b, "continuous", bw, bo.continuous)) ||
+      (e = read(*b, "prefill_chunk", bw, bo.prefill_chunk)) ||
+      (e = read(*b, "late_grace_ms", bw, grace)))
     return e;
-  if (window < 0 || max_wait < 0 || deadline <= 0) return bad(bw, "times must be positive");
+  if (window < 0 || max_wait < 0 || deadline <= 0 || grace < 0)
+    return bad(bw, "times must be positive");
   constexpr int64_t max_ms = 1'000'000'000;
   if ((e = check_time(window, max_ms, bw, "batch_window_ms")) ||
       (e = check_time(max_wait, max_ms, bw, "max_wait_ms")) ||
-      (e = check_time(deadline, max_ms, bw, "deadline_ms")))
+      (e = check_time(deadline, max_ms, bw, "deadline_ms")) ||
+      (e = check_time(grace, max_ms, bw, "late_grace_ms")))
     return e;
+  bo.late_grace = std::chrono::milliseconds(grace);
   bo.batch_window = std::chrono::milliseconds(window);
   bo.max_wait = std::chrono::milliseconds(max_wait);
   bo.default_deadline = std::chrono::milliseconds(deadline);

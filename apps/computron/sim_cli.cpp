@@ -14,6 +14,7 @@
 #include "actors/opt_engine.hpp"
 #include "common/error.hpp"
 #include "net/client/http_client.hpp"
+#include "net/client/llm_lengths.hpp"
 #include "net/client/loadgen.hpp"
 #include "workload/report.hpp"
 
@@ -304,6 +305,23 @@ int run_sim_cli(const sim_cli& cli) {
   std::string described;
   auto sched = make_schedule(cli.workload, known, &described);
   if (!sched) return usage(render(sched.error()));
+  // Mixed lengths as `computron loadgen` draws them (same flags and seed, same requests).
+  if (cli.workload.prompt_dist != "fixed" || cli.workload.output_dist != "fixed" ||
+      !cli.workload.lengths_csv.empty()) {
+    std::vector<net::length_pair> rows;
+    if (!cli.workload.lengths_csv.empty()) {
+      auto r = net::read_length_pairs(cli.workload.lengths_csv);
+      if (!r) return usage(render(r.error()));
+      rows = std::move(*r);
+    }
+    auto prompt =
+        net::parse_length_dist(cli.workload.prompt_dist, cli.workload.prompt_len, "--prompt-dist");
+    if (!prompt) return usage(render(prompt.error()));
+    auto output =
+        net::parse_length_dist(cli.workload.output_dist, cli.workload.max_tokens, "--output-dist");
+    if (!output) return usage(render(output.error()));
+    net::assign_lengths(*sched, {*prompt, *output, std::move(rows)}, cli.workload.seed);
+  }
   auto t0 = std::chrono::steady_clock::now();
   std::string error;
   auto result = sim::run(*sc, *sched, &error);

@@ -47,6 +47,15 @@ const registration sim_command{
            ->capture_default_str();
        cmd.add_option("--max-tokens", sim.workload.max_tokens, "tokens generated per request")
            ->capture_default_str();
+       cmd.add_option("--prompt-dist", sim.workload.prompt_dist,
+                      "prompt lengths around --prompt-len, as loadgen's: fixed, uniform:SPREAD "
+                      "or lognormal:CV")
+           ->capture_default_str();
+       cmd.add_option("--output-dist", sim.workload.output_dist,
+                      "output lengths around --max-tokens: fixed, uniform:SPREAD or lognormal:CV")
+           ->capture_default_str();
+       cmd.add_option("--lengths", sim.workload.lengths_csv,
+                      "CSV of prompt_len,output_len rows; each request draws one at random");
        cmd.add_option("--slo", sim.workload.slo_s, "latency SLO in seconds");
        cmd.add_flag("--drop-late", sim.workload.drop_late,
                     "the SLO is each request's deadline, refused rather than served late "

@@ -1,12 +1,14 @@
 // KV blocks in the ledger, end to end (issue 30): the real `computron serve` with one small
 // OPT model on a device with room for its weights and twelve KV blocks (16 tokens each).
 // Four long sequences at once need 28: rows are preempted and recomputed, none fails, and
-// every greedy output equals the sequence run alone.
+// every greedy output equals the sequence run alone. Long prompts that join a running batch
+// come in chunks (chunked prefill) and give the same outputs too.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -33,17 +35,19 @@ struct kv_server {
   std::unique_ptr<child_process> proc;
   uint16_t port = 0;
 
-  explicit kv_server(uint64_t blocks) {
+  explicit kv_server(uint64_t blocks, json batching = json::object()) {
     fs::create_directories(dir + "/repo/tiny");
     std::ofstream{dir + "/repo/tiny/config.json"}
         << json{{"kind", "opt"}, {"spec", "opt-tiny"}, {"dtype", "f32"}, {"seed", 9}}.dump();
     // Room for the weights and `blocks` blocks, and less than one block more.
     double capacity_mb =
         static_cast<double>(weight_bytes + blocks * block_bytes + block_bytes / 2) / (1 << 20);
+    json b{{"max_batch_size", 4}, {"batch_window_ms", 2}, {"max_tokens", 120}};
+    b.update(batching);
     json cfg{{"devices",
               {{"kind", "emulated"}, {"count", 1}, {"capacity_mb", capacity_mb}, {"link_gbps", 1}}},
              {"http", {{"host", "127.0.0.1"}, {"port", 0}}},
-             {"batching", {{"max_batch_size", 4}, {"batch_window_ms", 2}, {"max_tokens", 120}}},
+             {"batching", b},
              {"repository", "repo"}};
     std::ofstream{dir + "/config.json"} << cfg.dump();
     proc = std::make_unique<child_process>(std::vector<std::string>{
@@ -137,4 +141,52 @@ TEST_CASE(
   CHECK(r.body.find("KV blocks") != std::string::npos);
   auto ok = s.post("/v2/models/tiny/infer", infer({5, 6, 7}, 8));
   CHECK(ok.status == 200);
+}
+
+TEST_CASE(
+    "chunked prefill end to end: long prompts join a running batch in chunks and every "
+    "greedy output equals the sequence alone",
+    "[net][e2e][kv][chunked]") {
+  kv_server s{64, {{"prefill_chunk", 8}}};
+  auto prompt = [](int64_t n, int64_t salt) {
+    std::vector<int64_t> x;
+    for (int64_t i = 0; i < n; ++i) x.push_back(2 + (salt * 53 + i * 17) % 500);
+    return x;
+  };
+  // A short prompt decoding long, and two long prompts (40 and 27 tokens: 5 and 4 chunks
+  // of 8) with short outputs.
+  std::vector<std::pair<std::vector<int64_t>, int64_t>> reqs{
+      {prompt(5, 1), 110}, {prompt(40, 2), 12}, {prompt(27, 3), 12}};
+  std::vector<std::vector<int64_t>> alone;
+  for (auto& [p, n] : reqs) {
+    auto r = s.post("/v2/models/tiny/infer", infer(p, n));
+    INFO(r.body);
+    REQUIRE(r.status == 200);
+    alone.push_back(tokens_of(r));
+  }
+  CHECK(s.metric("computron_prefill_chunks_total{model=\"tiny\"}") <= 0);
+  auto first = std::async(std::launch::async, [&] {
+    return s.post("/v2/models/tiny/infer", infer(reqs[0].first, reqs[0].second));
+  });
+  // The long prompts arrive once the first request decodes (bounded wait).
+  for (int i = 0; i < 500 && s.metric("computron_requests_running{model=\"tiny\"}") < 1; ++i)
+    std::this_thread::sleep_for(2ms);
+  std::vector<std::future<net::http_result>> rest;
+  for (size_t i = 1; i < reqs.size(); ++i)
+    rest.push_back(std::async(std::launch::async, [&s, &reqs, i] {
+      return s.post("/v2/models/tiny/infer", infer(reqs[i].first, reqs[i].second));
+    }));
+  auto r0 = first.get();
+  REQUIRE(r0.status == 200);
+  CHECK(tokens_of(r0) == alone[0]);
+  for (size_t i = 0; i < rest.size(); ++i) {
+    auto r = rest[i].get();
+    INFO("request " << i + 1 << ": " << r.body);
+    REQUIRE(r.status == 200);
+    CHECK(tokens_of(r) == alone[i + 1]);
+  }
+  // They joined in chunks: at least the 40-token prompt's five.
+  CHECK(s.metric("computron_prefill_chunks_total{model=\"tiny\"}") >= 5);
+  CHECK(s.metric("computron_prefill_chunk_tokens_total{model=\"tiny\"}") >= 40);
+  CHECK(s.metric("computron_kv_blocks{model=\"tiny\"}") == 0);
 }

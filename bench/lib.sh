@@ -1,0 +1,25 @@
+# Shared by the bench scripts that run `computron serve` on a config derived from
+# configs/default.json: start a server, wait for it, stop it. Source it after setting
+# root, bin, port and dir.
+#   serve_start LABEL SED_SCRIPT  (SED_SCRIPT edits default.json; the port is set here)
+#   serve_stop
+bench_pid=
+
+serve_start() {  # LABEL SED_SCRIPT
+  sed "$2; s/\"port\": 8000/\"port\": $port/" "$root/configs/default.json" >"$dir/config-$1.json"
+  "$bin" serve --config "$dir/config-$1.json" >"$dir/serve-$1.log" 2>&1 &
+  bench_pid=$!
+  for _ in $(seq 1 120); do
+    curl -sf "localhost:$port/v2/health/ready" >/dev/null 2>&1 && return 0
+    sleep 1
+  done
+  echo "the server ($1) was not ready within 120 s; see $dir/serve-$1.log" >&2
+  return 1
+}
+
+serve_stop() {
+  [ -n "$bench_pid" ] || return 0
+  kill "$bench_pid" 2>/dev/null || true
+  wait "$bench_pid" 2>/dev/null || true
+  bench_pid=
+}
