@@ -238,6 +238,16 @@ void set_deadline(manager_pointer self, const batch_ptr& b, step_request& req,
   req.expected_ms = st.queues().step_seconds(st.models.at(b->model).index) * 1e3;
 }
 
+/// A step of `tokens` tokens sent at `sent_s` (now_s) took `compute_ms` over its stages:
+/// the batch's compute; and its model's step fit learns the step's round trip (compute,
+/// the hops between stages, sampling), which is what a step costs a batch.
+void note_step(manager_pointer self, const batch_ptr& b, int64_t tokens, double sent_s,
+               double compute_ms) {
+  b->compute_ms += compute_ms;
+  if (auto m = self->state.models.find(b->model); m != self->state.models.end())
+    m->second.steps.add(static_cast<double>(tokens), std::max(0.0, now_s() - sent_s));
+}
+
 /// `keep` lists every row of the previous step in order: the workers need none.
 std::vector<int32_t> unless_all(std::vector<int32_t> keep, size_t previous) {
   if (keep.size() == previous) keep.clear();
@@ -286,25 +296,26 @@ void join_rows(manager_pointer self, const batch_ptr& b, const sched::join_plan&
   }
   const auto pp = st.models.at(b->model).cfg.pp;
   set_deadline(self, b, req, joined);
-  if (plan.chunk > 0) {
-    // Row i computes its tokens [n_i - left - chunk, n_i - left) (step_request).
-    int64_t tokens = 0;
-    for (auto& p : req.prompts) {
-      auto n = static_cast<int64_t>(p.size());
-      tokens +=
-          std::max<int64_t>(0, n - plan.left) - std::max<int64_t>(0, n - plan.left - plan.chunk);
-    }
-    st.opts.obs->prefill_chunk(b->model, tokens);
+  // Row i computes its tokens [n_i - left - chunk, n_i - left) (step_request), all of
+  // them without chunks.
+  int64_t tokens = 0;
+  for (auto& p : req.prompts) {
+    auto n = static_cast<int64_t>(p.size());
+    tokens += plan.chunk == 0 ? n
+                              : std::max<int64_t>(0, n - plan.left) -
+                                    std::max<int64_t>(0, n - plan.left - plan.chunk);
   }
+  if (plan.chunk > 0) st.opts.obs->prefill_chunk(b->model, tokens);
   if (plan.partial()) {
     // A chunk of their prompts, then the running rows' next step: they wait for a chunk,
     // not a whole long prompt. The chunk's rows stay pending (failed with the batch).
     b->pending = joined;
     b->pending_id = plan.id;
     ++b->steps;
+    const double sent_s = now_s();
     send_step(self, b, std::move(req), st.opts.step_timeout * static_cast<int>(pp),
               [=](step_result& res) mutable {
-                b->compute_ms += res.compute_ms;
+                note_step(self, b, tokens, sent_s, res.compute_ms);
                 run_step(self, b, step + 1, unless_all(std::move(keep), previous));
               });
     return;
@@ -318,10 +329,11 @@ void join_rows(manager_pointer self, const batch_ptr& b, const sched::join_plan&
   for (auto r : joined) b->rows[r].batch_rows = static_cast<uint32_t>(b->sent.size());
   set_running(self, b, b->sent.size());
   ++b->steps;
+  const double sent_s = now_s();
   send_step(self, b, std::move(req), st.opts.step_timeout * static_cast<int>(pp),
             [=](step_result& res) mutable {
               if (!check_tokens(self, b, res, joined.size())) return;
-              b->compute_ms += res.compute_ms;
+              note_step(self, b, tokens, sent_s, res.compute_ms);
               for (size_t j = 0; j < joined.size(); ++j)
                 if (take_token(self, b, joined[j], j, res, true)) {
                   going.push_back(joined[j]);
@@ -369,13 +381,18 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vecto
     }
   }
   set_deadline(self, b, req, b->sent);
+  // Tokens the step computes: the prompts at a prefill, a token per row after.
+  int64_t tokens = 0;
+  for (auto& p : req.prompts) tokens += static_cast<int64_t>(p.size());
+  if (step > 0) tokens = static_cast<int64_t>(req.tokens.size());
   auto timeout = st.opts.step_timeout * static_cast<int>(pp);
   if (step == 0 && b->loading)  // it also waits for the load under way
     timeout += std::max<std::chrono::milliseconds>(
         30s, std::chrono::milliseconds(static_cast<int64_t>(4 * b->load_left_ms)));
+  const double sent_s = now_s();
   send_step(self, b, std::move(req), timeout, [=](step_result& res) {
     if (!check_tokens(self, b, res, b->sent.size())) return;
-    b->compute_ms += res.compute_ms;
+    note_step(self, b, tokens, sent_s, res.compute_ms);
     std::vector<size_t> next;
     std::vector<int32_t> keep;
     for (size_t p = 0; p < b->sent.size(); ++p)

@@ -457,6 +457,10 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
           x["weight-bytes"] = caf::config_value{static_cast<int64_t>(m.weight_bytes)};
           // Measured compute per forward step (0: none yet), for `computron sim --calibrate`.
           x["step-ms"] = caf::config_value{st.queues().step_seconds(m.index) * 1e3};
+          // And as a line in the tokens a step computes (sched::step_fit).
+          auto line = m.steps.fitted();
+          x["step-fixed-ms"] = caf::config_value{line.fixed_s * 1e3};
+          x["step-per-token-ms"] = caf::config_value{line.per_token_s * 1e3};
           models.emplace_back(std::move(x));
         }
         mine["models"] = caf::config_value{std::move(models)};

@@ -17,6 +17,7 @@
 #include "models/sampling.hpp"
 #include "sched/dispatch.hpp"
 #include "sched/ledger.hpp"
+#include "sched/step_fit.hpp"
 
 namespace computron::actors::manager_detail {
 
@@ -111,6 +112,8 @@ struct managed_model {
   /// at most pp, so that a pipeline's stages all work).
   uint32_t index = 0;
   uint64_t served = 0;
+  /// Its steps' compute against their tokens (reported for `computron sim --calibrate`).
+  sched::step_fit steps{};
   /// Being unregistered: new requests are refused.
   bool unregistering = false;
 };

@@ -54,10 +54,12 @@ caf::expected<std::string> read_text(const std::string& path) {
 }
 
 /// What a running server measured: the cost model's link efficiency and eviction time,
-/// and each model's compute per forward step (seconds; 0: none measured yet).
+/// and each model's compute per forward step (seconds; 0: none measured yet): a step's
+/// fixed cost and its cost per token where the server fitted them, else one mean.
 struct calibration {
   sim::cost_model cost;
   std::map<std::string, double> step_s;
+  std::map<std::string, double> step_per_token_s{};
 };
 
 /// GET `path` from the server as JSON (or its text).
@@ -115,8 +117,16 @@ caf::expected<calibration> calibrate_from_server(const std::string& url, const s
     if (auto ms = m->find("models"); ms != m->end() && ms->is_array())
       for (auto& x : *ms)
         if (x.is_object() && x.value("step-ms", 0.0) > 0 && x.contains("model") &&
-            x["model"].is_string())
-          out.step_s[x["model"].get<std::string>()] = x["step-ms"].get<double>() / 1e3;
+            x["model"].is_string()) {
+          auto name = x["model"].get<std::string>();
+          auto fixed = x.value("step-fixed-ms", 0.0), per_token = x.value("step-per-token-ms", 0.0);
+          if (per_token > 0) {
+            out.step_s[name] = fixed / 1e3;
+            out.step_per_token_s[name] = per_token / 1e3;
+          } else {
+            out.step_s[name] = x["step-ms"].get<double>() / 1e3;
+          }
+        }
   return out;
 }
 
@@ -282,7 +292,7 @@ int run_sim_cli(const sim_cli& cli) {
   auto sc = sim_config_from(cfg, actors::all_engines(), cost, cli.capacity_gb, cli.link_gbps);
   if (!sc) return usage(render(sc.error()));
   // Models whose step time a server measured (--calibrate URL), for the output.
-  std::map<std::string, double> measured_steps;
+  std::map<std::string, double> measured_steps, measured_per_token;
   if (!cli.calibrate.empty()) {
     auto c = cli.calibrate.rfind("http", 0) == 0 ? calibrate_from_server(cli.calibrate, *sc, cost)
                                                  : calibrate_from_file(cli.calibrate, cost);
@@ -291,8 +301,10 @@ int run_sim_cli(const sim_cli& cli) {
     for (auto& m : sc->models)
       if (auto i = c->step_s.find(m.name); i != c->step_s.end()) {
         m.step_s = i->second;
-        m.step_per_token_s = 0;
+        auto t = c->step_per_token_s.find(m.name);
+        m.step_per_token_s = t == c->step_per_token_s.end() ? 0 : t->second;
         measured_steps[m.name] = i->second;
+        measured_per_token[m.name] = m.step_per_token_s;
       }
   }
   sc->prompt_len = cli.workload.prompt_len;
@@ -341,6 +353,7 @@ int run_sim_cli(const sim_cli& cli) {
                {"lease_overhead_s", sc->cost.lease_overhead_s},
                {"tflops", sc->cost.tflops}}},
              {"measured_step_s", measured_steps},
+             {"measured_step_per_token_s", measured_per_token},
              {"events", result.events},
              {"scheduler",
               {{"policy", sc->scheduler.policy},

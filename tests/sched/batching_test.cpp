@@ -3,6 +3,7 @@
 #include <set>
 
 #include "sched/batching.hpp"
+#include "sched/step_fit.hpp"
 
 using namespace computron;
 using namespace computron::sched;
@@ -254,4 +255,26 @@ TEST_CASE("a batch leased on a loading model starts when the rest takes its firs
   CHECK(at(0.1, 0.4, 1) == Approx(0.0));  // compute outlasts the load: at once
   CHECK(at(1.0, 0.0, 1) == Approx(1.0));  // step unknown: about the whole load
   CHECK(at(0.0, 0.2, 4) == Approx(0.0));  // nothing left
+}
+
+TEST_CASE("step_fit: a step's fixed cost and cost per token from measured steps",
+          "[batching][step_fit]") {
+  sched::step_fit f;
+  CHECK(f.fitted().fixed_s == 0);
+  // One token count only: its mean as the fixed cost.
+  f.add(8, 0.040);
+  f.add(8, 0.044);
+  CHECK(f.fitted().fixed_s == Approx(0.042));
+  CHECK(f.fitted().per_token_s == 0);
+  // Decode steps of 8 rows and prefills of 512 tokens: 42 ms + 0.5 ms per token.
+  for (int i = 0; i < 4; ++i) f.add(512, 0.042 + 0.0005 * 504);
+  auto l = f.fitted();
+  CHECK(l.fixed_s + 8 * l.per_token_s == Approx(0.042).epsilon(0.01));
+  CHECK(l.fixed_s + 512 * l.per_token_s == Approx(0.294).epsilon(0.01));
+  // Never negative: a line through below the origin gives no fixed cost.
+  sched::step_fit g;
+  g.add(10, 0.001);
+  g.add(100, 0.0105);
+  CHECK(g.fitted().fixed_s == 0);
+  CHECK(g.fitted().per_token_s > 0);
 }
