@@ -220,30 +220,41 @@ void compact(const batch_ptr& b, const std::vector<size_t>& going) {
 }
 
 /// Carries the rows' one deadline to the workers (step_request::deadline_ms): the time
-/// left to the latest answer_limit among `rows` (indices into b->rows), and the step's
-/// expected compute as the batcher learned it.
-void set_deadline(manager_pointer self, const batch_ptr& b, step_request& req,
-                  const std::vector<size_t>& rows) {
+/// left to the latest answer_limit of the batch's rows, and what a step of `tokens`
+/// tokens is expected to take (the model's step fit).
+void set_deadline(manager_pointer self, const batch_ptr& b, step_request& req, int64_t tokens) {
   auto& st = self->state;
+  // Every live row of the batch: a failed step fails them all (the running rows, a
+  // chunked join's and the joiners).
   sched::time_point latest{};
   const auto grace = st.queues().options().late_grace;
-  for (auto r : rows) {
-    auto& q = b->rows[r];
+  for (auto& q : b->rows) {
     if (q.deadline == sched::time_point{}) return;  // one without a deadline: none
     latest = std::max(latest, sched::answer_limit(q.deadline, q.req.drop_late, grace));
   }
   if (latest == sched::time_point{}) return;
   auto left_ms = sched::seconds_between(now(self), latest) * 1e3;
   req.deadline_ms = std::max<int64_t>(1, static_cast<int64_t>(left_ms));
-  req.expected_ms = st.queues().step_seconds(st.models.at(b->model).index) * 1e3;
+  // This step's tokens on the model's fitted line, not one mean over prefills and decodes.
+  auto line = st.models.at(b->model).steps.fitted();
+  req.expected_ms = (line.fixed_s + line.per_token_s * static_cast<double>(tokens)) * 1e3;
+}
+
+/// What the step's pools may allocate: the blocks the ledger holds for the model.
+void set_kv_blocks(manager_pointer self, const batch_ptr& b, step_request& req) {
+  auto& st = self->state;
+  req.kv_blocks = static_cast<int64_t>(st.disp->kv_held_by(st.models.at(b->model).index));
 }
 
 /// A step of `tokens` tokens sent at `sent_s` (now_s) took `compute_ms` over its stages:
 /// the batch's compute; and its model's step fit learns the step's round trip (compute,
 /// the hops between stages, sampling), which is what a step costs a batch.
 void note_step(manager_pointer self, const batch_ptr& b, int64_t tokens, double sent_s,
-               double compute_ms) {
+               double compute_ms, bool loading = false) {
   b->compute_ms += compute_ms;
+  // A step that also waited for its model's load is not a step's cost (the simulator
+  // models loads apart).
+  if (loading) return;
   if (auto m = self->state.models.find(b->model); m != self->state.models.end())
     m->second.steps.add(static_cast<double>(tokens), std::max(0.0, now_s() - sent_s));
 }
@@ -295,7 +306,6 @@ void join_rows(manager_pointer self, const batch_ptr& b, const sched::join_plan&
     req.sampling.push_back(b->rows[r].req.sampling);
   }
   const auto pp = st.models.at(b->model).cfg.pp;
-  set_deadline(self, b, req, joined);
   // Row i computes its tokens [n_i - left - chunk, n_i - left) (step_request), all of
   // them without chunks.
   int64_t tokens = 0;
@@ -305,6 +315,8 @@ void join_rows(manager_pointer self, const batch_ptr& b, const sched::join_plan&
                               : std::max<int64_t>(0, n - plan.left) -
                                     std::max<int64_t>(0, n - plan.left - plan.chunk);
   }
+  set_deadline(self, b, req, tokens);
+  set_kv_blocks(self, b, req);
   if (plan.chunk > 0) st.opts.obs->prefill_chunk(b->model, tokens);
   if (plan.partial()) {
     // A chunk of their prompts, then the running rows' next step: they wait for a chunk,
@@ -320,8 +332,9 @@ void join_rows(manager_pointer self, const batch_ptr& b, const sched::join_plan&
               });
     return;
   }
+  // The rows join now (an error fails them with the others, as running rows); the join's
+  // id stays until it succeeds, so that a failure ends its caches on every stage.
   b->pending.clear();
-  b->pending_id = 0;
   req.join_into = b->id;
   // An error from here on fails the joined rows with the others.
   auto going = b->sent;
@@ -333,6 +346,7 @@ void join_rows(manager_pointer self, const batch_ptr& b, const sched::join_plan&
   send_step(self, b, std::move(req), st.opts.step_timeout * static_cast<int>(pp),
             [=](step_result& res) mutable {
               if (!check_tokens(self, b, res, joined.size())) return;
+              b->pending_id = 0;
               note_step(self, b, tokens, sent_s, res.compute_ms);
               for (size_t j = 0; j < joined.size(); ++j)
                 if (take_token(self, b, joined[j], j, res, true)) {
@@ -366,7 +380,8 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vecto
   int64_t left = 0;
   for (auto r : b->sent)
     left = std::max(left, b->rows[r].req.max_tokens - static_cast<int64_t>(b->outputs[r].size()));
-  req.last = left <= 1;
+  // A chunked join under way joins this batch's caches later: they stay.
+  req.last = left <= 1 && b->pending.empty();
   b->caches_dropped = req.last;
   ++b->steps;
   req.keep = std::move(keep);
@@ -380,11 +395,13 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vecto
       req.tokens.push_back(b->outputs[r].back());
     }
   }
-  set_deadline(self, b, req, b->sent);
   // Tokens the step computes: the prompts at a prefill, a token per row after.
   int64_t tokens = 0;
   for (auto& p : req.prompts) tokens += static_cast<int64_t>(p.size());
   if (step > 0) tokens = static_cast<int64_t>(req.tokens.size());
+  set_deadline(self, b, req, tokens);
+  set_kv_blocks(self, b, req);
+  const bool loading = step == 0 && b->loading;
   auto timeout = st.opts.step_timeout * static_cast<int>(pp);
   if (step == 0 && b->loading)  // it also waits for the load under way
     timeout += std::max<std::chrono::milliseconds>(
@@ -392,7 +409,7 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vecto
   const double sent_s = now_s();
   send_step(self, b, std::move(req), timeout, [=](step_result& res) {
     if (!check_tokens(self, b, res, b->sent.size())) return;
-    note_step(self, b, tokens, sent_s, res.compute_ms);
+    note_step(self, b, tokens, sent_s, res.compute_ms, loading);
     std::vector<size_t> next;
     std::vector<int32_t> keep;
     for (size_t p = 0; p < b->sent.size(); ++p)
@@ -403,7 +420,9 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vecto
     const auto previous = b->sent.size();
     compact(b, next);
     set_running(self, b, b->sent.size());
-    if (b->sent.empty()) {
+    // With every row done the batch ends, unless a chunked join under way is to join it
+    // (its boundary then runs the rest of the join at once).
+    if (b->sent.empty() && b->pending.empty()) {
       finish_batch(self, b, nullptr);
       return;
     }

@@ -287,6 +287,11 @@ struct step_request {
   /// instead of computing tokens nobody waits for; each stage passes on what is left.
   int64_t deadline_ms = 0;
   double expected_ms = 0;
+  /// KV blocks the ledger holds for the model (on each of its devices) when the step was
+  /// sent: a stage's block pool takes chunks of device memory beyond a step's own need only
+  /// up to it, so that what the pools allocate is what the ledger counts. 0: no bound (a
+  /// model whose KV is not in the ledger).
+  int64_t kv_blocks = 0;
 
   bool partial_prefill() const { return prefill_chunk > 0 && prefill_left > 0; }
 };
@@ -295,7 +300,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_request& x) {
   return f(caf::meta::type_name("step_request"), x.model, x.batch_id, x.step, x.stage, x.prompts,
            x.tokens, x.sampling, x.hidden, x.last, x.route, x.keep, x.join_into, x.prefill_chunk,
-           x.prefill_left, x.deadline_ms, x.expected_ms);
+           x.prefill_left, x.deadline_ms, x.expected_ms, x.kv_blocks);
 }
 
 /// The tokens a step produced (rank 0 of the last stage; other ranks answer empty).

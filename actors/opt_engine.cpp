@@ -86,6 +86,7 @@ class decoder_program final : public shard_program {
 
   caf::expected<models::host_tensor> run(const step_request& req,
                                          const models::host_tensor* hidden) override {
+    if (req.kv_blocks > 0) stage_->set_kv_budget(req.kv_blocks);
     auto& cache = caches_[req.batch_id];
     if (req.step > 0 && !req.keep.empty()) {
       // Rows that finished left the batch: their keys and values go too.

@@ -423,9 +423,14 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
         auto out = std::make_shared<step_result>();
         auto hidden_out = std::make_shared<tensor_payload>();
         const auto received = std::chrono::steady_clock::now();
+        // Alone in its stage only: tensor-parallel ranks decide apart, and one that refused
+        // would leave the others waiting in the step's collectives (those rows still end
+        // at the step boundary after their limit).
+        const bool alone = e.spec.model.tp == 1;
         lane_job job{[=]() -> caf::error {
           auto t0 = std::chrono::steady_clock::now();
-          if (auto err = too_late(*in, received, t0, index)) return err;
+          if (alone)
+            if (auto err = too_late(*in, received, t0, index)) return err;
           const double waited0 = gpu::thread_wait_seconds();
           (void)group;
           auto state = w->state();

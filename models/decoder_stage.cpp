@@ -278,6 +278,10 @@ kv_pool_stats decoder_stage::kv_blocks() const {
   return impl_->kv_pool->stats();
 }
 
+void decoder_stage::set_kv_budget(int64_t blocks) {
+  impl_->kv_pool->set_budget(blocks);
+}
+
 namespace {
 
 /// Rows `rows` of a host tensor whose first dimension is the batch, in that order.

@@ -125,6 +125,9 @@ class decoder_stage {
   /// The stage's KV block pool: blocks allocated and in use (what the ledger counts beside
   /// the weights). Thread-safe.
   kv_pool_stats kv_blocks() const;
+  /// The KV blocks the ledger holds for the model on this stage's device (0: no bound):
+  /// the pool's chunks of device memory grow past a step's need only up to them.
+  void set_kv_budget(int64_t blocks);
 
   /// Prefill a batch of prompts (token ids of different lengths, left-padded here). The
   /// first stage reads the tokens; later stages read `hidden` from the previous stage

@@ -8,6 +8,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 
 #include "common/error.hpp"
@@ -67,9 +68,13 @@ caf::expected<at::Tensor> kv_block_pool::allocate_chunk(int64_t blocks) {
 
 caf::error kv_block_pool::grow(int64_t need) {
   // Doubling keeps the chunks few (each chunk is one more gather per layer and step);
-  // where the device has no room for that, exactly what is needed.
-  std::vector<int64_t> sizes{std::max({need, opts_.min_chunk_blocks, allocated_}),
-                             std::max(need, opts_.min_chunk_blocks), need};
+  // where the device has no room for that, exactly what is needed. Beyond what a step
+  // needs, a chunk stays within the blocks the ledger holds for the model: the device's
+  // memory past them is the ledger's to give to weights or to other models' KV.
+  const int64_t cap =
+      budget_ > 0 ? std::max(need, budget_ - allocated_) : std::numeric_limits<int64_t>::max();
+  std::vector<int64_t> sizes{std::min(cap, std::max({need, opts_.min_chunk_blocks, allocated_})),
+                             std::min(cap, std::max(need, opts_.min_chunk_blocks)), need};
   sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
   caf::error last;
   for (auto n : sizes) {
@@ -97,6 +102,11 @@ caf::error kv_block_pool::grow(int64_t need) {
   // The allocator's code stays (a full device is out_of_device_memory, a broken one a
   // device_error); the numbers say what was asked.
   return with_context(last, numbers);
+}
+
+void kv_block_pool::set_budget(int64_t blocks) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  budget_ = std::max<int64_t>(0, blocks);
 }
 
 caf::expected<std::vector<block_id>> kv_block_pool::take(int64_t n) {

@@ -81,6 +81,9 @@ class kv_block_pool {
   void copy(block_id from, block_id to);
 
   kv_pool_stats stats() const;
+  /// The blocks the ledger holds for the model's KV on this device (0: no bound): a chunk
+  /// larger than a step's need stays within it (grow).
+  void set_budget(int64_t blocks);
 
  private:
   struct chunk {
@@ -102,6 +105,7 @@ class kv_block_pool {
   std::vector<std::unique_ptr<chunk>> chunks_;  // by slot; null: a slot given back
   int64_t allocated_ = 0;
   int64_t held_ = 0;
+  int64_t budget_ = 0;
 };
 
 /// What one step does with the blocks, planned by the cache (kv_cache.cpp) before the

@@ -224,10 +224,9 @@ dispatch_effects dispatcher::step_boundary(batch_id id, const std::vector<uint64
   b.rows = std::move(rows);
   const size_t room = batcher_->options().max_batch_size;
   std::vector<queued_entry> joiners;
-  // While a chunked prefill is under way its joiners hold the batch's places.
-  const size_t busy = going.size() + (b.chunking ? b.chunking->rows.size() : 0);
-  if (batcher_->options().continuous && !b.chunking && busy < room && batcher_->queued(model) > 0 &&
-      !others_wait(model)) {
+  // While a chunked prefill is under way no other join starts.
+  if (batcher_->options().continuous && !b.chunking && going.size() < room &&
+      batcher_->queued(model) > 0 && !others_wait(model)) {
     auto d = batcher_->join(model, room - going.size(), now);
     for (auto& [m, e] : d.expired) out.failures.push_back({m, e, row_end::expired, 0});
     for (auto& [m, e] : d.dropped) out.failures.push_back({m, e, row_end::dropped, 0});
@@ -249,8 +248,11 @@ dispatch_effects dispatcher::step_boundary(batch_id id, const std::vector<uint64
       if (prefill_first) want += b.leaving;
       b.joiners = std::move(joiners);
       b.waiting = kv_wait::step;
-      out.kv_asks.push_back({id, model, want - std::min(want, b.kv_held),
-                             kv_need_of(b, {}) - std::min(kv_need_of(b, {}), b.kv_held), false});
+      // At least what the running rows and a chunked join need (with the blocks of rows
+      // that left, which a chunk's step runs before the keep list frees).
+      const auto least = kv_need_of(b, {}) + (b.chunking ? b.leaving : 0);
+      out.kv_asks.push_back(
+          {id, model, want - std::min(want, b.kv_held), least - std::min(least, b.kv_held), false});
       return out;
     }
   }
@@ -479,6 +481,13 @@ dispatch_effects dispatcher::kv_granted(batch_id id, uint32_t model, uint64_t bl
 uint64_t dispatcher::kv_held(batch_id id) const {
   auto i = batches_.find(id);
   return i == batches_.end() ? 0 : i->second.kv_held;
+}
+
+uint64_t dispatcher::kv_held_by(uint32_t model) const {
+  uint64_t n = 0;
+  for (auto& [id, b] : batches_)
+    if (b.model == model) n += b.kv_held;
+  return n;
 }
 
 dispatch_effects dispatcher::tick(time_point now) {

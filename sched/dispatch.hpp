@@ -212,6 +212,8 @@ class dispatcher {
                               time_point now);
   /// KV blocks a batch holds (0 for models without KV in the ledger).
   uint64_t kv_held(batch_id id) const;
+  /// KV blocks all of a model's batches hold: what the ledger counts for it per device.
+  uint64_t kv_held_by(uint32_t model) const;
   /// A started batch ended: its devices and lease are free; with `ok`, its `steps` steps
   /// took `compute_s` (the estimates learn). A run pass and a dispatch pass.
   dispatch_effects batch_done(batch_id id, time_point now, bool ok, double compute_s,

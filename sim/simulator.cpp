@@ -502,6 +502,12 @@ class simulator {
     b.taken = std::move(taken);
     b.left = std::move(left);
     b.joined = std::move(joined);
+    // With every row done the batch ends, unless a chunked join under way is to join it
+    // (the manager's run_step): its boundary then runs the rest of the join at once.
+    if (b.rows.empty() && b.chunking != 0) {
+      boundary(id, disp_->step_boundary(id, {}, now_));
+      return;
+    }
     if (b.rows.empty()) {
       auto compute_s = b.compute_s;
       auto steps = b.steps;

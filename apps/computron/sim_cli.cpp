@@ -120,7 +120,7 @@ caf::expected<calibration> calibrate_from_server(const std::string& url, const s
             x["model"].is_string()) {
           auto name = x["model"].get<std::string>();
           auto fixed = x.value("step-fixed-ms", 0.0), per_token = x.value("step-per-token-ms", 0.0);
-          if (per_token > 0) {
+          if (per_token > 0 || fixed > 0) {
             out.step_s[name] = fixed / 1e3;
             out.step_per_token_s[name] = per_token / 1e3;
           } else {

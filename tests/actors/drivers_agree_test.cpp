@@ -173,3 +173,19 @@ TEST_CASE("the actors and the simulator agree on chunked prefill: joiners come i
   REQUIRE(whole.outcomes.size() == 4);
   CHECK(simulated.outcomes[1].done_s - whole.outcomes[1].done_s == Approx(0.040).margin(0.002));
 }
+
+TEST_CASE("the actors and the simulator agree when the running rows end during a chunked join",
+          "[drivers][continuous][chunked]") {
+  // The running request ends two steps into a 16-token prompt's chunks of 4: the batch does
+  // not end, the rest of the prompt goes in one step and the joiner decodes on.
+  scenario s;
+  s.capacity_bytes = {100 * mb};
+  s.models = {{"a", 1, {0}, 10 * mb, 10}};
+  s.batching.max_batch_size = 4;
+  s.batching.batch_window = 5ms;
+  s.batching.prefill_chunk = 4;
+  s.arrivals = {{0, "a", 4, 3}, {22, "a", 3, 16}, {300, "a", 2, 3}};
+  auto simulated = check_drivers_agree(s);
+  REQUIRE(simulated.outcomes.size() == 3);
+  for (auto& o : simulated.outcomes) CHECK(o.status == 200);
+}

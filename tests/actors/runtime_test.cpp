@@ -361,7 +361,9 @@ TEST_CASE("one deadline: a running request ends at it, a worker refuses a step t
   auto took = std::chrono::steady_clock::now() - t0;
   REQUIRE_FALSE(late);
   CHECK(is(late.error(), ec::deadline_exceeded));
-  CHECK_THAT(render(late.error()), Catch::Contains("while slow generated it (50 ms past it"));
+  // At the step boundary after its limit, or refused by the worker just before it.
+  CHECK_THAT(render(late.error()), Catch::Contains("while slow generated it (50 ms past it") ||
+                                       Catch::Contains("would end past the deadline"));
   CHECK(took < 1500ms);
   // The manager goes on serving.
   auto ok = f.infer(request("slow", {1, 2, 3}, 2));

@@ -393,6 +393,29 @@ TEST_CASE("kv blocks: the stage's allocator gives the blocks' memory and a refus
     CHECK(plain->kv_blocks().blocks_allocated == 0);
   }
 
+  SECTION("chunks grow past a step's need only within the ledger's blocks for the model") {
+    counting_memory mem;
+    auto stage =
+        decoder_stage::create(m.spec, m.par, {0, 0}, *m.shards[0], *m.groups[0], mem.options());
+    REQUIRE(stage);
+    // Unbounded, the first chunk is the pool's smallest (16 blocks) for two rows of one.
+    kv_cache a;
+    REQUIRE((*stage)->prefill({prompt(15, 1), prompt(3, 2)}, nullptr, a));
+    CHECK((*stage)->kv_blocks().blocks_allocated == 16);
+    a = kv_cache{};
+    CHECK((*stage)->kv_blocks().blocks_allocated == 0);
+    // The ledger holds 3 blocks for the model: the chunk is 3, and a step that needs more
+    // than the bound still gets exactly what it needs.
+    (*stage)->set_kv_budget(3);
+    kv_cache b;
+    REQUIRE((*stage)->prefill({prompt(15, 1), prompt(3, 2)}, nullptr, b));
+    CHECK((*stage)->kv_blocks().blocks_allocated == 3);
+    kv_cache c;
+    REQUIRE((*stage)->prefill({prompt(40, 3), prompt(40, 4)}, nullptr, c));
+    CHECK((*stage)->kv_blocks().blocks_allocated == 3 + 5);  // 1 free + 5 more for 6
+    CHECK(*mem.live_bytes == static_cast<int64_t>(8 * block));
+  }
+
   SECTION("a hook that refuses fails the prefill with out_of_device_memory") {
     kv_pool_options refuse;
     refuse.allocate = [](uint64_t bytes) -> caf::expected<kv_memory> {
