@@ -57,25 +57,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-/// A step that reached the front of the lane at `start` so late that the stages left
-/// (this one and those after it, each a share of the manager's estimate) cannot end within
-/// the deadline it carries: deadline_exceeded, saying by how much. None without a deadline.
-caf::error too_late(const step_request& req, std::chrono::steady_clock::time_point received,
-                    std::chrono::steady_clock::time_point start, int32_t device) {
-  if (req.deadline_ms <= 0) return {};
-  const auto stages = std::max<size_t>(1, req.route.size());
-  const auto left_stages = stages - std::min(stages - 1, static_cast<size_t>(req.stage));
-  const double to_go =
-      req.expected_ms * static_cast<double>(left_stages) / static_cast<double>(stages);
-  const double waited = std::chrono::duration<double, std::milli>(start - received).count();
-  if (waited + to_go <= static_cast<double>(req.deadline_ms)) return {};
-  return make_error(ec::deadline_exceeded,
-                    fmt::format("step {} of {} reached device {}'s compute lane {:.0f} ms after "
-                                "it came, with {} ms of its deadline left then and about "
-                                "{:.0f} ms of compute to go: it would end past the deadline",
-                                req.step, req.model, device, waited, req.deadline_ms, to_go));
-}
-
 bool same_shard(const shard_spec& a, const shard_spec& b) {
   return a.tp_rank == b.tp_rank && a.pp_rank == b.pp_rank && same_weights(a.model, b.model);
 }
@@ -87,20 +68,6 @@ std::string group_name(const std::string& scope, const shard_spec& s) {
     name +=
         "-" + std::to_string(s.model.devices.at(static_cast<size_t>(s.pp_rank * s.model.tp + r)));
   return name;
-}
-
-lane_actor::behavior_type lane(lane_actor::pointer self) {
-  return {
-      [=](run_atom, lane_job& job) -> caf::result<bool> {
-        // No exception crosses the actor boundary.
-        try {
-          if (auto err = job.run()) return err;
-          return true;
-        } catch (const std::exception& e) {
-          return make_error(ec::unspecified, std::string{"blocking job threw: "} + e.what());
-        }
-      },
-  };
 }
 
 /// The shard is here but its cross-node group is new (a peer's node restarted and the
@@ -165,8 +132,8 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
   st.engines = std::move(engines);
   st.opts = std::move(opts);
   // Two lanes: a load never waits behind a forward pass, nor a forward behind a load.
-  st.copy_lane = self->template spawn<caf::detached + caf::linked>(lane);
-  st.compute_lane = self->template spawn<caf::detached + caf::linked>(lane);
+  st.copy_lane = self->template spawn<caf::detached + caf::linked>(lane_behavior);
+  st.compute_lane = self->template spawn<caf::detached + caf::linked>(lane_behavior);
   const int32_t index = st.opts.device_index;
   auto missing = [=](const std::string& model) {
     return make_error(ec::unknown_model,
@@ -430,7 +397,7 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
         lane_job job{[=]() -> caf::error {
           auto t0 = std::chrono::steady_clock::now();
           if (alone)
-            if (auto err = too_late(*in, received, t0, index)) return err;
+            if (auto err = step_too_late(*in, received, t0, index)) return err;
           const double waited0 = gpu::thread_wait_seconds();
           (void)group;
           auto state = w->state();
@@ -599,10 +566,6 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
 }
 
 }  // namespace
-
-lane_actor spawn_lane(caf::actor_system& sys) {
-  return sys.spawn<caf::detached>(lane);
-}
 
 caf::expected<shard_worker_actor> spawn_shard_worker(caf::actor_system& sys, gpu::device_ptr dev,
                                                      engine_registry engines,

@@ -43,5 +43,14 @@ caf::expected<shard_worker_actor> spawn_shard_worker(caf::actor_system& sys, gpu
 
 /// Spawns a lane: a detached actor that runs blocking jobs in order on its own thread.
 lane_actor spawn_lane(caf::actor_system& sys);
+/// A lane's behaviour (for spawning one linked to its owner).
+lane_actor::behavior_type lane_behavior(lane_actor::pointer self);
+
+/// A step that reached the front of its compute lane at `start` (it came at `received`) so
+/// late that the stages left (this one and those after it, each a share of the manager's
+/// estimate) cannot end within the deadline it carries (step_request::deadline_ms):
+/// deadline_exceeded, saying by how much. None without a deadline.
+caf::error step_too_late(const step_request& req, std::chrono::steady_clock::time_point received,
+                         std::chrono::steady_clock::time_point start, int32_t device);
 
 }  // namespace computron::actors
