@@ -79,16 +79,9 @@ caf::expected<host_tensor> decoder_stage::prefill_chunk(
     at::NoGradGuard no_grad;
     auto in = detail::left_padded(prompts, begin, end, t);
     auto dev_pos = in.positions.to(m.options.device());
-    at::Tensor x;
-    if (m.first()) {
-      auto e = m.embed_first(in.ids.to(m.options.device()), dev_pos);
-      if (!e) return std::move(e.error());
-      x = std::move(*e);
-    } else {
-      auto h = m.hidden_input(hidden, b, t);
-      if (!h) return std::move(h.error());
-      x = *h;
-    }
+    auto input = m.step_input(in, dev_pos, hidden, b, t);
+    if (!input) return std::move(input.error());
+    at::Tensor x = std::move(*input);
     // The chunk's blocks are taken before any layer runs: a pool without room fails the
     // step here, with a later chunk's cache as it was.
     auto kv = fresh ? detail::plan_prefill(c, m.kv_pool, end, t, m.prefill_blocked(in.valid))

@@ -353,16 +353,9 @@ caf::expected<host_tensor> decoder_stage::prefill_rows(
     auto in = detail::left_padded(prompts, std::vector<int64_t>(prompts.size(), 0), lengths, t);
     auto blocked = m.prefill_blocked(in.valid);
     auto dev_pos = in.positions.to(m.options.device());
-    at::Tensor x;
-    if (m.first()) {
-      auto e = m.embed_first(in.ids.to(m.options.device()), dev_pos);
-      if (!e) return std::move(e.error());
-      x = std::move(*e);
-    } else {
-      auto h = m.hidden_input(hidden, b, t);
-      if (!h) return std::move(h.error());
-      x = *h;
-    }
+    auto input = m.step_input(in, dev_pos, hidden, b, t);
+    if (!input) return std::move(input.error());
+    at::Tensor x = std::move(*input);
     std::vector<std::pair<int64_t, int64_t>> scored;
     for (size_t i = 0; i < score.size() && i < prompts.size(); ++i)
       if (score[i]) scored.emplace_back(static_cast<int64_t>(i), prompts[i].size());

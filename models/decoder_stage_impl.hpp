@@ -125,6 +125,14 @@ struct decoder_stage::impl : detail::stage_state {
     return detail::from_host(*hidden, options.device());
   }
 
+  /// A step's input on this stage: the first stage embeds `in`'s tokens at their
+  /// positions (`dev_pos`, on the device), a later one takes the previous stage's states.
+  caf::expected<at::Tensor> step_input(const detail::step_inputs& in, const at::Tensor& dev_pos,
+                                       const host_tensor* hidden, int64_t b, int64_t t) {
+    if (first()) return embed_first(in.ids.to(options.device()), dev_pos);
+    return hidden_input(hidden, b, t);
+  }
+
   caf::error check_tokens(const std::vector<int64_t>& ids) const {
     for (auto id : ids)
       if (id < 0 || id >= spec.vocab)
