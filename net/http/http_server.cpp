@@ -531,6 +531,19 @@ http_server::http_server(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
 
 http_server::~http_server() {
   stop();
+  // An actor that answered a request may still hold its answer paths, and with them the
+  // connection, whose socket closes through the I/O context: the context waits for them,
+  // a bounded while (they go as the actor is cleaned up, usually within microseconds).
+  if (!impl_->listen) return;
+  for (int i = 0; i < 200 && impl_->listen->held.load() > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (auto n = impl_->listen->held.load(); n > 0) {
+    log::warn(
+        "http: {} requests still held 2 s after the server stopped; the server's I/O "
+        "state is left behind rather than freed under them",
+        n);
+    (void)impl_.release();
+  }
 }
 
 uint16_t http_server::port() const {
@@ -570,7 +583,7 @@ caf::expected<std::unique_ptr<http_server>> http_server::start(
     return make_error(ec::io_error, "http: cannot listen on " + o.host + ":" +
                                         std::to_string(o.port) + ": " + ec.message());
   p->bound_port = p->acceptor.local_endpoint().port();
-  p->listen = std::make_unique<transport::listener>(transport::listener{
+  p->listen = std::unique_ptr<transport::listener>(new transport::listener{
       p->ioc, p->acceptor, p->stopped, p->opts,
       [srv = p.get()](const request& req, responder reply, sse_opener open_sse, gone_hook on_gone) {
         // An exception here is a bug; it must not end the process from an I/O thread.

@@ -19,6 +19,28 @@ using replies::make_error_response;
 
 namespace {
 
+class session;
+
+/// A request's hold on its connection from outside the I/O threads (its answer paths):
+/// the connection is let go first, then the listener's count of held requests drops, so
+/// that a server waiting for that count never frees the I/O context under a socket.
+struct held_session {
+  held_session(std::shared_ptr<session> session, std::atomic<int64_t>& n)
+      : s(std::move(session)), n_(n) {
+    ++n_;
+  }
+  ~held_session() {
+    s.reset();
+    --n_;
+  }
+  held_session(const held_session&) = delete;
+  held_session& operator=(const held_session&) = delete;
+  std::shared_ptr<session> s;
+
+ private:
+  std::atomic<int64_t>& n_;
+};
+
 /// One connection: reads requests, hands each to the listener's handler, writes the
 /// answer (whole or as Server-Sent Events), watches the client while it waits.
 class session : public std::enable_shared_from_this<session> {
@@ -62,19 +84,22 @@ class session : public std::enable_shared_from_this<session> {
     answered_ = false;
     // The connection waits for the answer without a read deadline.
     stream_.expires_never();
-    auto self = shared_from_this();
+    auto h = std::make_shared<held_session>(shared_from_this(), srv_.held);
     auto seq = ++requests_;
     srv_.handle(
         req,
-        [self](response res) {
+        [h](response res) {
+          auto self = h->s;
           asio::post(self->stream_.get_executor(),
                      [self, res = std::move(res)]() mutable { self->write(std::move(res)); });
         },
-        [self]() -> std::shared_ptr<sse_channel> {
+        [h]() -> std::shared_ptr<sse_channel> {
+          auto self = h->s;
           asio::post(self->stream_.get_executor(), [self] { self->start_sse(); });
-          return std::make_shared<channel>(self);
+          return std::make_shared<channel>(h);
         },
-        [self, seq](std::function<void()> f) {
+        [h, seq](std::function<void()> f) {
+          auto self = h->s;
           asio::post(self->stream_.get_executor(),
                      [self, seq, f = std::move(f)]() mutable { self->on_gone(seq, std::move(f)); });
         });
@@ -128,7 +153,7 @@ class session : public std::enable_shared_from_this<session> {
   /// The session's side of a streamed response; its calls hop onto the session's strand.
   class channel final : public sse_channel {
    public:
-    explicit channel(std::shared_ptr<session> s) : s_(std::move(s)) {}
+    explicit channel(std::shared_ptr<held_session> h) : h_(std::move(h)), s_(h_->s) {}
     ~channel() override { end(); }
     void send(std::string payload) override {
       auto framed = std::make_shared<std::string>("data: " + std::move(payload) + "\n\n");
@@ -145,6 +170,8 @@ class session : public std::enable_shared_from_this<session> {
     }
 
    private:
+    // Destroyed after s_: the server's count drops once the channel let go of it.
+    std::shared_ptr<held_session> h_;
     std::shared_ptr<session> s_;
   };
 

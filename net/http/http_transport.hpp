@@ -45,13 +45,17 @@ using request = boost::beast::http::request<boost::beast::http::string_body>;
 using request_handler = std::function<void(const request&, responder, sse_opener, gone_hook)>;
 
 /// The server's accepting side. Outlives every connection (the server stops its I/O
-/// threads before it goes).
+/// threads before it goes, then waits a bounded while for `held` to reach 0).
 struct listener {
   boost::asio::io_context& ioc;
   boost::asio::ip::tcp::acceptor& acceptor;
   const std::atomic<bool>& stopped;
   const http_options& opts;
   request_handler handle;
+  /// Requests whose answer paths (responder, stream, gone hook) something outside the I/O
+  /// threads still holds, such as an actor being cleaned up after it answered. Each holds
+  /// its connection, whose socket closes through the I/O context when it goes.
+  std::atomic<int64_t> held{0};
 };
 
 /// Accepts connections until the acceptor closes, each served on its own strand.
