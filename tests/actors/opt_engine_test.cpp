@@ -85,26 +85,39 @@ TEST_CASE("an OPT shape outside the catalogue comes from the config", "[actors][
   CHECK_THAT(render(validate_model(engines, m, kinds)), Catch::Contains("shape needs 6 numbers"));
 }
 
+/// One f32 OPT shard on an emulated device, loaded, and the engine's program over it.
+struct loaded_opt {
+  engine_registry engines = all_engines();
+  shard_spec s{opt("f32", {0}), 0, 0, {}};
+  gpu::device_ptr dev;
+  std::unique_ptr<gpu::weight_shard> w;
+  std::unique_ptr<gpu::collective> group = gpu::make_solo_collective();
+  caf::expected<std::unique_ptr<shard_program>> program{nullptr};
+
+  loaded_opt() {
+    auto& e = *engines.at("opt");
+    auto table = e.layout(s);
+    REQUIRE(table);
+    gpu::emulated_device_options o;
+    o.capacity_bytes = 64ull << 20;
+    auto made = gpu::emulated_device::make(o);
+    REQUIRE(made);
+    dev = *made;
+    auto shard = gpu::weight_shard::create(dev, *table);
+    REQUIRE(shard);
+    w = std::move(*shard);
+    REQUIRE_FALSE(e.fill(s, *w));
+    REQUIRE_FALSE(w->load({1ull << 20}));
+    REQUIRE_FALSE(w->wait_loaded(std::chrono::seconds{30}));
+    program = e.make_program(s, *w, *group);
+    REQUIRE(program);
+  }
+};
+
 TEST_CASE("a batch's head follows its step-0 settings: candidates, or whole rows",
           "[actors][engine][vocab]") {
-  auto engines = all_engines();
-  auto& e = *engines.at("opt");
-  auto m = opt("f32", {0});
-  shard_spec s{m, 0, 0, {}};
-  auto table = e.layout(s);
-  REQUIRE(table);
-  gpu::emulated_device_options o;
-  o.capacity_bytes = 64ull << 20;
-  auto dev = gpu::emulated_device::make(o);
-  REQUIRE(dev);
-  auto w = gpu::weight_shard::create(*dev, *table);
-  REQUIRE(w);
-  REQUIRE_FALSE(e.fill(s, **w));
-  REQUIRE_FALSE((*w)->load({1ull << 20}));
-  REQUIRE_FALSE((*w)->wait_loaded(std::chrono::seconds{30}));
-  auto group = gpu::make_solo_collective();
-  auto program = e.make_program(s, **w, *group);
-  REQUIRE(program);
+  loaded_opt f;
+  auto& program = f.program;
   auto step0 = [&](uint64_t batch, row_sampling r) {
     step_request q;
     q.model = "m";
@@ -138,24 +151,8 @@ TEST_CASE("a batch's head follows its step-0 settings: candidates, or whole rows
 
 TEST_CASE("a chunked step 0 answers nothing until its last chunk, then what one step answers",
           "[actors][engine][chunked]") {
-  auto engines = all_engines();
-  auto& e = *engines.at("opt");
-  auto m = opt("f32", {0});
-  shard_spec s{m, 0, 0, {}};
-  auto table = e.layout(s);
-  REQUIRE(table);
-  gpu::emulated_device_options o;
-  o.capacity_bytes = 64ull << 20;
-  auto dev = gpu::emulated_device::make(o);
-  REQUIRE(dev);
-  auto w = gpu::weight_shard::create(*dev, *table);
-  REQUIRE(w);
-  REQUIRE_FALSE(e.fill(s, **w));
-  REQUIRE_FALSE((*w)->load({1ull << 20}));
-  REQUIRE_FALSE((*w)->wait_loaded(std::chrono::seconds{30}));
-  auto group = gpu::make_solo_collective();
-  auto program = e.make_program(s, **w, *group);
-  REQUIRE(program);
+  loaded_opt f;
+  auto& program = f.program;
   const std::vector<std::vector<int64_t>> prompts = {{2, 100, 37, 5, 400, 12, 9}, {2, 9}};
   auto request = [&](uint64_t batch, int32_t step) {
     step_request q;
@@ -228,25 +225,9 @@ TEST_CASE("a decoder shard's KV blocks come out of its device's memory and go ba
           "[actors][engine][kv]") {
   // The worker's program takes KV chunks from the shard's own device (beside the
   // weights), and a batch that ends gives them back.
-  auto engines = all_engines();
-  auto& e = *engines.at("opt");
-  auto m = opt("f32", {0});
-  shard_spec s{m, 0, 0, {}};
-  auto table = e.layout(s);
-  REQUIRE(table);
-  gpu::emulated_device_options o;
-  o.capacity_bytes = 64ull << 20;
-  auto dev = gpu::emulated_device::make(o);
-  REQUIRE(dev);
-  auto w = gpu::weight_shard::create(*dev, *table);
-  REQUIRE(w);
-  REQUIRE_FALSE(e.fill(s, **w));
-  REQUIRE_FALSE((*w)->load({1ull << 20}));
-  REQUIRE_FALSE((*w)->wait_loaded(std::chrono::seconds{30}));
-  auto group = gpu::make_solo_collective();
-  auto program = e.make_program(s, **w, *group);
-  REQUIRE(program);
-  const auto weights = (*dev)->used_bytes();
+  loaded_opt f;
+  auto& program = f.program;
+  const auto weights = f.dev->used_bytes();
   auto spec = models::find_spec("opt-tiny");
   REQUIRE(spec);
   const auto block = models::kv_block_bytes(*spec, gpu::dtype::f32, {1, 1}, {0, 0});
@@ -257,7 +238,7 @@ TEST_CASE("a decoder shard's KV blocks come out of its device's memory and go ba
   q.sampling = {row_sampling{}, row_sampling{}};
   REQUIRE((*program)->run(q, nullptr));
   // One chunk of the pool's smallest size (16 blocks) holds the two rows' blocks.
-  CHECK((*dev)->used_bytes() == weights + 16 * block);
+  CHECK(f.dev->used_bytes() == weights + 16 * block);
   (*program)->end_batch(1);
-  CHECK((*dev)->used_bytes() == weights);
+  CHECK(f.dev->used_bytes() == weights);
 }

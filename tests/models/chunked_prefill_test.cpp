@@ -17,19 +17,9 @@
 
 using namespace computron;
 using namespace computron::models;
+using computron::test::relative_error;
 
 namespace {
-
-/// max |a - b| / max |b|
-double relative_error(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i])));
-    scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
-  }
-  return diff / scale;
-}
 
 /// A prompt of `n` ids from `seed`.
 std::vector<int64_t> prompt(size_t n, int64_t seed) {

@@ -18,19 +18,9 @@
 
 using namespace computron;
 using namespace computron::models;
+using computron::test::relative_error;
 
 namespace {
-
-/// max |a - b| / max |b|
-double relative_error(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i])));
-    scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
-  }
-  return diff / scale;
-}
 
 /// A request of the scripted batch: its prompt, the step it joins at, the tokens it gets.
 struct request {

@@ -19,6 +19,7 @@
 
 using namespace computron;
 using namespace computron::models;
+using computron::test::relative_error;
 using namespace std::chrono_literals;
 
 namespace computron::models {
@@ -41,17 +42,6 @@ struct sharded_model : test::sharded_model {
       : test::sharded_model(*find_spec(name), type, p, test::seeded_filler(*find_spec(name), seed),
                             load) {}
 };
-
-/// max |a - b| / max |b|
-double relative_error(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i])));
-    scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
-  }
-  return diff / scale;
-}
 
 host_tensor logits_of(sharded_model& m) {
   return m.on_all_ranks([](std::vector<opt_stage*> c) { return prefill_logits(c, prompts); });

@@ -3,11 +3,13 @@
 // A decoder loaded shard by shard onto emulated devices, one stage per shard, for the
 // forward tests of every family. Tensor-parallel ranks run in threads and meet through real
 // Gloo on 127.0.0.1. Include from torch test binaries only (after Catch2).
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <future>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/error.hpp"
 #include "gpu/emulated_device.hpp"
@@ -41,6 +43,18 @@ inline shard_filler seeded_filler(const decoder_spec& spec, uint64_t seed) {
                       gpu::weight_shard& w) {
     return models::fill_seeded(spec, par, idx, w.table(), w.host_data(), seed);
   };
+}
+
+/// max |a - b| / max |b| of two equally long lists (infinite when their sizes differ, so
+/// that a tolerance check fails).
+inline double relative_error(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i])));
+    scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
+  }
+  return diff / scale;
 }
 
 inline gpu::device_ptr emulated_device(int ordinal, double gbps = 8.0) {
