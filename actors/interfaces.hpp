@@ -134,34 +134,53 @@ using serving_actor = caf::typed_actor<
     /// the frontend's (infer_request::id); an unknown id is ignored.
     caf::reacts_to<cancel_atom, uint64_t, bool>>::extend_with<status_reporter_actor>;
 
-/// The model registry, per-model queues, batching and dispatch.
+/// Per-model queues, batching and dispatch of the models the registry hands it. It
+/// decides no lifecycle: it serves what it was given and lists what it was told.
 using model_manager_actor = serving_actor::extend<
+    /// Serves a model the registry registered (its shards are prepared and the scheduler
+    /// places it): its config, the bytes its shards hold, and whether the ledger counts
+    /// its KV blocks. Replies with its info.
+    caf::replies_to<adopt_atom, model_config, uint64_t, bool>::with<model_info>,
+    /// A name it cannot serve and why (registering, failed with the reason), which its
+    /// list and info show and its refusals give; `unregistered` forgets the name.
+    caf::reacts_to<listed_atom, model_info>,
+    /// true: stops admitting the model's requests, before it is unregistered (refused
+    /// while requests of it are queued or running); false: admits them again (an
+    /// unregistration that failed). Replies with its info.
+    caf::replies_to<retire_atom, std::string, bool>::with<model_info>,
+    /// Forgets a retired model (the registry has freed it everywhere).
+    caf::replies_to<forget_atom, std::string>::with<bool>,
+    /// The batch-window timer (the manager sends it to itself).
+    caf::reacts_to<tick_atom>>;
+
+/// The owner of the model lifecycle (Triton's): registration, unregistration, a model
+/// repository's folders (explicit model control), and a node's loss and return. It
+/// prepares shards on the workers, places models with the scheduler and hands them to
+/// the manager, which serves them.
+using registry_actor = caf::typed_actor<
     /// Registers a model: its shards are prepared on their workers. A registration that
-    /// fails stays listed as "failed" with its reason (until registered again or
+    /// fails stays listed as failed with its reason (until registered again or
     /// unregistered), so operators see why a model is missing.
     caf::replies_to<register_atom, model_config>::with<model_info>,
     /// Evicts the model, frees its host copies on every worker and forgets it (or drops a
     /// failed registration). Refused while requests of it are queued or running.
     caf::replies_to<unregister_atom, std::string>::with<model_info>,
-    /// The batch-window timer (the manager sends it to itself).
-    caf::reacts_to<tick_atom>,
-    /// These devices' node rejoined: groups of ranks spanning nodes meet again.
-    caf::reacts_to<found_atom, std::vector<int32_t>>>;
-
-/// Model control over a model repository (Triton's explicit mode): the index of every
-/// registered model and every folder, and load and unload that register and unregister.
-using repository_actor = caf::typed_actor<
-    /// Every registered model (including failed registrations) and every repository
-    /// folder not registered ("unloaded", or "failed" with the reason it cannot be read).
+    /// Every registered model (failed registrations included) and every repository
+    /// folder not registered (unloaded, or failed with the reason it cannot be read).
     caf::replies_to<list_atom>::with<std::vector<model_info>>,
     /// One model as the index lists it: the manager's, else its folder read now
-    /// ("unloaded", or "failed" with the reason); unknown_model when it is neither.
+    /// (unloaded, or failed with the reason); unknown_model when it is neither.
     caf::replies_to<info_atom, std::string>::with<model_info>,
     /// Makes a model resident; a folder not registered yet is read and registered first.
     caf::replies_to<load_atom, std::string>::with<model_info>,
     /// Evicts a model; with true also unregisters it (its host memory is freed; a load
     /// registers it again from its folder).
-    caf::replies_to<unload_atom, std::string, bool>::with<model_info>>;
+    caf::replies_to<unload_atom, std::string, bool>::with<model_info>,
+    /// These devices' node is gone: their models are unavailable (the scheduler hears it).
+    caf::reacts_to<lost_atom, std::vector<int32_t>>,
+    /// These devices are back: the scheduler hears it, and groups of ranks spanning nodes
+    /// meet again.
+    caf::reacts_to<found_atom, std::vector<int32_t>>>::extend_with<status_reporter_actor>;
 
 /// Admission in front of a serving actor: request ids, per-model queue bounds
 /// (overloaded, never unbounded memory), replies. It watches who asks: when a requester

@@ -451,6 +451,18 @@ struct model_info {
   uint64_t kv_bytes = 0;
 };
 
+/// A model listed with no figures: one being registered, one that failed (the reason and
+/// its code), one just unregistered, a repository folder not registered.
+inline model_info listed_info(model_config cfg, model_lifecycle state, std::string reason = {},
+                              uint8_t reason_code = 0) {
+  model_info i;
+  i.config = std::move(cfg);
+  i.state = state;
+  i.reason = std::move(reason);
+  i.reason_code = reason_code;
+  return i;
+}
+
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, model_info& x) {
   return f(caf::meta::type_name("model_info"), x.config, x.state, x.bytes, x.weight_bytes, x.queued,

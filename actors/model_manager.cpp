@@ -301,11 +301,6 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
   st.workers = std::move(workers);
   st.scheduler = std::move(scheduler);
   st.disp = std::move(disp);
-  auto listed_failed = [=](const failed_model& f) {
-    auto i = listed_only(f.cfg, model_lifecycle::failed, f.reason);
-    i.reason_code = static_cast<uint8_t>(f.code);
-    return i;
-  };
   return {
       [=](infer_atom, infer_request& req) -> caf::result<infer_reply> {
         auto& st = self->state;
@@ -349,10 +344,14 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
             return;
           }
       },
-      [=](register_atom, model_config& requested) -> caf::result<model_info> {
-        return register_model(self, std::move(requested));
+      [=](adopt_atom, model_config& cfg, uint64_t bytes, bool kv) -> caf::result<model_info> {
+        return adopt_model(self, cfg, bytes, kv);
       },
-      [=](found_atom, std::vector<int32_t>& devs) { rejoin_groups(self, devs); },
+      [=](listed_atom, model_info& i) { note_listed(self, std::move(i)); },
+      [=](retire_atom, std::string& name, bool retire) -> caf::result<model_info> {
+        return retire_model(self, name, retire);
+      },
+      [=](forget_atom, std::string& name) { return forget_model(self, name); },
       [=](list_atom) -> caf::result<std::vector<model_info>> {
         auto rp = self->make_response_promise<std::vector<model_info>>();
         self->request(self->state.scheduler, 10s, status_atom_v)
@@ -365,9 +364,7 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
                       if (x.model == name) r = &x;
                     out.push_back(info_of(self->state.queues(), m, r));
                   }
-                  for (auto& [name, cfg] : self->state.registering)
-                    out.push_back(listed_only(cfg, model_lifecycle::registering, {}));
-                  for (auto& [name, f] : self->state.failed) out.push_back(listed_failed(f));
+                  for (auto& [name, i] : self->state.listed) out.push_back(i);
                   std::sort(out.begin(), out.end(),
                             [](auto& a, auto& b) { return a.config.name < b.config.name; });
                   rp.deliver(std::move(out));
@@ -377,9 +374,7 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
       },
       [=](info_atom, std::string& name) -> caf::result<model_info> {
         auto& st = self->state;
-        if (auto f = st.failed.find(name); f != st.failed.end()) return listed_failed(f->second);
-        if (auto r = st.registering.find(name); r != st.registering.end())
-          return listed_only(r->second, model_lifecycle::registering, {});
+        if (auto l = st.listed.find(name); l != st.listed.end()) return l->second;
         if (st.models.count(name) == 0) return unknown_model_error(name);
         auto rp = self->make_response_promise<model_info>();
         with_info(self, name, rp);
@@ -415,9 +410,6 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
                 },
                 [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
         return rp;
-      },
-      [=](unregister_atom, std::string& name) -> caf::result<model_info> {
-        return unregister_model(self, name);
       },
       [=](devices_atom) -> caf::result<std::vector<device_report>> {
         auto rp = self->make_response_promise<std::vector<device_report>>();

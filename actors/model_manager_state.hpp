@@ -1,8 +1,8 @@
 #pragma once
 
 // The model manager's state and the pieces its files share (internal to actors/):
-// model_manager.cpp serves requests and runs batches, model_lifecycle.cpp registers
-// models and rejoins their groups when a node returns.
+// model_manager.cpp serves requests and runs batches, batch_steps.cpp runs their steps,
+// manager_roster.cpp keeps the models the registry handed it.
 #include <deque>
 #include <functional>
 #include <map>
@@ -118,15 +118,6 @@ struct managed_model {
   bool unregistering = false;
 };
 
-/// A registration that failed: listed with its reason until it registers or is
-/// unregistered. Requests for it are refused with the reason and `code`: out_of_device_memory
-/// where it can never fit its devices (a retry cannot help), else unavailable.
-struct failed_model {
-  model_config cfg;
-  std::string reason;
-  ec code = ec::unavailable;
-};
-
 struct model_manager_state {
   static constexpr const char* name = "model_manager";
   model_manager_options opts;
@@ -134,10 +125,10 @@ struct model_manager_state {
   std::vector<shard_worker_actor> workers;
   swap_scheduler_actor scheduler;
   std::map<std::string, managed_model> models;
-  /// Registrations under way, and those that failed (with why): both are listed, so
-  /// that operators see a model that is missing and the reason.
-  std::map<std::string, model_config> registering;
-  std::map<std::string, failed_model> failed;
+  /// Names the registry said it cannot serve yet (registering) or at all (failed, with
+  /// the reason and its code): listed, so that operators see a model that is missing and
+  /// why, and requests for them are refused with that reason.
+  std::map<std::string, model_info> listed;
   /// Queues, admission, batch formation, leases, the device gate and ticks (sched/
   /// dispatch): this actor carries out its effects. The requests themselves wait in
   /// `waiting` under their keys, then in their batches.
@@ -164,24 +155,19 @@ model_info info_of(const sched::batcher& b, const managed_model& m, const reside
 /// Replies with the model's info once the scheduler said where it stands.
 void with_info(manager_pointer self, const std::string& name,
                caf::typed_response_promise<model_info> rp);
-/// The stages of `cfg` whose tensor-parallel ranks sit on several nodes.
-std::vector<size_t> split_stages(const model_manager_state& st, const model_config& cfg);
-/// Prepares every rank of `stages` of `cfg` on its worker (see model_lifecycle.cpp).
-void prepare_shards(manager_pointer self, const model_config& cfg, std::vector<size_t> stages,
-                    std::function<void(std::vector<shard_report>)> done,
-                    std::function<void(caf::error)> fail);
 /// "no model named ..." (unknown_model).
 caf::error unknown_model_error(const std::string& name);
 /// Why a name is not serving (failed, registering, unregistering), else unknown_model.
 caf::error not_serving(manager_pointer self, const std::string& name);
-/// A model listed without a managed entry (registering, failed, unregistered).
-model_info listed_only(const model_config& cfg, model_lifecycle state, std::string reason);
-/// Unregisters `name` (see model_lifecycle.cpp).
-caf::result<model_info> unregister_model(manager_pointer self, const std::string& name);
-/// Registers `requested` (see model_lifecycle.cpp).
-caf::result<model_info> register_model(manager_pointer self, model_config requested);
-/// Rejoins the cross-node groups of the stages on devices `devs` of a node that is back.
-void rejoin_groups(manager_pointer self, const std::vector<int32_t>& devs);
+/// The registry's word on a name the manager cannot serve (manager_roster.cpp).
+void note_listed(manager_pointer self, model_info i);
+/// Serves a model the registry registered; replies with its info.
+caf::result<model_info> adopt_model(manager_pointer self, const model_config& cfg, uint64_t bytes,
+                                    bool kv_in_ledger);
+/// Stops (true) or resumes (false) admitting a model's requests before it is unregistered.
+caf::result<model_info> retire_model(manager_pointer self, const std::string& name, bool retire);
+/// Forgets a retired model; false when it was not served.
+bool forget_model(manager_pointer self, const std::string& name);
 
 /// The manager's clock (the actor system's, as sched:: time).
 sched::time_point now(manager_pointer self);

@@ -89,6 +89,7 @@ void runtime::shutdown() {
     if (h) caf::anon_send_exit(h, caf::exit_reason::user_shutdown);
   };
   bye(frontend);
+  bye(registry);
   bye(manager);
   bye(scheduler);
   bye(node.node);
@@ -97,7 +98,7 @@ void runtime::shutdown() {
 
 namespace {
 
-/// Scheduler, manager and frontend over `rt.node.workers`, accounted by `sds`.
+/// Scheduler, manager, registry and frontend over `rt.node.workers`, accounted by `sds`.
 caf::expected<runtime> spawn_stack(caf::actor_system& sys, runtime rt, runtime_options opts,
                                    engine_registry engines, std::vector<scheduler_device> sds) {
   opts.scheduler.obs = opts.obs;
@@ -112,8 +113,8 @@ caf::expected<runtime> spawn_stack(caf::actor_system& sys, runtime rt, runtime_o
       std::chrono::seconds(1);
   opts.frontend.default_deadline =
       std::chrono::duration_cast<std::chrono::milliseconds>(opts.manager.batching.default_deadline);
-  opts.manager.device_kinds.clear();
-  for (auto& d : sds) opts.manager.device_kinds.push_back(d.kind);
+  opts.registry.device_kinds.clear();
+  for (auto& d : sds) opts.registry.device_kinds.push_back(d.kind);
   auto fail = [&](caf::error e) {
     rt.shutdown();
     return e;
@@ -121,10 +122,13 @@ caf::expected<runtime> spawn_stack(caf::actor_system& sys, runtime rt, runtime_o
   auto s = spawn_swap_scheduler(sys, std::move(sds), opts.scheduler);
   if (!s) return fail(s.error());
   rt.scheduler = *s;
-  auto m =
-      spawn_model_manager(sys, rt.node.workers, rt.scheduler, std::move(engines), opts.manager);
+  auto m = spawn_model_manager(sys, rt.node.workers, rt.scheduler, engines, opts.manager);
   if (!m) return fail(m.error());
   rt.manager = *m;
+  auto r = spawn_registry(sys, rt.node.workers, rt.scheduler, rt.manager, std::move(engines),
+                          std::move(opts.registry));
+  if (!r) return fail(r.error());
+  rt.registry = *r;
   auto f = spawn_frontend(sys, caf::actor_cast<serving_actor>(rt.manager), opts.frontend);
   if (!f) return fail(f.error());
   rt.frontend = *f;

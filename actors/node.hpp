@@ -10,6 +10,7 @@
 #include "actors/frontend.hpp"
 #include "actors/interfaces.hpp"
 #include "actors/model_manager.hpp"
+#include "actors/registry.hpp"
 #include "actors/shard_worker.hpp"
 #include "actors/swap_scheduler.hpp"
 #include "gpu/backends.hpp"
@@ -41,17 +42,22 @@ struct runtime_options {
   shard_worker_options worker;
   swap_scheduler_options scheduler;
   model_manager_options manager;
+  /// Registration, unregistration and the repository's folders (the device kinds are
+  /// filled in from the devices).
+  registry_options registry;
   frontend_options frontend;
   /// Metrics and trace; shared by every actor.
   std::shared_ptr<observer> obs = null_observer();
 };
 
-/// The in-process stack: devices, node, scheduler, manager, frontend.
+/// The in-process stack: devices, node, scheduler, manager, registry, frontend.
 struct runtime {
   std::vector<gpu::device_ptr> devices;
   node_handle node;
   swap_scheduler_actor scheduler;
   model_manager_actor manager;
+  /// Models are registered and unregistered here.
+  registry_actor registry;
   frontend_actor frontend;
   /// Asks every actor to exit (the actor system then joins their threads).
   void shutdown();
@@ -62,7 +68,7 @@ caf::expected<runtime> start_runtime(caf::actor_system& sys, runtime_options opt
                                      engine_registry engines);
 
 /// The controller's stack over workers that exist already (other nodes' workers behind
-/// their guards): scheduler, manager and frontend; `devices[i]` accounts worker i. The
+/// their guards): scheduler, manager, registry and frontend; `devices[i]` accounts worker i. The
 /// runtime's node has no actor and its device list is empty. Errors: no devices,
 /// invalid options.
 caf::expected<runtime> start_runtime_over(caf::actor_system& sys, runtime_options opts,

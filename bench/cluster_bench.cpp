@@ -135,11 +135,11 @@ runtime_options bench_runtime(const cluster_bench_options& o) {
 /// ("span": stages on devices 1 and 2), then loads "four" and returns its GB/s.
 caf::expected<double> swap_gbps(caf::scoped_actor& self, const runtime& rt,
                                 const cluster_bench_options& o) {
-  if (auto err = ask<model_info>(self, rt.manager, register_atom_v,
+  if (auto err = ask<model_info>(self, rt.registry, register_atom_v,
                                  toy("four", 4, 1, {0, 1, 2, 3}, o.swap_bytes / 4)))
     return err;
   if (auto err =
-          ask<model_info>(self, rt.manager, register_atom_v, toy("span", 1, 2, {1, 2}, 1 << 20)))
+          ask<model_info>(self, rt.registry, register_atom_v, toy("span", 1, 2, {1, 2}, 1 << 20)))
     return err;
   auto t = median_load(self, rt, "four", o.swap_repeats);
   if (!t) return t.error();
@@ -189,7 +189,7 @@ caf::expected<cluster_bench_result> run_cluster_bench(const cluster_bench_option
     auto c = net::connect_cluster(sys, co);
     if (!c) return c.error();
     auto rro = ro;
-    rro.manager.device_nodes = c->device_nodes;
+    rro.registry.device_nodes = c->device_nodes;
     auto rt = start_runtime_over(sys, rro, torch_free_engines(), c->devices);
     if (!rt) return rt.error();
     auto g = swap_gbps(self, *rt, o);

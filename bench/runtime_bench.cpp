@@ -46,7 +46,7 @@ model_config toy(const std::string& name, int tp, std::vector<int32_t> devices,
 
 caf::error add(caf::scoped_actor& self, const runtime& rt, const model_config& m) {
   caf::error err;
-  self->request(rt.manager, caf::timespan{std::chrono::minutes(10)}, register_atom_v, m)
+  self->request(rt.registry, caf::timespan{std::chrono::minutes(10)}, register_atom_v, m)
       .receive([](model_info&) {}, [&](caf::error& e) { err = e; });
   return err;
 }

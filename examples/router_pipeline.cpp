@@ -147,7 +147,7 @@ int main() {
   std::map<std::string, model_manager_actor> owner;
   int failures = 0;
   auto add = [&](size_t pool, const model_config& m) {
-    self->request(pools[pool].manager, 30s, register_atom_v, m)
+    self->request(pools[pool].registry, 30s, register_atom_v, m)
         .receive([&](model_info&) { owner.emplace(m.name, pools[pool].manager); },
                  [&](caf::error& e) {
                    std::cerr << "register " << m.name << ": " << render(e) << '\n';

@@ -85,8 +85,7 @@ struct link_state {
   node_actor node;
   std::vector<actors::worker_guard_actor> guards;
   std::vector<int32_t> devices;
-  actors::swap_scheduler_actor scheduler;
-  actors::model_manager_actor manager;
+  actors::registry_actor registry;
   bool online = true;
   bool rebinding = false;
   uint64_t losses = 0;
@@ -112,7 +111,7 @@ actors::node_link_actor::behavior_type node_link(link_pointer self, link_state i
     st.last_error = render(m.reason);
     log::warn("node {} is gone ({}): {} devices unavailable until it is back", st.addr.str(),
               st.last_error, st.devices.size());
-    self->send(st.scheduler, actors::lost_atom_v, st.devices);
+    self->send(st.registry, actors::lost_atom_v, st.devices);
     self->delayed_send(self, st.interval, actors::tick_atom_v);
   });
   return {
@@ -148,8 +147,7 @@ actors::node_link_actor::behavior_type node_link(link_pointer self, link_state i
                         watch(self, node);
                         log::info("node {} rejoined: {} devices serving again", st.addr.str(),
                                   st.devices.size());
-                        self->send(st.scheduler, actors::found_atom_v, st.devices);
-                        self->send(st.manager, actors::found_atom_v, st.devices);
+                        self->send(st.registry, actors::found_atom_v, st.devices);
                       },
                       [=](caf::error e, size_t) mutable { retry(render(e)); });
                   for (size_t i = 0; i < ws.size(); ++i)
@@ -235,7 +233,7 @@ caf::expected<cluster> connect_cluster(caf::actor_system& sys, const cluster_opt
 }
 
 void watch_cluster(caf::actor_system& sys, cluster& c, const cluster_options& opts,
-                   actors::swap_scheduler_actor scheduler, actors::model_manager_actor manager) {
+                   actors::registry_actor registry) {
   size_t first = 0;
   for (size_t k = 0; k < c.nodes.size(); ++k) {
     link_state init;
@@ -243,8 +241,7 @@ void watch_cluster(caf::actor_system& sys, cluster& c, const cluster_options& op
     init.tls = opts.tls;
     init.interval = opts.reconnect_interval;
     init.node = c.nodes[k];
-    init.scheduler = scheduler;
-    init.manager = manager;
+    init.registry = registry;
     for (size_t i = first; i < c.device_nodes.size() && c.device_nodes[i] == init.addr.str(); ++i) {
       init.guards.push_back(c.guards[i]);
       init.devices.push_back(static_cast<int32_t>(i));

@@ -108,11 +108,11 @@ struct cluster {
 caf::expected<cluster> connect_cluster(caf::actor_system& sys, const cluster_options& opts);
 
 /// Starts watching the nodes: a node that dies or freezes has its devices reported lost
-/// to `scheduler` (its guards already fail what was in flight); the link reconnects
-/// every `reconnect_interval`, rebinds the guards to the restarted node's workers, and
-/// reports the devices found (to the scheduler, and to the manager, which re-forms the
-/// tensor-parallel groups that span nodes).
+/// to `registry` (which tells the scheduler; the guards already fail what was in
+/// flight); the link reconnects every `reconnect_interval`, rebinds the guards to the
+/// restarted node's workers, and reports the devices found (the registry tells the
+/// scheduler and re-forms the tensor-parallel groups that span nodes).
 void watch_cluster(caf::actor_system& sys, cluster& c, const cluster_options& opts,
-                   actors::swap_scheduler_actor scheduler, actors::model_manager_actor manager);
+                   actors::registry_actor registry);
 
 }  // namespace computron::net

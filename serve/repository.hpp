@@ -9,7 +9,7 @@
 #include <caf/expected.hpp>
 
 #include "actors/messages.hpp"
-#include "actors/repository.hpp"
+#include "actors/registry.hpp"
 #include "models/text_directory.hpp"
 #include "serve/serve_config.hpp"
 

@@ -24,7 +24,7 @@ caf::error read_scheduler(const nlohmann::json& file, const std::string& where, 
       (e = read(*s, "workspace_mb", sw, ws)) || (e = read(*s, "load_timeout_s", sw, timeout_s)) ||
       (e = read(*s, "prefetch", sw, sched.ledger.prefetch)) ||
       (e = read(*s, "compute_while_loading", sw, sched.ledger.compute_while_loading)) ||
-      (e = read(*s, "kv_in_ledger", sw, c.runtime.manager.kv_in_ledger)) ||
+      (e = read(*s, "kv_in_ledger", sw, c.runtime.registry.kv_in_ledger)) ||
       (e = read(*s, "kv_reserve_mb", sw, kv_reserve)))
     return e;
   if ((e = mib_to_bytes(kv_reserve, sw, "kv_reserve_mb", sched.ledger.kv_reserve_bytes))) return e;

@@ -77,6 +77,20 @@ int run_serve(serve_config cfg) {
     std::cerr << "computron serve: " << render(err) << '\n';
     return 1;
   }
+  // The models' tokenizers, chat templates and generation defaults, opened here (this
+  // thread) and by the registry's repository scans (its own thread), never on a
+  // request's path.
+  auto texts = std::make_shared<models::text_directory>();
+  if (!cfg.repository.empty())
+    cfg.runtime.registry.scan = [dir = cfg.repository, texts](const std::string& only) {
+      auto folders = read_repository(dir, only, texts.get());
+      if (folders) return std::move(*folders);
+      // The folder itself went away: one entry that says so.
+      actors::repository_folder f;
+      f.name = only.empty() ? dir : only;
+      f.error = folders.error();
+      return std::vector<actors::repository_folder>{f};
+    };
   net::cluster_config sys_cfg{cfg.tls};
   caf::actor_system sys{sys_cfg};
   caf::expected<actors::runtime> rt = caf::error{};
@@ -95,9 +109,9 @@ int run_serve(serve_config cfg) {
       return 1;
     }
     nodes = std::move(*c);
-    cfg.runtime.manager.device_nodes = nodes.device_nodes;
+    cfg.runtime.registry.device_nodes = nodes.device_nodes;
     rt = actors::start_runtime_over(sys, cfg.runtime, actors::all_engines(), nodes.devices);
-    if (rt) net::watch_cluster(sys, nodes, cfg.cluster, rt->scheduler, rt->manager);
+    if (rt) net::watch_cluster(sys, nodes, cfg.cluster, rt->registry);
     where = std::to_string(nodes.devices.size()) + " devices on " +
             std::to_string(nodes.nodes.size()) + " nodes";
   }
@@ -108,9 +122,6 @@ int run_serve(serve_config cfg) {
   }
   size_t registered = 0;
   auto reg_start = std::chrono::steady_clock::now();
-  // The models' tokenizers, chat templates and generation defaults, opened here (this
-  // thread) and by the repository's scans (its own thread), never on a request's path.
-  auto texts = std::make_shared<models::text_directory>();
   for (auto& m : cfg.models)
     if (!m.tokenizer.empty())
       if (auto t = texts->open(m.tokenizer); !t)
@@ -120,11 +131,11 @@ int run_serve(serve_config cfg) {
     // Every model at once: their host copies fill in parallel (each worker fills its
     // shards over all cores, and the workers run side by side).
     caf::scoped_actor self{sys};
-    using handle = decltype(self->request(rt->manager, caf::timespan{}, actors::register_atom_v,
+    using handle = decltype(self->request(rt->registry, caf::timespan{}, actors::register_atom_v,
                                           cfg.models.front()));
     std::vector<handle> pending;
     for (auto& m : cfg.models)
-      pending.push_back(self->request(rt->manager, caf::timespan{std::chrono::hours(1)},
+      pending.push_back(self->request(rt->registry, caf::timespan{std::chrono::hours(1)},
                                       actors::register_atom_v, m));
     for (size_t i = 0; i < pending.size(); ++i)
       pending[i].receive([&](actors::model_info&) { ++registered; },
@@ -142,28 +153,10 @@ int run_serve(serve_config cfg) {
     nodes.shutdown();
     return 1;
   }
-  actors::repository_options ro;
-  if (!cfg.repository.empty())
-    ro.scan = [dir = cfg.repository, texts](const std::string& only) {
-      auto folders = read_repository(dir, only, texts.get());
-      if (folders) return std::move(*folders);
-      // The folder itself went away: one entry that says so.
-      actors::repository_folder f;
-      f.name = only.empty() ? dir : only;
-      f.error = folders.error();
-      return std::vector<actors::repository_folder>{f};
-    };
-  auto repo = actors::spawn_repository(sys, rt->manager, std::move(ro));
-  if (!repo) {
-    std::cerr << "computron serve: " << render(repo.error()) << '\n';
-    rt->shutdown();
-    nodes.shutdown();
-    return 1;
-  }
-  auto srv = net::http_server::start(sys, rt->frontend, metrics, trace, cfg.http, *repo, texts);
+  auto srv =
+      net::http_server::start(sys, rt->frontend, metrics, trace, cfg.http, rt->registry, texts);
   if (!srv) {
     std::cerr << "computron serve: " << render(srv.error()) << '\n';
-    caf::anon_send_exit(*repo, caf::exit_reason::user_shutdown);
     rt->shutdown();
     nodes.shutdown();
     return 1;
@@ -209,7 +202,6 @@ int run_serve(serve_config cfg) {
   if (!cfg.trace_file.empty() && !trace->write(cfg.trace_file))
     log::error("cannot write the trace to {}", cfg.trace_file);
   if (ctrl) caf::anon_send_exit(ctrl, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(*repo, caf::exit_reason::user_shutdown);
   nodes.shutdown();
   rt->shutdown();
   return 0;

@@ -36,16 +36,6 @@ struct sim_cli {
   bool warm_up = false;
 };
 
-/// The simulator's view of a serve config: devices, options, and each model's shards
-/// (their bytes from the engines' layouts; nothing is allocated) and compute cost.
-caf::expected<sim::sim_config> sim_config_from(const serve_config& cfg,
-                                               const actors::engine_registry& engines,
-                                               const sim::cost_model& cost, double capacity_gb = 0,
-                                               double link_gbps = 0);
-
-/// Reads cost-model fields from a JSON object over `base`; errors name the field.
-caf::expected<sim::cost_model> read_cost(const std::string& json_text, sim::cost_model base);
-
 /// Exit codes as loadgen's: 0 every request answered, 2 bad input, 3 some failed.
 int run_sim_cli(const sim_cli& cli);
 

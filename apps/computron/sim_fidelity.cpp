@@ -15,6 +15,7 @@
 #include "bench/experiments/experiment_support.hpp"
 #include "common/child_process.hpp"
 #include "common/error.hpp"
+#include "serve/sim_view.hpp"
 
 namespace computron::app {
 
@@ -51,7 +52,7 @@ caf::expected<json> run_self_json(const std::vector<std::string>& args) {
 caf::expected<sim::sim_config> sim_of(const fs::path& config) {
   auto c = load_serve_config(config.string());
   if (!c) return c.error();
-  return sim_config_from(*c, actors::all_engines(), sim::cost_model{});
+  return serve::sim_config_from(*c, actors::all_engines(), sim::cost_model{});
 }
 
 double pct(double sim, double real) {

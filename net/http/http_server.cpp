@@ -48,7 +48,7 @@ struct http_server::impl {
   std::shared_ptr<trace_recorder> trace;
   http_options opts;
   /// Model control (index, load, unload, unregister); null: over the frontend only.
-  actors::repository_actor repository;
+  actors::registry_actor registry;
   asio::io_context ioc;
   tcp::acceptor acceptor{ioc};
   std::vector<std::thread> threads;
@@ -61,14 +61,14 @@ struct http_server::impl {
   text_models texts;
 
   impl(caf::actor_system& s, actors::frontend_actor fe, std::shared_ptr<metrics> m,
-       std::shared_ptr<trace_recorder> t, http_options o, actors::repository_actor r,
+       std::shared_ptr<trace_recorder> t, http_options o, actors::registry_actor r,
        std::shared_ptr<models::text_directory> d)
       : sys(s),
         frontend(std::move(fe)),
         metrics_(std::move(m)),
         trace(std::move(t)),
         opts(std::move(o)),
-        repository(std::move(r)),
+        registry(std::move(r)),
         texts(std::move(d)) {}
 
   /// Asks the frontend and answers with `ok(result)` or the error's response. Runs in
@@ -91,7 +91,7 @@ struct http_server::impl {
     ask_actor<T>(frontend, reply, ok, on_err, xs...);
   }
 
-  /// ask() of any actor (the frontend, the repository).
+  /// ask() of any actor (the frontend, the registry).
   template <class T, class Handle, class OnOk, class OnErr, class... Ts>
   void ask_actor(Handle target, responder reply, OnOk ok, OnErr on_err, Ts... xs) {
     auto timeout = caf::timespan{opts.request_timeout};
@@ -110,13 +110,13 @@ struct http_server::impl {
   }
 
   /// One model as the index lists it: as the frontend knows it, else (a name the manager
-  /// does not know) as the repository reads its folder, where there is a repository. The
-  /// repository actor reads folders on its own thread, so only unknown names go there.
+  /// does not know) as the registry reads its folder, where there is a registry. The
+  /// registry reads folders on its own thread, so only unknown names go there.
   template <class OnOk, class OnErr>
   void info_of(const std::string& model, OnOk ok, OnErr on_err) {
     auto timeout = caf::timespan{opts.request_timeout};
     auto fe = frontend;
-    auto repo = repository;
+    auto repo = registry;
     sys.spawn([=](caf::event_based_actor* self) {
       self->request(fe, timeout, actors::info_atom_v, model)
           .then(
@@ -147,7 +147,7 @@ struct http_server::impl {
   /// repository lists (an unreadable folder, one not loaded) gets the index's reason
   /// instead of "no model named". Calls `done` with the error to answer, from any thread.
   void explain(const std::string& model, caf::error e, std::function<void(caf::error)> done) {
-    if (!repository || !is(e, ec::unknown_model)) return done(std::move(e));
+    if (!registry || !is(e, ec::unknown_model)) return done(std::move(e));
     info_of(
         model,
         [=](actors::model_info& i) {
@@ -424,9 +424,9 @@ struct http_server::impl {
           }
           return make_json(http::status::ok, out);
         };
-        if (repository)
+        if (registry)
           return ask_actor<std::vector<actors::model_info>>(
-              repository, reply, ok, [](const caf::error& e) { return error_response(e); },
+              registry, reply, ok, [](const caf::error& e) { return error_response(e); },
               actors::list_atom_v);
         return ask<std::vector<actors::model_info>>(reply, ok, actors::list_atom_v);
       }
@@ -466,17 +466,17 @@ struct http_server::impl {
         if (auto why = std::get_if<std::string>(&params))
           return reply(make_error_response(http::status::bad_request, "invalid_request: " + *why));
         bool unregister = std::get<json>(params).value("unregister", false);
-        if (repository) {
+        if (registry) {
           if (load)
-            return ask_actor<actors::model_info>(repository, reply, ok, fail, actors::load_atom_v,
+            return ask_actor<actors::model_info>(registry, reply, ok, fail, actors::load_atom_v,
                                                  model);
-          return ask_actor<actors::model_info>(repository, reply, ok, fail, actors::unload_atom_v,
+          return ask_actor<actors::model_info>(registry, reply, ok, fail, actors::unload_atom_v,
                                                model, unregister);
         }
         if (unregister)
           return reply(make_error_response(http::status::bad_request,
                                            "invalid_request: this server has no model control "
-                                           "(unregister needs a repository actor)"));
+                                           "(unregister needs a registry)"));
         if (load) return ask<actors::model_info>(reply, ok, actors::load_atom_v, model);
         return ask<actors::model_info>(reply, ok, actors::unload_atom_v, model);
       }
@@ -563,11 +563,11 @@ void http_server::stop() {
 
 caf::expected<std::unique_ptr<http_server>> http_server::start(
     caf::actor_system& sys, actors::frontend_actor frontend, std::shared_ptr<metrics> m,
-    std::shared_ptr<trace_recorder> trace, http_options opts, actors::repository_actor repository,
+    std::shared_ptr<trace_recorder> trace, http_options opts, actors::registry_actor registry,
     std::shared_ptr<models::text_directory> texts) {
   if (opts.threads < 1) return make_error(ec::invalid_configuration, "http: at least one thread");
   auto p = std::make_unique<impl>(sys, std::move(frontend), std::move(m), std::move(trace),
-                                  std::move(opts), std::move(repository), std::move(texts));
+                                  std::move(opts), std::move(registry), std::move(texts));
   auto& o = p->opts;
   beast::error_code ec;
   auto addr = asio::ip::make_address(o.host, ec);

@@ -43,14 +43,14 @@ struct http_options {
 class http_server {
  public:
   /// Binds and starts serving. Model control (the repository index, load, unload and
-  /// unregister) goes to `repository` where there is one, else to the frontend (no
+  /// unregister) goes to `registry` where there is one, else to the frontend (no
   /// unregister). `texts`: the models' tokenizers, chat templates and generation
   /// defaults, opened where they were registered (null: the server opens each on its first
   /// text request). Errors: the address cannot be bound (io_error, with the reason).
   static caf::expected<std::unique_ptr<http_server>> start(
       caf::actor_system& sys, actors::frontend_actor frontend, std::shared_ptr<metrics> metrics,
       std::shared_ptr<trace_recorder> trace, http_options opts,
-      actors::repository_actor repository = {},
+      actors::registry_actor registry = {},
       std::shared_ptr<models::text_directory> texts = nullptr);
   ~http_server();
 

@@ -17,6 +17,7 @@
 
 #include "actors/engine.hpp"
 #include "actors/model_manager.hpp"
+#include "actors/registry.hpp"
 #include "actors/swap_scheduler.hpp"
 #include "common/error.hpp"
 #include "sim/simulator.hpp"
@@ -424,10 +425,11 @@ struct actors_driver {
   std::vector<shard_worker_actor> workers{};
   swap_scheduler_actor scheduler;
   model_manager_actor manager;
+  registry_actor registry;
 
   ~actors_driver() {
     // Pending delayed replies keep actors alive: end them all, or ~actor_system waits.
-    for (auto a : {caf::actor_cast<caf::actor>(manager), caf::actor_cast<caf::actor>(scheduler),
+    for (auto a : {caf::actor_cast<caf::actor>(registry), caf::actor_cast<caf::actor>(manager), caf::actor_cast<caf::actor>(scheduler),
                    world.pacer})
       caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
     for (auto& wk : workers) caf::anon_send_exit(wk, caf::exit_reason::user_shutdown);
@@ -474,6 +476,7 @@ struct actors_driver {
     auto engines = torch_free_engines();
     if (s.kv_block_bytes > 0) engines["toy"] = std::make_shared<kv_toy>(s.kv_block_bytes);
     manager = spawn_model_manager(sys, workers, scheduler, engines, mo).value();
+    registry = spawn_registry(sys, workers, scheduler, manager, engines, {}).value();
     // Registered in the simulator's order: model ids (and so any tie a policy breaks by
     // id) are the same on both sides.
     for (auto& m : s.models) {
@@ -484,7 +487,7 @@ struct actors_driver {
       c.devices = m.devices;
       c.toy_shard_bytes = m.shard_bytes;
       c.toy_compute_ms = m.step_ms;
-      auto info = fx.ask<model_info>(manager, register_atom_v, c);
+      auto info = fx.ask<model_info>(registry, register_atom_v, c);
       INFO("registering " << m.name);
       REQUIRE(info);
     }

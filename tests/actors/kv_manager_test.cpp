@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "actors/model_manager.hpp"
+#include "actors/registry.hpp"
 #include "actors/swap_scheduler.hpp"
 #include "common/error.hpp"
 #include "tests/support/deterministic.hpp"
@@ -27,6 +28,7 @@ struct kv_fixture : deterministic_fixture {
   shard_worker_actor worker;
   swap_scheduler_actor scheduler;
   model_manager_actor manager;
+  registry_actor registry;
 
   kv_fixture() {
     script.holder = sys.spawn(computron::testing::load_holder);
@@ -38,15 +40,16 @@ struct kv_fixture : deterministic_fixture {
     mo.batching.default_deadline = 10s;
     engine_registry engines{{"toy", std::make_shared<kv_toy>(20 << 20)}};
     manager = spawn_model_manager(sys, {worker}, scheduler, engines, mo).value();
+    registry = spawn_registry(sys, {worker}, scheduler, manager, engines, {}).value();
     model_config m;
     m.name = "m";
     m.kind = "toy";
     m.devices = {0};
-    REQUIRE(ask<model_info>(manager, register_atom_v, m));
+    REQUIRE(ask<model_info>(registry, register_atom_v, m));
   }
 
   ~kv_fixture() {
-    for (auto a : {caf::actor_cast<caf::actor>(manager), caf::actor_cast<caf::actor>(scheduler),
+    for (auto a : {caf::actor_cast<caf::actor>(registry), caf::actor_cast<caf::actor>(manager), caf::actor_cast<caf::actor>(scheduler),
                    caf::actor_cast<caf::actor>(worker), script.holder})
       caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   }

@@ -4,8 +4,10 @@
 
 #include "actors/frontend.hpp"
 #include "actors/model_manager.hpp"
+#include "actors/registry.hpp"
 #include "actors/swap_scheduler.hpp"
 #include "common/error.hpp"
+#include "tests/actors/manager_fixture.hpp"
 #include "tests/support/deterministic.hpp"
 
 using namespace computron;
@@ -14,70 +16,7 @@ using namespace std::chrono_literals;
 using computron::testing::deterministic_fixture;
 using computron::testing::fake_worker;
 using computron::testing::fake_worker_script;
-
-namespace {
-
-/// One fake worker (loads and steps answer at once), a scheduler and a manager with a
-/// 5 ms batch window and batches of up to 4.
-struct manager_fixture : deterministic_fixture {
-  fake_worker_script script;
-  shard_worker_actor worker;
-  swap_scheduler_actor scheduler;
-  model_manager_actor manager;
-
-  /// The fake workers answer a step at once, loaded or not; tests of a hanging load turn
-  /// compute while loading off so its batch waits for the load, as a real step would.
-  explicit manager_fixture(bool compute_while_loading = true, bool continuous = true) {
-    script.holder = sys.spawn(computron::testing::load_holder);
-    worker = sys.spawn(fake_worker, &script, 0);
-    swap_scheduler_options so;
-    so.ledger.compute_while_loading = compute_while_loading;
-    scheduler = spawn_swap_scheduler(sys, {{worker, 100 << 20, 10.0}}, so).value();
-    model_manager_options mo;
-    mo.batching.max_batch_size = 4;
-    mo.batching.batch_window = 5ms;
-    mo.batching.default_deadline = 1s;
-    mo.batching.continuous = continuous;
-    manager = spawn_model_manager(sys, {worker}, scheduler, torch_free_engines(), mo).value();
-    model_config m;
-    m.name = "m";
-    m.kind = "toy";
-    m.devices = {0};
-    REQUIRE(ask<model_info>(manager, register_atom_v, m));
-  }
-
-  ~manager_fixture() {
-    for (auto a : {caf::actor_cast<caf::actor>(manager), caf::actor_cast<caf::actor>(scheduler),
-                   caf::actor_cast<caf::actor>(worker), script.holder})
-      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-  }
-
-  auto send(int64_t deadline_ms = 0) {
-    infer_request r;
-    r.model = "m";
-    r.tokens = {1, 2, 3};
-    r.max_tokens = 1;
-    r.deadline_ms = deadline_ms;
-    return self->request(manager, caf::timespan{24h}, infer_atom_v, r);
-  }
-
-  bool replied() { return !self->mailbox().empty(); }
-
-  /// Runs messages one by one until the workers ran `steps` steps (bounded).
-  void run_steps(size_t steps) {
-    for (int i = 0; i < 10000 && script.step_rows.size() < steps; ++i) sched.run_once();
-    REQUIRE(script.step_rows.size() == steps);
-  }
-
-  /// Runs everything, lets every batch window close, runs everything again.
-  void settle() {
-    sched.run();
-    sched.advance_time(6ms);
-    sched.run();
-  }
-};
-
-}  // namespace
+using computron::testing::manager_fixture;
 
 TEST_CASE("a batch waits exactly its window on the actor clock, then goes with company",
           "[actors][manager]") {
@@ -233,7 +172,7 @@ TEST_CASE(
   n.name = "n";
   n.kind = "toy";
   n.devices = {0};
-  REQUIRE(f.ask<model_info>(f.manager, register_atom_v, n));
+  REQUIRE(f.ask<model_info>(f.registry, register_atom_v, n));
   // a's batch (m) and c's (n) form together; c's waits for device 0 while a's runs.
   auto a = f.self->request(f.manager, caf::timespan{24h}, infer_atom_v, long_and_short(6));
   auto c = f.self->request(f.manager, caf::timespan{24h}, infer_atom_v, long_and_short(1, "n"));
@@ -360,7 +299,7 @@ TEST_CASE("a failed registration stays listed with its reason until registered a
   b.name = "broken";
   b.kind = "toy";
   b.devices = {0};
-  auto first = f.ask<model_info>(f.manager, register_atom_v, b);
+  auto first = f.ask<model_info>(f.registry, register_atom_v, b);
   REQUIRE_FALSE(first);
   CHECK(is(first.error(), ec::io_error));  // the worker's code, not re-wrapped
   auto listed = f.ask<std::vector<model_info>>(f.manager, list_atom_v);
@@ -384,7 +323,7 @@ TEST_CASE("a failed registration stays listed with its reason until registered a
            ec::unavailable));
   // Fixed, it registers and is served; the failure is gone from the list.
   f.script.failing_prepare.clear();
-  auto second = f.ask<model_info>(f.manager, register_atom_v, b);
+  auto second = f.ask<model_info>(f.registry, register_atom_v, b);
   REQUIRE(second);
   CHECK(second->state == model_lifecycle::offloaded);
   CHECK(second->reason.empty());
@@ -399,8 +338,8 @@ TEST_CASE("a failed registration stays listed with its reason until registered a
   // A failed registration that is unregistered is gone.
   f.script.failing_prepare.insert("other");
   b.name = "other";
-  REQUIRE_FALSE(f.ask<model_info>(f.manager, register_atom_v, b));
-  auto gone = f.ask<model_info>(f.manager, unregister_atom_v, std::string{"other"});
+  REQUIRE_FALSE(f.ask<model_info>(f.registry, register_atom_v, b));
+  auto gone = f.ask<model_info>(f.registry, unregister_atom_v, std::string{"other"});
   REQUIRE(gone);
   CHECK(gone->state == model_lifecycle::unregistered);
   CHECK(is(f.ask<model_info>(f.manager, info_atom_v, std::string{"other"}).error(),
@@ -410,7 +349,7 @@ TEST_CASE("a failed registration stays listed with its reason until registered a
   bad.name = "bad";
   bad.kind = "toy";
   bad.devices = {7};
-  REQUIRE_FALSE(f.ask<model_info>(f.manager, register_atom_v, bad));
+  REQUIRE_FALSE(f.ask<model_info>(f.registry, register_atom_v, bad));
   auto bad_info = f.ask<model_info>(f.manager, info_atom_v, std::string{"bad"});
   REQUIRE(bad_info);
   CHECK(bad_info->state == model_lifecycle::failed);
@@ -423,7 +362,7 @@ TEST_CASE("unregister evicts, frees every worker's shard and frees the name",
   auto loaded = f.ask<model_info>(f.manager, load_atom_v, std::string{"m"});
   REQUIRE(loaded);
   CHECK(loaded->state == model_lifecycle::resident);
-  auto gone = f.ask<model_info>(f.manager, unregister_atom_v, std::string{"m"});
+  auto gone = f.ask<model_info>(f.registry, unregister_atom_v, std::string{"m"});
   REQUIRE(gone);
   CHECK(gone->state == model_lifecycle::unregistered);
   CHECK(f.script.evictions["m"] == 1);
@@ -442,7 +381,7 @@ TEST_CASE("unregister evicts, frees every worker's shard and frees the name",
   again.kind = "toy";
   again.devices = {0};
   again.toy_shard_bytes = 2 << 20;
-  auto back = f.ask<model_info>(f.manager, register_atom_v, again);
+  auto back = f.ask<model_info>(f.registry, register_atom_v, again);
   REQUIRE(back);
   auto out = f.send();
   f.sched.run();
@@ -451,7 +390,7 @@ TEST_CASE("unregister evicts, frees every worker's shard and frees the name",
   REQUIRE(f.replied());
   std::move(out).receive([](infer_reply& x) { CHECK(x.tokens.size() == 1); },
                          [](caf::error& e) { FAIL(render(e)); });
-  CHECK(is(f.ask<model_info>(f.manager, unregister_atom_v, std::string{"nope"}).error(),
+  CHECK(is(f.ask<model_info>(f.registry, unregister_atom_v, std::string{"nope"}).error(),
            ec::unknown_model));
 }
 
@@ -464,7 +403,7 @@ TEST_CASE("unregister is refused while requests of the model are in flight",
   f.sched.advance_time(6ms);
   f.sched.run();
   CHECK_FALSE(f.replied());  // its load hangs
-  auto refused = f.ask<model_info>(f.manager, unregister_atom_v, std::string{"m"});
+  auto refused = f.ask<model_info>(f.registry, unregister_atom_v, std::string{"m"});
   REQUIRE_FALSE(refused);
   CHECK(is(refused.error(), ec::invalid_state));
   CHECK_THAT(render(refused.error()), Catch::Contains("batches running"));
@@ -474,7 +413,7 @@ TEST_CASE("unregister is refused while requests of the model are in flight",
   f.sched.run();
   REQUIRE(f.replied());
   std::move(pending).receive([](infer_reply&) {}, [](caf::error& e) { FAIL(render(e)); });
-  CHECK(f.ask<model_info>(f.manager, unregister_atom_v, std::string{"m"}));
+  CHECK(f.ask<model_info>(f.registry, unregister_atom_v, std::string{"m"}));
 }
 
 namespace {
@@ -550,7 +489,7 @@ TEST_CASE("a model larger than its device is refused at registration, before any
   big.kind = "toy";
   big.devices = {0};
   big.toy_shard_bytes = 150ull << 20;
-  auto refused = f.ask<model_info>(f.manager, register_atom_v, big);
+  auto refused = f.ask<model_info>(f.registry, register_atom_v, big);
   REQUIRE_FALSE(refused);
   CHECK(is(refused.error(), ec::out_of_device_memory));
   CHECK_THAT(render(refused.error()),
@@ -570,6 +509,6 @@ TEST_CASE("a model larger than its device is refused at registration, before any
   CHECK_THAT(render(served.error()), Catch::Contains("which holds 100.0 MiB"));
   // One that fits registers as before.
   big.toy_shard_bytes = 50ull << 20;
-  REQUIRE(f.ask<model_info>(f.manager, register_atom_v, big));
+  REQUIRE(f.ask<model_info>(f.registry, register_atom_v, big));
   CHECK(f.script.prepares["big"] == 1);
 }

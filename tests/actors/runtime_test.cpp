@@ -54,7 +54,7 @@ struct runtime_fixture {
 
   caf::expected<model_info> add(const model_config& m) {
     caf::expected<model_info> out{caf::make_error(caf::sec::request_timeout)};
-    self->request(rt.manager, 30s, register_atom_v, m)
+    self->request(rt.registry, 30s, register_atom_v, m)
         .receive([&](model_info& i) { out = std::move(i); },
                  [&](caf::error& e) { out = std::move(e); });
     return out;
@@ -315,7 +315,7 @@ TEST_CASE("a cold request computes while its model loads and answers as a reside
     m.toy_shard_bytes = 8 << 20;
     m.toy_compute_ms = 80;
     bool registered = false;
-    self->request(rt->manager, 30s, register_atom_v, m)
+    self->request(rt->registry, 30s, register_atom_v, m)
         .receive([&](model_info&) { registered = true; },
                  [&](caf::error& e) { FAIL_CHECK(render(e)); });
     REQUIRE(registered);

@@ -103,7 +103,7 @@ TEST_CASE("runtime failures reach HTTP as 5xx with their message", "[net][errors
     // The slow model computes on a device of its own, which stays busy after the timeout.
     for (auto [name, device] : {std::pair{"broken-a", 0}, {"slow-a", 1}, {"fine-a", 0}}) {
       bool ok = false;
-      self->request(rt->manager, 30s, register_atom_v, faulty(name, device))
+      self->request(rt->registry, 30s, register_atom_v, faulty(name, device))
           .receive([&](model_info&) { ok = true; }, [&](caf::error& e) { FAIL(render(e)); });
       REQUIRE(ok);
     }

@@ -62,6 +62,8 @@ struct fake_worker_script {
   std::set<std::string> failing_prepare;
   std::map<std::string, int> prepares;
   std::map<std::string, int> unregistered;
+  /// Models whose eviction fails.
+  std::set<std::string> failing_evict{};
   /// Rows of each step the worker ran, and its keep list.
   std::vector<size_t> step_rows;
   std::vector<std::vector<int32_t>> keeps;
@@ -119,7 +121,9 @@ inline actors::shard_worker_actor::behavior_type fake_worker(
           return make_error(ec::out_of_device_memory, "injected: no room for " + m);
         return transfer_report{m, device, 0, 0};
       },
-      [=](evict_atom, std::string& m) {
+      [=](evict_atom, std::string& m) -> caf::result<transfer_report> {
+        if (script->failing_evict.count(m) > 0)
+          return make_error(ec::device_error, "injected eviction failure on " + m);
         ++script->evictions[m];
         return transfer_report{m, device, 0, 0};
       },

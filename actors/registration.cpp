@@ -1,40 +1,36 @@
-#include "actors/model_manager_state.hpp"
+// Registration and unregistration, the registry's side of the model lifecycle: a
+// model is checked, prepared on its workers and placed with the scheduler before the
+// manager is handed it; unregistering takes it from the manager first, then frees it
+// everywhere. Also the re-forming of groups of ranks that span nodes when a node returns.
+#include "actors/registry_state.hpp"
 
 #include "actors/join.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "sched/ledger.hpp"
 
-namespace computron::actors::manager_detail {
+namespace computron::actors::registry_detail {
 
-/// "no model named ..." (unknown_model).
-caf::error unknown_model_error(const std::string& name) {
-  return make_error(ec::unknown_model, "no model named '" + name + "'");
-}
+namespace {
 
-/// Why a name is not serving: it failed to register, is being registered or
-/// unregistered; else unknown_model.
-caf::error not_serving(manager_pointer self, const std::string& name) {
+/// Tells the manager where a name it cannot serve stands (registering, failed, or
+/// neither any more), so that its list and its refusals say so.
+void tell_manager(registry_pointer self, const std::string& name) {
   auto& st = self->state;
-  if (auto f = st.failed.find(name); f != st.failed.end())
-    return make_error(f->second.code, "model " + name + " failed to register: " + f->second.reason);
-  if (st.registering.count(name) > 0)
-    return make_error(ec::unavailable, "model " + name + " is being registered");
-  if (auto m = st.models.find(name); m != st.models.end() && m->second.unregistering)
-    return make_error(ec::unavailable, "model " + name + " is being unregistered");
-  return unknown_model_error(name);
-}
-
-/// A model listed without a managed entry (registering, failed, unregistered).
-model_info listed_only(const model_config& cfg, model_lifecycle state, std::string reason) {
   model_info i;
-  i.config = cfg;
-  i.state = state;
-  i.reason = std::move(reason);
-  return i;
+  if (auto f = st.failed.find(name); f != st.failed.end())
+    i = listed_info(f->second.cfg, model_lifecycle::failed, f->second.reason,
+                    static_cast<uint8_t>(f->second.code));
+  else if (auto r = st.registering.find(name); r != st.registering.end())
+    i = listed_info(r->second, model_lifecycle::registering);
+  else
+    i.state = model_lifecycle::unregistered;
+  i.config.name = name;
+  self->send(st.manager, listed_atom_v, std::move(i));
 }
 
 /// The stages of `cfg` whose tensor-parallel ranks sit on several nodes.
-std::vector<size_t> split_stages(const model_manager_state& st, const model_config& cfg) {
+std::vector<size_t> split_stages(const registry_state& st, const model_config& cfg) {
   std::vector<size_t> split;
   const auto& nodes = st.opts.device_nodes;
   const auto tp = static_cast<size_t>(cfg.tp);
@@ -51,7 +47,7 @@ std::vector<size_t> split_stages(const model_manager_state& st, const model_conf
 /// device order, `fail` the first error (naming the device). A stage whose ranks sit on
 /// several nodes first gets a rendezvous that its rank 0's worker hosts; the address
 /// reaches the other ranks inside their shard specs.
-void prepare_shards(manager_pointer self, const model_config& cfg, std::vector<size_t> stages,
+void prepare_shards(registry_pointer self, const model_config& cfg, std::vector<size_t> stages,
                     std::function<void(std::vector<shard_report>)> done,
                     std::function<void(caf::error)> fail) {
   auto& st = self->state;
@@ -109,32 +105,38 @@ void prepare_shards(manager_pointer self, const model_config& cfg, std::vector<s
               [=](caf::error& e) { hosts->failed(std::move(e), k); });
 }
 
+}  // namespace
+
 /// Registers `requested`: validated, refused with the sizes when it can never fit its
-/// devices, prepared on every worker, then placed with the scheduler; listed as failed
-/// with the reason when any step fails.
-caf::result<model_info> register_model(manager_pointer self, model_config requested) {
+/// devices, prepared on every worker, placed with the scheduler, then handed to the
+/// manager; listed as failed with the reason when any step fails.
+void register_model(registry_pointer self, model_config requested, registered_fn done) {
   auto& st = self->state;
   auto kinds = st.opts.device_kinds;
   kinds.resize(st.workers.size(), gpu::device_kind::emulated);
   auto cfg = resolve_dtype(std::move(requested), kinds);
-  if (auto i = st.models.find(cfg.name); i != st.models.end())
-    return make_error(ec::invalid_state, "model " + cfg.name + " is already registered");
+  if (st.registered.count(cfg.name) > 0)
+    return done(make_error(ec::invalid_state, "model " + cfg.name + " is already registered"));
   if (st.registering.count(cfg.name) > 0)
-    return make_error(ec::invalid_state, "model " + cfg.name + " is being registered");
+    return done(make_error(ec::invalid_state, "model " + cfg.name + " is being registered"));
   if (auto err = validate_model(st.engines, cfg, kinds)) {
-    if (!cfg.name.empty()) st.failed[cfg.name] = {cfg, render(err), ec::unavailable};
-    return err;
+    if (!cfg.name.empty()) {
+      st.failed[cfg.name] = {cfg, render(err), ec::unavailable};
+      tell_manager(self, cfg.name);
+    }
+    return done(std::move(err));
   }
   st.registering.emplace(cfg.name, cfg);
+  tell_manager(self, cfg.name);
   // Stays listed as failed, with the reason, until it registers or is unregistered.
   auto fail = [=](const caf::error& err) {
     self->state.registering.erase(cfg.name);
     self->state.failed[cfg.name] = {
         cfg, render(err),
         is(err, ec::out_of_device_memory) ? ec::out_of_device_memory : ec::unavailable};
+    tell_manager(self, cfg.name);
     log::error("model {} failed to register: {}", cfg.name, render(err));
   };
-  auto rp = self->make_response_promise<model_info>();
   std::vector<size_t> all_stages;
   for (size_t k = 0; k < static_cast<size_t>(cfg.pp); ++k) all_stages.push_back(k);
   // Its shards' bytes from the engine's layout (nothing is allocated), aligned as
@@ -151,6 +153,35 @@ caf::result<model_info> register_model(manager_pointer self, model_config reques
     }
     planned.push_back(gpu::align_up(table->total_bytes(), gpu::device::granularity));
   }
+  // What the workers filled for it goes again: the scheduler or the manager refused it.
+  auto free_shards = [=] {
+    for (auto d : cfg.devices)
+      self->request(self->state.workers[static_cast<size_t>(d)], 30s, unregister_atom_v, cfg.name)
+          .then([](bool) {}, [](caf::error&) {});
+  };
+  auto hand_over = [=](model_placement p) mutable {
+    uint64_t bytes = 0;
+    for (auto b : p.bytes) bytes += b;
+    self->request(self->state.manager, self->state.opts.timeout, adopt_atom_v, cfg, bytes,
+                  !p.kv_block_bytes.empty())
+        .then(
+            [=](model_info& info) mutable {
+              auto& st = self->state;
+              st.registering.erase(cfg.name);
+              st.failed.erase(cfg.name);
+              st.registered[cfg.name] = cfg;
+              log::info("registered {} ({} {}, tp {} x pp {}, {} bytes)", cfg.name, cfg.kind,
+                        cfg.spec, cfg.tp, cfg.pp, bytes);
+              done(std::move(info));
+            },
+            [=](caf::error& e) mutable {
+              self->request(self->state.scheduler, 10s, unregister_atom_v, cfg.name)
+                  .then([](bool) {}, [](caf::error&) {});
+              free_shards();
+              fail(e);
+              done(std::move(e));
+            });
+  };
   auto prepare = [=]() mutable {
     prepare_shards(
         self, cfg, all_stages,
@@ -170,40 +201,16 @@ caf::result<model_info> register_model(manager_pointer self, model_config reques
             }
           }
           self->request(self->state.scheduler, 10s, register_atom_v, p)
-              .then(
-                  [=](bool) mutable {
-                    auto& st = self->state;
-                    st.registering.erase(cfg.name);
-                    st.failed.erase(cfg.name);
-                    auto& eng = *st.engines.at(cfg.kind);
-                    managed_model m;
-                    m.cfg = cfg;
-                    m.vocab = eng.vocab(cfg);
-                    m.max_positions = eng.max_positions(cfg);
-                    for (auto b : p.bytes) m.bytes += b;
-                    m.weight_bytes = eng.weight_bytes(cfg);
-                    m.index = st.disp->add_model(cfg.name, cfg.tp, cfg.pp, cfg.devices,
-                                                 cfg.priority, !p.kv_block_bytes.empty());
-                    st.names.push_back(cfg.name);
-                    st.models.emplace(cfg.name, std::move(m));
-                    st.opts.obs->model_registered(cfg.name, cfg.devices);
-                    log::info("registered {} ({} {}, tp {} x pp {}, {} bytes)", cfg.name, cfg.kind,
-                              cfg.spec, cfg.tp, cfg.pp, st.models.at(cfg.name).bytes);
-                    with_info(self, cfg.name, rp);
-                  },
-                  [=](caf::error& e) mutable {
-                    // Refused by the scheduler: the host copies filled for it go.
-                    for (auto d : cfg.devices)
-                      self->request(self->state.workers[static_cast<size_t>(d)], 30s,
-                                    unregister_atom_v, cfg.name)
-                          .then([](bool) {}, [](caf::error&) {});
-                    fail(e);
-                    rp.deliver(std::move(e));
-                  });
+              .then([=](bool) mutable { hand_over(p); },
+                    [=](caf::error& e) mutable {
+                      free_shards();
+                      fail(e);
+                      done(std::move(e));
+                    });
         },
         [=](caf::error err) mutable {
           fail(err);
-          rp.deliver(std::move(err));
+          done(std::move(err));
         });
   };
   // A model that can never fit its devices (even with every other one evicted) is
@@ -220,112 +227,110 @@ caf::result<model_info> register_model(manager_pointer self, model_config reques
                       cfg.name, {cfg.devices, planned, cfg.pinned, cfg.priority}, usable)) {
                 auto err = make_error(no->code, no->reason);
                 fail(err);
-                rp.deliver(std::move(err));
+                done(std::move(err));
                 return;
               }
             prepare();
           },
           [=](caf::error& e) mutable {
             fail(e);
-            rp.deliver(std::move(e));
+            done(std::move(e));
           });
-  return rp;
 }
 
 /// A node is back. Its workers have their shards again (the guards replayed them),
 /// except those in groups that span nodes: every rank of such a stage meets again at a
 /// new rendezvous.
-void rejoin_groups(manager_pointer self, const std::vector<int32_t>& devs) {
+void rejoin_groups(registry_pointer self, const std::vector<int32_t>& devs) {
   auto& st = self->state;
   std::set<int32_t> back(devs.begin(), devs.end());
-  for (auto& [name, m] : st.models) {
-    const auto tp = static_cast<size_t>(m.cfg.tp);
+  for (auto& [name, cfg] : st.registered) {
+    const auto tp = static_cast<size_t>(cfg.tp);
     std::vector<size_t> stages;
-    for (auto k : split_stages(st, m.cfg)) {
+    for (auto k : split_stages(st, cfg)) {
       bool touched = false;
-      for (size_t r = 0; r < tp; ++r)
-        touched = touched || back.count(m.cfg.devices[k * tp + r]) > 0;
+      for (size_t r = 0; r < tp; ++r) touched = touched || back.count(cfg.devices[k * tp + r]) > 0;
       if (touched) stages.push_back(k);
     }
     if (stages.empty()) continue;
     log::info("{}: {} of its stages span nodes and meet again", name, stages.size());
     auto model = name;
     prepare_shards(
-        self, m.cfg, stages,
+        self, cfg, stages,
         [=](std::vector<shard_report>) { log::info("{}: its cross-node groups met again", model); },
         [=](caf::error e) { log::error("{} stays unavailable: {}", model, render(e)); });
   }
 }
 
-/// Unregisters `name`: evicted, forgotten by the scheduler, its host copies freed on every
-/// worker; refused while requests are queued or running.
-caf::result<model_info> unregister_model(manager_pointer self, const std::string& name) {
+/// Unregisters `name`: the manager stops admitting it (refused while requests of it are
+/// queued or running), then it is evicted, forgotten by the scheduler, its host copies are
+/// freed on every worker, and the manager forgets it.
+caf::result<model_info> unregister_model(registry_pointer self, const std::string& name) {
   auto& st = self->state;
   if (auto f = st.failed.find(name); f != st.failed.end()) {
-    auto info = listed_only(f->second.cfg, model_lifecycle::unregistered, {});
+    auto info = listed_info(f->second.cfg, model_lifecycle::unregistered);
     st.failed.erase(f);
+    tell_manager(self, name);
     return info;
   }
-  auto i = st.models.find(name);
-  if (i == st.models.end()) return not_serving(self, name);
-  auto& m = i->second;
-  if (m.unregistering)
+  if (st.registering.count(name) > 0)
+    return make_error(ec::unavailable, "model " + name + " is being registered");
+  if (st.unregistering.count(name) > 0)
     return make_error(ec::invalid_state, "model " + name + " is being unregistered");
-  auto queued = st.queues().queued(m.index);
-  auto running = st.queues().in_flight(m.index);
-  if (queued > 0 || running > 0)
-    return make_error(ec::invalid_state, "model " + name + " has " + std::to_string(queued) +
-                                             " requests queued and " + std::to_string(running) +
-                                             " batches running; unregister it when they are done");
-  // From here new requests are refused. Evict, let the scheduler forget it, then
-  // every worker frees its shard's host copy; the name is free once all did.
-  m.unregistering = true;
+  auto i = st.registered.find(name);
+  if (i == st.registered.end())
+    return make_error(ec::unknown_model, "no model named '" + name + "'");
+  auto cfg = i->second;
+  st.unregistering.insert(name);
   auto rp = self->make_response_promise<model_info>();
-  auto fail = [=](const caf::error& e) mutable {
-    if (auto j = self->state.models.find(name); j != self->state.models.end())
-      j->second.unregistering = false;
+  auto timeout = st.opts.timeout;
+  auto fail = [=](const caf::error& e, bool readmit) mutable {
+    self->state.unregistering.erase(name);
+    if (readmit)
+      self->request(self->state.manager, timeout, retire_atom_v, name, false)
+          .then([](model_info&) {}, [](caf::error&) {});
     rp.deliver(with_context(e, "unregistering " + name));
   };
-  auto timeout = st.opts.acquire_timeout;
-  self->request(st.scheduler, timeout, unload_atom_v, name)
+  // The name is free once every worker let go of its shard (or said why it could not:
+  // the scheduler has forgotten it already, so what a worker could not free is logged).
+  auto forget = [=]() mutable {
+    self->request(self->state.manager, timeout, forget_atom_v, name)
+        .then([](bool) {}, [](caf::error&) {});
+    self->state.unregistering.erase(name);
+    self->state.registered.erase(name);
+    log::info("unregistered {}", name);
+    rp.deliver(listed_info(cfg, model_lifecycle::unregistered));
+  };
+  auto free_shards = [=]() mutable {
+    std::vector<shard_worker_actor> holders;
+    for (auto d : cfg.devices) holders.push_back(self->state.workers.at(static_cast<size_t>(d)));
+    fan_out_all<bool>(
+        self, holders, caf::timespan{timeout}, [=](std::vector<bool>) mutable { forget(); },
+        [=](caf::error e, size_t k) mutable {
+          log::error("unregistering {}: device {} did not free its shard: {}", name, cfg.devices[k],
+                     render(e));
+          forget();
+        },
+        unregister_atom_v, name);
+  };
+  // From the manager's yes on, new requests are refused.
+  self->request(st.manager, timeout, retire_atom_v, name, true)
       .then(
-          [=](residency_report&) mutable {
-            self->request(self->state.scheduler, timeout, unregister_atom_v, name)
+          [=](model_info&) mutable {
+            self->request(self->state.scheduler, timeout, unload_atom_v, name)
                 .then(
-                    [=](bool) mutable {
-                      auto& st = self->state;
-                      auto cfg = st.models.at(name).cfg;
-                      std::vector<shard_worker_actor> holders;
-                      for (auto d : cfg.devices)
-                        holders.push_back(st.workers.at(static_cast<size_t>(d)));
-                      auto forget = [=]() mutable {
-                        auto& st = self->state;
-                        auto j = st.models.find(name);
-                        // Its batcher queue (empty) and its entry in `names` stay:
-                        // both are indexed by the queue's index.
-                        if (j != st.models.end()) {
-                          st.queues().set_resident(j->second.index, false);
-                          st.models.erase(j);
-                        }
-                        log::info("unregistered {}", name);
-                        rp.deliver(listed_only(cfg, model_lifecycle::unregistered, {}));
-                      };
-                      fan_out_all<bool>(
-                          self, holders, caf::timespan{timeout},
-                          [=](std::vector<bool>) mutable { forget(); },
-                          [=](caf::error e, size_t k) mutable {
-                            // The scheduler has forgotten it already: the name is
-                            // free; what a worker could not free is logged.
-                            log::error("unregistering {}: device {} did not free its shard: {}",
-                                       name, cfg.devices[k], render(e));
-                            forget();
-                          },
-                          unregister_atom_v, name);
+                    [=](residency_report&) mutable {
+                      self->request(self->state.scheduler, timeout, unregister_atom_v, name)
+                          .then([=](bool) mutable { free_shards(); },
+                                [=](caf::error& e) mutable { fail(e, true); });
                     },
-                    [=](caf::error& e) mutable { fail(e); });
+                    [=](caf::error& e) mutable { fail(e, true); });
           },
-          [=](caf::error& e) mutable { fail(e); });
+          [=](caf::error& e) mutable {
+            self->state.unregistering.erase(name);
+            rp.deliver(std::move(e));
+          });
   return rp;
 }
 
-}  // namespace computron::actors::manager_detail
+}  // namespace computron::actors::registry_detail
