@@ -129,11 +129,17 @@ void send_step(manager_pointer self, const batch_ptr& b, step_request req,
         log::warn("batch {} failed: {}", b->id, render(err));
         finish_batch(self, b, &err);
       });
+  // The lanes the dispatch core runs the model on: fixed while a batch of it runs.
+  const auto& lanes = st.disp->lanes_of(m.index);
   for (size_t rank = 0; rank < tp; ++rank) {
     auto r = req;
-    for (size_t stage = 0; stage < pp; ++stage)
-      r.route.push_back(caf::actor_cast<step_stage_actor>(
-          st.workers[static_cast<size_t>(m.cfg.devices[stage * tp + rank])]));
+    for (size_t stage = 0; stage < pp; ++stage) {
+      auto pos = stage * tp + rank;
+      r.route.push_back(
+          caf::actor_cast<step_stage_actor>(st.workers[static_cast<size_t>(m.cfg.devices[pos])]));
+      r.lanes.push_back(pos < lanes.size() ? lanes[pos] : 0);
+      r.shares.push_back(st.disp->share_of(m.index, pos));
+    }
     auto first = r.route[0];
     self->request(first, timeout, step_atom_v, std::move(r))
         .then([=](step_result& res) { j->ok(rank, std::move(res)); },
@@ -255,8 +261,21 @@ void note_step(manager_pointer self, const batch_ptr& b, int64_t tokens, double 
   // A step that also waited for its model's load is not a step's cost (the simulator
   // models loads apart).
   if (loading) return;
-  if (auto m = self->state.models.find(b->model); m != self->state.models.end())
-    m->second.steps.add(static_cast<double>(tokens), std::max(0.0, now_s() - sent_s));
+  auto& st = self->state;
+  auto m = st.models.find(b->model);
+  if (m == st.models.end()) return;
+  const double took = std::max(0.0, now_s() - sent_s);
+  m->second.steps.add(static_cast<double>(tokens), took);
+  if (!st.disp->gpulets().automatic) return;
+  // The planner's profile: the step's cost at the share it ran at (its slowest lane's).
+  int32_t share = 100;
+  for (size_t k = 0; k < m->second.cfg.devices.size(); ++k)
+    share = std::min(share, st.disp->share_of(m->second.index, k));
+  m->second.steps_at[share].add(static_cast<double>(tokens), took);
+  std::map<int32_t, sched::step_fit::line> cost;
+  for (auto& [s, fit] : m->second.steps_at) cost[s] = fit.fitted();
+  st.disp->set_profile(m->second.index, std::move(cost),
+                       static_cast<double>(m->second.cfg.slo_ms) / 1e3);
 }
 
 /// `keep` lists every row of the previous step in order: the workers need none.

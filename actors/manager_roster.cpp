@@ -54,6 +54,7 @@ caf::result<model_info> adopt_model(manager_pointer self, const model_config& cf
   m.weight_bytes = eng.weight_bytes(cfg);
   // A name registered again gets a queue of its own (`names` is indexed with them).
   m.index = st.disp->add_model(cfg.name, cfg.tp, cfg.pp, cfg.devices, cfg.priority, kv_in_ledger);
+  st.disp->set_profile(m.index, {}, static_cast<double>(cfg.slo_ms) / 1e3);
   st.names.push_back(cfg.name);
   st.models.emplace(cfg.name, std::move(m));
   st.opts.obs->model_registered(cfg.name, cfg.devices);

@@ -70,6 +70,9 @@ struct model_config {
   /// merges.txt, a tokenizer.json file, or "bytes" (the built-in byte-level one). Empty:
   /// none, and the model takes token ids only.
   std::string tokenizer;
+  /// Its latency objective for one request, milliseconds (0: none): what automatic
+  /// gpu-lets size its share for (sched::plan_gpulets).
+  int64_t slo_ms = 0;
 };
 
 /// model_config's fields, listed once: the members in order (fields) and, at the same
@@ -82,7 +85,7 @@ struct config_field {
   /// name only when every such field is equal (same_weights).
   bool shapes_weights;
 };
-inline constexpr std::array<config_field, 17> model_config_fields{{
+inline constexpr std::array<config_field, 18> model_config_fields{{
     {"name", false},
     {"kind", true},
     {"spec", true},
@@ -100,13 +103,14 @@ inline constexpr std::array<config_field, 17> model_config_fields{{
     {"pinned", false},
     {"priority", false},
     {"tokenizer", false},
+    {"slo_ms", false},
 }};
 
 template <class Config>
 auto fields(Config& x) {
   return std::tie(x.name, x.kind, x.spec, x.shape, x.arch, x.dtype, x.checkpoint_dtype, x.tp, x.pp,
                   x.devices, x.seed, x.weights_path, x.toy_shard_bytes, x.toy_compute_ms, x.pinned,
-                  x.priority, x.tokenizer);
+                  x.priority, x.tokenizer, x.slo_ms);
 }
 static_assert(std::tuple_size_v<decltype(fields(std::declval<model_config&>()))> ==
                   model_config_fields.size(),

@@ -10,6 +10,7 @@
 #include <set>
 #include <unordered_map>
 
+#include <fmt/ranges.h>
 #include <caf/all.hpp>
 
 #include "actors/engine.hpp"
@@ -285,6 +286,11 @@ void carry_out(manager_pointer self, sched::dispatch_effects e) {
   for (auto at : e.ticks)
     self->delayed_send(self, std::chrono::duration_cast<std::chrono::microseconds>(at - t),
                        tick_atom_v);
+  if (e.gpulets_changed) {
+    std::string parts;
+    for (auto& p : st.disp->partitions()) parts += fmt::format(" [{}]", fmt::join(p, ","));
+    log::info("gpu-lets re-planned:{}", parts);
+  }
   if (e.dispatched)
     for (uint32_t i = 0; i < st.names.size(); ++i)
       st.opts.obs->queue_depth(st.names[i], st.queues().queued(i));
@@ -453,10 +459,28 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
           auto line = m.steps.fitted();
           x["step-fixed-ms"] = caf::config_value{line.fixed_s * 1e3};
           x["step-per-token-ms"] = caf::config_value{line.per_token_s * 1e3};
+          // Its gpu-let on each of its devices (lane and share).
+          caf::config_value::list lanes, shares;
+          for (size_t k = 0; k < m.cfg.devices.size(); ++k) {
+            auto& l = st.disp->lanes_of(m.index);
+            lanes.emplace_back(static_cast<int64_t>(k < l.size() ? l[k] : 0));
+            shares.emplace_back(static_cast<int64_t>(st.disp->share_of(m.index, k)));
+          }
+          x["lanes"] = caf::config_value{std::move(lanes)};
+          x["shares"] = caf::config_value{std::move(shares)};
           models.emplace_back(std::move(x));
         }
         mine["models"] = caf::config_value{std::move(models)};
         mine["dispatch"] = caf::config_value{st.opts.batching.dispatch};
+        // The devices' gpu-lets: per device the shares of its compute lanes.
+        caf::config_value::list parts;
+        for (auto& p : st.disp->partitions()) {
+          caf::config_value::list one;
+          for (auto share : p) one.emplace_back(static_cast<int64_t>(share));
+          parts.emplace_back(std::move(one));
+        }
+        mine["gpulets"] = caf::config_value{std::move(parts)};
+        mine["gpulets-auto"] = caf::config_value{st.disp->gpulets().automatic};
         mine["runnable-batches"] = caf::config_value{static_cast<int64_t>(st.disp->runnable())};
         auto rp = self->make_response_promise<caf::settings>();
         self->request(st.scheduler, 5s, report_atom_v)
@@ -528,7 +552,7 @@ caf::expected<model_manager_actor> spawn_model_manager(caf::actor_system& sys,
     return make_error(ec::invalid_configuration, "model manager without workers");
   if (!scheduler) return make_error(ec::invalid_configuration, "model manager without a scheduler");
   sched::refusal why;
-  auto d = sched::dispatcher::make(opts.batching, workers.size(), &why);
+  auto d = sched::dispatcher::make(opts.batching, workers.size(), &why, opts.gpulets);
   if (!d) return make_error(why.code, why.reason);
   if (!opts.obs) opts.obs = null_observer();
   return sys.spawn(model_manager, std::move(opts), std::move(engines), std::move(workers),

@@ -13,6 +13,7 @@
 #include "actors/interfaces.hpp"
 #include "actors/observer.hpp"
 #include "sched/batching.hpp"
+#include "sched/gpulets.hpp"
 
 namespace computron::actors {
 
@@ -21,6 +22,9 @@ struct model_manager_options {
   /// sched/policies.hpp), queue bound and default deadline, as sched/ (and the simulator)
   /// take them.
   sched::batching_options batching;
+  /// Gpu-lets: the devices' compute lanes, fixed or planned (sched/gpulets.hpp); none by
+  /// default (each device one lane).
+  sched::gpulet_config gpulets;
   /// Largest max_tokens a request may ask for.
   int64_t max_tokens_limit = 512;
   /// One forward step of one stage at most.

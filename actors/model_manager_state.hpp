@@ -114,6 +114,8 @@ struct managed_model {
   uint64_t served = 0;
   /// Its steps' compute against their tokens (reported for `computron sim --calibrate`).
   sched::step_fit steps{};
+  /// The same by the gpu-let share its steps ran at (automatic gpu-lets' profile).
+  std::map<int32_t, sched::step_fit> steps_at{};
   /// Being unregistered: new requests are refused.
   bool unregistering = false;
 };

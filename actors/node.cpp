@@ -115,6 +115,15 @@ caf::expected<runtime> spawn_stack(caf::actor_system& sys, runtime rt, runtime_o
       std::chrono::duration_cast<std::chrono::milliseconds>(opts.manager.batching.default_deadline);
   opts.registry.device_kinds.clear();
   for (auto& d : sds) opts.registry.device_kinds.push_back(d.kind);
+  if (opts.manager.gpulets.enabled())
+    for (auto& d : sds)
+      if (d.kind == gpu::device_kind::cuda) {
+        rt.shutdown();
+        return make_error(ec::invalid_configuration,
+                          "devices.gpulets: gpu-lets on CUDA devices need green contexts "
+                          "(cuGreenCtxCreate and cuGreenCtxStreamCreate, CUDA 12.4+), which "
+                          "this build does not run yet; gpu-lets run on emulated devices");
+      }
   auto fail = [&](caf::error e) {
     rt.shutdown();
     return e;
@@ -143,6 +152,8 @@ caf::expected<runtime> start_runtime(caf::actor_system& sys, runtime_options opt
   auto devs = gpu::open_devices(opts.devices);
   if (!devs) return devs.error();
   rt.devices = std::move(*devs);
+  // An emulated gpu-let slows as the dispatch core's planner predicts.
+  opts.worker.gpulet_interference = opts.manager.gpulets.plan.interference;
   auto n = spawn_node(sys, rt.devices, engines, opts.worker);
   if (!n) return n.error();
   rt.node = std::move(*n);

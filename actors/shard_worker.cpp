@@ -1,9 +1,11 @@
 #include "actors/shard_worker.hpp"
+#include "actors/gpulet_clock.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <map>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include <fmt/format.h>
@@ -29,6 +31,10 @@ struct shard_entry {
       std::make_shared<std::chrono::steady_clock::time_point>();
   /// A begin_load started the copy the next load_atom finishes (and measures).
   bool begun = false;
+  /// The compute lane its steps run on (a gpu-let of the device; the manager moves a
+  /// model only while none of its steps runs): its other compute jobs go there too, as
+  /// a program has one caller at a time.
+  int32_t lane = 0;
 };
 
 /// Per-batch state of the sampling rank; only the compute lane touches its contents.
@@ -42,7 +48,10 @@ struct shard_worker_state {
   engine_registry engines;
   shard_worker_options opts;
   lane_actor copy_lane;
-  lane_actor compute_lane;
+  /// Lane 0: the whole device, or its first gpu-let; more start as steps name them.
+  std::vector<lane_actor> compute_lanes;
+  /// Emulated devices: how long a job on a gpu-let takes (null on a GPU).
+  std::shared_ptr<gpulet_clock> gpulets;
   std::map<std::string, shard_entry> shards;
   std::set<std::string> preparing;
   std::map<std::pair<std::string, uint64_t>, std::shared_ptr<batch_ctx>> batches;
@@ -120,6 +129,19 @@ caf::result<shard_report> rejoin(worker_pointer self, const std::string& name, s
   return rp;
 }
 
+/// The compute lane `lane` (started on first use), or why there is none.
+caf::expected<lane_actor> compute_lane(worker_pointer self, int32_t lane) {
+  auto& st = self->state;
+  if (lane < 0 || lane >= max_compute_lanes)
+    return make_error(ec::invalid_request, "compute lane " + std::to_string(lane) +
+                                               " does not exist on device " +
+                                               std::to_string(st.opts.device_index) + " (0.." +
+                                               std::to_string(max_compute_lanes - 1) + ")");
+  while (st.compute_lanes.size() <= static_cast<size_t>(lane))
+    st.compute_lanes.push_back(self->template spawn<caf::detached + caf::linked>(lane_behavior));
+  return st.compute_lanes[static_cast<size_t>(lane)];
+}
+
 /// The device's largest free block, for the scheduler's planning.
 int64_t largest_free(const shard_worker_state& st) {
   return static_cast<int64_t>(st.dev->largest_free_block());
@@ -133,7 +155,12 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
   st.opts = std::move(opts);
   // Two lanes: a load never waits behind a forward pass, nor a forward behind a load.
   st.copy_lane = self->template spawn<caf::detached + caf::linked>(lane_behavior);
-  st.compute_lane = self->template spawn<caf::detached + caf::linked>(lane_behavior);
+  st.compute_lanes.push_back(self->template spawn<caf::detached + caf::linked>(lane_behavior));
+  if (st.dev->info().kind == gpu::device_kind::emulated) {
+    sched::gpulet_options go;
+    go.interference = st.opts.gpulet_interference;
+    st.gpulets = std::make_shared<gpulet_clock>(go);
+  }
   const int32_t index = st.opts.device_index;
   auto missing = [=](const std::string& model) {
     return make_error(ec::unknown_model,
@@ -213,8 +240,8 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
                   // The first forward on a GPU pays for the context and kernels: pay it
                   // now, on the lane that will run the forward steps.
                   lane_job warm{[=]() -> caf::error { return eng->warm_up(s, device); }};
-                  self->request(self->state.compute_lane, caf::timespan{std::chrono::minutes(5)},
-                                run_atom_v, std::move(warm))
+                  self->request(self->state.compute_lanes.front(),
+                                caf::timespan{std::chrono::minutes(5)}, run_atom_v, std::move(warm))
                       .then([=](bool) mutable { finish(); },
                             [=](caf::error& err) mutable {
                               log::warn(
@@ -368,6 +395,18 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
         const bool last_stage = e.spec.pp_rank == e.spec.model.pp - 1;
         const bool sampling_rank = last_stage && e.spec.tp_rank == 0;
         const auto key = std::make_pair(req.model, req.batch_id);
+        // Its gpu-let: the lane and share the manager runs the model on here.
+        const auto at = static_cast<size_t>(req.stage);
+        const int32_t lane_index = at < req.lanes.size() ? req.lanes[at] : 0;
+        const int32_t share = at < req.shares.size() ? req.shares[at] : 100;
+        if (share < 1 || share > 100)
+          return make_error(ec::invalid_request,
+                            "a step's share of device " + std::to_string(index) +
+                                " must be 1..100 percent, got " + std::to_string(share));
+        auto lane = compute_lane(self, lane_index);
+        if (!lane) return lane.error();
+        e.lane = lane_index;
+        auto clock = st.gpulets;
         std::shared_ptr<batch_ctx> ctx;
         // Rows joining a running batch: their samplers go after that batch's.
         std::shared_ptr<batch_ctx> into_ctx;
@@ -398,6 +437,15 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
           auto t0 = std::chrono::steady_clock::now();
           if (alone)
             if (auto err = step_too_late(*in, received, t0, index)) return err;
+          // The lane is busy from here to the end of its wait (the partners' clock).
+          struct busy_span {
+            gpulet_clock* c;
+            int32_t lane;
+            ~busy_span() {
+              if (c) c->end(lane);
+            }
+          } busy{clock.get(), lane_index};
+          if (clock) clock->begin(lane_index);
           const double waited0 = gpu::thread_wait_seconds();
           (void)group;
           auto state = w->state();
@@ -447,7 +495,15 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
                                         ctx->samplers.end());
           }
           // Compute only: time spent waiting for bytes still loading is the load's.
-          out->compute_ms = (seconds_since(t0) - (gpu::thread_wait_seconds() - waited0)) * 1e3;
+          double compute_s = seconds_since(t0) - (gpu::thread_wait_seconds() - waited0);
+          if (clock) {
+            // An emulated gpu-let takes what its share and its partners make it take.
+            double take = clock->seconds(lane_index, share, compute_s);
+            if (take > compute_s)
+              std::this_thread::sleep_for(std::chrono::duration<double>(take - compute_s));
+            compute_s = std::max(compute_s, take);
+          }
+          out->compute_ms = compute_s * 1e3;
           return {};
         }};
         auto rp = self->make_response_promise<step_result>();
@@ -455,7 +511,7 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
         // A step on a loading shard also waits for its bytes (compute while loading).
         auto lane_timeout =
             w->state() == gpu::residency::loading ? timeout + st.opts.load_timeout : timeout;
-        self->request(st.compute_lane, lane_timeout, run_atom_v, std::move(job))
+        self->request(*lane, lane_timeout, run_atom_v, std::move(job))
             .then(
                 [=](bool) mutable {
                   if (in->last || in->join_into != 0) self->state.batches.erase(key);
@@ -501,7 +557,9 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
           program->end_batch(batch_id);
           return {};
         }};
-        self->request(st.compute_lane, st.opts.step_timeout, run_atom_v, std::move(job))
+        auto lane = compute_lane(self, i->second.lane);
+        if (!lane) return;
+        self->request(*lane, st.opts.step_timeout, run_atom_v, std::move(job))
             .then([](bool) {}, [](caf::error&) {});
       },
       [=](devices_atom) -> device_report {

@@ -6,17 +6,28 @@
 
 namespace computron::sched {
 
-std::unique_ptr<dispatcher> dispatcher::make(batching_options opts, size_t devices, refusal* why) {
+std::unique_ptr<dispatcher> dispatcher::make(batching_options opts, size_t devices, refusal* why,
+                                             gpulet_config gpulets) {
+  if (auto bad = check_gpulet_config(gpulets, devices); !bad.empty()) {
+    if (why) *why = {ec::invalid_configuration, bad};
+    return nullptr;
+  }
   auto b = batcher::make(std::move(opts), why);
   if (!b) return nullptr;
-  return std::unique_ptr<dispatcher>(new dispatcher(std::move(b), devices));
+  return std::unique_ptr<dispatcher>(new dispatcher(std::move(b), devices, std::move(gpulets)));
 }
 
 uint32_t dispatcher::add_model(const std::string& name, int32_t tp, int32_t pp,
                                const std::vector<int32_t>& devices, int32_t priority, bool kv) {
   auto index = batcher_->add_model(name, pp, priority);
   if (models_.size() <= index) models_.resize(static_cast<size_t>(index) + 1);
-  models_[index] = {gate_.placement_key(tp, pp, devices), pp, devices, kv};
+  auto& m = models_[index];
+  m = {};
+  m.tp = tp;
+  m.pp = pp;
+  m.devices = devices;
+  m.kv = kv;
+  place_lanes(index);
   return index;
 }
 
@@ -64,7 +75,7 @@ void dispatcher::run_pass(time_point now, dispatch_effects& out) {
         continue;
       }
     }
-    if (!gate_.try_start(pass, m.gate_key, m.devices, m.pp)) {
+    if (!gate_.try_start(pass, m.gate_key, m.units, m.pp)) {
       still.push_back(id);
       continue;
     }
@@ -82,7 +93,7 @@ void dispatcher::run_pass(time_point now, dispatch_effects& out) {
     }
     if (live.empty()) {
       kv_trim(b, 0, out);
-      gate_.finish(m.devices);
+      gate_.finish(m.units);
       out.releases.push_back({id, b.model});
       batcher_->batch_ended(b.model);
       batches_.erase(id);
@@ -91,6 +102,7 @@ void dispatcher::run_pass(time_point now, dispatch_effects& out) {
     }
     b.rows = live;
     b.started = true;
+    b.units = m.units;
     b.going.clear();
     for (auto& e : live) b.going.push_back(e.key);
     out.started.push_back({id, b.model, std::move(live), start});
@@ -106,7 +118,10 @@ dispatch_effects dispatcher::admit(uint32_t model, uint64_t key, time_point now,
   dispatch_effects out;
   out.refused = batcher_->admit(model, key, now, deadline_ms, &out.deadline, steps, drop_late,
                                 prompt_tokens, whole_prefill);
-  if (!out.refused) dispatch_pass(now, out);
+  if (!out.refused) {
+    if (gpulets_.automatic) note_arrival(model, prompt_tokens, steps, now, out);
+    dispatch_pass(now, out);
+  }
   return out;
 }
 
@@ -169,22 +184,27 @@ dispatch_effects dispatcher::batch_done(batch_id id, time_point now, bool ok, do
   if (i == batches_.end()) return out;
   auto model = i->second.model;
   kv_trim(i->second, 0, out);
+  auto units = std::move(i->second.units);
   batches_.erase(i);
   unblock();
-  gate_.finish(models_[model].devices);
+  gate_.finish(units);
   out.releases.push_back({id, model});
   batcher_->batch_ended(model);
   if (ok && steps > 0) batcher_->note_steps(model, compute_s, steps);
+  if (pending_plan_) apply_plan(out);
   run_pass(now, out);
   dispatch_pass(now, out);
   return out;
 }
 
 bool dispatcher::others_wait(uint32_t model) const {
-  auto& mine = models_[model].devices;
+  if (pending_plan_ && std::find(pending_moves_.begin(), pending_moves_.end(),
+                                 batcher_->name(model)) != pending_moves_.end())
+    return true;
+  auto& mine = models_[model].units;
   for (auto& [id, b] : batches_) {
     if (b.started || b.model == model) continue;
-    for (auto d : models_[b.model].devices)
+    for (auto d : models_[b.model].units)
       if (std::find(mine.begin(), mine.end(), d) != mine.end()) return true;
   }
   return false;
@@ -494,6 +514,7 @@ dispatch_effects dispatcher::tick(time_point now) {
   dispatch_effects out;
   ticks_.erase(ticks_.begin(), ticks_.upper_bound(now));
   unblock();
+  if (replan_at_ && *replan_at_ <= now) replan(now, out);
   run_pass(now, out);
   dispatch_pass(now, out);
   return out;

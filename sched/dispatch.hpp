@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -10,6 +11,7 @@
 
 #include "sched/batching.hpp"
 #include "sched/clock.hpp"
+#include "sched/gpulets.hpp"
 
 /// The dispatch core: queues and batch formation (the batcher), leases asked for and
 /// granted, the runnable list, the device gate, armed ticks and when a batch leased on a
@@ -152,6 +154,9 @@ struct dispatch_effects {
   std::vector<time_point> ticks;
   /// A dispatch pass ran: queue depths may have changed.
   bool dispatched = false;
+  /// The gpu-let partitions or a model's lanes changed (a re-plan took effect): the
+  /// driver shows them anew (and a GPU's worker splits its device anew).
+  bool gpulets_changed = false;
 };
 
 /// What a lease tells the core.
@@ -170,8 +175,11 @@ struct lease_info {
 
 class dispatcher {
  public:
-  /// Refusals as batcher::make's. `devices`: how many devices the gate guards.
-  static std::unique_ptr<dispatcher> make(batching_options opts, size_t devices, refusal* why);
+  /// Refusals as batcher::make's, and a gpu-let config check_gpulet_config refuses.
+  /// `devices`: how many devices the gate guards; `gpulets`: how they are split into
+  /// compute lanes (none: one lane each).
+  static std::unique_ptr<dispatcher> make(batching_options opts, size_t devices, refusal* why,
+                                          gpulet_config gpulets = {});
 
   /// Adds a model (its queue and its placement in the gate); returns its index.
   /// `kv`: the model keeps KV in the ledger's blocks (its batches ask for them).
@@ -218,21 +226,52 @@ class dispatcher {
   /// took `compute_s` (the estimates learn). A run pass and a dispatch pass.
   dispatch_effects batch_done(batch_id id, time_point now, bool ok, double compute_s,
                               int64_t steps);
-  /// A tick armed by ticks came due: a run pass and a dispatch pass.
+  /// A tick armed by ticks came due: a run pass and a dispatch pass (and, with automatic
+  /// gpu-lets, a re-plan when one is due).
   dispatch_effects tick(time_point now);
 
+  /// Gpu-lets (dispatch_gpulets.cpp). The gate guards compute lanes, not whole devices: a
+  /// model's batches run on its lane of each of its devices, so models on different lanes
+  /// of one device compute at the same time. Without gpu-lets every device is one lane 0
+  /// of share 100.
+  /// The model's lane on each of its devices (its devices' order), and that lane's share.
+  const std::vector<int32_t>& lanes_of(uint32_t model) const { return models_[model].lanes; }
+  int32_t share_of(uint32_t model, size_t position) const;
+  /// Lanes per device in the gate's numbering: a lane's unit is device * this + lane.
+  int32_t lanes_per_device() const { return max_lanes_; }
+  /// Per device: the shares of its lanes now.
+  const std::vector<std::vector<int32_t>>& partitions() const { return partitions_; }
+  /// The gpu-let config in force.
+  const gpulet_config& gpulets() const { return gpulets_; }
+  /// What the driver knows of a model's compute for the automatic planner: its step cost
+  /// at the shares it measured it at, and its latency objective (0: none).
+  void set_profile(uint32_t model, std::map<int32_t, step_fit::line> cost, double slo_s);
+  /// The plan a re-plan chose and not yet in force (its models' batches drain first).
+  const std::optional<gpulet_plan>& pending_plan() const { return pending_plan_; }
+
  private:
-  dispatcher(std::unique_ptr<batcher> b, size_t devices) : batcher_(std::move(b)), gate_(devices) {}
+  dispatcher(std::unique_ptr<batcher> b, size_t devices, gpulet_config g);
 
   struct model_slot {
     uint32_t gate_key = 0;
+    int32_t tp = 1;
     int32_t pp = 1;
     std::vector<int32_t> devices;
     bool kv = false;
+    /// Its lane on each device, and the gate's units they are (device * lanes + lane).
+    std::vector<int32_t> lanes{};
+    std::vector<int32_t> units{};
+    /// For the automatic planner: step costs by share, latency objective, and what
+    /// arrived since the last plan (requests, their prompt tokens and their steps).
+    std::map<int32_t, step_fit::line> cost{};
+    double slo_s = 0;
+    double arrivals = 0, prompt_tokens = 0, steps = 0;
   };
   enum class kv_wait : uint8_t { none, start, step };
   struct batch_state {
     uint32_t model = 0;
+    /// The gate units it took when it started (its model's lanes may change after).
+    std::vector<int32_t> units{};
     std::vector<queued_entry> rows;
     std::vector<uint64_t> cancelled;
     lease_info lease;
@@ -273,8 +312,24 @@ class dispatcher {
                    dispatch_effects& out);
   /// Unblocks every blocked model (room came back).
   void unblock();
-  /// Whether a batch of another model than `model` waits for any of `model`'s devices.
+  /// Whether a batch of another model than `model` waits for any of `model`'s lanes, or a
+  /// re-plan waits for `model` to drain.
   bool others_wait(uint32_t model) const;
+
+  /// Gpu-lets (dispatch_gpulets.cpp): the model's lanes and units from the partitions
+  /// (a fixed partition: the lane of each device with the fewest models).
+  void place_lanes(uint32_t model);
+  void set_units(uint32_t model);
+  /// Notes an arrival for the planner; arms the next re-plan.
+  void note_arrival(uint32_t model, int64_t prompt_tokens, int64_t steps, time_point now,
+                    dispatch_effects& out);
+  /// Makes a plan from what arrived since the last; it takes effect once the models it
+  /// moves have no batch running.
+  void replan(time_point now, dispatch_effects& out);
+  /// Puts the pending plan in force if its models have drained.
+  void apply_plan(dispatch_effects& out);
+  /// Batches of the model that started and did not end.
+  size_t running_batches(uint32_t model) const;
 
   /// Starts leased batches whose devices are free for them, oldest first; a dispatch
   /// pass follows when one ended before it ran (its model may take the next).
@@ -288,6 +343,15 @@ class dispatcher {
   void arm(time_point at, time_point now, dispatch_effects& out);
 
   std::unique_ptr<batcher> batcher_;
+  gpulet_config gpulets_;
+  /// Lanes per device in the gate's numbering (units = devices * lanes).
+  int32_t max_lanes_ = 1;
+  std::vector<std::vector<int32_t>> partitions_;
+  std::optional<gpulet_plan> pending_plan_{};
+  std::vector<std::string> pending_moves_{};
+  /// Automatic gpu-lets: when the arrivals the next plan weighs began, and its tick.
+  time_point window_start_{};
+  std::optional<time_point> replan_at_{};
   device_gate gate_;
   std::vector<model_slot> models_;
   std::unordered_map<batch_id, batch_state> batches_;

@@ -131,6 +131,48 @@ double interference_slowdown(const gpulet_options& opts, double partner_busy) {
   return 1 + (opts.interference - 1) * std::clamp(partner_busy, 0.0, 1.0);
 }
 
+double gpulet_seconds(const gpulet_options& opts, double whole_s, int32_t share,
+                      double partner_busy) {
+  const double s = std::clamp(share, 1, 100);
+  return whole_s * 100.0 / s * interference_slowdown(opts, partner_busy);
+}
+
+std::string check_gpulet_config(const gpulet_config& c, size_t devices) {
+  auto allowed = allowed_shares(c.plan);
+  if (c.plan.max_per_device < 1)
+    return "devices.gpulets: at most " + std::to_string(c.plan.max_per_device) +
+           " gpu-lets per device; at least 1";
+  if (!(std::isfinite(c.plan.interference) && c.plan.interference >= 1))
+    return "devices.gpulet_interference must be 1 or more, got " +
+           std::to_string(c.plan.interference);
+  if (c.automatic && !(std::isfinite(c.replan_s) && c.replan_s > 0))
+    return "devices.gpulet_replan_ms must be above 0";
+  if (c.automatic && !c.partitions.empty())
+    return "devices.gpulets is either \"auto\" or a partition per device, not both";
+  if (c.partitions.size() > devices)
+    return "devices.gpulets gives " + std::to_string(c.partitions.size()) + " partitions for " +
+           std::to_string(devices) + " devices";
+  for (size_t d = 0; d < c.partitions.size(); ++d) {
+    auto& p = c.partitions[d];
+    auto where = "devices.gpulets[" + std::to_string(d) + "]";
+    if (p.empty()) return where + " is empty: give [100] for a whole device";
+    if (static_cast<int32_t>(p.size()) > c.plan.max_per_device)
+      return where + " has " + std::to_string(p.size()) + " gpu-lets; at most " +
+             std::to_string(c.plan.max_per_device) + " per device";
+    int32_t sum = 0;
+    for (auto s : p) {
+      if (std::find(allowed.begin(), allowed.end(), s) == allowed.end()) {
+        std::string list;
+        for (auto a : allowed) list += (list.empty() ? "" : ", ") + std::to_string(a);
+        return where + ": share " + std::to_string(s) + " is not one of " + list;
+      }
+      sum += s;
+    }
+    if (sum > 100) return where + "'s shares sum to " + std::to_string(sum) + ", above 100";
+  }
+  return {};
+}
+
 std::vector<std::string> plan_changes(const gpulet_plan& from, const gpulet_plan& to) {
   // (device, lane, share) of each of a model's gpu-lets; empty when the plan lacks it.
   auto lanes_of = [](const gpulet_plan& p, const std::string& name) {

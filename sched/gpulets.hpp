@@ -84,6 +84,38 @@ struct gpulet_plan {
   std::vector<std::string> at_risk;
 };
 
+/// How the devices are split into gpu-lets (serve config `devices.gpulets`), as the
+/// dispatch core (sched/dispatch.hpp) carries it out.
+struct gpulet_config {
+  /// Per device: the shares of its gpu-lets (a fixed partition; models go to the lane of
+  /// each device with the fewest models). Empty, or a device beyond the list: the whole
+  /// device is one lane (time sharing only, as before gpu-lets).
+  std::vector<std::vector<int32_t>> partitions{};
+  /// "auto": every device starts whole, and the planner (plan_gpulets) chooses partitions
+  /// and lanes from the models' measured step costs, arrival rates and SLOs every
+  /// `replan`; a model whose lane or share changes first drains its running batches.
+  bool automatic = false;
+  /// The planner's options (device_count is filled in by the dispatch core); its
+  /// `interference` is also what an emulated device slows by.
+  gpulet_options plan{};
+  /// How often an automatic plan is made again (while requests arrive).
+  double replan_s = 5;
+  /// Whether any device is split (or may be).
+  bool enabled() const { return automatic || !partitions.empty(); }
+};
+
+/// Checks a gpu-let config against `devices` devices: shares allowed and summing to at
+/// most 100, at most plan.max_per_device lanes per device, a partition per device at most,
+/// a positive re-plan interval. What is wrong, naming the field and value; empty when fine.
+std::string check_gpulet_config(const gpulet_config& c, size_t devices);
+
+/// Seconds a step takes on a gpu-let of `share` percent that takes `whole_s` on the
+/// whole device, while partners on its device were busy for `partner_busy` of its time:
+/// whole_s * 100/share * interference_slowdown. What an emulated device waits out and
+/// the simulator charges (a GPU's green contexts do it by themselves).
+double gpulet_seconds(const gpulet_options& opts, double whole_s, int32_t share,
+                      double partner_busy);
+
 /// The allowed gpu-let sizes, ascending, without duplicates, with the whole device (100).
 std::vector<int32_t> allowed_shares(const gpulet_options& opts);
 

@@ -37,10 +37,10 @@ std::string gpt2_tokenizer(bool warn) {
 
 caf::error read_model(const nlohmann::json& j, const std::string& where, const fs::path& base,
                       actors::model_config& m) {
-  if (auto e =
-          check_keys(j, where,
-                     {"name", "kind", "spec", "dtype", "tp", "pp", "devices", "seed", "weights",
-                      "toy_shard_bytes", "toy_compute_ms", "pinned", "priority", "tokenizer"}))
+  if (auto e = check_keys(
+          j, where,
+          {"name", "kind", "spec", "dtype", "tp", "pp", "devices", "seed", "weights",
+           "toy_shard_bytes", "toy_compute_ms", "pinned", "priority", "tokenizer", "slo_ms"}))
     return e;
   std::string weights, tok;
   caf::error e;
@@ -52,8 +52,9 @@ caf::error read_model(const nlohmann::json& j, const std::string& where, const f
       (e = read(j, "toy_shard_bytes", where, m.toy_shard_bytes)) ||
       (e = read(j, "toy_compute_ms", where, m.toy_compute_ms)) ||
       (e = read(j, "pinned", where, m.pinned)) || (e = read(j, "priority", where, m.priority)) ||
-      (e = read(j, "tokenizer", where, tok)))
+      (e = read(j, "tokenizer", where, tok)) || (e = read(j, "slo_ms", where, m.slo_ms)))
     return e;
+  if (m.slo_ms < 0) return bad(where, "slo_ms must not be negative");
   // A catalogue shape names its family: the kind follows it unless given.
   if (!j.contains("kind") && !m.spec.empty())
     if (auto s = models::find_spec(m.spec)) m.kind = models::to_string(s->family);

@@ -195,6 +195,7 @@ caf::expected<sim::sim_config> sim_config_from(const serve_config& cfg,
   out.chunk_bytes = cfg.runtime.worker.chunk_bytes;
   out.scheduler = cfg.runtime.scheduler.ledger;
   out.batching = cfg.runtime.manager.batching;
+  out.gpulets = cfg.runtime.manager.gpulets;
   out.cost = cost;
   if (!(cost.tflops > 0)) return bad("the simulator needs a compute rate: tflops above 0");
   const double flops = cost.tflops * 1e12;
@@ -209,6 +210,7 @@ caf::expected<sim::sim_config> sim_config_from(const serve_config& cfg,
     m.devices = model.devices;
     m.pinned = model.pinned;
     m.priority = model.priority;
+    m.slo_s = static_cast<double>(model.slo_ms) / 1e3;
     uint64_t total = 0;
     for (int32_t k = 0; k < model.pp; ++k)
       for (int32_t r = 0; r < model.tp; ++r) {

@@ -85,14 +85,17 @@ class simulator {
     sched::refusal why;
     core_ = sched::residency::make(std::move(slots), cfg_.scheduler, &why);
     if (!core_) return why.reason;
-    disp_ = sched::dispatcher::make(cfg_.batching, cfg_.devices.size(), &why);
+    disp_ = sched::dispatcher::make(cfg_.batching, cfg_.devices.size(), &why, cfg_.gpulets);
     if (!disp_) return why.reason;
     for (auto& m : cfg_.models) {
       auto id = core_->ledger().add(
           m.name, {m.devices, m.shard_bytes, m.pinned, m.priority, m.kv_block_bytes}, &why);
       if (!id) return why.reason;
       // Model ids agree between the two cores: both number models in this order.
-      disp_->add_model(m.name, m.tp, m.pp, m.devices, m.priority, !m.kv_block_bytes.empty());
+      auto index =
+          disp_->add_model(m.name, m.tp, m.pp, m.devices, m.priority, !m.kv_block_bytes.empty());
+      // The planner knows what a step costs, as the runtime learns it from its steps.
+      disp_->set_profile(index, {{100, {m.step_s, m.step_per_token_s}}}, m.slo_s);
       // The unhindered load, as the runtime's leases tell its manager.
       disp_->queues().note_load(*id, core_->ledger().load_seconds(*id));
       stage_loads_.emplace_back(static_cast<size_t>(m.pp), stage_load{});
@@ -104,7 +107,8 @@ class simulator {
       model_of_.push_back(*id);
     }
     traffic_.resize(cfg_.devices.size());
-    device_free_.assign(cfg_.devices.size(), time_point{});
+    lanes_ = static_cast<size_t>(disp_->lanes_per_device());
+    device_free_.assign(cfg_.devices.size() * lanes_, time_point{});
     for (size_t d = 0; d < traffic_.size(); ++d) traffic_[d].device = std::to_string(d);
     return {};
   }
@@ -358,25 +362,47 @@ class simulator {
     double stage_s =
         (sm.step_s + sm.step_per_token_s * static_cast<double>(tokens)) / static_cast<double>(pp) +
         cfg_.cost.stage_overhead_s;
+    const auto& lanes = disp_->lanes_of(b.model);
     for (size_t k = 0; k < pp; ++k) {
-      // A stage runs on its devices' compute lanes, one job at a time per device,
-      // whichever model the job is of.
+      // A stage runs on its devices' compute lanes (the model's gpu-let of each; the
+      // whole device without gpu-lets), one job at a time per lane, whichever model the
+      // job is of.
       const auto tp = static_cast<size_t>(sm.tp);
-      for (size_t r = 0; r < tp; ++r)
-        t = std::max(t, device_free_[static_cast<size_t>(sm.devices[k * tp + r])]);
+      auto unit = [&](size_t r) {
+        auto pos = k * tp + r;
+        return static_cast<size_t>(sm.devices[pos]) * lanes_ +
+               static_cast<size_t>(pos < lanes.size() ? lanes[pos] : 0);
+      };
+      for (size_t r = 0; r < tp; ++r) t = std::max(t, device_free_[unit(r)]);
+      // On a gpu-let the stage takes its share's time, slowed while the device's other
+      // lanes are busy (the runtime's emulated lanes wait out the same).
+      double took_s = stage_s;
+      if (lanes_ > 1 || disp_->share_of(b.model, k * tp) < 100) {
+        for (size_t r = 0; r < tp; ++r) {
+          auto share = disp_->share_of(b.model, k * tp + r);
+          double alone = stage_s * 100.0 / std::max(1, share);
+          auto dev = static_cast<size_t>(sm.devices[k * tp + r]);
+          double partners = 0;
+          for (size_t l = 0; l < lanes_; ++l)
+            if (dev * lanes_ + l != unit(r))
+              partners += std::max(0.0, sched::seconds_between(t, device_free_[dev * lanes_ + l]));
+          took_s = std::max(took_s, sched::gpulet_seconds(cfg_.gpulets.plan, stage_s, share,
+                                                          alone > 0 ? partners / alone : 0));
+        }
+      }
       if (t >= loads[k].to) {
-        t += sched::from_seconds(stage_s);
+        t += sched::from_seconds(took_s);
       } else {
         // The stage's bytes still arrive: layer i waits for the chunk holding the last
         // of the first (i+1)/layers of them.
         auto span = loads[k].to - loads[k].from;
         for (int64_t i = 0; i < layers; ++i) {
           t = std::max(t, loads[k].from + ready_after(span, loads[k].bytes, i + 1, layers));
-          t += sched::from_seconds(stage_s / static_cast<double>(layers));
+          t += sched::from_seconds(took_s / static_cast<double>(layers));
         }
       }
-      for (size_t r = 0; r < tp; ++r) device_free_[static_cast<size_t>(sm.devices[k * tp + r])] = t;
-      b.compute_s += stage_s;
+      for (size_t r = 0; r < tp; ++r) device_free_[unit(r)] = t;
+      b.compute_s += took_s;
     }
     ++b.steps;
     return t;
@@ -564,8 +590,9 @@ class simulator {
   /// The decisions (sched/): residency and who waits; queues, leases, runs and ticks.
   std::unique_ptr<sched::residency> core_;
   std::unique_ptr<sched::dispatcher> disp_;
-  /// When each device's compute lane is free again.
+  /// When each compute lane is free again (device * lanes_ + lane).
   std::vector<time_point> device_free_;
+  size_t lanes_ = 1;
   std::vector<std::vector<stage_load>> stage_loads_;
   std::vector<model_id> model_of_;
   std::vector<request> requests_;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "sched/batching.hpp"
+#include "sched/gpulets.hpp"
 #include "sched/ledger.hpp"
 #include "workload/arrivals.hpp"
 #include "workload/report.hpp"
@@ -44,6 +45,9 @@ struct sim_model {
   /// loading model runs layer i of a stage once the first (i+1)/layers of that stage's
   /// bytes arrived (the OPT forward's and the toy's per-layer waits).
   int32_t layers = 1;
+  /// Latency objective of one request, seconds (0: none): what automatic gpu-lets size
+  /// its share for.
+  double slo_s = 0;
 };
 
 /// What things cost. Defaults are this project's emulated devices; see
@@ -81,6 +85,10 @@ struct sim_config {
   uint64_t chunk_bytes = 0;
   sched::ledger_options scheduler;
   sched::batching_options batching;
+  /// Gpu-lets, as the runtime's manager takes them: a step on a lane of share s takes
+  /// 100/s of the whole device's time, slowed while the device's other lanes are busy
+  /// (sched::gpulet_seconds).
+  sched::gpulet_config gpulets{};
   std::vector<sim_model> models;
   cost_model cost;
   /// Prompt and generated tokens of an arrival that names none (loadgen's defaults).

@@ -1,0 +1,76 @@
+#pragma once
+
+// How an emulated device computes on gpu-lets: a lane of share s takes 100/s times what
+// the whole device takes, slowed further while the device's other lanes are busy
+// (sched::gpulet_seconds, the rule the simulator charges). The worker's compute lanes
+// share one clock per device; a GPU's green contexts need none.
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+
+#include "sched/gpulets.hpp"
+
+namespace computron::actors {
+
+class gpulet_clock {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  explicit gpulet_clock(sched::gpulet_options opts) : opts_(opts) {}
+
+  /// Lane `lane` starts a job.
+  void begin(int32_t lane) {
+    std::lock_guard<std::mutex> g{mtx_};
+    auto now = clock::now();
+    auto& u = lanes_[lane];
+    u.since = now;
+    u.partners_at_begin = partners_busy(lane, now);
+  }
+
+  /// The lane's job computed for `whole_s` seconds at the whole device's speed: the
+  /// seconds a gpu-let of `share` takes for it with the partners' busy time meanwhile.
+  /// The lane waits out the difference before end().
+  double seconds(int32_t lane, int32_t share, double whole_s) {
+    std::lock_guard<std::mutex> g{mtx_};
+    auto now = clock::now();
+    auto& u = lanes_[lane];
+    double span = u.since ? std::chrono::duration<double>(now - *u.since).count() : 0;
+    double busy = partners_busy(lane, now) - u.partners_at_begin;
+    double fraction = span > 0 ? busy / span : 0;
+    return sched::gpulet_seconds(opts_, whole_s, share, fraction);
+  }
+
+  /// The lane's job ended (its wait included).
+  void end(int32_t lane) {
+    std::lock_guard<std::mutex> g{mtx_};
+    auto& u = lanes_[lane];
+    if (u.since) u.busy_s += std::chrono::duration<double>(clock::now() - *u.since).count();
+    u.since.reset();
+  }
+
+ private:
+  struct lane_use {
+    double busy_s = 0;
+    std::optional<clock::time_point> since{};
+    double partners_at_begin = 0;
+  };
+
+  /// Seconds the other lanes have been busy in all, up to `now`.
+  double partners_busy(int32_t lane, clock::time_point now) const {
+    double s = 0;
+    for (auto& [l, u] : lanes_) {
+      if (l == lane) continue;
+      s += u.busy_s;
+      if (u.since) s += std::chrono::duration<double>(now - *u.since).count();
+    }
+    return s;
+  }
+
+  sched::gpulet_options opts_;
+  std::mutex mtx_;
+  std::map<int32_t, lane_use> lanes_;
+};
+
+}  // namespace computron::actors
