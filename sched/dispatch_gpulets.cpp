@@ -134,8 +134,13 @@ void dispatcher::replan(time_point now, dispatch_effects& out) {
     for (size_t k = 0; k < models_[i].devices.size(); ++k) share = std::min(share, share_of(i, k));
     current.share[name] = share;
   }
+  // A new plan only where it keeps more models within their SLOs than the one in force
+  // would at the same rates: every move drains models, and plans from noisy rates would
+  // otherwise trade places back and forth.
+  auto now_in_force = evaluate_plan(current, in, gpulets_.plan);
   auto moves = plan_changes(current, plan);
-  if (moves.empty() && plan.partitions == partitions_) {
+  if ((moves.empty() && plan.partitions == partitions_) ||
+      plan.at_risk.size() >= now_in_force.at_risk.size()) {
     pending_plan_.reset();
     pending_moves_.clear();
     return;

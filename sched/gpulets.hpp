@@ -196,6 +196,12 @@ double interference_slowdown(const gpulet_options& opts, double partner_busy);
 /// check_gpulet_inputs fails.
 gpulet_plan plan_gpulets(const std::vector<gpulet_model>& models, const gpulet_options& opts);
 
+/// `plan`'s lanes with these models' rates and costs: its predictions and at-risk list
+/// anew (a model the plan lacks runs on lane 0 of its devices). How a re-plan judges the
+/// plan in force against a new one. Empty when check_gpulet_inputs fails.
+gpulet_plan evaluate_plan(const gpulet_plan& plan, const std::vector<gpulet_model>& models,
+                          const gpulet_options& opts);
+
 /// The whole device as one gpu-let, every model on it (temporal sharing only): the
 /// comparison. Models sharing their lane with another are listed in `temporal`.
 gpulet_plan temporal_plan(const std::vector<gpulet_model>& models, const gpulet_options& opts);

@@ -44,6 +44,29 @@ class planner {
         if (dev_[d][0].members.size() > 1) temporal_[i] = true;
   }
 
+  /// The lanes of `plan` (a model it lacks, or whose lanes do not fit a partition, goes
+  /// to lane 0 of each of its devices).
+  void adopt(const gpulet_plan& plan) {
+    for (size_t d = 0; d < dev_.size(); ++d) {
+      if (d < plan.partitions.size())
+        for (auto share : plan.partitions[d]) dev_[d].push_back({share, {}});
+      if (dev_[d].empty()) dev_[d].push_back({100, {}});
+    }
+    for (auto i : by_name_) {
+      auto l = plan.lane.find(models_[i].name);
+      for (size_t k = 0; k < lane_of_[i].size(); ++k) {
+        const auto d = static_cast<size_t>(models_[i].devices[k]);
+        int32_t g = l != plan.lane.end() && k < l->second.size() ? l->second[k] : 0;
+        if (g < 0 || static_cast<size_t>(g) >= dev_[d].size()) g = 0;
+        dev_[d][static_cast<size_t>(g)].members.push_back(i);
+        lane_of_[i][k] = g;
+      }
+    }
+    for (size_t i = 0; i < models_.size(); ++i)
+      for (size_t k = 0; k < lane_of_[i].size(); ++k)
+        if (lane(i, k).members.size() > 1) temporal_[i] = true;
+  }
+
   /// Places models by decreasing demand.
   void place_all() {
     struct demand {
@@ -340,6 +363,14 @@ gpulet_plan plan_gpulets(const std::vector<gpulet_model>& models, const gpulet_o
   // models within their SLOs, and is the plan.
   auto whole = temporal_plan(models, opts);
   return whole.at_risk.size() < plan.at_risk.size() ? whole : plan;
+}
+
+gpulet_plan evaluate_plan(const gpulet_plan& plan, const std::vector<gpulet_model>& models,
+                          const gpulet_options& opts) {
+  if (!check_gpulet_inputs(models, opts).empty()) return {};
+  planner p(models, opts);
+  p.adopt(plan);
+  return p.result();
 }
 
 gpulet_plan temporal_plan(const std::vector<gpulet_model>& models, const gpulet_options& opts) {
