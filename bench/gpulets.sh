@@ -12,11 +12,12 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 bin="$root/build/apps/computron/computron"
 secs=${1:-20}
 sim_scales=${2:-"0.25 0.5 1 1.5 2 3 4 6 8"}
-rt_scales=${3:-"0.5 1 2 4"}
+rt_scales=${3:-"0.25 0.5 1 2 4 6"}
 port=18801
 dir=$(mktemp -d)
-pid=
-trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; if [ -n "${KEEP:-}" ]; then echo "kept $dir" >&2; else rm -rf "$dir"; fi' EXIT
+# shellcheck source=bench/lib.sh
+source "$root/bench/lib.sh"
+trap 'serve_stop; if [ -n "${KEEP:-}" ]; then echo "kept $dir" >&2; else rm -rf "$dir"; fi' EXIT
 python3 - "$dir" "$port" <<'PY'
 import json, sys
 d, port = sys.argv[1], int(sys.argv[2])
@@ -64,12 +65,7 @@ echo "runtime (computron serve + loadgen, same configs and flags)"
 for mode in temporal auto; do
   best=0
   for s in $rt_scales; do
-    "$bin" serve --config "$dir/$mode.json" >"$dir/serve-$mode.log" 2>&1 &
-    pid=$!
-    for _ in $(seq 1 120); do
-      curl -sf "localhost:$port/v2/health/ready" >/dev/null 2>&1 && break
-      sleep 0.5
-    done
+    serve_config "$mode" "$dir/$mode.json"
     for n in big0 big1 s0 s1 s2 s3; do  # one request each, as the simulator's --warm-up
       curl -sf "localhost:$port/v2/models/$n/infer" -H 'content-type: application/json' \
         -d '{"inputs":[{"name":"input_ids","shape":[1,2],"datatype":"INT64","data":[1,2]}]}' \
@@ -78,9 +74,7 @@ for mode in temporal auto; do
     # shellcheck disable=SC2046
     "$bin" loadgen --url "http://127.0.0.1:$port" $(flags "$s") --no-progress \
       --report "$dir/rt" --json >/dev/null 2>&1 || true
-    kill "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-    pid=
+    serve_stop
     read -r share mean <<<"$(attain "$dir/$mode.json" "$dir/rt/requests.csv")"
     sim_line=$(grep "^sim $mode x$s " "$dir/sim.txt" || true)
     echo "runtime $mode x$s $share $mean   | ${sim_line:-sim: not run at this scale}"

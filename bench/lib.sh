@@ -2,12 +2,17 @@
 # configs/default.json: start a server, wait for it, stop it. Source it after setting
 # root, bin, port and dir.
 #   serve_start LABEL SED_SCRIPT  (SED_SCRIPT edits default.json; the port is set here)
+#   serve_config LABEL CONFIG     (a config file of its own, listening on $port)
 #   serve_stop
 bench_pid=
 
 serve_start() {  # LABEL SED_SCRIPT
   sed "$2; s/\"port\": 8000/\"port\": $port/" "$root/configs/default.json" >"$dir/config-$1.json"
-  "$bin" serve --config "$dir/config-$1.json" >"$dir/serve-$1.log" 2>&1 &
+  serve_config "$1" "$dir/config-$1.json"
+}
+
+serve_config() {  # LABEL CONFIG (a config whose http.port is $port)
+  "$bin" serve --config "$2" >"$dir/serve-$1.log" 2>&1 &
   bench_pid=$!
   for _ in $(seq 1 120); do
     curl -sf "localhost:$port/v2/health/ready" >/dev/null 2>&1 && return 0
