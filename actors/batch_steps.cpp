@@ -266,7 +266,7 @@ void note_step(manager_pointer self, const batch_ptr& b, int64_t tokens, double 
   if (m == st.models.end()) return;
   const double took = std::max(0.0, now_s() - sent_s);
   m->second.steps.add(static_cast<double>(tokens), took);
-  if (!st.disp->gpulets().automatic) return;
+  if (!st.disp->gpulets().enabled()) return;
   // The planner's profile: the step's cost at the share it ran at (its slowest lane's).
   int32_t share = 100;
   for (size_t k = 0; k < m->second.cfg.devices.size(); ++k)

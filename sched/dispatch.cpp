@@ -75,7 +75,9 @@ void dispatcher::run_pass(time_point now, dispatch_effects& out) {
         continue;
       }
     }
-    if (!gate_.try_start(pass, m.gate_key, m.units, m.pp)) {
+    // A re-plan moves its model: it starts on its new lanes once the plan is in force
+    // (its running batches ended), or the model would never drain under steady load.
+    if (moving(b.model) || !gate_.try_start(pass, m.gate_key, m.units, m.pp)) {
       still.push_back(id);
       continue;
     }
@@ -119,7 +121,7 @@ dispatch_effects dispatcher::admit(uint32_t model, uint64_t key, time_point now,
   out.refused = batcher_->admit(model, key, now, deadline_ms, &out.deadline, steps, drop_late,
                                 prompt_tokens, whole_prefill);
   if (!out.refused) {
-    if (gpulets_.automatic) note_arrival(model, prompt_tokens, steps, now, out);
+    if (replans()) note_arrival(model, prompt_tokens, steps, now, out);
     dispatch_pass(now, out);
   }
   return out;
@@ -198,9 +200,7 @@ dispatch_effects dispatcher::batch_done(batch_id id, time_point now, bool ok, do
 }
 
 bool dispatcher::others_wait(uint32_t model) const {
-  if (pending_plan_ && std::find(pending_moves_.begin(), pending_moves_.end(),
-                                 batcher_->name(model)) != pending_moves_.end())
-    return true;
+  if (moving(model)) return true;
   auto& mine = models_[model].units;
   for (auto& [id, b] : batches_) {
     if (b.started || b.model == model) continue;

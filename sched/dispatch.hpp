@@ -330,6 +330,11 @@ class dispatcher {
   void apply_plan(dispatch_effects& out);
   /// Batches of the model that started and did not end.
   size_t running_batches(uint32_t model) const;
+  /// A plan waits for the model to drain before it moves it.
+  bool moving(uint32_t model) const;
+  /// Whether plans are made: automatic gpu-lets, or a fixed partition that splits a
+  /// device (its models' lanes are chosen from measurements).
+  bool replans() const;
 
   /// Starts leased batches whose devices are free for them, oldest first; a dispatch
   /// pass follows when one ended before it ran (its model may take the next).

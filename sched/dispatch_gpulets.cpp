@@ -89,6 +89,19 @@ size_t dispatcher::running_batches(uint32_t model) const {
   return n;
 }
 
+bool dispatcher::replans() const {
+  if (gpulets_.automatic) return true;
+  // A fixed partition with a split device: which model runs on which lane is planned.
+  for (auto& p : partitions_)
+    if (p.size() > 1) return true;
+  return false;
+}
+
+bool dispatcher::moving(uint32_t model) const {
+  return pending_plan_ && std::find(pending_moves_.begin(), pending_moves_.end(),
+                                    batcher_->name(model)) != pending_moves_.end();
+}
+
 void dispatcher::replan(time_point now, dispatch_effects& out) {
   replan_at_.reset();
   const double window = seconds_between(window_start_, now);
@@ -121,7 +134,9 @@ void dispatcher::replan(time_point now, dispatch_effects& out) {
     in.push_back(std::move(g));
   }
   if (!known || in.empty()) return;
-  auto plan = plan_gpulets(in, gpulets_.plan);
+  // A fixed partition keeps its lanes' shares: only which lane each model runs on.
+  auto plan = gpulets_.automatic ? plan_gpulets(in, gpulets_.plan)
+                                 : plan_lanes(gpulets_.partitions, in, gpulets_.plan);
   if (plan.partitions.empty()) return;  // inputs the planner refuses: keep what is
   // The plan now in force, as the planner would write it.
   gpulet_plan current;

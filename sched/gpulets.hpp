@@ -202,6 +202,13 @@ gpulet_plan plan_gpulets(const std::vector<gpulet_model>& models, const gpulet_o
 gpulet_plan evaluate_plan(const gpulet_plan& plan, const std::vector<gpulet_model>& models,
                           const gpulet_options& opts);
 
+/// Lanes for the models within fixed `partitions` (one per device; a device beyond them is
+/// whole): each model's lane index, the same on each of its devices, chosen so that the
+/// fewest models miss their SLOs, then the lowest sum of latency over SLO. What a fixed
+/// `devices.gpulets` partition re-plans with once the models' costs are measured.
+gpulet_plan plan_lanes(const std::vector<std::vector<int32_t>>& partitions,
+                       const std::vector<gpulet_model>& models, const gpulet_options& opts);
+
 /// The whole device as one gpu-let, every model on it (temporal sharing only): the
 /// comparison. Models sharing their lane with another are listed in `temporal`.
 gpulet_plan temporal_plan(const std::vector<gpulet_model>& models, const gpulet_options& opts);

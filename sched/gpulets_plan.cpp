@@ -373,6 +373,70 @@ gpulet_plan evaluate_plan(const gpulet_plan& plan, const std::vector<gpulet_mode
   return p.result();
 }
 
+gpulet_plan plan_lanes(const std::vector<std::vector<int32_t>>& partitions,
+                       const std::vector<gpulet_model>& models, const gpulet_options& opts) {
+  if (!check_gpulet_inputs(models, opts).empty()) return {};
+  gpulet_plan p;
+  p.partitions = partitions;
+  p.partitions.resize(static_cast<size_t>(opts.device_count), std::vector<int32_t>{100});
+  // Each model's lane index (the same on each of its devices), as the fixed partition's
+  // lanes allow; every combination is judged (at most max_combinations), else models keep
+  // lane 0 beyond that and are placed one by one.
+  std::vector<int32_t> choices(models.size(), 1);
+  for (size_t i = 0; i < models.size(); ++i) {
+    int32_t n = 100;
+    for (auto d : models[i].devices)
+      n = std::min(n, static_cast<int32_t>(p.partitions[static_cast<size_t>(d)].size()));
+    choices[i] = std::max(1, n);
+  }
+  constexpr uint64_t max_combinations = 1 << 14;
+  // How good a plan is: fewer models at risk, then the lowest sum of latency over SLO (or
+  // over one second where there is none), then the lower lanes (a stable order).
+  auto score = [&](const gpulet_plan& e) {
+    double sum = 0;
+    for (auto& m : models) {
+      auto l = e.predicted_latency_s.at(m.name);
+      sum += std::isfinite(l) ? l / (m.slo_s > 0 ? m.slo_s : 1.0) : 1e9;
+    }
+    return std::make_pair(e.at_risk.size(), sum);
+  };
+  auto with = [&](const std::vector<int32_t>& pick) {
+    for (size_t i = 0; i < models.size(); ++i)
+      p.lane[models[i].name].assign(models[i].devices.size(), pick[i]);
+    return evaluate_plan(p, models, opts);
+  };
+  std::vector<int32_t> pick(models.size(), 0), best = pick;
+  auto best_score = score(with(pick));
+  uint64_t total = 1;
+  for (auto c : choices) total = std::min<uint64_t>(total * static_cast<uint64_t>(c), max_combinations + 1);
+  if (total <= max_combinations) {
+    for (uint64_t k = 1; k < total; ++k) {
+      uint64_t x = k;
+      for (size_t i = 0; i < models.size(); ++i) {
+        pick[i] = static_cast<int32_t>(x % static_cast<uint64_t>(choices[i]));
+        x /= static_cast<uint64_t>(choices[i]);
+      }
+      auto sc = score(with(pick));
+      if (sc < best_score) {
+        best_score = sc;
+        best = pick;
+      }
+    }
+  } else {
+    for (size_t i = 0; i < models.size(); ++i)
+      for (int32_t l = 1; l < choices[i]; ++l) {
+        pick = best;
+        pick[i] = l;
+        auto sc = score(with(pick));
+        if (sc < best_score) {
+          best_score = sc;
+          best = pick;
+        }
+      }
+  }
+  return with(best);
+}
+
 gpulet_plan temporal_plan(const std::vector<gpulet_model>& models, const gpulet_options& opts) {
   if (!check_gpulet_inputs(models, opts).empty()) return {};
   planner p(models, opts);

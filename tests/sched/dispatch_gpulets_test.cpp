@@ -136,8 +136,14 @@ TEST_CASE("gpu-lets: an automatic plan splits the device and moves a model once 
   REQUIRE(f.d->pending_plan());
   CHECK_FALSE(e.gpulets_changed);
   CHECK(f.d->partitions()[0] == std::vector<int32_t>{100});
+  // A request of the model that moves waits for the move: its batch forms once the
+  // running one ended, on the new lanes.
+  auto more = f.d->admit(f.a, key++, f.t, 0);
+  CHECK(more.formed.empty());
   e = f.d->batch_done(id, f.t, true, 0.2, 1);
   CHECK(e.gpulets_changed);
+  REQUIRE(e.formed.size() == 1);
+  CHECK(f.d->leased(e.formed[0].id, resident(f.t), f.t).started.size() == 1);
   CHECK_FALSE(f.d->pending_plan());
   REQUIRE(f.d->partitions()[0].size() == 2);
   CHECK(f.d->lanes_of(f.a) != f.d->lanes_of(f.b));
@@ -152,4 +158,30 @@ TEST_CASE("gpu-lets: a step takes its share's time, more while partners are busy
   CHECK(gpulet_seconds(o, 0.01, 50, 0) == Approx(0.02));
   CHECK(gpulet_seconds(o, 0.01, 50, 0.5) == Approx(0.022));
   CHECK(gpulet_seconds(o, 0.01, 50, 3) == Approx(0.024));  // busy counts up to all of it
+}
+
+TEST_CASE("gpu-lets: within a fixed partition the short-step models get a lane of their own",
+          "[gpulets][cores]") {
+  gpulet_options o;
+  o.device_count = 1;
+  auto model = [](std::string name, double step_s, double slo_s, double rate) {
+    gpulet_model m;
+    m.name = std::move(name);
+    m.devices = {0};
+    m.rate = rate;
+    m.slo_s = slo_s;
+    m.cost[100] = {step_s, 0};
+    return m;
+  };
+  std::vector<gpulet_model> ms{model("big", 0.08, 2.0, 2), model("s0", 0.005, 0.06, 4),
+                               model("s1", 0.005, 0.06, 2)};
+  auto p = plan_lanes({{60, 40}}, ms, o);
+  CHECK(p.partitions == std::vector<std::vector<int32_t>>{{60, 40}});
+  CHECK(p.lane.at("s0") == p.lane.at("s1"));
+  CHECK(p.lane.at("big") != p.lane.at("s0"));
+  CHECK(p.at_risk.empty());
+  // All on one lane, the short steps wait behind the long ones: what the plan avoids.
+  gpulet_plan together = p;
+  for (auto& [name, l] : together.lane) l = {0};
+  CHECK_FALSE(evaluate_plan(together, ms, o).at_risk.empty());
 }
