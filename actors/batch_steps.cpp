@@ -100,7 +100,9 @@ void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* er
     for (auto r : b->sent) reply_error(self, b->rows[r], *err);
     for (auto r : b->pending) reply_error(self, b->rows[r], *err);
   }
-  st.opts.obs->batch_done(b->model, m.cfg.devices, b->rows.size(), b->run_s, now_s() - b->run_s);
+  // The lanes are still the batch's: a re-plan moves a model only once its batches ended.
+  st.opts.obs->batch_done(b->model, m.cfg.devices, st.disp->lanes_of(m.index), b->rows.size(),
+                          b->run_s, now_s() - b->run_s);
   // Its devices, lease and in-flight slot are free: the next batches may start.
   carry_out(self, st.disp->batch_done(b->id, now(self), !err, b->compute_ms / 1e3, b->steps));
 }

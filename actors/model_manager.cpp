@@ -290,6 +290,7 @@ void carry_out(manager_pointer self, sched::dispatch_effects e) {
     std::string parts;
     for (auto& p : st.disp->partitions()) parts += fmt::format(" [{}]", fmt::join(p, ","));
     log::info("gpu-lets re-planned:{}", parts);
+    st.opts.obs->gpulets(st.disp->partitions());
   }
   if (e.dispatched)
     for (uint32_t i = 0; i < st.names.size(); ++i)
@@ -307,6 +308,8 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
   st.workers = std::move(workers);
   st.scheduler = std::move(scheduler);
   st.disp = std::move(disp);
+  // The metrics' gpu-let series exist from the start, split or not.
+  st.opts.obs->gpulets(st.disp->partitions());
   return {
       [=](infer_atom, infer_request& req) -> caf::result<infer_reply> {
         auto& st = self->state;

@@ -19,9 +19,12 @@ class fan_out final : public observer {
   void request_timeline(const std::string& m, const struct request_timeline& t) override {
     for (auto& p : parts_) p->request_timeline(m, t);
   }
-  void batch_done(const std::string& m, const std::vector<int32_t>& d, size_t rows, double start,
-                  double s) override {
-    for (auto& p : parts_) p->batch_done(m, d, rows, start, s);
+  void batch_done(const std::string& m, const std::vector<int32_t>& d,
+                  const std::vector<int32_t>& lanes, size_t rows, double start, double s) override {
+    for (auto& p : parts_) p->batch_done(m, d, lanes, rows, start, s);
+  }
+  void gpulets(const std::vector<std::vector<int32_t>>& partitions) override {
+    for (auto& p : parts_) p->gpulets(partitions);
   }
   void transfer_done(const std::string& m, int32_t d, bool load, uint64_t bytes, double start,
                      double s) override {

@@ -55,9 +55,16 @@ class observer {
   virtual void kv_model(const std::string& model, uint64_t blocks) {}
   /// A request that ran ended (after request_done): its timeline.
   virtual void request_timeline(const std::string& model, const request_timeline& t) {}
-  /// A batch of `rows` sequences ran on `devices` from `start_s` for `seconds`.
+  /// A batch of `rows` sequences ran on `devices` from `start_s` for `seconds`, on the
+  /// gpu-let `lanes[k]` of `devices[k]` (empty, or a position beyond it: lane 0, the
+  /// whole device when it is not split).
   virtual void batch_done(const std::string& model, const std::vector<int32_t>& devices,
-                          size_t rows, double start_s, double seconds) {}
+                          const std::vector<int32_t>& lanes, size_t rows, double start_s,
+                          double seconds) {}
+  /// The devices' gpu-lets: per device the shares (percent of its SMs) of its compute
+  /// lanes, lane 0 first ({100}: not split). Reported when the manager starts and after
+  /// every re-plan that took effect.
+  virtual void gpulets(const std::vector<std::vector<int32_t>>& partitions) {}
   /// One shard's load (or eviction) on one device.
   virtual void transfer_done(const std::string& model, int32_t device, bool load, uint64_t bytes,
                              double start_s, double seconds) {}

@@ -1,6 +1,10 @@
 #include "net/metrics.hpp"
 
+#include <algorithm>
+#include <map>
+#include <mutex>
 #include <sstream>
+#include <utility>
 
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
@@ -167,6 +171,26 @@ struct metrics::impl {
                                       .Name("computron_http_responses_total")
                                       .Help("HTTP responses by status code and route family")
                                       .Register(*reg);
+  // Gpu-lets (compute lanes with a share of a device's SMs): what each lane has, and how
+  // long batches kept it busy, so a dashboard shows which lane is the bottleneck.
+  pm::Family<pm::Gauge>& gpulet_share =
+      pm::BuildGauge()
+          .Name("computron_gpulet_share")
+          .Help(
+              "Percent of the device's SMs its gpu-let (compute lane) has; a device not "
+              "split is lane 0 at 100")
+          .Register(*reg);
+  pm::Family<pm::Counter>& gpulet_busy =
+      pm::BuildCounter()
+          .Name("computron_gpulet_busy_seconds_total")
+          .Help(
+              "Seconds batches ran on the gpu-let, summed over its batches (a batch on "
+              "several devices counts on the lane of each)")
+          .Register(*reg);
+  /// The share gauges now shown, by device and lane: a re-plan that drops a lane removes
+  /// its gauge (its busy counter stays, as counters do).
+  std::mutex gpulets_mtx;
+  std::map<std::pair<int32_t, int32_t>, pm::Gauge*> shares{};
   pm::Gauge& resident_gauge = resident.Add({});
   pm::Histogram& rows_hist =
       batch_rows.Add({}, pm::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64});
@@ -225,10 +249,37 @@ void metrics::http_response(const std::string& route, int status) {
   impl_->http.Add({{"code", std::to_string(status)}, {"route", route}}).Increment();
 }
 
-void metrics::batch_done(const std::string& model, const std::vector<int32_t>&, size_t rows, double,
-                         double) {
+namespace {
+
+pm::Labels lane_labels(int32_t device, int32_t lane) {
+  return {{"device", std::to_string(device)}, {"lane", std::to_string(lane)}};
+}
+
+}  // namespace
+
+void metrics::batch_done(const std::string& model, const std::vector<int32_t>& devices,
+                         const std::vector<int32_t>& lanes, size_t rows, double, double seconds) {
   impl_->batches.Add({{"model", model}}).Increment();
   impl_->rows_hist.Observe(static_cast<double>(rows));
+  for (size_t k = 0; k < devices.size(); ++k)
+    impl_->gpulet_busy.Add(lane_labels(devices[k], k < lanes.size() ? lanes[k] : 0))
+        .Increment(std::max(0.0, seconds));
+}
+
+void metrics::gpulets(const std::vector<std::vector<int32_t>>& partitions) {
+  std::lock_guard<std::mutex> guard{impl_->gpulets_mtx};
+  std::map<std::pair<int32_t, int32_t>, pm::Gauge*> now;
+  for (size_t d = 0; d < partitions.size(); ++d)
+    for (size_t l = 0; l < partitions[d].size(); ++l) {
+      auto device = static_cast<int32_t>(d), lane = static_cast<int32_t>(l);
+      auto& g = impl_->gpulet_share.Add(lane_labels(device, lane));
+      g.Set(static_cast<double>(partitions[d][l]));
+      now[{device, lane}] = &g;
+      impl_->gpulet_busy.Add(lane_labels(device, lane));  // shown at 0 before its first batch
+    }
+  for (auto& [key, gauge] : impl_->shares)
+    if (!now.count(key)) impl_->gpulet_share.Remove(gauge);
+  impl_->shares = std::move(now);
 }
 
 void metrics::model_registered(const std::string& model, const std::vector<int32_t>& devices) {

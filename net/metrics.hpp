@@ -28,8 +28,10 @@ class metrics final : public actors::observer {
   /// An HTTP response went out: counted by status code (refusals included, 4xx too) and
   /// route family ("openai", "kserve", "control", "other").
   void http_response(const std::string& route, int status);
-  void batch_done(const std::string& model, const std::vector<int32_t>& devices, size_t rows,
-                  double start_s, double seconds) override;
+  void batch_done(const std::string& model, const std::vector<int32_t>& devices,
+                  const std::vector<int32_t>& lanes, size_t rows, double start_s,
+                  double seconds) override;
+  void gpulets(const std::vector<std::vector<int32_t>>& partitions) override;
   void transfer_done(const std::string& model, int32_t device, bool load, uint64_t bytes,
                      double start_s, double seconds) override;
   void device_usage(int32_t device, uint64_t used_bytes, uint64_t capacity_bytes,

@@ -5,12 +5,14 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "actors/observer.hpp"
 
 /// A Chrome trace-event timeline (opens in Perfetto / chrome://tracing) of loads,
-/// evictions and batches, one track per device, and a memory counter per device: weights,
-/// KV blocks and what is free of the scheduler's budget.
+/// evictions and batches, one track per device (per gpu-let of a device split into
+/// gpu-lets), and a memory counter per device: weights, KV blocks and what is free of the
+/// scheduler's budget.
 namespace computron::net {
 
 class trace_recorder final : public actors::observer {
@@ -27,8 +29,11 @@ class trace_recorder final : public actors::observer {
   /// Drops every event so far: the timeline starts now (the console's `trace start`).
   void clear();
 
-  void batch_done(const std::string& model, const std::vector<int32_t>& devices, size_t rows,
-                  double start_s, double seconds) override;
+  /// A batch's span on each of its devices, on the track of its gpu-let there.
+  void batch_done(const std::string& model, const std::vector<int32_t>& devices,
+                  const std::vector<int32_t>& lanes, size_t rows, double start_s,
+                  double seconds) override;
+  void gpulets(const std::vector<std::vector<int32_t>>& partitions) override;
   void transfer_done(const std::string& model, int32_t device, bool load, uint64_t bytes,
                      double start_s, double seconds) override;
   void device_usage(int32_t device, uint64_t used_bytes, uint64_t capacity_bytes,
@@ -40,6 +45,8 @@ class trace_recorder final : public actors::observer {
     std::string name;
     std::string category;
     int32_t device;
+    /// The gpu-let of the device it ran on (0: the whole device when it is not split).
+    int32_t lane;
     double start_s;
     double seconds;
     std::string args;
@@ -53,6 +60,8 @@ class trace_recorder final : public actors::observer {
   std::deque<event> events_;
   /// Weights' bytes per device as last reported (kv_device follows device_usage).
   std::map<int32_t, uint64_t> weights_;
+  /// The devices' gpu-lets as last reported (per device the shares of its lanes).
+  std::vector<std::vector<int32_t>> partitions_;
 };
 
 }  // namespace computron::net

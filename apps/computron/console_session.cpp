@@ -91,6 +91,27 @@ std::string help_text() {
   return out;
 }
 
+/// Each device's gpu-lets from the status report's manager section ("gpulets": per device
+/// the shares of its compute lanes): "whole" for a device not split, else its shares like
+/// "50%,50%". Empty when the report holds none (the devices view then shows "-").
+std::vector<std::string> gpulet_cells(const caf::settings& report) {
+  std::vector<std::string> out;
+  auto parts = caf::get_if(&report, "manager.gpulets");
+  if (!parts) return out;
+  auto devices = caf::get_if<caf::config_value::list>(&parts->get_data());
+  if (!devices) return out;
+  for (auto& d : *devices) {
+    std::vector<int64_t> shares;
+    if (auto lanes = caf::get_if<caf::config_value::list>(&d.get_data()))
+      for (auto& l : *lanes)
+        if (auto x = caf::get_if<int64_t>(&l.get_data())) shares.push_back(*x);
+    std::string cell;
+    for (auto x : shares) cell += fmt::format("{}{}%", cell.empty() ? "" : ",", x);
+    out.push_back(shares == std::vector<int64_t>{100} ? "whole" : cell.empty() ? "-" : cell);
+  }
+  return out;
+}
+
 }  // namespace
 
 session::session(caf::actor_system& sys, const console_options& opts)
@@ -186,17 +207,23 @@ outcome session::devices(bool by_node) {
       out += fmt::format("{:<24} {:>7} {}\n", name, n.first, n.second ? "online" : "OFFLINE");
     return {out};
   }
-  out = fmt::format("{:>3} {:<22} {:<14} {:>16} {:>7} {:>9} {}\n", "dev", "node", "name",
-                    "used/total MiB", "KV MiB", "link GB/s", "resident");
+  // The gpu-lets come from the manager's status report; without it the table still shows
+  // (its column then reads "-").
+  std::vector<std::string> lets;
+  if (auto rep = ask<caf::settings>(opts_.timeout, report_atom_v)) lets = gpulet_cells(*rep);
+  out = fmt::format("{:>3} {:<22} {:<14} {:>16} {:>7} {:>9} {:<12} {}\n", "dev", "node", "name",
+                    "used/total MiB", "KV MiB", "link GB/s", "gpu-lets", "resident");
   for (auto& d : *ds) {
     std::string resident;
     for (auto& r : d.resident) resident += (resident.empty() ? "" : ",") + r;
-    out +=
-        fmt::format("{:>3} {:<22} {:<14} {:>16} {:>7.1f} {:>9.2f} {}\n", d.device, d.node, d.name,
-                    fmt::format("{:.0f}/{:.0f}", static_cast<double>(d.used_bytes) / mib,
-                                static_cast<double>(d.capacity_bytes) / mib),
-                    static_cast<double>(d.kv_bytes) / mib, d.link_gbps,
-                    d.online ? resident : std::string{"(offline)"});
+    auto at = static_cast<size_t>(d.device);
+    out += fmt::format("{:>3} {:<22} {:<14} {:>16} {:>7.1f} {:>9.2f} {:<12} {}\n", d.device, d.node,
+                       d.name,
+                       fmt::format("{:.0f}/{:.0f}", static_cast<double>(d.used_bytes) / mib,
+                                   static_cast<double>(d.capacity_bytes) / mib),
+                       static_cast<double>(d.kv_bytes) / mib, d.link_gbps,
+                       d.device >= 0 && at < lets.size() ? lets[at] : std::string{"-"},
+                       d.online ? resident : std::string{"(offline)"});
   }
   return {out};
 }
@@ -373,7 +400,7 @@ const std::vector<console_command>& session::commands() {
        }},
       {"devices",
        {""},
-       "memory used/total, link GB/s, resident shards",
+       "memory used/total, link GB/s, gpu-lets, resident shards",
        true,
        false,
        {},

@@ -97,8 +97,8 @@ struct batch_log final : observer {
   };
   std::mutex mtx;
   std::vector<span> spans;
-  void batch_done(const std::string& model, const std::vector<int32_t>&, size_t, double start_s,
-                  double seconds) override {
+  void batch_done(const std::string& model, const std::vector<int32_t>&,
+                  const std::vector<int32_t>&, size_t, double start_s, double seconds) override {
     std::lock_guard<std::mutex> guard{mtx};
     spans.push_back({model, start_s, start_s + seconds});
   }

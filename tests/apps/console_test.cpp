@@ -29,14 +29,14 @@ namespace fs = std::filesystem;
 namespace {
 
 /// A serve process with two toy models that do not fit together, its console on a free
-/// port.
+/// port; `gpulets`, when given, splits its devices (the config's devices.gpulets).
 struct controller {
   std::string dir = test::temp_path("console-" + std::to_string(reinterpret_cast<uintptr_t>(this)));
   std::unique_ptr<child_process> proc;
   uint16_t http_port = 0;
   uint16_t console_port = 0;
 
-  controller() {
+  explicit controller(const json& gpulets = nullptr) {
     fs::create_directories(dir);
     auto toy = [](const std::string& name, int seed) {
       return json{{"name", name},      {"kind", "toy"}, {"tp", 2},
@@ -47,6 +47,7 @@ struct controller {
              {"console_port", 0},
              {"batching", {{"batch_window_ms", 1}}},
              {"models", {toy("alpha", 1), toy("beta", 2)}}};
+    if (!gpulets.is_null()) cfg["devices"]["gpulets"] = gpulets;
     std::ofstream{dir + "/config.json"} << cfg.dump();
     proc = std::make_unique<child_process>(std::vector<std::string>{
         "/usr/bin/timeout", "300", COMPUTRON_BINARY, "serve", "--config", dir + "/config.json"});
@@ -85,7 +86,9 @@ TEST_CASE("a scripted console session runs every command against the controller"
   CHECK(count(r.all, "alpha") >= 4);
   CHECK(r.all.find("2x1") != std::string::npos);         // models: tp x pp
   CHECK(r.all.find("emulated:0") != std::string::npos);  // devices
-  CHECK(r.all.find("local") != std::string::npos);       // nodes
+  CHECK(r.all.find("gpu-lets") != std::string::npos);    // devices: none split
+  CHECK(count(r.all, " whole ") == 2);
+  CHECK(r.all.find("local") != std::string::npos);  // nodes
   CHECK(r.all.find("online") != std::string::npos);
   CHECK(r.all.find("alpha: resident") != std::string::npos);  // load
   CHECK(r.all.find("alpha: pinned") != std::string::npos);    // pin
@@ -135,6 +138,23 @@ TEST_CASE("a scripted console session runs every command against the controller"
                 std::to_string(data[2].get<int64_t>());
   CHECK(r.all.find(tokens + "\nqueue ") != std::string::npos);
   CHECK(r.all.find("compute") != std::string::npos);
+}
+
+TEST_CASE("the console's devices view shows each device's gpu-lets", "[apps][console]") {
+  controller c{json::parse("[[50, 50], [100]]")};
+  auto r = test::run(c.console("-c 'devices'"), true);
+  INFO(r.all);
+  CHECK(r.exit_code == 0);
+  // The row of each device (the table right-aligns its index in 3 columns).
+  auto row = [&](const std::string& dev) {
+    std::istringstream in{r.all};
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind(dev + " ", 0) == 0) return line;
+    return std::string{};
+  };
+  CHECK(row("dev").find("gpu-lets") != std::string::npos);
+  CHECK(row("  0").find(" 50%,50% ") != std::string::npos);
+  CHECK(row("  1").find(" whole ") != std::string::npos);
 }
 
 TEST_CASE("console failures are clear and make the exit status non-zero", "[apps][console]") {
