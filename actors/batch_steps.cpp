@@ -80,6 +80,7 @@ void set_running(manager_pointer self, const batch_ptr& b, size_t rows) {
   auto& n = self->state.running[b->model];
   n = n + rows - std::min(n, b->running);
   b->running = rows;
+  b->peak_rows = std::max(b->peak_rows, rows);
   self->state.opts.obs->running_requests(b->model, n);
 }
 
@@ -101,7 +102,7 @@ void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* er
     for (auto r : b->pending) reply_error(self, b->rows[r], *err);
   }
   // The lanes are still the batch's: a re-plan moves a model only once its batches ended.
-  st.opts.obs->batch_done(b->model, m.cfg.devices, st.disp->lanes_of(m.index), b->rows.size(),
+  st.opts.obs->batch_done(b->model, m.cfg.devices, st.disp->lanes_of(m.index), b->peak_rows,
                           b->run_s, now_s() - b->run_s);
   // Its devices, lease and in-flight slot are free: the next batches may start.
   carry_out(self, st.disp->batch_done(b->id, now(self), !err, b->compute_ms / 1e3, b->steps));

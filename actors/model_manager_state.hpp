@@ -71,8 +71,10 @@ struct batch {
   std::set<uint64_t> completed;
   /// The last step sent was marked last, so the workers dropped the batch's caches.
   bool caches_dropped = false;
-  /// Rows counted as running in model_manager_state::running (see set_running).
+  /// Rows counted as running in model_manager_state::running (see set_running), and the
+  /// most it ran at once (what the trace shows: `rows` only keeps the rows that go on).
   size_t running = 0;
+  size_t peak_rows = 0;
   sched::time_point dispatched{};
   /// When its first step started, on the trace clock (now_s): the span it reports is
   /// measured on that one clock, so that spans of batches that follow each other never

@@ -408,7 +408,8 @@ gpulet_plan plan_lanes(const std::vector<std::vector<int32_t>>& partitions,
   std::vector<int32_t> pick(models.size(), 0), best = pick;
   auto best_score = score(with(pick));
   uint64_t total = 1;
-  for (auto c : choices) total = std::min<uint64_t>(total * static_cast<uint64_t>(c), max_combinations + 1);
+  for (auto c : choices)
+    total = std::min<uint64_t>(total * static_cast<uint64_t>(c), max_combinations + 1);
   if (total <= max_combinations) {
     for (uint64_t k = 1; k < total; ++k) {
       uint64_t x = k;

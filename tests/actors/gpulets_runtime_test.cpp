@@ -24,8 +24,8 @@ struct spans final : observer {
   };
   std::mutex mtx;
   std::vector<span> all;
-  void batch_done(const std::string& m, const std::vector<int32_t>&, size_t, double start,
-                  double s) override {
+  void batch_done(const std::string& m, const std::vector<int32_t>&, const std::vector<int32_t>&,
+                  size_t, double start, double s) override {
     std::lock_guard<std::mutex> g{mtx};
     all.push_back({m, start, s});
   }
