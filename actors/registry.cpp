@@ -35,7 +35,7 @@ model_info folder_info(const repository_folder& f) {
   i.config = f.config;
   i.config.name = f.name;
   i.state = f.error ? model_lifecycle::failed : model_lifecycle::unloaded;
-  i.reason = f.error ? render(f.error) : "unloaded";
+  if (f.error) i.reason = render(f.error);
   // The folder cannot be read: an operator must fix it; requests get 503 with the reason.
   if (f.error) i.reason_code = static_cast<uint8_t>(ec::unavailable);
   return i;

@@ -1,5 +1,5 @@
 #include "actors/shard_worker.hpp"
-#include "actors/gpulet_clock.hpp"
+#include "actors/shard_worker_state.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -18,129 +18,7 @@ namespace computron::actors {
 
 namespace {
 
-using namespace std::chrono_literals;
-
-struct shard_entry {
-  shard_spec spec;
-  std::shared_ptr<gpu::weight_shard> weights;
-  std::shared_ptr<gpu::collective> group;
-  std::shared_ptr<shard_program> program;
-  /// When the current load's copies were queued; written and read only by jobs on the
-  /// copy lane, which run one after the other.
-  std::shared_ptr<std::chrono::steady_clock::time_point> load_began =
-      std::make_shared<std::chrono::steady_clock::time_point>();
-  /// A begin_load started the copy the next load_atom finishes (and measures).
-  bool begun = false;
-  /// The compute lane its steps run on (a gpu-let of the device; the manager moves a
-  /// model only while none of its steps runs): its other compute jobs go there too, as
-  /// a program has one caller at a time.
-  int32_t lane = 0;
-};
-
-/// Per-batch state of the sampling rank; only the compute lane touches its contents.
-struct batch_ctx {
-  std::vector<models::sampler> samplers;
-};
-
-struct shard_worker_state {
-  static constexpr const char* name = "shard_worker";
-  gpu::device_ptr dev;
-  engine_registry engines;
-  shard_worker_options opts;
-  lane_actor copy_lane;
-  /// Lane 0: the whole device, or its first gpu-let; more start as steps name them.
-  std::vector<lane_actor> compute_lanes;
-  /// Emulated devices: how long a job on a gpu-let takes (null on a GPU).
-  std::shared_ptr<gpulet_clock> gpulets;
-  std::map<std::string, shard_entry> shards;
-  std::set<std::string> preparing;
-  std::map<std::pair<std::string, uint64_t>, std::shared_ptr<batch_ctx>> batches;
-  uint64_t loads = 0;
-  uint64_t bytes_loaded = 0;
-  double load_seconds = 0;
-};
-
-using worker_pointer = shard_worker_actor::stateful_pointer<shard_worker_state>;
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-bool same_shard(const shard_spec& a, const shard_spec& b) {
-  return a.tp_rank == b.tp_rank && a.pp_rank == b.pp_rank && same_weights(a.model, b.model);
-}
-
-std::string group_name(const std::string& scope, const shard_spec& s) {
-  std::string name =
-      scope + "/model/" + s.model.name + "/stage" + std::to_string(s.pp_rank) + "/on";
-  for (int r = 0; r < s.model.tp; ++r)
-    name +=
-        "-" + std::to_string(s.model.devices.at(static_cast<size_t>(s.pp_rank * s.model.tp + r)));
-  return name;
-}
-
-/// The shard is here but its cross-node group is new (a peer's node restarted and the
-/// group met again elsewhere): joins the new group and rebuilds the program over the
-/// weights already held.
-caf::result<shard_report> rejoin(worker_pointer self, const std::string& name, shard_spec s) {
-  auto& st = self->state;
-  if (!st.opts.groups)
-    return make_error(ec::invalid_configuration, "no cross-node groups in this process");
-  if (st.preparing.count(name) > 0)
-    return make_error(ec::invalid_state, "model " + name + " is being prepared");
-  st.preparing.insert(name);
-  auto& e = st.shards.at(name);
-  auto weights = e.weights;
-  auto eng = st.engines.at(s.model.kind);
-  auto groups = st.opts.groups;
-  auto group = group_name("cluster", s);
-  auto bind_host = st.opts.host;
-  auto timeout = st.opts.step_timeout;
-  auto fresh = std::make_shared<shard_entry>();
-  fresh->spec = s;
-  fresh->weights = weights;
-  fresh->load_began = e.load_began;
-  fresh->begun = e.begun;
-  const int32_t index = st.opts.device_index;
-  lane_job job{[=]() -> caf::error {
-    auto g = groups->join(s.group_address, group, s.tp_rank, s.model.tp, bind_host, timeout);
-    if (!g) return g.error();
-    fresh->group = std::shared_ptr<gpu::collective>(std::move(*g));
-    auto p = eng->make_program(s, *weights, *fresh->group);
-    if (!p) return p.error();
-    fresh->program = std::shared_ptr<shard_program>(std::move(*p));
-    return {};
-  }};
-  auto rp = self->make_response_promise<shard_report>();
-  self->request(st.copy_lane, caf::timespan{std::chrono::hours(1)}, run_atom_v, std::move(job))
-      .then(
-          [=](bool) mutable {
-            self->state.preparing.erase(name);
-            self->state.shards[name] = std::move(*fresh);
-            log::info("device {}: {} joined its group again at {}", index, name, s.group_address);
-            rp.deliver(shard_report{name, index,
-                                    gpu::align_up(weights->size_bytes(), gpu::device::granularity),
-                                    weights->host_pinned()});
-          },
-          [=](caf::error& err) mutable {
-            self->state.preparing.erase(name);
-            rp.deliver(std::move(err));
-          });
-  return rp;
-}
-
-/// The compute lane `lane` (started on first use), or why there is none.
-caf::expected<lane_actor> compute_lane(worker_pointer self, int32_t lane) {
-  auto& st = self->state;
-  if (lane < 0 || lane >= max_compute_lanes)
-    return make_error(ec::invalid_request, "compute lane " + std::to_string(lane) +
-                                               " does not exist on device " +
-                                               std::to_string(st.opts.device_index) + " (0.." +
-                                               std::to_string(max_compute_lanes - 1) + ")");
-  while (st.compute_lanes.size() <= static_cast<size_t>(lane))
-    st.compute_lanes.push_back(self->template spawn<caf::detached + caf::linked>(lane_behavior));
-  return st.compute_lanes[static_cast<size_t>(lane)];
-}
+using namespace worker_detail;
 
 /// The device's largest free block, for the scheduler's planning.
 int64_t largest_free(const shard_worker_state& st) {

@@ -157,6 +157,8 @@ class simulator {
     }
     out.preemptions = preemptions_;
     out.peak_kv_bytes = peak_kv_bytes_;
+    out.gpulets = disp_->partitions();
+    out.replans = replans_;
     return out;
   }
 
@@ -229,6 +231,7 @@ class simulator {
   /// answered, leases given back, batches computed, new batches ask for leases (here the
   /// residency core answers at once), ticks armed.
   void carry_out(sched::dispatch_effects e) {
+    if (e.gpulets_changed) ++replans_;
     // Every failure is a 503, as the runtime answers them (no_kv_room is
     // out_of_device_memory, also a 503).
     for (auto& f : e.failures) fail(f.row.key, 503, "http_503");
@@ -602,6 +605,7 @@ class simulator {
   /// Batches whose step boundary waits for a KV ask's answer.
   std::set<sched::batch_id> at_boundary_;
   uint64_t preemptions_ = 0;
+  uint64_t replans_ = 0;
   uint64_t peak_kv_bytes_ = 0;
   std::priority_queue<event, std::vector<event>, std::greater<event>> heap_;
   uint64_t seq_ = 0;

@@ -116,6 +116,10 @@ struct sim_result {
   /// Rows preempted for KV room (recomputed later), and the most KV bytes any device held.
   uint64_t preemptions = 0;
   uint64_t peak_kv_bytes = 0;
+  /// Gpu-lets at the end: per device the shares of its lanes, and the re-plans that took
+  /// effect.
+  std::vector<std::vector<int32_t>> gpulets{};
+  uint64_t replans = 0;
 };
 
 /// Checks a config: devices, placements (devices exist, one per shard), options.

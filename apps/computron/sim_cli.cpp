@@ -138,6 +138,7 @@ int run_sim_cli(const sim_cli& cli) {
                {"prefetch_hits", result.prefetch_hits},
                {"dispatch", sc->batching.dispatch},
                {"drop_late", sc->drop_late_deadline_ms > 0}}},
+             {"gpulets", {{"partitions", result.gpulets}, {"replans", result.replans}}},
              {"simulator_wall_s", wall}};
   if (cli.workload.json) {
     std::cout << workload::to_json(summary, extra.dump()) << '\n';

@@ -64,6 +64,8 @@ struct scenario {
   bool compute_while_loading = false;
   /// Above 0: every model's shards have KV blocks of this size in the ledger.
   uint64_t kv_block_bytes = 0;
+  /// Gpu-lets (their interference should be 1: the paced workers slow by share only).
+  sched::gpulet_config gpulets{};
 };
 
 /// One shard's load or eviction: when it started (worker side / simulator start) or
@@ -186,6 +188,7 @@ inline effects run_simulator(const scenario& s) {
   for (auto c : s.capacity_bytes) cfg.devices.push_back({c, s.link_gbps});
   cfg.scheduler.compute_while_loading = s.compute_while_loading;
   cfg.batching = s.batching;
+  cfg.gpulets = s.gpulets;
   // Every overhead zero: the paced workers have none.
   cfg.cost = {1.0, 0, s.evict_ms / 1e3, 0, 0, 0};
   cfg.prompt_len = 3;
@@ -256,8 +259,8 @@ struct paced_world {
   std::map<std::pair<std::string, int32_t>, clock_point> load_end;
   /// Loads begun (begin_load) whose load_atom has not come yet.
   std::map<std::pair<std::string, int32_t>, bool> begun;
-  /// When each device's compute lane is free (one stage job at a time).
-  std::map<int32_t, clock_point> lane_free;
+  /// When each compute lane (device, gpu-let) is free (one stage job at a time).
+  std::map<std::pair<int32_t, int32_t>, clock_point> lane_free;
   std::vector<transfer> starts;
 };
 
@@ -340,19 +343,24 @@ inline shard_worker_actor::behavior_type paced_worker(shard_worker_actor::pointe
       },
       [=](unregister_atom, std::string&) { return true; },
       [=](step_atom, step_request& r) -> caf::result<step_result> {
-        // Every stage of the chain, as the simulator runs it: on its device's lane, after
-        // the stage's bytes are there, for its share of the step.
+        // Every stage of the chain, as the simulator runs it: on its gpu-let of its
+        // device (the whole device without gpu-lets), after the stage's bytes are there,
+        // for its part of the step at the gpu-let's share of the device's speed.
         auto& stages = w->stage_device[r.model];
-        auto share = std::chrono::duration_cast<caf::timespan>(
-            std::chrono::duration<double>(w->step_s[r.model] / static_cast<double>(stages.size())));
+        const double part = w->step_s[r.model] / static_cast<double>(stages.size());
         auto now = self->clock().now();
         auto t = now;
         for (auto& [stage, dev] : stages) {
-          t = std::max(t, w->lane_free[dev]);
+          const auto k = static_cast<size_t>(stage);
+          const int32_t lane = k < r.lanes.size() ? r.lanes[k] : 0;
+          const int32_t pct = k < r.shares.size() ? r.shares[k] : 100;
+          auto& free = w->lane_free[{dev, lane}];
+          t = std::max(t, free);
           if (auto e = w->load_end.find({r.model, dev}); e != w->load_end.end())
             t = std::max(t, e->second);
-          t += share;
-          w->lane_free[dev] = t;
+          t += std::chrono::duration_cast<caf::timespan>(
+              std::chrono::duration<double>(part * 100.0 / pct));
+          free = t;
         }
         auto rows = r.step == 0 ? r.prompts.size() : r.tokens.size();
         auto rp = self->make_response_promise<step_result>();
@@ -472,6 +480,7 @@ struct actors_driver {
     scheduler = spawn_swap_scheduler(sys, devs, so).value();
     model_manager_options mo;
     mo.batching = s.batching;
+    mo.gpulets = s.gpulets;
     mo.obs = log;
     auto engines = torch_free_engines();
     if (s.kv_block_bytes > 0) engines["toy"] = std::make_shared<kv_toy>(s.kv_block_bytes);

@@ -189,3 +189,28 @@ TEST_CASE("the actors and the simulator agree when the running rows end during a
   REQUIRE(simulated.outcomes.size() == 3);
   for (auto& o : simulated.outcomes) CHECK(o.status == 200);
 }
+
+TEST_CASE("the actors and the simulator agree on gpu-lets: lanes at their share, side by side",
+          "[drivers][gpulets]") {
+  // One device split 60/40: a and c on the 60% lane (the fewest-models rule), b alone on
+  // the 40% one. a and b compute side by side, each at its share's speed; c waits for a.
+  scenario s;
+  s.capacity_bytes = {100 * mb};
+  s.models = {{"a", 1, {0}, 10 * mb, 10}, {"b", 1, {0}, 10 * mb, 10}, {"c", 1, {0}, 10 * mb, 10}};
+  s.batching.max_batch_size = 4;
+  s.batching.batch_window = 5ms;
+  s.gpulets.partitions = {{60, 40}};
+  s.gpulets.plan.interference = 1.0;
+  s.arrivals = {{0, "a", 3}, {2, "b", 3}, {4, "c", 2}, {150, "b", 1}};
+  auto simulated = check_drivers_agree(s);
+  REQUIRE(simulated.outcomes.size() == 4);
+  for (auto& o : simulated.outcomes) CHECK(o.status == 200);
+  // a: window 5 ms + tick 0.1, its 10 ms load, then 3 steps of 10 ms at 60% (16.7 ms
+  // each).
+  CHECK(simulated.outcomes[0].done_s == Approx(0.0151 + 0.05).margin(5e-4));
+  // b: its load follows a's on the link (one transfer per link), then 3 steps of 25 ms at
+  // 40%, on its own lane while a's batch runs (time sharing would add a's 50 ms).
+  CHECK(simulated.outcomes[1].done_s == Approx(0.0251 + 0.075).margin(5e-4));
+  // c shares a's lane in time: it starts when a's batch ended.
+  CHECK(simulated.outcomes[2].done_s > simulated.outcomes[0].done_s + 0.03);
+}

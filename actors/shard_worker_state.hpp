@@ -1,0 +1,76 @@
+#pragma once
+
+// The shard worker's state and the pieces its two files share (internal to actors/):
+// shard_worker.cpp is the actor, worker_groups.cpp its tensor-parallel groups (joining
+// one again when a node returns) and its compute lanes.
+#include <chrono>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <caf/all.hpp>
+
+#include "actors/gpulet_clock.hpp"
+#include "actors/shard_worker.hpp"
+
+namespace computron::actors::worker_detail {
+
+using namespace std::chrono_literals;
+
+struct shard_entry {
+  shard_spec spec;
+  std::shared_ptr<gpu::weight_shard> weights;
+  std::shared_ptr<gpu::collective> group;
+  std::shared_ptr<shard_program> program;
+  /// When the current load's copies were queued; written and read only by jobs on the
+  /// copy lane, which run one after the other.
+  std::shared_ptr<std::chrono::steady_clock::time_point> load_began =
+      std::make_shared<std::chrono::steady_clock::time_point>();
+  /// A begin_load started the copy the next load_atom finishes (and measures).
+  bool begun = false;
+  /// The compute lane its steps run on (a gpu-let of the device; the manager moves a
+  /// model only while none of its steps runs): its other compute jobs go there too, as
+  /// a program has one caller at a time.
+  int32_t lane = 0;
+};
+
+/// Per-batch state of the sampling rank; only the compute lane touches its contents.
+struct batch_ctx {
+  std::vector<models::sampler> samplers;
+};
+
+struct shard_worker_state {
+  static constexpr const char* name = "shard_worker";
+  gpu::device_ptr dev;
+  engine_registry engines;
+  shard_worker_options opts;
+  lane_actor copy_lane;
+  /// Lane 0: the whole device, or its first gpu-let; more start as steps name them.
+  std::vector<lane_actor> compute_lanes;
+  /// Emulated devices: how long a job on a gpu-let takes (null on a GPU).
+  std::shared_ptr<gpulet_clock> gpulets;
+  std::map<std::string, shard_entry> shards;
+  std::set<std::string> preparing;
+  std::map<std::pair<std::string, uint64_t>, std::shared_ptr<batch_ctx>> batches;
+  uint64_t loads = 0;
+  uint64_t bytes_loaded = 0;
+  double load_seconds = 0;
+};
+
+using worker_pointer = shard_worker_actor::stateful_pointer<shard_worker_state>;
+
+/// Seconds since `t0`.
+double seconds_since(std::chrono::steady_clock::time_point t0);
+/// Whether two specs describe the same shard (same rank, same weights).
+bool same_shard(const shard_spec& a, const shard_spec& b);
+/// The collective group of the shard's stage, unique per placement within `scope`.
+std::string group_name(const std::string& scope, const shard_spec& s);
+/// The shard is here but its cross-node group is new: joins it again (worker_groups.cpp).
+caf::result<shard_report> rejoin(worker_pointer self, const std::string& name, shard_spec s);
+/// The compute lane `lane` (started on first use), or why there is none.
+caf::expected<lane_actor> compute_lane(worker_pointer self, int32_t lane);
+
+}  // namespace computron::actors::worker_detail
