@@ -389,6 +389,7 @@ caf::error validate_model(const engine_registry& engines, const model_config& cf
     return bad("unknown kind '" + cfg.kind + "' (this build has: " + known + ")");
   }
   if (cfg.tp < 1 || cfg.pp < 1 || cfg.tp > 64 || cfg.pp > 64) return bad("tp and pp must be 1..64");
+  if (cfg.slo_ms < 0) return bad("slo_ms must not be negative, got " + std::to_string(cfg.slo_ms));
   auto shards = static_cast<size_t>(cfg.tp * cfg.pp);
   if (cfg.devices.size() != shards)
     return bad("needs " + std::to_string(shards) + " devices (tp x pp), got " +

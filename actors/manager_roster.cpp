@@ -93,6 +93,7 @@ bool forget_model(manager_pointer self, const std::string& name) {
   // Its batcher queue (empty) and its entry in `names` stay: both are indexed by the
   // queue's index.
   st.queues().set_resident(j->second.index, false);
+  st.disp->remove_model(j->second.index);
   st.models.erase(j);
   return true;
 }

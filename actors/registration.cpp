@@ -126,6 +126,8 @@ void register_model(registry_pointer self, model_config requested, registered_fn
     }
     return done(std::move(err));
   }
+  // A failed registration tried again is registering now, not failed.
+  st.failed.erase(cfg.name);
   st.registering.emplace(cfg.name, cfg);
   tell_manager(self, cfg.name);
   // Stays listed as failed, with the reason, until it registers or is unregistered.
@@ -175,6 +177,9 @@ void register_model(registry_pointer self, model_config requested, registered_fn
               done(std::move(info));
             },
             [=](caf::error& e) mutable {
+              // The manager may have taken it before its answer failed: it lets it go.
+              self->request(self->state.manager, self->state.opts.timeout, forget_atom_v, cfg.name)
+                  .then([](bool) {}, [](caf::error&) {});
               self->request(self->state.scheduler, 10s, unregister_atom_v, cfg.name)
                   .then([](bool) {}, [](caf::error&) {});
               free_shards();
@@ -327,7 +332,11 @@ caf::result<model_info> unregister_model(registry_pointer self, const std::strin
                     [=](caf::error& e) mutable { fail(e, true); });
           },
           [=](caf::error& e) mutable {
+            // Refused (requests in flight), or no answer: in case it took effect, the
+            // manager admits the model again (harmless where it did not).
             self->state.unregistering.erase(name);
+            self->request(self->state.manager, timeout, retire_atom_v, name, false)
+                .then([](model_info&) {}, [](caf::error&) {});
             rp.deliver(std::move(e));
           });
   return rp;

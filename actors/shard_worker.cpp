@@ -283,6 +283,10 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
                                 " must be 1..100 percent, got " + std::to_string(share));
         auto lane = compute_lane(self, lane_index);
         if (!lane) return lane.error();
+        // A model that moves to another lane (a re-plan) runs nothing there until what its
+        // old lane still holds of it (a batch's end_batch, say) is done: one caller at a
+        // time per program.
+        const int32_t previous_lane = e.lane;
         e.lane = lane_index;
         auto clock = st.gpulets;
         std::shared_ptr<batch_ctx> ctx;
@@ -385,44 +389,66 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
           return {};
         }};
         auto rp = self->make_response_promise<step_result>();
-        auto timeout = st.opts.step_timeout;
+        // A gpu-let's steps take longer by its share (and a busy partner); the slowest
+        // stage's share bounds the whole chain's.
+        int32_t slowest = 100;
+        for (auto x : in->shares) slowest = std::clamp(x, 1, slowest);
+        auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
+            st.opts.step_timeout *
+            (slowest < 100 ? 100.0 / slowest * std::max(1.0, st.opts.gpulet_interference) : 1.0));
         // A step on a loading shard also waits for its bytes (compute while loading).
         auto lane_timeout =
             w->state() == gpu::residency::loading ? timeout + st.opts.load_timeout : timeout;
-        self->request(*lane, lane_timeout, run_atom_v, std::move(job))
-            .then(
-                [=](bool) mutable {
-                  if (in->last || in->join_into != 0) self->state.batches.erase(key);
-                  if (last_stage) {
-                    rp.deliver(std::move(*out));
-                    return;
-                  }
-                  auto next_stage = static_cast<size_t>(in->stage + 1);
-                  if (in->route.size() <= next_stage) {
-                    rp.deliver(make_error(ec::invalid_request,
-                                          "step route has no stage " + std::to_string(next_stage)));
-                    return;
-                  }
-                  auto next = in->route[next_stage];
-                  auto mine = out->compute_ms;
-                  if (in->deadline_ms > 0)  // what is left of it for the stages after this
-                    in->deadline_ms = std::max<int64_t>(
-                        1, in->deadline_ms - static_cast<int64_t>(seconds_since(received) * 1e3));
-                  auto remaining = static_cast<int>(in->route.size() - next_stage);
-                  in->stage += 1;
-                  in->hidden = std::move(*hidden_out);
-                  self->request(next, timeout * remaining, step_atom_v, std::move(*in))
-                      .then(
-                          [=](step_result& r) mutable {
-                            r.compute_ms += mine;
-                            rp.deliver(std::move(r));
-                          },
-                          [=](caf::error& err) mutable { rp.deliver(std::move(err)); });
-                },
-                [=](caf::error& err) mutable {
-                  self->state.batches.erase(key);
-                  rp.deliver(std::move(err));
-                });
+        auto target = *lane;
+        auto submit = [=]() mutable {
+          self->request(target, lane_timeout, run_atom_v, job)
+              .then(
+                  [=](bool) mutable {
+                    if (in->last || in->join_into != 0) self->state.batches.erase(key);
+                    if (last_stage) {
+                      rp.deliver(std::move(*out));
+                      return;
+                    }
+                    auto next_stage = static_cast<size_t>(in->stage + 1);
+                    if (in->route.size() <= next_stage) {
+                      rp.deliver(make_error(ec::invalid_request, "step route has no stage " +
+                                                                     std::to_string(next_stage)));
+                      return;
+                    }
+                    auto next = in->route[next_stage];
+                    auto mine = out->compute_ms;
+                    if (in->deadline_ms > 0)  // what is left of it for the stages after this
+                      in->deadline_ms = std::max<int64_t>(
+                          1, in->deadline_ms - static_cast<int64_t>(seconds_since(received) * 1e3));
+                    auto remaining = static_cast<int>(in->route.size() - next_stage);
+                    in->stage += 1;
+                    in->hidden = std::move(*hidden_out);
+                    self->request(next, timeout * remaining, step_atom_v, std::move(*in))
+                        .then(
+                            [=](step_result& r) mutable {
+                              r.compute_ms += mine;
+                              rp.deliver(std::move(r));
+                            },
+                            [=](caf::error& err) mutable { rp.deliver(std::move(err)); });
+                  },
+                  [=](caf::error& err) mutable {
+                    self->state.batches.erase(key);
+                    rp.deliver(std::move(err));
+                  });
+        };
+        if (previous_lane == lane_index) {
+          submit();
+          return rp;
+        }
+        auto old_lane = compute_lane(self, previous_lane);
+        if (!old_lane) {
+          submit();
+          return rp;
+        }
+        // The barrier: an empty job behind whatever the old lane still runs of it.
+        lane_job barrier{[]() -> caf::error { return {}; }};
+        self->request(*old_lane, lane_timeout, run_atom_v, std::move(barrier))
+            .then([=](bool) mutable { submit(); }, [=](caf::error&) mutable { submit(); });
         return rp;
       },
       [=](cancel_atom, std::string& model, uint64_t batch_id) {

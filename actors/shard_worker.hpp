@@ -42,7 +42,7 @@ struct shard_worker_options {
 
 /// Compute lanes a worker runs at most (gpu-lets of its device; lane 0 is the whole
 /// device without them).
-inline constexpr int32_t max_compute_lanes = 8;
+inline constexpr int32_t max_compute_lanes = sched::max_gpulets_per_device;
 
 /// Spawns the worker for `dev` (and its copy and compute lanes, two threads).
 /// Errors: no device, no engines.

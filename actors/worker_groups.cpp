@@ -46,6 +46,7 @@ caf::result<shard_report> rejoin(worker_pointer self, const std::string& name, s
   fresh->weights = weights;
   fresh->load_began = e.load_began;
   fresh->begun = e.begun;
+  fresh->lane = e.lane;
   const int32_t index = st.opts.device_index;
   lane_job job{[=]() -> caf::error {
     auto g = groups->join(s.group_address, group, s.tp_rank, s.model.tp, bind_host, timeout);

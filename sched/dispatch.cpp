@@ -515,6 +515,8 @@ dispatch_effects dispatcher::tick(time_point now) {
   ticks_.erase(ticks_.begin(), ticks_.upper_bound(now));
   unblock();
   if (replan_at_ && *replan_at_ <= now) replan(now, out);
+  // A re-plan armed behind an earlier tick (arm keeps only the earliest) is armed again.
+  if (replan_at_) arm(*replan_at_, now, out);
   run_pass(now, out);
   dispatch_pass(now, out);
   return out;

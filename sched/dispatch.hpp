@@ -185,6 +185,10 @@ class dispatcher {
   /// `kv`: the model keeps KV in the ledger's blocks (its batches ask for them).
   uint32_t add_model(const std::string& name, int32_t tp, int32_t pp,
                      const std::vector<int32_t>& devices, int32_t priority, bool kv = false);
+  /// A model is gone (unregistered; its queue and index stay, empty): it no longer takes
+  /// a lane in plans nor counts where models are spread. Adding its name again makes a
+  /// new index.
+  void remove_model(uint32_t model);
   /// The queues, for estimates, counts and residency beliefs.
   const batcher& queues() const { return *batcher_; }
   batcher& queues() { return *batcher_; }
@@ -266,6 +270,8 @@ class dispatcher {
     std::map<int32_t, step_fit::line> cost{};
     double slo_s = 0;
     double arrivals = 0, prompt_tokens = 0, steps = 0;
+    /// Unregistered (remove_model).
+    bool gone = false;
   };
   enum class kv_wait : uint8_t { none, start, step };
   struct batch_state {

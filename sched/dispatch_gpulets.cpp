@@ -27,6 +27,12 @@ int32_t dispatcher::share_of(uint32_t model, size_t position) const {
   return lane < p.size() ? p[lane] : 100;
 }
 
+void dispatcher::remove_model(uint32_t model) {
+  if (model >= models_.size()) return;
+  models_[model].gone = true;
+  models_[model].arrivals = models_[model].prompt_tokens = models_[model].steps = 0;
+}
+
 void dispatcher::set_units(uint32_t model) {
   auto& m = models_[model];
   m.units.clear();
@@ -47,7 +53,7 @@ void dispatcher::place_lanes(uint32_t model) {
   for (int32_t l = 0; l < std::max(1, lanes); ++l) {
     size_t use = 0;
     for (uint32_t o = 0; o < model; ++o)
-      for (size_t k = 0; k < models_[o].devices.size(); ++k)
+      for (size_t k = 0; k < models_[o].devices.size() && !models_[o].gone; ++k)
         for (auto d : m.devices)
           if (models_[o].devices[k] == d && k < models_[o].lanes.size() && models_[o].lanes[k] == l)
             ++use;
@@ -109,8 +115,11 @@ void dispatcher::replan(time_point now, dispatch_effects& out) {
   if (!(window > 0)) return;
   std::vector<gpulet_model> in;
   bool known = true;
+  std::vector<uint32_t> planned;
   for (uint32_t i = 0; i < models_.size(); ++i) {
     auto& m = models_[i];
+    if (m.gone) continue;
+    planned.push_back(i);
     gpulet_model g;
     g.name = batcher_->name(i);
     g.devices = m.devices;
@@ -141,7 +150,7 @@ void dispatcher::replan(time_point now, dispatch_effects& out) {
   // The plan now in force, as the planner would write it.
   gpulet_plan current;
   current.partitions = partitions_;
-  for (uint32_t i = 0; i < models_.size(); ++i) {
+  for (auto i : planned) {
     auto& name = batcher_->name(i);
     current.lane[name] = models_[i].lanes;
     current.devices[name] = models_[i].devices;
@@ -169,19 +178,21 @@ void dispatcher::apply_plan(dispatch_effects& out) {
   if (!pending_plan_) return;
   // The models it moves run no batch (their batches stopped taking joiners).
   for (uint32_t i = 0; i < models_.size(); ++i)
-    if (std::find(pending_moves_.begin(), pending_moves_.end(), batcher_->name(i)) !=
-            pending_moves_.end() &&
-        running_batches(i) > 0)
-      return;
+    if (!models_[i].gone && moving(i) && running_batches(i) > 0) return;
   // Nor may a model that keeps its lanes run on a lane whose share changes: plan_changes
   // lists it then (its share differs), so every running batch is on an unchanged lane.
   auto& plan = *pending_plan_;
   partitions_ = plan.partitions;
-  for (uint32_t i = 0; i < models_.size(); ++i)
+  for (uint32_t i = 0; i < models_.size(); ++i) {
+    if (models_[i].gone) continue;
     if (auto l = plan.lane.find(batcher_->name(i)); l != plan.lane.end()) {
       models_[i].lanes = l->second;
       set_units(i);
+    } else {
+      // Added after the plan was made: its lanes anew, on the partitions now in force.
+      place_lanes(i);
     }
+  }
   pending_plan_.reset();
   pending_moves_.clear();
   out.gpulets_changed = true;

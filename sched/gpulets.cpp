@@ -139,14 +139,14 @@ double gpulet_seconds(const gpulet_options& opts, double whole_s, int32_t share,
 
 std::string check_gpulet_config(const gpulet_config& c, size_t devices) {
   auto allowed = allowed_shares(c.plan);
-  if (c.plan.max_per_device < 1)
-    return "devices.gpulets: at most " + std::to_string(c.plan.max_per_device) +
-           " gpu-lets per device; at least 1";
+  if (c.plan.max_per_device < 1 || c.plan.max_per_device > max_gpulets_per_device)
+    return "devices.gpulets_per_device must be 1.." + std::to_string(max_gpulets_per_device) +
+           ", got " + std::to_string(c.plan.max_per_device);
   if (!(std::isfinite(c.plan.interference) && c.plan.interference >= 1))
     return "devices.gpulet_interference must be 1 or more, got " +
            std::to_string(c.plan.interference);
-  if (c.automatic && !(std::isfinite(c.replan_s) && c.replan_s > 0))
-    return "devices.gpulet_replan_ms must be above 0";
+  if (!(std::isfinite(c.replan_s) && c.replan_s >= 0.01))
+    return "devices.gpulet_replan_ms must be 10 or more, got " + std::to_string(c.replan_s * 1e3);
   if (c.automatic && !c.partitions.empty())
     return "devices.gpulets is either \"auto\" or a partition per device, not both";
   if (c.partitions.size() > devices)

@@ -84,6 +84,9 @@ struct gpulet_plan {
   std::vector<std::string> at_risk;
 };
 
+/// Gpu-lets per device at most (the workers' compute lanes per device).
+inline constexpr int32_t max_gpulets_per_device = 8;
+
 /// How the devices are split into gpu-lets (serve config `devices.gpulets`), as the
 /// dispatch core (sched/dispatch.hpp) carries it out.
 struct gpulet_config {

@@ -437,8 +437,8 @@ struct actors_driver {
 
   ~actors_driver() {
     // Pending delayed replies keep actors alive: end them all, or ~actor_system waits.
-    for (auto a : {caf::actor_cast<caf::actor>(registry), caf::actor_cast<caf::actor>(manager), caf::actor_cast<caf::actor>(scheduler),
-                   world.pacer})
+    for (auto a : {caf::actor_cast<caf::actor>(registry), caf::actor_cast<caf::actor>(manager),
+                   caf::actor_cast<caf::actor>(scheduler), world.pacer})
       caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
     for (auto& wk : workers) caf::anon_send_exit(wk, caf::exit_reason::user_shutdown);
   }

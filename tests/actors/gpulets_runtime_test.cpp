@@ -69,6 +69,23 @@ struct lanes_runtime {
       self->request(rt.manager, 30s, load_atom_v, std::string{name})
           .receive([](model_info&) {}, [](caf::error& e) { FAIL(render(e)); });
     }
+    // One request each, one after the other: every lane's thread runs before the measured
+    // pair, whose steps then start together.
+    for (auto name : {"a", "b"}) one(name);
+    std::lock_guard<std::mutex> hold{log->mtx};
+    log->all.clear();
+  }
+
+  infer_reply one(const char* model) {
+    infer_request r;
+    r.model = model;
+    r.tokens = {1, 2};
+    r.max_tokens = 1;
+    infer_reply out;
+    self->request(rt.frontend, 30s, infer_atom_v, r)
+        .receive([&](infer_reply& x) { out = std::move(x); },
+                 [](caf::error& e) { FAIL(render(e)); });
+    return out;
   }
   ~lanes_runtime() { rt.shutdown(); }
 

@@ -136,8 +136,8 @@ TEST_CASE("gpu-lets: an automatic plan splits the device and moves a model once 
   REQUIRE(f.d->pending_plan());
   CHECK_FALSE(e.gpulets_changed);
   CHECK(f.d->partitions()[0] == std::vector<int32_t>{100});
-  // A request of the model that moves waits for the move: its batch forms once the
-  // running one ended, on the new lanes.
+  // A request of the model that moves forms its batch once the running one ended (one
+  // batch in flight per stage), and runs on the new lanes.
   auto more = f.d->admit(f.a, key++, f.t, 0);
   CHECK(more.formed.empty());
   e = f.d->batch_done(id, f.t, true, 0.2, 1);
@@ -184,4 +184,42 @@ TEST_CASE("gpu-lets: within a fixed partition the short-step models get a lane o
   gpulet_plan together = p;
   for (auto& [name, l] : together.lane) l = {0};
   CHECK_FALSE(evaluate_plan(together, ms, o).at_risk.empty());
+}
+
+TEST_CASE("gpu-lets: an unregistered model no longer counts where models are spread",
+          "[gpulets][cores]") {
+  gpulet_config g;
+  g.partitions = {{50, 50}};
+  lanes_fixture f{g};  // a on lane 0, b on lane 1
+  auto c = f.d->add_model("c", 1, 1, {0}, 0);
+  CHECK(f.d->lanes_of(c) == std::vector<int32_t>{0});
+  f.d->remove_model(f.a);
+  f.d->remove_model(c);
+  auto d = f.d->add_model("d", 1, 1, {0}, 0);
+  CHECK(f.d->lanes_of(d) == std::vector<int32_t>{0});  // lane 0 holds nobody now
+}
+
+TEST_CASE("gpu-lets: a re-plan armed behind an earlier tick is armed again by it",
+          "[gpulets][cores]") {
+  gpulet_config g;
+  g.automatic = true;
+  g.replan_s = 1;
+  batching_options o;
+  o.batch_window = 5ms;
+  refusal why;
+  auto d = dispatcher::make(o, 1, &why, g);
+  REQUIRE(d);
+  auto a = d->add_model("a", 1, 1, {0}, 0);
+  auto b = d->add_model("b", 1, 1, {0}, 0);
+  time_point t{};
+  d->admit(a, 1, t, 0);                    // arms the re-plan at 1 s, and a's window
+  d->tick(t + 6ms);                        // a's batch forms (it waits for a lease from here on)
+  d->admit(b, 2, t + 999ms, 0);            // b's window tick at 1.004 s
+  d->tick(t + 1s);                         // the re-plan; b's window tick stays armed
+  auto e = d->admit(a, 3, t + 1001ms, 0);  // the next re-plan, due at 2 s, is behind it
+  for (auto at : e.ticks) CHECK(at < t + 1500ms);
+  e = d->tick(t + 1005ms);
+  bool replan_armed = false;
+  for (auto at : e.ticks) replan_armed = replan_armed || (at >= t + 2s && at < t + 2100ms);
+  CHECK(replan_armed);
 }
