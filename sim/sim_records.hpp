@@ -1,0 +1,68 @@
+#pragma once
+
+// The simulator's records of what is in flight (internal to sim/): events on its heap,
+// requests, batches as they run step by step, and loads per pipeline stage.
+#include <cstdint>
+#include <vector>
+
+#include "sched/batching.hpp"
+#include "sched/dispatch.hpp"
+
+namespace computron::sim::detail {
+
+using sched::time_point;
+
+enum class event_kind : uint8_t { tick, load_done, evict_done, step_done };
+
+struct event {
+  time_point at;
+  uint64_t seq;
+  event_kind kind;
+  uint64_t a;
+  bool operator>(const event& o) const { return at != o.at ? at > o.at : seq > o.seq; }
+};
+
+struct request {
+  time_point arrival{};
+  uint32_t model = 0;
+  int64_t prompt_len = 0;
+  int64_t max_tokens = 0;
+  bool measured = true;
+};
+
+/// A batch the dispatch core formed, under its number (which is also its waiter number
+/// in the residency core). It runs step by step, as the manager's do: rows leave as they
+/// finish and queued requests join at step boundaries (continuous batching).
+struct batch {
+  uint32_t model = 0;
+  std::vector<sched::queued_entry> rows;
+  /// Per row: when it left the queue, tokens still to produce, and whether it joined
+  /// a running batch (then it waited for no lease).
+  std::vector<time_point> taken;
+  std::vector<int64_t> left;
+  std::vector<bool> joined;
+  time_point dispatched{};
+  time_point leased{};
+  int64_t steps = 0;
+  bool swapped = false;
+  double compute_s = 0;
+  /// Rows being prefilled to join (the step in flight is theirs), and when they left the
+  /// queue.
+  std::vector<sched::queued_entry> joining;
+  time_point joining_since{};
+  /// The step in flight is a partial chunk of a chunked prefill (sched::join_plan): the
+  /// running rows' step follows it; and the chunked prefill under way, since when.
+  bool chunk_step = false;
+  sched::batch_id chunking = 0;
+};
+
+/// A load's bytes in flight, per pipeline stage: they flow from `from` and the stage's
+/// slowest shard is complete at `to`.
+struct stage_load {
+  time_point from{};
+  time_point to{};
+  /// The stage's largest shard.
+  uint64_t bytes = 0;
+};
+
+}  // namespace computron::sim::detail
