@@ -138,6 +138,9 @@ double gpulet_seconds(const gpulet_options& opts, double whole_s, int32_t share,
 }
 
 std::string check_gpulet_config(const gpulet_config& c, size_t devices) {
+  for (auto x : c.plan.shares)
+    if (x < 1 || x > 100)
+      return "devices.gpulet_shares: " + std::to_string(x) + " is not a percent in 1..100";
   auto allowed = allowed_shares(c.plan);
   if (c.plan.max_per_device < 1 || c.plan.max_per_device > max_gpulets_per_device)
     return "devices.gpulets_per_device must be 1.." + std::to_string(max_gpulets_per_device) +

@@ -14,7 +14,8 @@ caf::error read_gpulets(const nlohmann::json& d, const std::string& dw, sched::g
   double replan_ms = g.replan_s * 1e3;
   if ((e = read(d, "gpulets_per_device", dw, g.plan.max_per_device)) ||
       (e = read(d, "gpulet_interference", dw, g.plan.interference)) ||
-      (e = read(d, "gpulet_replan_ms", dw, replan_ms)))
+      (e = read(d, "gpulet_replan_ms", dw, replan_ms)) ||
+      (e = read(d, "gpulet_shares", dw, g.plan.shares)))
     return e;
   g.replan_s = replan_ms / 1e3;
   auto it = d.find("gpulets");
@@ -50,9 +51,10 @@ caf::error read_devices(const nlohmann::json& file, const std::string& where, se
   auto dw = where + " devices";
   auto& devices = c.runtime.devices;
   caf::error e;
-  if ((e = check_keys(*d, dw,
-                      {"kind", "count", "capacity_mb", "link_gbps", "reserved_mb", "gpulets",
-                       "gpulets_per_device", "gpulet_interference", "gpulet_replan_ms"})))
+  if ((e = check_keys(
+           *d, dw,
+           {"kind", "count", "capacity_mb", "link_gbps", "reserved_mb", "gpulets",
+            "gpulets_per_device", "gpulet_interference", "gpulet_replan_ms", "gpulet_shares"})))
     return e;
   if ((e = read_gpulets(*d, dw, c.runtime.manager.gpulets))) return e;
   double cap = static_cast<double>(devices.emulated_capacity_bytes) / mib;

@@ -95,3 +95,34 @@ TEST_CASE("serve's flags override the config, and --capacity-mb sets only emulat
   bad_nodes.nodes = "nowhere";
   CHECK(!serve::apply_overrides(remote, bad_nodes).empty());
 }
+
+TEST_CASE("a serve config's gpu-lets: a partition per device, auto, and what is refused",
+          "[serve][config][gpulets]") {
+  test::temp_dir dir{"serve-config"};
+  auto fixed = read_config(dir, R"({
+    "devices": {"count": 2, "gpulets": [[60, 40], [100]], "gpulet_interference": 1.3,
+                "gpulet_replan_ms": 500, "gpulet_shares": [30, 40, 60, 70]},
+    "models": [{"name": "m", "kind": "toy", "devices": [0], "slo_ms": 80}]})");
+  REQUIRE(fixed);
+  auto& g = fixed->runtime.manager.gpulets;
+  CHECK(g.partitions == std::vector<std::vector<int32_t>>{{60, 40}, {100}});
+  CHECK_FALSE(g.automatic);
+  CHECK(g.plan.interference == Approx(1.3));
+  CHECK(g.replan_s == Approx(0.5));
+  CHECK(g.plan.shares == std::vector<int32_t>{30, 40, 60, 70});
+  CHECK(fixed->models.at(0).slo_ms == 80);
+  auto automatic = read_config(dir, R"({"devices": {"gpulets": "auto", "gpulets_per_device": 3}})");
+  REQUIRE(automatic);
+  CHECK(automatic->runtime.manager.gpulets.automatic);
+  CHECK(automatic->runtime.manager.gpulets.plan.max_per_device == 3);
+  for (auto [text, says] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"devices": {"gpulets": "half"}})", "gpulets must be \"auto\""},
+           {R"({"devices": {"gpulets": [50, 50]}})", "each device's entry is an array"},
+           {R"({"devices": {"gpulets": [[50, 50.5]]}})", "integer percent"},
+           {R"({"models": [{"name": "m", "kind": "toy", "slo_ms": -1}]})", "slo_ms"}}) {
+    INFO(text);
+    auto c = read_config(dir, text);
+    REQUIRE_FALSE(c);
+    CHECK_THAT(render(c.error()), Catch::Contains(says));
+  }
+}
