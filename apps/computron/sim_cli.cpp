@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "actors/opt_engine.hpp"
@@ -149,6 +150,12 @@ int run_sim_cli(const sim_cli& cli) {
         sched->arrivals.size(), sched->models.size(), result.simulated_s, wall,
         wall > 0 ? static_cast<double>(sched->arrivals.size()) / wall : 0.0);
     std::cout << workload::to_table(summary);
+    if (sc->gpulets.enabled()) {
+      std::string parts;
+      for (auto& p : result.gpulets) parts += fmt::format(" [{}]", fmt::join(p, ","));
+      std::cout << fmt::format("gpu-lets at the end:{} ({} re-plans took effect)\n", parts,
+                               result.replans);
+    }
   }
   if (!cli.workload.report_dir.empty()) {
     if (auto err = workload::write_report(cli.workload.report_dir, summary, result.records,

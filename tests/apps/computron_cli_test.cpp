@@ -275,6 +275,22 @@ TEST_CASE("sim runs a config's workload and reports the cost model it used", "[c
   CHECK(nlohmann::json::parse(given.out).at("cost").at("tflops") == 20.0);
 }
 
+TEST_CASE("sim plans gpu-lets and says which partitions it ended with", "[cli][sim][gpulets]") {
+  const std::string config =
+      std::string{COMPUTRON_SOURCE_DIR} + "/configs/sim/gpulets-6-models.json";
+  auto r =
+      run("sim --config " + config + " --rates 2,2,4,2,4,2 --duration 10 --seed 1 --json", false);
+  INFO(r.all);
+  REQUIRE(r.exit_code == 0);
+  auto g = nlohmann::json::parse(r.out).at("gpulets");
+  CHECK(g.at("replans").get<int>() >= 1);
+  // Each device split in two: the heavy model apart from the two light ones.
+  for (auto& p : g.at("partitions")) CHECK(p.size() == 2);
+  auto text = run("sim --config " + config + " --rates 2,2,4,2,4,2 --duration 10 --seed 1", false);
+  REQUIRE(text.exit_code == 0);
+  CHECK_THAT(text.out, Catch::Contains("gpu-lets at the end: ["));
+}
+
 TEST_CASE("sim events stay a few per request under overload", "[cli][sim]") {
   // Batches deferred on loading models and the batch window both arm ticks; with one armed
   // time remembered, their ticks multiplied (539 M events for 7,200 requests over 240 s).
