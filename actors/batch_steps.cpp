@@ -120,6 +120,10 @@ void send_step(manager_pointer self, const batch_ptr& b, step_request req,
   const auto tp = static_cast<size_t>(m.cfg.tp);
   const auto pp = static_cast<size_t>(m.cfg.pp);
   const auto step = req.step;
+  // A gpu-let's steps take longer by its share (and busy partners): so may the answer.
+  if (auto share = st.disp->run_share(m.index); share < 100)
+    timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
+        timeout * sched::gpulet_seconds(st.disp->gpulets().plan, 1.0, share, 1.0));
   auto j = make_join<step_result>(
       tp, [=](std::vector<step_result> results) { done(results[0]); },
       [=](caf::error err, size_t rank) {
@@ -271,10 +275,7 @@ void note_step(manager_pointer self, const batch_ptr& b, int64_t tokens, double 
   m->second.steps.add(static_cast<double>(tokens), took);
   if (!st.disp->gpulets().enabled()) return;
   // The planner's profile: the step's cost at the share it ran at (its slowest lane's).
-  int32_t share = 100;
-  for (size_t k = 0; k < m->second.cfg.devices.size(); ++k)
-    share = std::min(share, st.disp->share_of(m->second.index, k));
-  m->second.steps_at[share].add(static_cast<double>(tokens), took);
+  m->second.steps_at[st.disp->run_share(m->second.index)].add(static_cast<double>(tokens), took);
   std::map<int32_t, sched::step_fit::line> cost;
   for (auto& [s, fit] : m->second.steps_at) cost[s] = fit.fitted();
   st.disp->set_profile(m->second.index, std::move(cost),

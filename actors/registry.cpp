@@ -29,16 +29,14 @@ std::vector<repository_folder> scan(registry_pointer self, const std::string& on
   }
 }
 
-/// A folder that is not registered, as the index lists it.
+/// A folder that is not registered, as the index lists it. One that cannot be read must be
+/// fixed by an operator; requests get 503 with the reason.
 model_info folder_info(const repository_folder& f) {
-  model_info i;
-  i.config = f.config;
-  i.config.name = f.name;
-  i.state = f.error ? model_lifecycle::failed : model_lifecycle::unloaded;
-  if (f.error) i.reason = render(f.error);
-  // The folder cannot be read: an operator must fix it; requests get 503 with the reason.
-  if (f.error) i.reason_code = static_cast<uint8_t>(ec::unavailable);
-  return i;
+  auto cfg = f.config;
+  cfg.name = f.name;
+  if (!f.error) return listed_info(std::move(cfg), model_lifecycle::unloaded);
+  return listed_info(std::move(cfg), model_lifecycle::failed, render(f.error),
+                     static_cast<uint8_t>(ec::unavailable));
 }
 
 /// Registers `cfg`, then makes it resident.

@@ -393,9 +393,12 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
         // stage's share bounds the whole chain's.
         int32_t slowest = 100;
         for (auto x : in->shares) slowest = std::clamp(x, 1, slowest);
-        auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
-            st.opts.step_timeout *
-            (slowest < 100 ? 100.0 / slowest * std::max(1.0, st.opts.gpulet_interference) : 1.0));
+        sched::gpulet_options go;
+        go.interference = st.opts.gpulet_interference;
+        auto timeout =
+            slowest < 100 ? std::chrono::duration_cast<std::chrono::milliseconds>(
+                                st.opts.step_timeout * sched::gpulet_seconds(go, 1.0, slowest, 1.0))
+                          : st.opts.step_timeout;
         // A step on a loading shard also waits for its bytes (compute while loading).
         auto lane_timeout =
             w->state() == gpu::residency::loading ? timeout + st.opts.load_timeout : timeout;

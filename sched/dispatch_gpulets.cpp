@@ -27,6 +27,13 @@ int32_t dispatcher::share_of(uint32_t model, size_t position) const {
   return lane < p.size() ? p[lane] : 100;
 }
 
+int32_t dispatcher::run_share(uint32_t model) const {
+  int32_t share = 100;
+  for (size_t k = 0; k < models_[model].devices.size(); ++k)
+    share = std::min(share, share_of(model, k));
+  return share;
+}
+
 void dispatcher::remove_model(uint32_t model) {
   if (model >= models_.size()) return;
   models_[model].gone = true;
@@ -154,9 +161,7 @@ void dispatcher::replan(time_point now, dispatch_effects& out) {
     auto& name = batcher_->name(i);
     current.lane[name] = models_[i].lanes;
     current.devices[name] = models_[i].devices;
-    int32_t share = 100;
-    for (size_t k = 0; k < models_[i].devices.size(); ++k) share = std::min(share, share_of(i, k));
-    current.share[name] = share;
+    current.share[name] = run_share(i);
   }
   // A new plan only where it keeps more models within their SLOs than the one in force
   // would at the same rates: every move drains models, and plans from noisy rates would

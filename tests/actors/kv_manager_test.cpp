@@ -49,8 +49,9 @@ struct kv_fixture : deterministic_fixture {
   }
 
   ~kv_fixture() {
-    for (auto a : {caf::actor_cast<caf::actor>(registry), caf::actor_cast<caf::actor>(manager), caf::actor_cast<caf::actor>(scheduler),
-                   caf::actor_cast<caf::actor>(worker), script.holder})
+    for (auto a : {caf::actor_cast<caf::actor>(registry), caf::actor_cast<caf::actor>(manager),
+                   caf::actor_cast<caf::actor>(scheduler), caf::actor_cast<caf::actor>(worker),
+                   script.holder})
       caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   }
 
