@@ -146,6 +146,7 @@ void send_step(manager_pointer self, const batch_ptr& b, step_request req,
           caf::actor_cast<step_stage_actor>(st.workers[static_cast<size_t>(m.cfg.devices[pos])]));
       r.lanes.push_back(pos < lanes.size() ? lanes[pos] : 0);
       r.shares.push_back(st.disp->share_of(m.index, pos));
+      r.offsets.push_back(st.disp->offset_of(m.index, pos));
     }
     auto first = r.route[0];
     self->request(first, timeout, step_atom_v, std::move(r))

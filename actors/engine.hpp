@@ -73,6 +73,12 @@ class engine {
   /// the shard's forward steps, since libtorch's cuBLAS handles are per thread.
   virtual caf::error warm_up(const shard_spec&, const gpu::device_ptr&) const { return {}; }
 
+  /// Makes the calling thread's compute on `dev` run on `stream` (a gpu-let's, from
+  /// gpu::device::gpulet_stream; null: the device's default stream) for the steps that
+  /// follow on it. The worker calls it on a GPU's compute lane before each step; a no-op
+  /// for kinds that launch no device work.
+  virtual caf::error use_stream(const gpu::device_ptr& dev, void* stream) const { return {}; }
+
   /// The shard's compute over its (loaded) weights and its tensor-parallel group; both
   /// outlive the program.
   virtual caf::expected<std::unique_ptr<shard_program>> make_program(

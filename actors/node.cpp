@@ -115,15 +115,6 @@ caf::expected<runtime> spawn_stack(caf::actor_system& sys, runtime rt, runtime_o
       std::chrono::duration_cast<std::chrono::milliseconds>(opts.manager.batching.default_deadline);
   opts.registry.device_kinds.clear();
   for (auto& d : sds) opts.registry.device_kinds.push_back(d.kind);
-  if (opts.manager.gpulets.enabled())
-    for (auto& d : sds)
-      if (d.kind == gpu::device_kind::cuda) {
-        rt.shutdown();
-        return make_error(ec::invalid_configuration,
-                          "devices.gpulets: gpu-lets on CUDA devices need green contexts "
-                          "(cuGreenCtxCreate and cuGreenCtxStreamCreate, CUDA 12.4+), which "
-                          "this build does not run yet; gpu-lets run on emulated devices");
-      }
   auto fail = [&](caf::error e) {
     rt.shutdown();
     return e;
@@ -146,12 +137,38 @@ caf::expected<runtime> spawn_stack(caf::actor_system& sys, runtime rt, runtime_o
 
 }  // namespace
 
+caf::error prepare_gpulets(const std::vector<gpu::device_ptr>& devices,
+                           const sched::gpulet_config& g) {
+  if (!g.enabled()) return {};
+  auto smallest = sched::allowed_shares(g.plan);
+  for (size_t d = 0; d < devices.size(); ++d) {
+    auto& dev = *devices[d];
+    if (dev.info().kind != gpu::device_kind::cuda) continue;
+    auto where = "devices.gpulets on device " + std::to_string(d) + " (" + dev.info().name + ")";
+    if (auto err = dev.check_gpulets()) return with_context(std::move(err), where);
+    std::vector<int32_t> lanes;
+    if (d < g.partitions.size())
+      lanes = g.partitions[d];
+    else if (g.automatic && !smallest.empty())
+      lanes = {smallest.front()};
+    int32_t offset = 0;
+    for (auto share : lanes) {
+      if (share < 100)
+        if (auto s = dev.gpulet_stream(offset, share); !s)
+          return with_context(std::move(s.error()), where);
+      offset += share;
+    }
+  }
+  return {};
+}
+
 caf::expected<runtime> start_runtime(caf::actor_system& sys, runtime_options opts,
                                      engine_registry engines) {
   runtime rt;
   auto devs = gpu::open_devices(opts.devices);
   if (!devs) return devs.error();
   rt.devices = std::move(*devs);
+  if (auto err = prepare_gpulets(rt.devices, opts.manager.gpulets)) return err;
   // An emulated gpu-let slows as the dispatch core's planner predicts.
   opts.worker.gpulet_interference = opts.manager.gpulets.plan.interference;
   auto n = spawn_node(sys, rt.devices, engines, opts.worker);

@@ -63,7 +63,15 @@ struct runtime {
   void shutdown();
 };
 
-/// Opens the devices and spawns the stack. Errors: no devices, invalid options.
+/// Gpu-lets on a GPU are green contexts: checks that `devices`' GPUs have them and makes
+/// a fixed partition's now (each lane's stream, off the request path; "auto": the
+/// smallest share's), so that a GPU without them, or a share too small for its SMs, is
+/// refused at start naming the device. Emulated devices need nothing.
+caf::error prepare_gpulets(const std::vector<gpu::device_ptr>& devices,
+                           const sched::gpulet_config& gpulets);
+
+/// Opens the devices and spawns the stack. Errors: no devices, invalid options, gpu-lets
+/// a GPU cannot run (prepare_gpulets).
 caf::expected<runtime> start_runtime(caf::actor_system& sys, runtime_options opts,
                                      engine_registry engines);
 

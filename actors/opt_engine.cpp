@@ -238,6 +238,10 @@ class decoder_engine final : public engine {
     return models::fill_from_checkpoint(s->spec, s->par, idx, w.table(), w.host_data(), *file);
   }
 
+  caf::error use_stream(const gpu::device_ptr& dev, void* stream) const override {
+    return models::use_compute_stream(*dev, stream);
+  }
+
   caf::error warm_up(const shard_spec& sh, const gpu::device_ptr& dev) const override {
     if (!dev || dev->info().kind != gpu::device_kind::cuda) return {};
     auto s = shape_of(sh.model);

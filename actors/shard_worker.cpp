@@ -277,6 +277,7 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
         const auto at = static_cast<size_t>(req.stage);
         const int32_t lane_index = at < req.lanes.size() ? req.lanes[at] : 0;
         const int32_t share = at < req.shares.size() ? req.shares[at] : 100;
+        const int32_t offset = at < req.offsets.size() ? req.offsets[at] : 0;
         if (share < 1 || share > 100)
           return make_error(ec::invalid_request,
                             "a step's share of device " + std::to_string(index) +
@@ -289,6 +290,14 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
         const int32_t previous_lane = e.lane;
         e.lane = lane_index;
         auto clock = st.gpulets;
+        // A GPU's gpu-let computes on its green context's stream (the whole device on the
+        // default one); the lane's thread is told before each step, as a lane may change
+        // its share at a re-plan.
+        std::shared_ptr<const engine> streams;
+        if (st.dev->info().kind == gpu::device_kind::cuda)
+          if (auto k = st.engines.find(e.spec.model.kind); k != st.engines.end())
+            streams = k->second;
+        auto dev = st.dev;
         std::shared_ptr<batch_ctx> ctx;
         // Rows joining a running batch: their samplers go after that batch's.
         std::shared_ptr<batch_ctx> into_ctx;
@@ -328,6 +337,12 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
             }
           } busy{clock.get(), lane_index};
           if (clock) clock->begin(lane_index);
+          if (streams) {
+            auto s =
+                share < 100 ? dev->gpulet_stream(offset, share) : caf::expected<void*>{nullptr};
+            if (!s) return s.error();
+            if (auto err = streams->use_stream(dev, *s)) return err;
+          }
           const double waited0 = gpu::thread_wait_seconds();
           (void)group;
           auto state = w->state();

@@ -128,10 +128,11 @@ struct step_request {
   /// model whose KV is not in the ledger).
   int64_t kv_blocks = 0;
   /// Gpu-lets: per stage (as `route`), the compute lane of that stage's device this step
-  /// runs on and the lane's share of the device's SMs, percent. Empty: lane 0, the whole
-  /// device.
+  /// runs on, the lane's share of the device's SMs and where its SMs start (the shares of
+  /// the device's lanes before it), percent. Empty: lane 0, the whole device.
   std::vector<int32_t> lanes{};
   std::vector<int32_t> shares{};
+  std::vector<int32_t> offsets{};
 
   bool partial_prefill() const { return prefill_chunk > 0 && prefill_left > 0; }
 };
@@ -140,7 +141,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_request& x) {
   return f(caf::meta::type_name("step_request"), x.model, x.batch_id, x.step, x.stage, x.prompts,
            x.tokens, x.sampling, x.hidden, x.last, x.route, x.keep, x.join_into, x.prefill_chunk,
-           x.prefill_left, x.deadline_ms, x.expected_ms, x.kv_blocks, x.lanes, x.shares);
+           x.prefill_left, x.deadline_ms, x.expected_ms, x.kv_blocks, x.lanes, x.shares, x.offsets);
 }
 
 /// The tokens a step produced (rank 0 of the last stage; other ranks answer empty).

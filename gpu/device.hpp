@@ -154,6 +154,20 @@ class device : public std::enable_shared_from_this<device> {
   /// Waits until every submitted operation finished.
   virtual caf::error synchronize() = 0;
 
+  /// Why this device cannot split its compute into gpu-lets, or none. The emulated device
+  /// always can (a clock stands in, actors/gpulet_clock.hpp); a GPU needs green contexts.
+  virtual caf::error check_gpulets() const { return {}; }
+
+  /// The native stream (a cudaStream_t) that the forwards of the gpu-let holding `share`
+  /// percent of the device's SMs from `offset` percent on run on; null: the device's own
+  /// default stream (the whole device, or a device that has no streams). Created on first
+  /// use and kept while the device is open; the same pair always gives the same stream.
+  virtual caf::expected<void*> gpulet_stream(int32_t offset, int32_t share) {
+    (void)offset;
+    (void)share;
+    return nullptr;
+  }
+
  protected:
   explicit device(device_info info) : info_(std::move(info)) {}
 

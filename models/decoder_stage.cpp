@@ -64,6 +64,9 @@ at::Tensor detail::stage_state::param(const std::string& name) const {
 caf::error detail::stage_state::all_reduce(at::Tensor& t) const {
   if (tp->size() == 1) return {};
   auto f = t.to(at::kFloat).contiguous();
+  // The collective runs on its own stream (NCCL's), which does not wait for this thread's
+  // compute stream (a gpu-let's, or the default one): the sum must read finished values.
+  detail::finish_compute(f.device());
   if (auto err = tp->all_reduce_sum(f.data_ptr<float>(), static_cast<uint64_t>(f.numel())))
     return err;
   t = f.to(t.scalar_type());

@@ -209,6 +209,17 @@ caf::expected<std::vector<std::vector<int64_t>>> generate(
 /// Intra-op threads of the CPU compute (libtorch's pool; process-wide). 0 leaves it.
 void set_compute_threads(int threads);
 
+/// Makes the calling thread's compute on `dev` run on `stream` (a native stream of the
+/// device, gpu::device::gpulet_stream: a gpu-let's green context), or on the device's
+/// default stream when it is null, for every step that follows on this thread. A no-op
+/// on devices without streams (the emulated device) and without a CUDA libtorch.
+caf::error use_compute_stream(const gpu::device& dev, void* stream);
+
+/// A plain stream of `dev` (libtorch's pool: every SM, no green context) for
+/// use_compute_stream: what gpu-lets are compared with (`computron bench colocate`).
+/// Null on devices without streams.
+caf::expected<void*> plain_compute_stream(const gpu::device& dev);
+
 /// The last-token logits of a prefill through the chain ([batch, vocab], f32).
 caf::expected<host_tensor> prefill_logits(const std::vector<decoder_stage*>& stages,
                                           const std::vector<std::vector<int64_t>>& prompts);

@@ -60,6 +60,51 @@ caf::error cap_cuda_workspace(const gpu::device& dev) {
   return {};
 }
 
+}  // namespace computron::models::detail
+
+namespace computron::models {
+
+caf::error use_compute_stream(const gpu::device& dev, void* stream) {
+  if (dev.info().kind != gpu::device_kind::cuda) return {};
+#ifdef COMPUTRON_TORCH_CUDA
+  try {
+    auto index = static_cast<c10::DeviceIndex>(dev.info().ordinal);
+    // The current stream is per thread: the lane's thread keeps it for its next steps.
+    c10::cuda::setCurrentCUDAStream(
+        stream == nullptr
+            ? c10::cuda::getDefaultCUDAStream(index)
+            : c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(stream), index));
+  } catch (const std::exception& e) {
+    return make_error(ec::device_error, fmt::format("compute stream on {}: {}", dev.info().name,
+                                                    std::string{e.what()}.substr(0, 200)));
+  }
+  return {};
+#else
+  (void)stream;
+  return make_error(ec::device_error,
+                    "compute streams on " + dev.info().name + " need a CUDA libtorch");
+#endif
+}
+
+caf::expected<void*> plain_compute_stream(const gpu::device& dev) {
+  if (dev.info().kind != gpu::device_kind::cuda) return nullptr;
+#ifdef COMPUTRON_TORCH_CUDA
+  try {
+    auto s = c10::cuda::getStreamFromPool(false, static_cast<c10::DeviceIndex>(dev.info().ordinal));
+    return static_cast<void*>(s.stream());
+  } catch (const std::exception& e) {
+    return make_error(ec::device_error, fmt::format("a stream on {}: {}", dev.info().name,
+                                                    std::string{e.what()}.substr(0, 200)));
+  }
+#else
+  return make_error(ec::device_error, "streams on " + dev.info().name + " need a CUDA libtorch");
+#endif
+}
+
+}  // namespace computron::models
+
+namespace computron::models::detail {
+
 void finish_compute(at::Device device) noexcept {
 #ifdef COMPUTRON_TORCH_CUDA
   if (!device.is_cuda()) return;

@@ -27,6 +27,16 @@ int32_t dispatcher::share_of(uint32_t model, size_t position) const {
   return lane < p.size() ? p[lane] : 100;
 }
 
+int32_t dispatcher::offset_of(uint32_t model, size_t position) const {
+  auto& m = models_[model];
+  if (position >= m.devices.size() || position >= m.lanes.size()) return 0;
+  auto& p = partitions_[static_cast<size_t>(m.devices[position])];
+  auto lane = std::min(static_cast<size_t>(m.lanes[position]), p.size());
+  int32_t offset = 0;
+  for (size_t l = 0; l < lane; ++l) offset += p[l];
+  return offset;
+}
+
 int32_t dispatcher::run_share(uint32_t model) const {
   int32_t share = 100;
   for (size_t k = 0; k < models_[model].devices.size(); ++k)

@@ -10,6 +10,7 @@
 #include "apps/computron/command.hpp"
 #include "apps/computron/sim_fidelity.hpp"
 #include "bench/cluster_bench.hpp"
+#include "bench/colocate_bench.hpp"
 #include "bench/experiments/experiments.hpp"
 #include "bench/forward_bench.hpp"
 #include "bench/runtime_bench.hpp"
@@ -56,6 +57,9 @@ class bench_cli {
   CLI::App* fwd_cmd = nullptr;
   bench::forward_bench_options fwd;
   bool fwd_json = false;
+  CLI::App* co_cmd = nullptr;
+  bench::colocate_options co;
+  bool co_json = false;
   CLI::App* su_cmd = nullptr;
   bench::startup_bench_options sub;
   bool su_json = false;
@@ -138,6 +142,26 @@ bench_cli::bench_cli(CLI::App& bench_cmd) {
       ->check(CLI::IsMember({"auto", "emulated", "cuda"}))
       ->capture_default_str();
   fwd_cmd->add_flag("--json", fwd_json, "print one JSON object");
+
+  // bench colocate
+  co_cmd = bench_cmd.add_subcommand(
+      "colocate",
+      "two models decoding on one device: time-shared, two streams, and gpu-lets (green "
+      "contexts) of each split, with the interference factor they measure");
+  co_cmd->add_option("--model", co.model, "catalogue name (as bench forward)")
+      ->capture_default_str();
+  co_cmd->add_option("--dtype", co.dtype, "f32, bf16 or f16 (CUDA only)")->capture_default_str();
+  co_cmd->add_option("--batch", co.batch, "sequences per model")->capture_default_str();
+  co_cmd->add_option("--seq", co.seq, "prompt tokens per sequence")->capture_default_str();
+  co_cmd->add_option("--steps", co.steps, "decode steps timed per model and way")
+      ->capture_default_str();
+  co_cmd->add_option("--splits", co.splits, "gpu-let splits, A/B percent")->capture_default_str();
+  co_cmd->add_option("--threads", co.threads, "compute threads (0: one per core)")
+      ->capture_default_str();
+  co_cmd->add_option("--device-kind", co.device_kind, "auto, emulated or cuda")
+      ->check(CLI::IsMember({"auto", "emulated", "cuda"}))
+      ->capture_default_str();
+  co_cmd->add_flag("--json", co_json, "print one JSON object");
 
   // bench startup
   su_cmd = bench_cmd.add_subcommand(
@@ -244,6 +268,18 @@ int bench_cli::run() {
       return exit_failure;
     }
     if (fwd_json)
+      std::cout << bench::to_json(*r) << '\n';
+    else
+      bench::print_table(std::cout, *r);
+    return 0;
+  }
+  if (*co_cmd) {
+    auto r = bench::run_colocate_bench(co);
+    if (!r) {
+      std::cerr << "computron bench colocate: " << render(r.error()) << '\n';
+      return exit_failure;
+    }
+    if (co_json)
       std::cout << bench::to_json(*r) << '\n';
     else
       bench::print_table(std::cout, *r);

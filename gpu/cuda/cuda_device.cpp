@@ -13,6 +13,7 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "gpu/arena.hpp"
+#include "gpu/cuda/green_context.hpp"
 
 namespace computron::gpu::cuda {
 
@@ -141,6 +142,14 @@ class cuda_device final : public device {
     return check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", ordinal());
   }
 
+  caf::error check_gpulets() const override { return green_contexts_available(); }
+
+  caf::expected<void*> gpulet_stream(int32_t offset, int32_t share) override {
+    auto s = green_.stream(offset, share);
+    if (!s) return std::move(s.error());
+    return s->stream;
+  }
+
  protected:
   caf::expected<host_buffer> do_allocate_host(uint64_t bytes) override {
     if (auto err = select()) return err;
@@ -224,6 +233,7 @@ class cuda_device final : public device {
   std::shared_ptr<event_pool> events_;
   mutable std::mutex arena_mtx_;
   std::vector<segment> segments_;
+  green_partitions green_{info_.ordinal};
 };
 
 /// Reserves `bytes` of device memory: one allocation when the driver gives it, else the

@@ -1,14 +1,18 @@
 // Gpu-lets on the real stack over one emulated device: two models on two lanes compute at
-// the same time, each at its share's speed; without gpu-lets they take turns. A CUDA
-// device with gpu-lets is refused at start, naming what is missing.
+// the same time, each at its share's speed; without gpu-lets they take turns. A GPU's
+// gpu-lets (green contexts) are checked at start and its steps ask for their lane's stream,
+// shown here with a stand-in that calls itself a GPU.
 #include <catch2/catch.hpp>
 
 #include <caf/all.hpp>
 
 #include <mutex>
+#include <set>
 
 #include "actors/node.hpp"
 #include "common/error.hpp"
+#include "tests/support/batch_spans.hpp"
+#include "tests/support/stream_device.hpp"
 
 using namespace computron;
 using namespace computron::actors;
@@ -17,32 +21,13 @@ using namespace std::chrono_literals;
 namespace {
 
 /// Every batch's span.
-struct spans final : observer {
-  struct span {
-    std::string model;
-    double start_s = 0, seconds = 0;
-  };
-  std::mutex mtx;
-  std::vector<span> all;
-  void batch_done(const std::string& m, const std::vector<int32_t>&, const std::vector<int32_t>&,
-                  size_t, double start, double s) override {
-    std::lock_guard<std::mutex> g{mtx};
-    all.push_back({m, start, s});
-  }
-  span of(const std::string& m) {
-    std::lock_guard<std::mutex> g{mtx};
-    for (auto& x : all)
-      if (x.model == m) return x;
-    return {};
-  }
-};
 
 /// One emulated device, toy models "a" and "b" of 40 ms steps on it.
 struct lanes_runtime {
   system_config cfg;
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
-  std::shared_ptr<spans> log = std::make_shared<spans>();
+  std::shared_ptr<test::batch_spans> log = std::make_shared<test::batch_spans>();
   runtime rt;
 
   explicit lanes_runtime(sched::gpulet_config g) {
@@ -72,8 +57,7 @@ struct lanes_runtime {
     // One request each, one after the other: every lane's thread runs before the measured
     // pair, whose steps then start together.
     for (auto name : {"a", "b"}) one(name);
-    std::lock_guard<std::mutex> hold{log->mtx};
-    log->all.clear();
+    log->clear();
   }
 
   infer_reply one(const char* model) {
@@ -108,10 +92,6 @@ struct lanes_runtime {
   }
 };
 
-bool overlap(const spans::span& x, const spans::span& y) {
-  return x.start_s < y.start_s + y.seconds && y.start_s < x.start_s + x.seconds;
-}
-
 }  // namespace
 
 TEST_CASE("two models on gpu-lets of one device compute at once, each at its share",
@@ -124,7 +104,7 @@ TEST_CASE("two models on gpu-lets of one device compute at once, each at its sha
   REQUIRE(replies.size() == 2);
   // Half the device: twice the whole device's 40 ms.
   for (auto& r : replies) CHECK(r.compute_ms >= 78);
-  CHECK(overlap(f.log->of("a"), f.log->of("b")));
+  CHECK(test::overlap(f.log->of("a"), f.log->of("b")));
 }
 
 TEST_CASE("without gpu-lets the same two models take turns on the device", "[actors][gpulets]") {
@@ -132,7 +112,7 @@ TEST_CASE("without gpu-lets the same two models take turns on the device", "[act
   auto replies = f.both();
   REQUIRE(replies.size() == 2);
   for (auto& r : replies) CHECK(r.compute_ms >= 38);
-  CHECK_FALSE(overlap(f.log->of("a"), f.log->of("b")));
+  CHECK_FALSE(test::overlap(f.log->of("a"), f.log->of("b")));
 }
 
 TEST_CASE("busy partners slow an emulated gpu-let by the interference factor",
@@ -148,22 +128,82 @@ TEST_CASE("busy partners slow an emulated gpu-let by the interference factor",
   CHECK(slowest >= 80 * 1.3);
 }
 
-TEST_CASE("gpu-lets on a CUDA device are refused at start, naming green contexts",
+TEST_CASE("a GPU's gpu-lets are checked at start: missing green contexts and small shares refused",
           "[actors][gpulets]") {
-  system_config cfg;
-  caf::actor_system sys{cfg};
+  sched::gpulet_config g;
+  g.partitions = {{50, 50}};
+  auto missing = make_error(ec::device_error, "cuGreenCtxCreate is missing");
+  auto without = std::make_shared<test::stream_device>(16ull << 20, missing);
+  auto err = prepare_gpulets({without}, g);
+  REQUIRE(err);
+  CHECK_THAT(render(err), Catch::Contains("devices.gpulets on device 0 (cuda:0 (stand-in))") &&
+                              Catch::Contains("cuGreenCtxCreate is missing"));
+  // Without gpu-lets the same GPU starts.
+  CHECK_FALSE(prepare_gpulets({without}, {}));
+  // A fixed partition's streams are made at start, side by side.
+  auto gpu = std::make_shared<test::stream_device>(16ull << 20);
+  g.partitions = {{30, 70}};
+  CHECK_FALSE(prepare_gpulets({gpu}, g));
+  CHECK(gpu->asked() == std::vector<std::pair<int32_t, int32_t>>{{0, 30}, {30, 70}});
+  // A share too small for the GPU's smallest green context.
+  g.partitions = {{3, 97}};
+  err = prepare_gpulets({gpu}, g);
+  REQUIRE(err);
+  CHECK_THAT(render(err), Catch::Contains("3%"));
+  // "auto" tries its smallest share; emulated devices need nothing.
+  sched::gpulet_config a;
+  a.automatic = true;
+  a.plan.shares = {2, 50, 100};
+  CHECK(prepare_gpulets({gpu}, a));
   gpu::device_options d;
   d.kind = "emulated";
   d.count = 1;
-  auto devs = gpu::open_devices(d).value();
-  auto node = spawn_node(sys, devs, torch_free_engines(), {}).value();
-  runtime_options o;
-  o.manager.gpulets.partitions = {{50, 50}};
-  // The scheduler accounts the worker as a CUDA device.
-  auto rt = start_runtime_over(sys, o, torch_free_engines(),
-                               {{node.workers[0], 16ull << 20, 1.0, gpu::device_kind::cuda}});
-  REQUIRE_FALSE(rt);
-  CHECK_THAT(render(rt.error()), Catch::Contains("green contexts"));
-  caf::anon_send_exit(node.node, caf::exit_reason::user_shutdown);
-  for (auto& w : node.workers) caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
+  CHECK_FALSE(prepare_gpulets(gpu::open_devices(d).value(), a));
+}
+
+TEST_CASE("a GPU's gpu-let steps ask for their lane's stream by offset and share",
+          "[actors][gpulets]") {
+  for (bool split : {true, false}) {
+    system_config cfg;
+    caf::actor_system sys{cfg};
+    caf::scoped_actor self{sys};
+    auto gpu = std::make_shared<test::stream_device>(16ull << 20);
+    auto node = spawn_node(sys, {gpu}, torch_free_engines(), {}).value();
+    runtime_options o;
+    o.manager.batching.batch_window = 0ms;
+    if (split) o.manager.gpulets.partitions = {{30, 70}};
+    o.manager.gpulets.plan.shares = {30, 70, 100};
+    auto started =
+        start_runtime_over(sys, o, torch_free_engines(),
+                           {{node.workers[0], 16ull << 20, 8.0, gpu::device_kind::cuda}});
+    INFO((started ? std::string{} : render(started.error())));
+    REQUIRE(started);
+    auto rt = *started;
+    for (auto name : {"a", "b"}) {
+      model_config m;
+      m.name = name;
+      m.kind = "toy";
+      m.devices = {0};
+      m.toy_compute_ms = 5;
+      self->request(rt.registry, 30s, register_atom_v, m)
+          .receive([](model_info&) {}, [](caf::error& e) { FAIL(render(e)); });
+      infer_request r;
+      r.model = name;
+      r.tokens = {1, 2};
+      r.max_tokens = 2;
+      self->request(rt.frontend, 30s, infer_atom_v, r)
+          .receive([](infer_reply&) {}, [](caf::error& e) { FAIL(render(e)); });
+    }
+    auto asked = gpu->asked();
+    std::set<std::pair<int32_t, int32_t>> distinct(asked.begin(), asked.end());
+    if (split)
+      // One model on each gpu-let: 30% from the start, 70% after it.
+      CHECK(distinct == std::set<std::pair<int32_t, int32_t>>{{0, 30}, {30, 70}});
+    else
+      // The whole GPU runs on its default stream: no gpu-let asked for.
+      CHECK(asked.empty());
+    rt.shutdown();
+    caf::anon_send_exit(node.node, caf::exit_reason::user_shutdown);
+    for (auto& w : node.workers) caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
+  }
 }

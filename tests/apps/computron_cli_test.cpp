@@ -174,6 +174,38 @@ TEST_CASE("bench forward rejects unknown models and impossible shapes", "[cli][b
   CHECK_THAT(dtype.all, Catch::Contains("dtype must be f32, bf16 or f16"));
 }
 
+TEST_CASE("bench colocate reports every way of sharing a device, gpu-lets with interference",
+          "[cli][bench]") {
+  auto r =
+      run("bench colocate --device-kind emulated --model opt-tiny --dtype f32 --batch 2 "
+          "--seq 8 --steps 4 --threads 1 --splits 50/50 30/70 --json",
+          false);
+  REQUIRE(r.exit_code == 0);
+  auto j = nlohmann::json::parse(r.out);
+  CHECK(j.at("model") == "opt-tiny");
+  CHECK(j.at("steps") == 4);
+  std::vector<std::string> names;
+  for (auto& w : j.at("ways")) {
+    names.push_back(w.at("name"));
+    CHECK(w.at("tokens_per_second").get<double>() > 0);
+    for (int i = 0; i < 2; ++i) {
+      CHECK(w.at("p50_ms")[i].get<double>() > 0);
+      CHECK(w.at("p99_ms")[i].get<double>() >= w.at("p50_ms")[i].get<double>());
+    }
+    if (w.at("name").get<std::string>().rfind("gpulets", 0) == 0)
+      for (int i = 0; i < 2; ++i) {
+        CHECK(w.at("alone_ms")[i].get<double>() > 0);
+        CHECK(w.at("interference")[i].get<double>() > 0);
+      }
+  }
+  CHECK(names == std::vector<std::string>{"alone", "time-shared", "streams", "gpulets 50/50",
+                                          "gpulets 30/70"});
+  auto bad =
+      run("bench colocate --device-kind emulated --model opt-tiny --seq 8 --splits 70/40", true);
+  CHECK(bad.exit_code == 1);
+  CHECK_THAT(bad.all, Catch::Contains("A + B <= 100"));
+}
+
 TEST_CASE("serve refuses bad configs with a clear error before listening", "[cli][serve]") {
   auto dir = std::string{"/tmp/computron-cli-"} + std::to_string(::getpid());
   auto write = [&](const std::string& file, const std::string& text) {

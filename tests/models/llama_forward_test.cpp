@@ -105,48 +105,11 @@ bool operator==(const greedy_run& a, const greedy_run& b) {
 
 const std::vector<int64_t> prompt = {1, 17, 200, 33, 5, 96, 140};
 
-/// The tiny folders of every model type, each with what sets it apart.
-std::vector<std::pair<std::string, test::tiny_llama_options>> variants() {
-  std::vector<std::pair<std::string, test::tiny_llama_options>> v;
-  test::tiny_llama_options llama;
-  llama.model_type = "llama";
-  // Llama 3.1's frequency scaling with a short original context, so that all three bands
-  // (kept, interpolated, slowed down) hold some of the 8 frequencies.
-  llama.rope_scaling = {{"rope_type", "llama3"},
-                        {"factor", 8.0},
-                        {"low_freq_factor", 1.0},
-                        {"high_freq_factor", 4.0},
-                        {"original_max_position_embeddings", 32}};
-  llama.rope_theta = 500000;
-  v.emplace_back("llama, llama3 rope scaling, untied head, 2 kv heads", llama);
-  auto linear = llama;
-  linear.rope_scaling = {{"type", "linear"}, {"factor", 4.0}};
-  linear.attention_bias = true;
-  linear.files = 3;
-  v.emplace_back("llama, linear rope scaling, attention biases, 3 shards", linear);
-  test::tiny_llama_options mistral;
-  mistral.model_type = "mistral";
-  mistral.head_dim = 32;  // heads x head_dim = 128, twice the hidden size
-  mistral.kv_heads = 1;   // multi-query
-  v.emplace_back("mistral, head_dim given, one kv head", mistral);
-  test::tiny_llama_options qwen2;
-  qwen2.model_type = "qwen2";
-  qwen2.tie_word_embeddings = true;
-  qwen2.rope_theta = 1e6;
-  v.emplace_back("qwen2, q/k/v biases, tied head", qwen2);
-  test::tiny_llama_options qwen3;
-  qwen3.model_type = "qwen3";
-  qwen3.head_dim = 32;
-  qwen3.rope_theta = 1e6;
-  v.emplace_back("qwen3, q/k norms, head_dim given", qwen3);
-  return v;
-}
-
 }  // namespace
 
 TEST_CASE("each Llama-family model type equals the float64 reference, prefill and 8 decode steps",
           "[llama]") {
-  for (auto& [what, opts] : variants()) {
+  for (auto& [what, opts] : test::llama_variants()) {
     SECTION(what) {
       test::temp_dir dir;
       test::write_tiny_llama_folder(dir.path(), opts);
@@ -168,7 +131,8 @@ TEST_CASE("each Llama-family model type equals the float64 reference, prefill an
 
 TEST_CASE("every tensor x pipeline split of a Llama model equals the unsharded one", "[llama]") {
   test::temp_dir dir;
-  auto opts = variants()[0].second;  // 4 query heads over 2 kv heads: TP4 replicates them
+  auto opts =
+      test::llama_variants()[0].second;  // 4 query heads over 2 kv heads: TP4 replicates them
   test::write_tiny_llama_folder(dir.path(), opts);
   hf_model hf{dir.path()};
   // Rows of different lengths: left padding must not move any row's rotary positions.
@@ -198,7 +162,7 @@ TEST_CASE("a Llama vocabulary tp does not divide: every split equals the unshard
   for (auto tied : {false, true}) {
     DYNAMIC_SECTION((tied ? "tied head" : "untied head")) {
       test::temp_dir dir;
-      auto opts = variants()[tied ? 3 : 0].second;
+      auto opts = test::llama_variants()[tied ? 3 : 0].second;
       opts.vocab = 251;
       test::write_tiny_llama_folder(dir.path(), opts);
       hf_model hf{dir.path()};
@@ -225,7 +189,7 @@ TEST_CASE("a Llama vocabulary tp does not divide: every split equals the unshard
 
 TEST_CASE("a batch of Llama prompts gives each prompt's own tokens", "[llama]") {
   test::temp_dir dir;
-  auto opts = variants()[4].second;  // qwen3
+  auto opts = test::llama_variants()[4].second;  // qwen3
   test::write_tiny_llama_folder(dir.path(), opts);
   auto ref = test::llama_reference::open(dir.path());
   hf_model hf{dir.path()};
@@ -237,7 +201,7 @@ TEST_CASE("a batch of Llama prompts gives each prompt's own tokens", "[llama]") 
 
 TEST_CASE("identical prompts share one prefill and then decode as separate rows", "[llama]") {
   test::temp_dir dir;
-  test::write_tiny_llama_folder(dir.path(), variants()[0].second);
+  test::write_tiny_llama_folder(dir.path(), test::llama_variants()[0].second);
   hf_model hf{dir.path()};
   // A prefill of {p, q, p, p}, then each row decodes its own tokens: every row's logits
   // equal that row run alone, at TP1 and at TP2 x PP2 (where later stages read the
@@ -303,7 +267,7 @@ TEST_CASE("bf16 and f16 Llama checkpoints are read and converted", "[llama]") {
   for (std::string dtype : {"bfloat16", "float16"}) {
     SECTION(dtype) {
       test::temp_dir dir;
-      auto opts = variants()[0].second;
+      auto opts = test::llama_variants()[0].second;
       opts.dtype = dtype;
       test::write_tiny_llama_folder(dir.path(), opts);
       hf_model hf{dir.path()};

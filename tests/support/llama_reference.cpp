@@ -569,4 +569,40 @@ std::vector<int64_t> llama_reference::greedy(const std::vector<int64_t>& prompt,
   return out;
 }
 
+std::vector<std::pair<std::string, tiny_llama_options>> llama_variants() {
+  std::vector<std::pair<std::string, tiny_llama_options>> v;
+  tiny_llama_options llama;
+  llama.model_type = "llama";
+  // Llama 3.1's frequency scaling with a short original context, so that all three bands
+  // (kept, interpolated, slowed down) hold some of the 8 frequencies.
+  llama.rope_scaling = {{"rope_type", "llama3"},
+                        {"factor", 8.0},
+                        {"low_freq_factor", 1.0},
+                        {"high_freq_factor", 4.0},
+                        {"original_max_position_embeddings", 32}};
+  llama.rope_theta = 500000;
+  v.emplace_back("llama, llama3 rope scaling, untied head, 2 kv heads", llama);
+  auto linear = llama;
+  linear.rope_scaling = {{"type", "linear"}, {"factor", 4.0}};
+  linear.attention_bias = true;
+  linear.files = 3;
+  v.emplace_back("llama, linear rope scaling, attention biases, 3 shards", linear);
+  tiny_llama_options mistral;
+  mistral.model_type = "mistral";
+  mistral.head_dim = 32;  // heads x head_dim = 128, twice the hidden size
+  mistral.kv_heads = 1;   // multi-query
+  v.emplace_back("mistral, head_dim given, one kv head", mistral);
+  tiny_llama_options qwen2;
+  qwen2.model_type = "qwen2";
+  qwen2.tie_word_embeddings = true;
+  qwen2.rope_theta = 1e6;
+  v.emplace_back("qwen2, q/k/v biases, tied head", qwen2);
+  tiny_llama_options qwen3;
+  qwen3.model_type = "qwen3";
+  qwen3.head_dim = 32;
+  qwen3.rope_theta = 1e6;
+  v.emplace_back("qwen3, q/k norms, head_dim given", qwen3);
+  return v;
+}
+
 }  // namespace computron::test

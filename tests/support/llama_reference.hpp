@@ -41,6 +41,12 @@ struct tiny_llama_options {
   double scale = 0.08;
 };
 
+/// The tiny folders of every model type, each with what sets it apart: [0] llama (llama3
+/// rope scaling, untied, 4 query heads over 2 kv heads), [1] llama (linear scaling,
+/// biases, 3 files), [2] mistral (head_dim, one kv head), [3] qwen2 (biases, tied head),
+/// [4] qwen3 (q/k norms, head_dim).
+std::vector<std::pair<std::string, tiny_llama_options>> llama_variants();
+
 /// Writes `dir` (created if missing) as transformers' save_pretrained would for
 /// `options.model_type`: config.json, generation_config.json and the safetensors weights,
 /// deterministic from `options.seed` (each tensor's values depend only on the seed and its
