@@ -146,7 +146,7 @@ void send_step(manager_pointer self, const batch_ptr& b, step_request req,
           caf::actor_cast<step_stage_actor>(st.workers[static_cast<size_t>(m.cfg.devices[pos])]));
       r.lanes.push_back(pos < lanes.size() ? lanes[pos] : 0);
       r.shares.push_back(st.disp->share_of(m.index, pos));
-      r.offsets.push_back(st.disp->offset_of(m.index, pos));
+      r.partitions.push_back(st.disp->partition_of(m.index, pos));
     }
     auto first = r.route[0];
     self->request(first, timeout, step_atom_v, std::move(r))
@@ -262,10 +262,11 @@ void set_kv_blocks(manager_pointer self, const batch_ptr& b, step_request& req) 
 
 /// A step of `tokens` tokens sent at `sent_s` (now_s) took `compute_ms` over its stages:
 /// the batch's compute; and its model's step fit learns the step's round trip (compute,
-/// the hops between stages, sampling), which is what a step costs a batch.
+/// the hops between stages, sampling), which is what a step costs a batch. `res` is the
+/// step's result: its compute, and how busy its gpu-let's partners were.
 void note_step(manager_pointer self, const batch_ptr& b, int64_t tokens, double sent_s,
-               double compute_ms, bool loading = false) {
-  b->compute_ms += compute_ms;
+               const step_result& res, bool loading = false) {
+  b->compute_ms += res.compute_ms;
   // A step that also waited for its model's load is not a step's cost (the simulator
   // models loads apart).
   if (loading) return;
@@ -275,8 +276,13 @@ void note_step(manager_pointer self, const batch_ptr& b, int64_t tokens, double 
   const double took = std::max(0.0, now_s() - sent_s);
   m->second.steps.add(static_cast<double>(tokens), took);
   if (!st.disp->gpulets().enabled()) return;
-  // The planner's profile: the step's cost at the share it ran at (its slowest lane's).
-  m->second.steps_at[st.disp->run_share(m->second.index)].add(static_cast<double>(tokens), took);
+  // The planner's profile: the step's cost at the share it ran at (its slowest lane's),
+  // without the slowdown its busy partners caused, which the planner predicts and adds
+  // for the partners each plan gives it (counted twice otherwise: a model that ran beside
+  // busy partners would look slower, and get a larger share, than it is).
+  const double alone =
+      took / sched::interference_slowdown(st.disp->gpulets().plan, res.partner_busy);
+  m->second.steps_at[st.disp->run_share(m->second.index)].add(static_cast<double>(tokens), alone);
   std::map<int32_t, sched::step_fit::line> cost;
   for (auto& [s, fit] : m->second.steps_at) cost[s] = fit.fitted();
   st.disp->set_profile(m->second.index, std::move(cost),
@@ -351,7 +357,7 @@ void join_rows(manager_pointer self, const batch_ptr& b, const sched::join_plan&
     const double sent_s = now_s();
     send_step(self, b, std::move(req), st.opts.step_timeout * static_cast<int>(pp),
               [=](step_result& res) mutable {
-                note_step(self, b, tokens, sent_s, res.compute_ms);
+                note_step(self, b, tokens, sent_s, res);
                 run_step(self, b, step + 1, unless_all(std::move(keep), previous));
               });
     return;
@@ -371,7 +377,7 @@ void join_rows(manager_pointer self, const batch_ptr& b, const sched::join_plan&
             [=](step_result& res) mutable {
               if (!check_tokens(self, b, res, joined.size())) return;
               b->pending_id = 0;
-              note_step(self, b, tokens, sent_s, res.compute_ms);
+              note_step(self, b, tokens, sent_s, res);
               for (size_t j = 0; j < joined.size(); ++j)
                 if (take_token(self, b, joined[j], j, res, true)) {
                   going.push_back(joined[j]);
@@ -433,7 +439,7 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vecto
   const double sent_s = now_s();
   send_step(self, b, std::move(req), timeout, [=](step_result& res) {
     if (!check_tokens(self, b, res, b->sent.size())) return;
-    note_step(self, b, tokens, sent_s, res.compute_ms, loading);
+    note_step(self, b, tokens, sent_s, res, loading);
     std::vector<size_t> next;
     std::vector<int32_t> keep;
     for (size_t p = 0; p < b->sent.size(); ++p)

@@ -3,7 +3,9 @@
 // How an emulated device computes on gpu-lets: a lane of share s takes 100/s times what
 // the whole device takes, slowed further while the device's other lanes are busy
 // (sched::gpulet_seconds, the rule the simulator charges). The worker's compute lanes
-// share one clock per device; a GPU's green contexts need none.
+// share one clock per device. On a GPU, whose green contexts slow by themselves, the clock
+// only measures how busy each step's partners were.
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -33,13 +35,17 @@ class gpulet_clock {
   /// seconds a gpu-let of `share` takes for it with the partners' busy time meanwhile.
   /// The lane waits out the difference before end().
   double seconds(int32_t lane, int32_t share, double whole_s) {
+    return sched::gpulet_seconds(opts_, whole_s, share, partner_fraction(lane));
+  }
+
+  /// The fraction of the lane's job so far during which its partners were busy (0..1).
+  double partner_fraction(int32_t lane) {
     std::lock_guard<std::mutex> g{mtx_};
     auto now = clock::now();
     auto& u = lanes_[lane];
     double span = u.since ? std::chrono::duration<double>(now - *u.since).count() : 0;
     double busy = partners_busy(lane, now) - u.partners_at_begin;
-    double fraction = span > 0 ? busy / span : 0;
-    return sched::gpulet_seconds(opts_, whole_s, share, fraction);
+    return span > 0 ? std::clamp(busy / span, 0.0, 1.0) : 0;
   }
 
   /// The lane's job ended (its wait included).

@@ -471,6 +471,18 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
           }
           x["lanes"] = caf::config_value{std::move(lanes)};
           x["shares"] = caf::config_value{std::move(shares)};
+          // What the gpu-let planner knows of its steps: per share it ran at, the step
+          // line without its partners' interference.
+          caf::config_value::list profile;
+          for (auto& [share, fit] : m.steps_at) {
+            auto l = fit.fitted();
+            caf::settings p;
+            p["share"] = caf::config_value{static_cast<int64_t>(share)};
+            p["fixed-ms"] = caf::config_value{l.fixed_s * 1e3};
+            p["per-token-ms"] = caf::config_value{l.per_token_s * 1e3};
+            profile.emplace_back(std::move(p));
+          }
+          x["gpulet-steps"] = caf::config_value{std::move(profile)};
           models.emplace_back(std::move(x));
         }
         mine["models"] = caf::config_value{std::move(models)};

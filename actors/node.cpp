@@ -146,18 +146,15 @@ caf::error prepare_gpulets(const std::vector<gpu::device_ptr>& devices,
     if (dev.info().kind != gpu::device_kind::cuda) continue;
     auto where = "devices.gpulets on device " + std::to_string(d) + " (" + dev.info().name + ")";
     if (auto err = dev.check_gpulets()) return with_context(std::move(err), where);
-    std::vector<int32_t> lanes;
+    std::vector<int32_t> partition;
     if (d < g.partitions.size())
-      lanes = g.partitions[d];
+      partition = g.partitions[d];
     else if (g.automatic && !smallest.empty())
-      lanes = {smallest.front()};
-    int32_t offset = 0;
-    for (auto share : lanes) {
-      if (share < 100)
-        if (auto s = dev.gpulet_stream(offset, share); !s)
+      partition = {smallest.front()};
+    for (size_t lane = 0; lane < partition.size(); ++lane)
+      if (partition[lane] < 100)
+        if (auto s = dev.gpulet_stream(partition, lane); !s)
           return with_context(std::move(s.error()), where);
-      offset += share;
-    }
   }
   return {};
 }

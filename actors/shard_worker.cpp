@@ -34,10 +34,11 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
   // Two lanes: a load never waits behind a forward pass, nor a forward behind a load.
   st.copy_lane = self->template spawn<caf::detached + caf::linked>(lane_behavior);
   st.compute_lanes.push_back(self->template spawn<caf::detached + caf::linked>(lane_behavior));
-  if (st.dev->info().kind == gpu::device_kind::emulated) {
+  {
     sched::gpulet_options go;
     go.interference = st.opts.gpulet_interference;
     st.gpulets = std::make_shared<gpulet_clock>(go);
+    st.emulate_gpulets = st.dev->info().kind == gpu::device_kind::emulated;
   }
   const int32_t index = st.opts.device_index;
   auto missing = [=](const std::string& model) {
@@ -277,7 +278,8 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
         const auto at = static_cast<size_t>(req.stage);
         const int32_t lane_index = at < req.lanes.size() ? req.lanes[at] : 0;
         const int32_t share = at < req.shares.size() ? req.shares[at] : 100;
-        const int32_t offset = at < req.offsets.size() ? req.offsets[at] : 0;
+        const auto partition =
+            at < req.partitions.size() ? req.partitions[at] : std::vector<int32_t>{};
         if (share < 1 || share > 100)
           return make_error(ec::invalid_request,
                             "a step's share of device " + std::to_string(index) +
@@ -290,6 +292,7 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
         const int32_t previous_lane = e.lane;
         e.lane = lane_index;
         auto clock = st.gpulets;
+        const bool emulate = st.emulate_gpulets;
         // A GPU's gpu-let computes on its green context's stream (the whole device on the
         // default one); the lane's thread is told before each step, as a lane may change
         // its share at a re-plan.
@@ -338,8 +341,8 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
           } busy{clock.get(), lane_index};
           if (clock) clock->begin(lane_index);
           if (streams) {
-            auto s =
-                share < 100 ? dev->gpulet_stream(offset, share) : caf::expected<void*>{nullptr};
+            auto s = share < 100 ? dev->gpulet_stream(partition, static_cast<size_t>(lane_index))
+                                 : caf::expected<void*>{nullptr};
             if (!s) return s.error();
             if (auto err = streams->use_stream(dev, *s)) return err;
           }
@@ -393,7 +396,8 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
           }
           // Compute only: time spent waiting for bytes still loading is the load's.
           double compute_s = seconds_since(t0) - (gpu::thread_wait_seconds() - waited0);
-          if (clock) {
+          out->partner_busy = clock->partner_fraction(lane_index);
+          if (emulate) {
             // An emulated gpu-let takes what its share and its partners make it take.
             double take = clock->seconds(lane_index, share, compute_s);
             if (take > compute_s)
@@ -435,6 +439,7 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
                     }
                     auto next = in->route[next_stage];
                     auto mine = out->compute_ms;
+                    auto mine_busy = out->partner_busy;
                     if (in->deadline_ms > 0)  // what is left of it for the stages after this
                       in->deadline_ms = std::max<int64_t>(
                           1, in->deadline_ms - static_cast<int64_t>(seconds_since(received) * 1e3));
@@ -445,6 +450,7 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
                         .then(
                             [=](step_result& r) mutable {
                               r.compute_ms += mine;
+                              r.partner_busy = std::max(r.partner_busy, mine_busy);
                               rp.deliver(std::move(r));
                             },
                             [=](caf::error& err) mutable { rp.deliver(std::move(err)); });

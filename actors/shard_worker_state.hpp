@@ -50,8 +50,10 @@ struct shard_worker_state {
   lane_actor copy_lane;
   /// Lane 0: the whole device, or its first gpu-let; more start as steps name them.
   std::vector<lane_actor> compute_lanes;
-  /// Emulated devices: how long a job on a gpu-let takes (null on a GPU).
+  /// How busy a lane's partners are; on emulated devices also how long a job on a
+  /// gpu-let takes (`emulate_gpulets`; a GPU's green contexts take it by themselves).
   std::shared_ptr<gpulet_clock> gpulets;
+  bool emulate_gpulets = false;
   std::map<std::string, shard_entry> shards;
   std::set<std::string> preparing;
   std::map<std::pair<std::string, uint64_t>, std::shared_ptr<batch_ctx>> batches;

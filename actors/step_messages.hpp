@@ -128,11 +128,12 @@ struct step_request {
   /// model whose KV is not in the ledger).
   int64_t kv_blocks = 0;
   /// Gpu-lets: per stage (as `route`), the compute lane of that stage's device this step
-  /// runs on, the lane's share of the device's SMs and where its SMs start (the shares of
-  /// the device's lanes before it), percent. Empty: lane 0, the whole device.
+  /// runs on, the lane's share of the device's SMs (percent) and the device's partition
+  /// (every lane's share, lane 0 first: a GPU splits its SMs for all its lanes at once).
+  /// Empty: lane 0, the whole device.
   std::vector<int32_t> lanes{};
   std::vector<int32_t> shares{};
-  std::vector<int32_t> offsets{};
+  std::vector<std::vector<int32_t>> partitions{};
 
   bool partial_prefill() const { return prefill_chunk > 0 && prefill_left > 0; }
 };
@@ -141,7 +142,8 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_request& x) {
   return f(caf::meta::type_name("step_request"), x.model, x.batch_id, x.step, x.stage, x.prompts,
            x.tokens, x.sampling, x.hidden, x.last, x.route, x.keep, x.join_into, x.prefill_chunk,
-           x.prefill_left, x.deadline_ms, x.expected_ms, x.kv_blocks, x.lanes, x.shares, x.offsets);
+           x.prefill_left, x.deadline_ms, x.expected_ms, x.kv_blocks, x.lanes, x.shares,
+           x.partitions);
 }
 
 /// The tokens a step produced (rank 0 of the last stage; other ranks answer empty).
@@ -155,11 +157,15 @@ struct step_result {
   /// Step 0: per row, its prompt tokens' log-probabilities (from the second token on)
   /// where the row asks for them (row_sampling::prompt_logprobs); empty otherwise.
   std::vector<std::vector<token_logprobs>> prompt_logprobs{};
+  /// Gpu-lets: the largest fraction of a stage's compute during which other lanes of its
+  /// device were busy (0..1). What slowed the step beyond its share: the planner's step
+  /// costs take it out (sched::interference_slowdown), as the planner adds it back.
+  double partner_busy = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_result& x) {
-  return f(caf::meta::type_name("step_result"), x.tokens, x.compute_ms, x.logprobs,
+  return f(caf::meta::type_name("step_result"), x.tokens, x.compute_ms, x.partner_busy, x.logprobs,
            x.prompt_logprobs);
 }
 

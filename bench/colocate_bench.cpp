@@ -280,9 +280,10 @@ caf::expected<colocate_result> run_colocate_bench(const colocate_options& o) {
 
   // Gpu-lets: each model on its own share of the SMs, side by side.
   for (auto [a, b] : splits) {
-    auto s0 = dev.gpulet_stream(0, a);
+    const std::vector<int32_t> partition{a, b};
+    auto s0 = dev.gpulet_stream(partition, 0);
     if (!s0) return std::move(s0.error());
-    auto s1 = dev.gpulet_stream(a, b);
+    auto s1 = dev.gpulet_stream(partition, 1);
     if (!s1) return std::move(s1.error());
     auto by_itself = alone(ms, dev, *s0, *s1, o.steps);
     if (!by_itself) return std::move(by_itself.error());

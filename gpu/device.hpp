@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include <caf/error.hpp>
 #include <caf/expected.hpp>
@@ -158,13 +159,14 @@ class device : public std::enable_shared_from_this<device> {
   /// always can (a clock stands in, actors/gpulet_clock.hpp); a GPU needs green contexts.
   virtual caf::error check_gpulets() const { return {}; }
 
-  /// The native stream (a cudaStream_t) that the forwards of the gpu-let holding `share`
-  /// percent of the device's SMs from `offset` percent on run on; null: the device's own
-  /// default stream (the whole device, or a device that has no streams). Created on first
-  /// use and kept while the device is open; the same pair always gives the same stream.
-  virtual caf::expected<void*> gpulet_stream(int32_t offset, int32_t share) {
-    (void)offset;
-    (void)share;
+  /// The native stream (a cudaStream_t) that the forwards of lane `lane` of `partition`
+  /// (the shares of the device's lanes, percent of its SMs, lane 0 first) run on; null:
+  /// the device's own default stream (the whole device, or a device that has no streams).
+  /// A partition's lanes hold disjoint SMs. Created on first use and kept while the device
+  /// is open: the same partition and lane always give the same stream.
+  virtual caf::expected<void*> gpulet_stream(const std::vector<int32_t>& partition, size_t lane) {
+    (void)partition;
+    (void)lane;
     return nullptr;
   }
 

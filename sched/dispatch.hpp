@@ -241,8 +241,8 @@ class dispatcher {
   /// The model's lane on each of its devices (its devices' order), and that lane's share.
   const std::vector<int32_t>& lanes_of(uint32_t model) const { return models_[model].lanes; }
   int32_t share_of(uint32_t model, size_t position) const;
-  /// Where that gpu-let's SMs start: the shares of its device's lanes before it, percent.
-  int32_t offset_of(uint32_t model, size_t position) const;
+  /// The partition of that device (its lanes' shares, lane 0 first; {100}: not split).
+  const std::vector<int32_t>& partition_of(uint32_t model, size_t position) const;
   /// The share the model's steps run at: its slowest lane's (100 without gpu-lets).
   int32_t run_share(uint32_t model) const;
   /// Lanes per device in the gate's numbering: a lane's unit is device * this + lane.

@@ -27,14 +27,11 @@ int32_t dispatcher::share_of(uint32_t model, size_t position) const {
   return lane < p.size() ? p[lane] : 100;
 }
 
-int32_t dispatcher::offset_of(uint32_t model, size_t position) const {
+const std::vector<int32_t>& dispatcher::partition_of(uint32_t model, size_t position) const {
+  static const std::vector<int32_t> whole{100};
   auto& m = models_[model];
-  if (position >= m.devices.size() || position >= m.lanes.size()) return 0;
-  auto& p = partitions_[static_cast<size_t>(m.devices[position])];
-  auto lane = std::min(static_cast<size_t>(m.lanes[position]), p.size());
-  int32_t offset = 0;
-  for (size_t l = 0; l < lane; ++l) offset += p[l];
-  return offset;
+  if (position >= m.devices.size()) return whole;
+  return partitions_[static_cast<size_t>(m.devices[position])];
 }
 
 int32_t dispatcher::run_share(uint32_t model) const {

@@ -124,6 +124,8 @@ class cuda_device final : public device {
   }
 
   ~cuda_device() override {
+    // The gpu-lets' streams end (their work first) before the memory they computed on.
+    green_.reset();
     select();
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
@@ -144,8 +146,8 @@ class cuda_device final : public device {
 
   caf::error check_gpulets() const override { return green_contexts_available(); }
 
-  caf::expected<void*> gpulet_stream(int32_t offset, int32_t share) override {
-    auto s = green_.stream(offset, share);
+  caf::expected<void*> gpulet_stream(const std::vector<int32_t>& partition, size_t lane) override {
+    auto s = green_->stream(partition, lane);
     if (!s) return std::move(s.error());
     return s->stream;
   }
@@ -233,7 +235,7 @@ class cuda_device final : public device {
   std::shared_ptr<event_pool> events_;
   mutable std::mutex arena_mtx_;
   std::vector<segment> segments_;
-  green_partitions green_{info_.ordinal};
+  std::unique_ptr<green_partitions> green_ = std::make_unique<green_partitions>(info_.ordinal);
 };
 
 /// Reserves `bytes` of device memory: one allocation when the driver gives it, else the

@@ -91,19 +91,28 @@ TEST_CASE("two models on green-context gpu-lets of one GPU compute at once and a
   {
     gpu_runtime f{{}};
     whole = f.both();
+    // One lane: the two models' batches take turns.
+    CHECK_FALSE(any_overlap(f.log->all_of("a"), f.log->all_of("b")));
   }
   sched::gpulet_config g;
   g.partitions = {{50, 50}};
   gpu_runtime f{g};
   auto split = f.both();
-  CHECK(any_overlap(f.log->all_of("a"), f.log->all_of("b")));
+  auto a = f.log->all_of("a"), b = f.log->all_of("b");
+  REQUIRE_FALSE(a.empty());
+  REQUIRE_FALSE(b.empty());
+  // Each on its own gpu-let, computing at the same time.
+  CHECK(a.front().lane != b.front().lane);
+  CHECK(any_overlap(a, b));
   REQUIRE(split.size() == 2);
   REQUIRE(whole.size() == 2);
-  // Greedy tokens of the same weights: equal on a gpu-let (f16 sums in other orders may
-  // differ in a late token; the first ones never do at this size).
+  // Greedy tokens of the same weights: the same on a gpu-let, but fewer SMs may choose
+  // other kernels whose f16 sums round differently, and a near tie may then go the other
+  // way; what the forward computes there is held to a bound in family_cuda_test.cpp. The
+  // first tokens agree (a flip needs logits within f16 rounding of each other).
   for (size_t i = 0; i < 2; ++i) {
-    REQUIRE(split[i].size() >= 8);
-    CHECK(std::vector<int64_t>(split[i].begin(), split[i].begin() + 8) ==
-          std::vector<int64_t>(whole[i].begin(), whole[i].begin() + 8));
+    REQUIRE(split[i].size() >= 4);
+    CHECK(std::vector<int64_t>(split[i].begin(), split[i].begin() + 4) ==
+          std::vector<int64_t>(whole[i].begin(), whole[i].begin() + 4));
   }
 }

@@ -128,6 +128,44 @@ TEST_CASE("busy partners slow an emulated gpu-let by the interference factor",
   CHECK(slowest >= 80 * 1.3);
 }
 
+TEST_CASE("the planner's step costs leave out the slowdown busy partners caused",
+          "[actors][gpulets]") {
+  sched::gpulet_config g;
+  g.partitions = {{50, 50}};
+  g.plan.interference = 2.0;
+  lanes_runtime f{g};
+  double slowest = 0;
+  for (int i = 0; i < 3; ++i)
+    for (auto& r : f.both()) slowest = std::max(slowest, r.compute_ms);
+  // Side by side, a step took up to twice its 80 ms alone at half the device...
+  CHECK(slowest >= 120);
+  caf::settings report;
+  f.self->request(f.rt.manager, 10s, report_atom_v)
+      .receive([&](caf::settings& s) { report = std::move(s); },
+               [](caf::error& e) { FAIL(render(e)); });
+  auto models = caf::get_if<caf::config_value::list>(&report, "manager.models");
+  REQUIRE(models);
+  int seen = 0;
+  for (auto& v : *models) {
+    auto m = caf::get_if<caf::settings>(&v);
+    REQUIRE(m);
+    auto steps = caf::get_if<caf::config_value::list>(&*m, "gpulet-steps");
+    REQUIRE(steps);
+    REQUIRE(steps->size() == 1);
+    auto at = caf::get_if<caf::settings>(&steps->front());
+    REQUIRE(at);
+    CHECK(caf::get_or(*at, "share", int64_t{0}) == 50);
+    // ... but what the planner learns is its cost alone there (a prompt of 2 tokens), to
+    // which it adds the interference of the partners each plan gives it.
+    double ms = caf::get_or(*at, "fixed-ms", 0.0) + 2 * caf::get_or(*at, "per-token-ms", 0.0);
+    INFO(caf::get_or(*m, "model", std::string{}) << ": " << ms << " ms at 50%");
+    CHECK(ms >= 70);
+    CHECK(ms <= 105);
+    ++seen;
+  }
+  CHECK(seen == 2);
+}
+
 TEST_CASE("a GPU's gpu-lets are checked at start: missing green contexts and small shares refused",
           "[actors][gpulets]") {
   sched::gpulet_config g;
@@ -144,7 +182,8 @@ TEST_CASE("a GPU's gpu-lets are checked at start: missing green contexts and sma
   auto gpu = std::make_shared<test::stream_device>(16ull << 20);
   g.partitions = {{30, 70}};
   CHECK_FALSE(prepare_gpulets({gpu}, g));
-  CHECK(gpu->asked() == std::vector<std::pair<int32_t, int32_t>>{{0, 30}, {30, 70}});
+  using asks = std::vector<std::pair<std::vector<int32_t>, size_t>>;
+  CHECK(gpu->asked() == asks{{{30, 70}, 0}, {{30, 70}, 1}});
   // A share too small for the GPU's smallest green context.
   g.partitions = {{3, 97}};
   err = prepare_gpulets({gpu}, g);
@@ -161,7 +200,7 @@ TEST_CASE("a GPU's gpu-lets are checked at start: missing green contexts and sma
   CHECK_FALSE(prepare_gpulets(gpu::open_devices(d).value(), a));
 }
 
-TEST_CASE("a GPU's gpu-let steps ask for their lane's stream by offset and share",
+TEST_CASE("a GPU's gpu-let steps ask for their lane's stream in the device's partition",
           "[actors][gpulets]") {
   for (bool split : {true, false}) {
     system_config cfg;
@@ -195,10 +234,11 @@ TEST_CASE("a GPU's gpu-let steps ask for their lane's stream by offset and share
           .receive([](infer_reply&) {}, [](caf::error& e) { FAIL(render(e)); });
     }
     auto asked = gpu->asked();
-    std::set<std::pair<int32_t, int32_t>> distinct(asked.begin(), asked.end());
+    std::set<std::pair<std::vector<int32_t>, size_t>> distinct(asked.begin(), asked.end());
     if (split)
-      // One model on each gpu-let: 30% from the start, 70% after it.
-      CHECK(distinct == std::set<std::pair<int32_t, int32_t>>{{0, 30}, {30, 70}});
+      // One model on each gpu-let of the device's partition.
+      CHECK(distinct ==
+            std::set<std::pair<std::vector<int32_t>, size_t>>{{{30, 70}, 0}, {{30, 70}, 1}});
     else
       // The whole GPU runs on its default stream: no gpu-let asked for.
       CHECK(asked.empty());

@@ -130,8 +130,9 @@ TEST_CASE("a gpu-let's forward on its green context equals the whole GPU's forwa
     single m{spec, type, dev, fill};
     REQUIRE_FALSE(use_compute_stream(*dev, nullptr));
     auto whole = m.run();
-    for (auto [offset, share] : {std::pair<int32_t, int32_t>{0, 50}, {50, 50}, {30, 70}}) {
-      auto stream = dev->gpulet_stream(offset, share);
+    for (auto [partition, lane] : std::vector<std::pair<std::vector<int32_t>, size_t>>{
+             {{50, 50}, 0}, {{50, 50}, 1}, {{30, 70}, 1}}) {
+      auto stream = dev->gpulet_stream(partition, lane);
       INFO((stream ? std::string{} : render(stream.error())));
       REQUIRE(stream);
       REQUIRE(*stream != nullptr);
@@ -143,8 +144,8 @@ TEST_CASE("a gpu-let's forward on its green context equals the whole GPU's forwa
       double bound = type == gpu::dtype::f32 ? 1e-4 : 5e-3;
       for (size_t k = 0; k < part.size(); ++k) {
         auto e = relative_error(whole[k], part[k]);
-        INFO(gpu::to_string(type) << " gpu-let " << share << "% from " << offset << "%, step " << k
-                                  << ": " << e);
+        INFO(gpu::to_string(type) << " lane " << lane << " of " << partition[0] << "/"
+                                  << partition[1] << ", step " << k << ": " << e);
         CHECK(e <= bound);
       }
     }

@@ -14,14 +14,16 @@ struct batch_spans final : actors::observer {
   struct span {
     std::string model;
     double start_s = 0, seconds = 0;
+    /// The gpu-let of its first device it ran on.
+    int32_t lane = 0;
   };
   std::mutex mtx;
   std::vector<span> all;
 
-  void batch_done(const std::string& m, const std::vector<int32_t>&, const std::vector<int32_t>&,
-                  size_t, double start, double s) override {
+  void batch_done(const std::string& m, const std::vector<int32_t>&,
+                  const std::vector<int32_t>& lanes, size_t, double start, double s) override {
     std::lock_guard<std::mutex> g{mtx};
-    all.push_back({m, start, s});
+    all.push_back({m, start, s, lanes.empty() ? 0 : lanes.front()});
   }
   /// Every span of model `m`, in the order they ended.
   std::vector<span> all_of(const std::string& m) {

@@ -1,8 +1,8 @@
 #pragma once
 
 // A device that calls itself a GPU and records which gpu-let streams it is asked for:
-// the path a GPU's gpu-lets take through the stack (start-up checks, the steps' offsets
-// and shares) on a machine without one. Host memory, synchronous copies.
+// the path a GPU's gpu-lets take through the stack (start-up checks, the steps' partitions
+// and lanes) on a machine without one. Host memory, synchronous copies.
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -22,18 +22,20 @@ class stream_device final : public gpu::device {
 
   caf::error synchronize() override { return {}; }
   caf::error check_gpulets() const override { return missing_; }
-  caf::expected<void*> gpulet_stream(int32_t offset, int32_t share) override {
+  caf::expected<void*> gpulet_stream(const std::vector<int32_t>& partition, size_t lane) override {
     if (missing_) return missing_;
-    if (share < smallest_)
+    if (lane >= partition.size())
+      return caf::make_error(caf::sec::invalid_argument, "no such lane");
+    if (partition[lane] < smallest_)
       return caf::make_error(caf::sec::invalid_argument,
-                             "a gpu-let of " + std::to_string(share) + "% is too small");
+                             "a gpu-let of " + std::to_string(partition[lane]) + "% is too small");
     std::lock_guard<std::mutex> g{mtx_};
-    asked_.emplace_back(offset, share);
+    asked_.emplace_back(partition, lane);
     // Never dereferenced: only the torch engine uses a stream, and tests run toys here.
-    return reinterpret_cast<void*>(static_cast<uintptr_t>(0x1000 + offset * 1000 + share));
+    return reinterpret_cast<void*>(static_cast<uintptr_t>(0x1000 + lane));
   }
-  /// Every (offset, share) asked for, in order.
-  std::vector<std::pair<int32_t, int32_t>> asked() const {
+  /// Every (partition, lane) asked for, in order.
+  std::vector<std::pair<std::vector<int32_t>, size_t>> asked() const {
     std::lock_guard<std::mutex> g{mtx_};
     return asked_;
   }
@@ -81,7 +83,7 @@ class stream_device final : public gpu::device {
   caf::error missing_;
   int32_t smallest_;
   mutable std::mutex mtx_;
-  std::vector<std::pair<int32_t, int32_t>> asked_;
+  std::vector<std::pair<std::vector<int32_t>, size_t>> asked_;
 };
 
 }  // namespace computron::test
