@@ -132,13 +132,13 @@ TEST_CASE("the planner's step costs leave out the slowdown busy partners caused"
           "[actors][gpulets]") {
   sched::gpulet_config g;
   g.partitions = {{50, 50}};
-  g.plan.interference = 2.0;
+  g.plan.interference = 3.0;
   lanes_runtime f{g};
   double slowest = 0;
   for (int i = 0; i < 3; ++i)
     for (auto& r : f.both()) slowest = std::max(slowest, r.compute_ms);
-  // Side by side, a step took up to twice its 80 ms alone at half the device...
-  CHECK(slowest >= 120);
+  // Side by side, a step took up to three times its 80 ms alone at half the device...
+  CHECK(slowest >= 140);
   caf::settings report;
   f.self->request(f.rt.manager, 10s, report_atom_v)
       .receive([&](caf::settings& s) { report = std::move(s); },
@@ -160,7 +160,9 @@ TEST_CASE("the planner's step costs leave out the slowdown busy partners caused"
     double ms = caf::get_or(*at, "fixed-ms", 0.0) + 2 * caf::get_or(*at, "per-token-ms", 0.0);
     INFO(caf::get_or(*m, "model", std::string{}) << ": " << ms << " ms at 50%");
     CHECK(ms >= 70);
-    CHECK(ms <= 105);
+    // (Counted twice, the steps beside a busy partner would make it 200 ms or more; a
+    // loaded machine, or a sanitizer, adds some to every step.)
+    CHECK(ms <= 130);
     ++seen;
   }
   CHECK(seen == 2);
