@@ -111,6 +111,33 @@ caf::expected<forward_bench_result> run_forward_bench(const forward_bench_option
     prefills.push_back(pt);
     if (!steps.empty()) decodes.push_back(median(steps));
   }
+  // One more step each for the counters and the profile, on a cache as long as the timed
+  // steps left it (the prompt plus the decode tokens).
+  {
+    models::kv_cache cache;
+    auto out = (*stage)->prefill(prompts, nullptr, cache);
+    if (!out) return std::move(out.error());
+    for (int64_t k = 0; k < o.decode_tokens; ++k)
+      if (auto step = (*stage)->decode(next, nullptr, cache); !step) return std::move(step.error());
+    int cuda =
+        devs->front()->info().kind == gpu::device_kind::cuda ? devs->front()->info().ordinal : -1;
+    auto one_step = [&]() -> caf::error {
+      auto step = (*stage)->decode(next, nullptr, cache);
+      return step ? caf::error{} : std::move(step.error());
+    };
+    auto counts = count_step(cuda, one_step);
+    if (!counts) return std::move(counts.error());
+    r.decode_alloc_bytes_per_step = counts->alloc_bytes;
+    r.decode_ops_per_step = counts->ops;
+    r.decode_ops_per_layer = static_cast<double>(counts->ops) / static_cast<double>(spec->layers);
+    if (o.profile) {
+      auto p = profile_step(cuda, one_step);
+      if (!p) return std::move(p.error());
+      if (p->rows.size() > static_cast<size_t>(std::max(0, o.profile_rows)))
+        p->rows.resize(static_cast<size_t>(std::max(0, o.profile_rows)));
+      r.decode_profile = std::move(*p);
+    }
+  }
   r.prefill_seconds = median(prefills);
   r.prefill_tokens_per_second = static_cast<double>(o.batch * o.seq) / r.prefill_seconds;
   r.decode_seconds_per_token = decodes.empty() ? 0 : median(decodes);
@@ -129,7 +156,20 @@ std::string to_json(const forward_bench_result& r) {
                    {"prefill_seconds", r.prefill_seconds},
                    {"prefill_tokens_per_second", r.prefill_tokens_per_second},
                    {"decode_seconds_per_token", r.decode_seconds_per_token},
-                   {"zero_copy", r.zero_copy}};
+                   {"zero_copy", r.zero_copy},
+                   {"decode_alloc_bytes_per_step", r.decode_alloc_bytes_per_step},
+                   {"decode_ops_per_step", r.decode_ops_per_step},
+                   {"decode_ops_per_layer", r.decode_ops_per_layer}};
+  if (r.decode_profile) {
+    auto rows = nlohmann::json::array();
+    for (const auto& row : r.decode_profile->rows)
+      rows.push_back(
+          {{"name", row.name}, {"count", row.count}, {"micros", row.micros}, {"share", row.share}});
+    j["decode_profile"] = {{"what", r.decode_profile->what},
+                           {"busy_micros", r.decode_profile->busy_micros},
+                           {"wall_micros", r.decode_profile->wall_micros},
+                           {"rows", rows}};
+  }
   return j.dump();
 }
 
@@ -141,6 +181,16 @@ void print_table(std::ostream& out, const forward_bench_result& r) {
                      r.prefill_seconds, r.prefill_tokens_per_second);
   out << fmt::format("decode   {:.4f} s per step ({} new tokens each)\n",
                      r.decode_seconds_per_token, r.batch);
+  out << fmt::format("per step {} bytes allocated, {} ops ({:.1f} per layer)\n",
+                     r.decode_alloc_bytes_per_step, r.decode_ops_per_step, r.decode_ops_per_layer);
+  if (r.decode_profile) {
+    const auto& p = *r.decode_profile;
+    out << fmt::format("profile of one decode step ({}): {:.1f} us busy in {:.1f} us\n", p.what,
+                       p.busy_micros, p.wall_micros);
+    for (const auto& row : p.rows)
+      out << fmt::format("  {:>6.1f}%  {:>9.1f} us  {:>5} x  {}\n", row.share * 100, row.micros,
+                         row.count, row.name.substr(0, 110));
+  }
   out << fmt::format("weights  {}\n", r.zero_copy
                                           ? "read in place from the weight store (zero-copy)"
                                           : "COPIED: parameters are not views of the store");

@@ -2,9 +2,12 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <optional>
 #include <string>
 
 #include <caf/expected.hpp>
+
+#include "bench/step_probe.hpp"
 
 /// `computron bench forward`: one OPT shard (tp = pp = 1) loaded through the weight
 /// store, then prefill and decode latency on its device.
@@ -22,6 +25,10 @@ struct forward_bench_options {
   int threads = 0;
   std::string device_kind = "auto";
   uint64_t seed = 1;
+  /// Also profile one decode step (Kineto: kernels on a GPU, aten ops on the CPU).
+  bool profile = false;
+  /// Rows of the profile kept (longest first).
+  int profile_rows = 30;
 };
 
 struct forward_bench_result {
@@ -40,6 +47,14 @@ struct forward_bench_result {
   double decode_seconds_per_token = 0;
   /// Parameters read in place from the weight store's device copy (no per-request copy).
   bool zero_copy = false;
+  /// Bytes one decode step allocates (after `seq` prompt tokens and the timed steps): the
+  /// figure that shows whether a step copies the KV history.
+  uint64_t decode_alloc_bytes_per_step = 0;
+  /// libtorch ops one decode step dispatches, per layer and in all.
+  double decode_ops_per_layer = 0;
+  uint64_t decode_ops_per_step = 0;
+  /// One decode step's profile, when asked for.
+  std::optional<step_profile> decode_profile;
 };
 
 caf::expected<forward_bench_result> run_forward_bench(const forward_bench_options& opts);

@@ -1,4 +1,5 @@
-# Finds every external dependency once (DEPS.md). Debian packages only.
+# Finds every external dependency once (DEPS.md): Debian packages, and libtorch and the CUDA
+# toolkit from the Python environment scripts/setup fills (computron_python_env.cmake).
 find_package(Threads REQUIRED)
 
 # CAF 0.17.6 ships no CMake config: imported targets by hand. CAF_ROOT points at an
@@ -40,18 +41,18 @@ if(NOT CLI11_INCLUDE_DIR)
   message(FATAL_ERROR "CLI11 not found: run scripts/setup (libcli11-dev)")
 endif()
 
-# CUDA: compiled whenever nvcc exists, so CI compile-checks the backend without a GPU.
-# Whether a GPU is used is decided at run time (gpu/backends.cpp). The backend uses only
-# the runtime API (no kernels yet), so it compiles as C++ against cudart.
+# CUDA: compiled whenever nvcc exists (the toolkit wheels put it in every build tree), so CI
+# compile-checks the backend without a GPU. Whether a GPU is used is decided at run time
+# (gpu/backends.cpp).
 set(COMPUTRON_HAVE_CUDA OFF)
 if(COMPUTRON_FUZZ)
   # The fuzz tree builds parsers only: no CUDA, no torch.
   return()
 endif()
-if(COMPUTRON_CUDA)
-  if(NOT CUDAToolkit_ROOT AND EXISTS /usr/local/cuda/bin/nvcc)
-    set(CUDAToolkit_ROOT /usr/local/cuda)
-  endif()
+if(NOT COMPUTRON_NO_TORCH)
+  include(computron_python_env)
+endif()
+if(COMPUTRON_CUDA AND NOT COMPUTRON_NO_TORCH)
   find_package(CUDAToolkit QUIET)
   if(CUDAToolkit_FOUND AND CUDAToolkit_NVCC_EXECUTABLE)
     # pip's NCCL has only libnccl.so.2, hence NAMES_PER_DIR and the versioned name.
@@ -69,10 +70,19 @@ if(COMPUTRON_CUDA)
   endif()
 endif()
 
+if(COMPUTRON_REQUIRE_CUDA AND NOT COMPUTRON_HAVE_CUDA)
+  message(FATAL_ERROR "computron: COMPUTRON_REQUIRE_CUDA is on, but no nvcc and NCCL were found: "
+    "run scripts/setup (it installs the CUDA toolkit wheels into ${COMPUTRON_VENV})")
+endif()
+
+set(COMPUTRON_TORCH_CUDA OFF)
+if(COMPUTRON_NO_TORCH)
+  # The sanitizer and TSan trees build torch-free binaries only (scripts/build).
+  return()
+endif()
 set(COMPUTRON_CUDA_ARCHITECTURES_SAVED ${CMAKE_CUDA_ARCHITECTURES})
-# libtorch: Debian's 1.13 (CPU) in CI, or a CUDA libtorch 2.x (a path, or the one python3's
-# torch wheel carries) on a GPU machine. Found here, before any target, because two of its
-# properties change how the whole project compiles.
+# libtorch: the CUDA libtorch 2.x that the torch wheel carries, on every machine. Found here,
+# before any target, because two of its properties change how the whole project compiles.
 find_package(Torch REQUIRED)
 # 1. Torch 2.x bundles fmt headers of its own version (fmt 12 in torch 2.11) ahead of
 #    Debian's fmt 9 on the include path; its translation units then reference fmt::v12
@@ -98,10 +108,22 @@ if(COMPUTRON_TORCH_FMT_VERSION)
 endif()
 # 2. A CUDA libtorch lets the OPT forward cap libtorch's caching allocator to the
 #    activation workspace (models/torch_interop.cpp is the only user).
-set(COMPUTRON_TORCH_CUDA OFF)
 if(TORCH_CUDA_LIBRARIES OR TARGET c10_cuda)
   set(COMPUTRON_TORCH_CUDA ON)
   message(STATUS "computron: libtorch ${Torch_VERSION} with CUDA")
+endif()
+# 3. The wheel's libtorch.so and libtorch_cpu.so export copies of libstdc++'s std::filesystem
+#    and <chrono> time-zone functions (built with the manylinux toolchain's static
+#    libstdc++ parts). A binary lists libstdc++ last, so those copies interposed on the
+#    system's: std::filesystem::remove_all resolved into libtorch.so and jumped to address 0.
+#    computron_torch links libstdc++ ahead of torch, so every binary that links torch takes
+#    the standard library from libstdc++ itself. Use it instead of TORCH_LIBRARIES.
+add_library(computron_torch INTERFACE)
+target_link_libraries(computron_torch INTERFACE
+  "-Wl,--push-state,--no-as-needed" stdc++ "-Wl,--pop-state" ${TORCH_LIBRARIES})
+if(COMPUTRON_REQUIRE_CUDA AND NOT COMPUTRON_TORCH_CUDA)
+  message(FATAL_ERROR "computron: COMPUTRON_REQUIRE_CUDA is on, but libtorch ${Torch_VERSION} "
+    "has no CUDA: run scripts/setup (the torch wheel in ${COMPUTRON_VENV} is the CUDA build)")
 endif()
 if(COMPUTRON_CUDA_ARCHITECTURES_SAVED)
   set(CMAKE_CUDA_ARCHITECTURES ${COMPUTRON_CUDA_ARCHITECTURES_SAVED})

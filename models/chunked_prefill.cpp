@@ -4,6 +4,7 @@
 // chunk extends the rows' blocks as decode does with one token (kv_cache.cpp's
 // plan_extend), its queries reading the rows' gathered keys.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
 
 #include <algorithm>

@@ -141,6 +141,11 @@ bench_cli::bench_cli(CLI::App& bench_cmd) {
   fwd_cmd->add_option("--device-kind", fwd.device_kind, "auto, emulated or cuda")
       ->check(CLI::IsMember({"auto", "emulated", "cuda"}))
       ->capture_default_str();
+  fwd_cmd->add_flag("--profile", fwd.profile,
+                    "also profile one decode step: kernels on a GPU, aten ops on the CPU (Kineto)");
+  fwd_cmd
+      ->add_option("--profile-rows", fwd.profile_rows, "rows of the profile shown (longest first)")
+      ->capture_default_str();
   fwd_cmd->add_flag("--json", fwd_json, "print one JSON object");
 
   // bench colocate
