@@ -251,7 +251,10 @@ void finish_load(sched_pointer self, model_id id, double t0) {
       self, workers_of(self, id), self->state.opts.load_timeout,
       [=](std::vector<transfer_report> reports) {
         auto& st = self->state;
-        auto e = st.core->load_done(id, now(self), free_blocks(reports));
+        std::vector<sched::transfer_sample> copies;
+        for (auto& r : reports)
+          copies.push_back({static_cast<size_t>(r.device), r.bytes, r.seconds});
+        auto e = st.core->load_done(id, now(self), free_blocks(reports), copies);
         for (auto& r : reports)
           st.opts.obs->transfer_done(name, r.device, true, r.bytes, t0, r.seconds);
         publish_usage(self);

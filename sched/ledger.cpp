@@ -350,6 +350,22 @@ void ledger::note_largest_free(size_t device, uint64_t bytes) {
   if (device < devices_.size()) devices_[device].largest_free_bytes = bytes;
 }
 
+void ledger::note_transfer(size_t device, uint64_t bytes, double seconds) {
+  if (device >= devices_.size() || bytes < (1u << 20) || !(seconds > 0)) return;
+  auto& d = devices_[device];
+  double gbps = static_cast<double>(bytes) / seconds / 1e9;
+  // An average over loads, the newest weighing half: one slow load (a busy link) moves it,
+  // but does not replace what the others measured.
+  d.learned_link_gbps = d.learned_link_gbps > 0 ? 0.5 * (d.learned_link_gbps + gbps) : gbps;
+}
+
+double ledger::link_gbps(size_t device) const {
+  const auto& d = devices_[device];
+  if (d.slot.link_gbps > 0) return d.slot.link_gbps;
+  if (d.learned_link_gbps > 0) return d.learned_link_gbps;
+  return 10.0;  // unknown and never measured: as the victim policies assume
+}
+
 std::vector<model_id> ledger::lose(const std::vector<int32_t>& devs) {
   ++residency_epoch_;
   for (auto d : devs)
@@ -373,8 +389,7 @@ double ledger::load_seconds(model_id id) const {
   auto& m = models_[id];
   double slowest = 0;
   for (size_t k = 0; k < m.where.devices.size(); ++k) {
-    auto gbps = devices_[static_cast<size_t>(m.where.devices[k])].slot.link_gbps;
-    if (!(gbps > 0)) gbps = 10.0;  // unknown: as the victim policies assume
+    auto gbps = link_gbps(static_cast<size_t>(m.where.devices[k]));
     slowest = std::max(slowest, static_cast<double>(m.where.bytes[k]) / (gbps * 1e9));
   }
   return slowest;
@@ -428,7 +443,7 @@ bool ledger::cover(const std::vector<model_id>& candidates, std::map<size_t, int
     for (size_t k = 0; k < other.where.devices.size(); ++k) {
       auto d = static_cast<size_t>(other.where.devices[k]);
       if (short_bytes.count(d) > 0) freed += other.where.bytes[k];
-      auto gbps = devices_[d].slot.link_gbps > 0 ? devices_[d].slot.link_gbps : 10.0;
+      auto gbps = link_gbps(d);
       slowest = std::max(slowest, static_cast<double>(other.where.bytes[k]) / (gbps * 1e9));
     }
     if (freed == 0) continue;

@@ -29,7 +29,8 @@ const char* to_string(model_state s);
 struct device_slot {
   /// Bytes weights may use (capacity less the activation workspace).
   uint64_t usable_bytes = 0;
-  /// Host-to-device link, GB/s (reload cost estimates); 0: unknown (10 assumed).
+  /// Host-to-device link, GB/s (reload cost estimates); 0: unknown, learned from the
+  /// device's loads (note_transfer), 10 assumed until the first.
   double link_gbps = 0;
 };
 
@@ -113,6 +114,10 @@ struct device_account {
   std::optional<uint64_t> largest_free_bytes;
   /// Loads copying over this device's link now.
   uint32_t transfers = 0;
+  /// The link's rate as its loads measured it, GB/s (0: none yet). Used where the slot's
+  /// rate is unknown: a GPU's link is not configured, and assuming 10 GB/s for a 55 GB/s
+  /// link made batches leased during a load start 5x too late (bench/RESULTS.md).
+  double learned_link_gbps = 0;
   /// Its node is gone.
   bool lost = false;
 };
@@ -245,6 +250,12 @@ class ledger {
   std::optional<refusal> remove(model_id id);
   /// A device reported its largest free block (after a transfer).
   void note_largest_free(size_t device, uint64_t bytes);
+  /// A load moved `bytes` over `device`'s link in `seconds`: the rate it learns where the
+  /// slot's link is unknown (a configured rate wins). Transfers under 1 MiB are ignored,
+  /// their time being mostly the submission's.
+  void note_transfer(size_t device, uint64_t bytes, double seconds);
+  /// The link rate estimates use: configured, else learned, else 10 GB/s.
+  double link_gbps(size_t device) const;
 
   /// KV blocks (sched/kv_budget.cpp). Whether `blocks` more of `id`'s blocks fit now,
   /// and the most that do (0 for a model that keeps no KV in the ledger: then any number

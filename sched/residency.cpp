@@ -179,10 +179,12 @@ residency_effects residency::load_started(model_id id, time_point now) {
 }
 
 residency_effects residency::load_done(model_id id, time_point now,
-                                       const std::vector<free_block>& free) {
+                                       const std::vector<free_block>& free,
+                                       const std::vector<transfer_sample>& copies) {
   residency_effects out;
   ledger_->load_done(id, now);
   for (auto& f : free) ledger_->note_largest_free(f.device, f.bytes);
+  for (auto& c : copies) ledger_->note_transfer(c.device, c.bytes, c.seconds);
   grant_waiting(id, now, out);
   auto loads = std::move(of(id).loads);
   of(id).loads.clear();

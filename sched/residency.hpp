@@ -41,6 +41,13 @@ struct free_block {
   uint64_t bytes = 0;
 };
 
+/// What one shard's copy took: the ledger learns unknown links from it.
+struct transfer_sample {
+  size_t device = 0;
+  uint64_t bytes = 0;
+  double seconds = 0;
+};
+
 /// KV blocks given to a running batch (kv_reserve): all it wanted, or fewer when no more
 /// room could be made (then fewer than its `need` only when even evicting every lease-free
 /// model would not do: the batch preempts rows to fit).
@@ -110,8 +117,8 @@ class residency {
   residency_effects load_started(model_id id, time_point now);
   /// `free` (the devices' reports with the transfer) is noted before the pass that follows
   /// plans room: a stale, fragmented block would make it evict more than it needs.
-  residency_effects load_done(model_id id, time_point now,
-                              const std::vector<free_block>& free = {});
+  residency_effects load_done(model_id id, time_point now, const std::vector<free_block>& free = {},
+                              const std::vector<transfer_sample>& copies = {});
   /// `why` is what its waiters hear.
   residency_effects load_failed(model_id id, const refusal& why, time_point now);
   residency_effects evict_done(model_id id, time_point now,

@@ -500,3 +500,38 @@ TEST_CASE("a load that fails with leases on it leaves them to their releases", "
   f.use(a);
   CHECK(f.l->model(a).state == model_state::resident);
 }
+
+TEST_CASE(
+    "a link the config leaves unknown is learned from the loads over it, and a configured one is "
+    "kept",
+    "[ledger]") {
+  // A GPU's link is not configured: 10 GB/s was assumed for every load, so on a 55 GB/s
+  // link a batch leased while its model loaded started 5x later than the load ended.
+  refusal why;
+  auto l = ledger::make({{4096 * mb, 0}, {4096 * mb, 2}}, {"lru", 1, false}, &why);
+  REQUIRE(l);
+  auto gpu_model = l->add("g", {{0}, {2000 * mb}, false, 0}, &why);
+  auto emu_model = l->add("e", {{1}, {200 * mb}, false, 0}, &why);
+  REQUIRE(gpu_model);
+  REQUIRE(emu_model);
+  auto seconds_at = [](uint64_t bytes, double gbps) { return bytes / (gbps * 1e9); };
+  CHECK(l->load_seconds(*gpu_model) == Approx(seconds_at(2000 * mb, 10)));
+  CHECK(l->link_gbps(0) == 10);
+
+  l->note_transfer(0, 2000 * mb, seconds_at(2000 * mb, 55));
+  CHECK(l->link_gbps(0) == Approx(55));
+  CHECK(l->load_seconds(*gpu_model) == Approx(seconds_at(2000 * mb, 55)));
+  // The newest load weighs half: a slow one moves the estimate without replacing it.
+  l->note_transfer(0, 2000 * mb, seconds_at(2000 * mb, 45));
+  CHECK(l->link_gbps(0) == Approx(50));
+  // Tiny copies (their time is mostly submission) and empty reports teach nothing.
+  l->note_transfer(0, 64 * 1024, 1.0);
+  l->note_transfer(0, 2000 * mb, 0);
+  l->note_transfer(7, 2000 * mb, 1.0);  // no such device
+  CHECK(l->link_gbps(0) == Approx(50));
+
+  // A configured rate (an emulated device's throttle) is what the device promises.
+  l->note_transfer(1, 200 * mb, seconds_at(200 * mb, 1.5));
+  CHECK(l->link_gbps(1) == 2);
+  CHECK(l->load_seconds(*emu_model) == Approx(seconds_at(200 * mb, 2)));
+}

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include "common/error.hpp"
+#include "models/decoder_spec.hpp"
 #include "serve/overrides.hpp"
 #include "serve/serve_config.hpp"
 #include "tests/support/temp_files.hpp"
@@ -125,4 +126,27 @@ TEST_CASE("a serve config's gpu-lets: a partition per device, auto, and what is 
     REQUIRE_FALSE(c);
     CHECK_THAT(render(c.error()), Catch::Contains(says));
   }
+}
+
+TEST_CASE(
+    "the main job's GPU config reads: one CUDA device whose arena holds two of its three models",
+    "[serve][config]") {
+  // scripts/run serves configs/gpu.json where a GPU opens; this machine may have none, so
+  // the file is read here and served by scripts/gpu-check's machines.
+  auto c = serve::load_serve_config(std::string{COMPUTRON_SOURCE_DIR} + "/configs/gpu.json");
+  REQUIRE(c);
+  const auto& d = c->runtime.devices;
+  CHECK(d.kind == "cuda");
+  CHECK(d.count == 1);
+  REQUIRE(c->models.size() == 3);
+  uint64_t one = 0;
+  for (const auto& m : c->models) {
+    CHECK(m.dtype == "f16");
+    auto spec = models::find_spec(m.spec);
+    REQUIRE(spec);
+    one = models::weight_bytes(*spec, gpu::dtype::f16);
+  }
+  // Two fit in the arena and three do not, so requests swap.
+  CHECK(2 * one <= d.cuda_capacity_bytes);
+  CHECK(3 * one > d.cuda_capacity_bytes);
 }
