@@ -16,6 +16,7 @@
 # Only jinja2 is imported, not transformers (seconds of start-up, and torch): the setup below
 # is transformers' own, line for line where it matters.
 import json
+import os
 import sys
 from datetime import datetime
 
@@ -24,6 +25,12 @@ import jinja2.exceptions
 import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+# The file contract every oracle here keeps, beside this file whatever the working directory;
+# no __pycache__ left in the source tree by the tests.
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from oracle_io import answer_files  # noqa: E402
 
 
 class generation_tag(jinja2.ext.Extension):
@@ -84,18 +91,13 @@ def render(env, compiled, source, context):
         return {"error": str(e)}
 
 
+def render_all(cases):
+    env, compiled = environment(), {}
+    return [render(env, compiled, c["template"], c["context"]) for c in cases]
+
+
 def main(argv):
-    if len(argv) == 3 and argv[0] == "render":
-        with open(argv[1], encoding="utf-8") as f:
-            cases = json.load(f)
-        env, compiled = environment(), {}
-        out = [render(env, compiled, c["template"], c["context"]) for c in cases]
-        with open(argv[2], "w", encoding="utf-8") as f:
-            json.dump(out, f, ensure_ascii=False)
-        print("done", flush=True)
-        return 0
-    print("usage: chat_template_oracle.py render IN OUT", file=sys.stderr)
-    return 2
+    return answer_files(argv, "render", "chat_template_oracle.py render IN OUT", render_all)
 
 
 if __name__ == "__main__":

