@@ -35,6 +35,7 @@
 #include "models/weights.hpp"
 #include "tests/support/llama_reference.hpp"
 #include "tests/support/python.hpp"
+#include "tests/support/source_tree.hpp"
 #include "tests/support/temp_files.hpp"
 
 using namespace computron;
@@ -46,18 +47,9 @@ namespace {
 
 constexpr int steps = 8;
 
-/// tests/models in the source tree: $COMPUTRON_SOURCE_DIR/tests/models, else this file's
-/// folder (__FILE__ is absolute, or relative to the build folder where ccache rewrote it).
+/// tests/models in the source tree.
 fs::path here() {
-  if (const char* s = std::getenv("COMPUTRON_SOURCE_DIR"); s && *s)
-    return fs::path{s} / "tests" / "models";
-  fs::path f{__FILE__};
-  if (f.is_absolute()) return f.parent_path();
-  std::error_code err;
-  auto exe = fs::read_symlink("/proc/self/exe", err);  // <build>/tests/models_torch_tests
-  for (auto& base : {exe.parent_path().parent_path(), exe.parent_path(), fs::current_path(err)})
-    if (fs::exists(base / f, err)) return (base / f).parent_path();
-  return f.parent_path();
+  return test::folder_of(__FILE__);
 }
 
 /// A fresh folder of model folders under a root of the test's choosing (/dev/shm where it

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <system_error>
@@ -23,6 +24,26 @@ inline std::string source_file(const std::string& relative) {
       if (p == p.parent_path()) break;
     }
   return {};
+}
+
+/// The source-tree folder of the test file `file` (pass __FILE__), under
+/// $COMPUTRON_SOURCE_DIR when set: __FILE__ is absolute, or relative to the build folder
+/// where ccache rewrote it, so a relative one is looked for from the test binary's folders.
+inline std::filesystem::path folder_of(const std::string& file) {
+  namespace fs = std::filesystem;
+  fs::path f{file};
+  if (const char* s = std::getenv("COMPUTRON_SOURCE_DIR"); s && *s) {
+    // The path inside the tree: from "tests/" on.
+    auto text = f.parent_path().generic_string();
+    auto at = text.rfind("tests/");
+    if (at != std::string::npos) return fs::path{s} / text.substr(at);
+  }
+  if (f.is_absolute()) return f.parent_path();
+  std::error_code err;
+  auto exe = fs::read_symlink("/proc/self/exe", err);  // <build>/tests/<binary>
+  for (auto& base : {exe.parent_path().parent_path(), exe.parent_path(), fs::current_path(err)})
+    if (fs::exists(base / f, err)) return (base / f).parent_path();
+  return f.parent_path();
 }
 
 }  // namespace computron::test
