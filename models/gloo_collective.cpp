@@ -1,11 +1,13 @@
 #include "models/gloo_collective.hpp"
 
+#include <cstdlib>
 #include <map>
 #include <mutex>
 
 #include <fmt/format.h>
 
 #include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -25,6 +27,18 @@ class tcp_store final : public gloo_store {
   std::string host;
   int world_size = 1;
   std::chrono::milliseconds timeout{30000};
+};
+
+/// Ranks in one process share the map itself; port() is 0 (there is no socket).
+class local_store final : public gloo_store {
+ public:
+  explicit local_store(std::chrono::milliseconds t)
+      : store(c10::make_intrusive<c10d::HashStore>()), timeout(t) {
+    store->setTimeout(t);
+  }
+  uint16_t port() const override { return 0; }
+  c10::intrusive_ptr<c10d::HashStore> store;
+  std::chrono::milliseconds timeout;
 };
 
 caf::expected<std::shared_ptr<gloo_store>> make_store(const std::string& host, uint16_t port,
@@ -83,6 +97,10 @@ caf::expected<std::shared_ptr<gloo_store>> host_gloo_store(const std::string& ho
   return make_store(host, port, world_size, true, timeout);
 }
 
+std::shared_ptr<gloo_store> local_gloo_store(std::chrono::milliseconds timeout) {
+  return std::make_shared<local_store>(timeout);
+}
+
 caf::expected<std::shared_ptr<gloo_store>> connect_gloo_store(const std::string& host,
                                                               uint16_t port, int world_size,
                                                               std::chrono::milliseconds timeout) {
@@ -93,24 +111,38 @@ caf::expected<std::unique_ptr<gpu::collective>> make_gloo_collective(
     std::shared_ptr<gloo_store> store, const std::string& prefix, int rank, int size,
     const std::string& bind_address) {
   auto* tcp = dynamic_cast<tcp_store*>(store.get());
-  if (tcp == nullptr) return make_error(ec::invalid_request, "gloo collective without a store");
+  auto* local = dynamic_cast<local_store*>(store.get());
+  if (tcp == nullptr && local == nullptr)
+    return make_error(ec::invalid_request, "gloo collective without a store");
   if (rank < 0 || rank >= size)
     return make_error(ec::invalid_request,
                       fmt::format("rank {} outside a group of {}", rank, size));
+  // c10d's flight recorder (on by default in torch 2.11, process-wide) crashed here inside
+  // recordWithResetEnabled when process groups of one process ran collectives in several
+  // threads at once (1 run in 4 of the tp=2 pp=2 forward tests, gdb's backtrace). It is a
+  // debugging trace that we never dump: off before the first group reads the setting, unless
+  // the environment asks for it.
+  static const bool recorder_off = [] { return ::setenv("TORCH_FR_BUFFER_SIZE", "0", 0) == 0; }();
+  (void)recorder_off;
   try {
     auto opts = c10d::ProcessGroupGloo::Options::create();
-    opts->timeout = tcp->timeout;
+    opts->timeout = tcp != nullptr ? tcp->timeout : local->timeout;
     opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(bind_address));
     opts->threads = 1;
-    // A client connection of its own: a TCPStore socket is not safe to share between
-    // ranks that rendezvous concurrently (seen here: interleaved replies, socket timeouts).
-    c10d::TCPStoreOptions client;
-    client.port = tcp->port();
-    client.isServer = false;
-    client.numWorkers = tcp->world_size;
-    client.waitWorkers = false;
-    client.timeout = tcp->timeout;
-    auto own = c10::make_intrusive<c10d::TCPStore>(tcp->host, client);
+    c10::intrusive_ptr<c10d::Store> own;
+    if (local != nullptr) {
+      own = local->store;
+    } else {
+      // A client connection of its own: a TCPStore socket is not safe to share between
+      // ranks that rendezvous concurrently (seen here: interleaved replies, socket timeouts).
+      c10d::TCPStoreOptions client;
+      client.port = tcp->port();
+      client.isServer = false;
+      client.numWorkers = tcp->world_size;
+      client.waitWorkers = false;
+      client.timeout = tcp->timeout;
+      own = c10::make_intrusive<c10d::TCPStore>(tcp->host, client);
+    }
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, own);
     auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, opts);
     return std::unique_ptr<gpu::collective>{

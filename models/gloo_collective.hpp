@@ -28,6 +28,12 @@ caf::expected<std::shared_ptr<gloo_store>> host_gloo_store(const std::string& ho
                                                            int world_size,
                                                            std::chrono::milliseconds timeout);
 
+/// A store for ranks that are threads of this process (c10d's in-memory HashStore): no
+/// rendezvous socket, so nothing of c10d's TCP store (whose client connections to its
+/// libuv server hung now and then here when several ranks connected at once) between them.
+/// Gloo's own pairs still meet over TCP on the bind address.
+std::shared_ptr<gloo_store> local_gloo_store(std::chrono::milliseconds timeout);
+
 /// Connects to a store hosted by another rank.
 caf::expected<std::shared_ptr<gloo_store>> connect_gloo_store(const std::string& host,
                                                               uint16_t port, int world_size,
