@@ -125,7 +125,20 @@ void send_step(manager_pointer self, const batch_ptr& b, step_request req,
     timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
         timeout * sched::gpulet_seconds(st.disp->gpulets().plan, 1.0, share, 1.0));
   auto j = make_join<step_result>(
-      tp, [=](std::vector<step_result> results) { done(results[0]); },
+      tp,
+      [=](std::vector<step_result> results) {
+        // Every worker of every rank said what its KV pool holds: the ledger's figure.
+        std::vector<int32_t> devs;
+        std::vector<uint64_t> bytes;
+        for (auto& r : results) {
+          devs.insert(devs.end(), r.kv_devices.begin(), r.kv_devices.end());
+          bytes.insert(bytes.end(), r.kv_pool_bytes.begin(), r.kv_pool_bytes.end());
+        }
+        if (!devs.empty())
+          self->send(self->state.scheduler, kv_pool_atom_v, b->model, std::move(devs),
+                     std::move(bytes));
+        done(results[0]);
+      },
       [=](caf::error err, size_t rank) {
         // The code stays (a device error is a 500, a timed-out join a 503); the text says
         // which model, step and rank.

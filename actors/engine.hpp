@@ -32,6 +32,9 @@ class shard_program {
   /// Forgets a batch's caches.
   virtual void end_batch(uint64_t batch_id) = 0;
 
+  /// Bytes of device pages its KV pool holds now (0: none, or no pool).
+  virtual uint64_t kv_device_bytes() const { return 0; }
+
   /// Appends batch `from`'s rows (just prefilled) after batch `into`'s, whose next step
   /// then runs them all; `from` is gone. Continuous batching: requests join a running
   /// batch at a step boundary. Stateless programs have nothing to join.

@@ -87,6 +87,9 @@ using swap_scheduler_actor = caf::typed_actor<
                                                                                   uint64_t>,
     /// A batch gives KV blocks back.
     caf::reacts_to<kv_return_atom, std::string, uint64_t>,
+    /// The model's KV pools hold these bytes of device pages on these devices (after a
+    /// step): the ledger counts the model's KV there as no less.
+    caf::reacts_to<kv_pool_atom, std::string, std::vector<int32_t>, std::vector<uint64_t>>,
     /// Loads the model without leasing it (explicit load from an operator).
     caf::replies_to<load_atom, std::string>::with<residency_report>,
     /// Evicts the model now; refused while batches hold leases on it.
@@ -107,6 +110,9 @@ using swap_scheduler_actor = caf::typed_actor<
     caf::reacts_to<lost_atom, std::vector<int32_t>>,
     /// These devices are back (empty: their models load again on demand).
     caf::reacts_to<found_atom, std::vector<int32_t>>,
+    /// Its own timer: loads that wait to be retried (a device refused them for room that
+    /// was about to come free) are planned again.
+    caf::reacts_to<tick_atom>,
     /// Switches the victim policy ("lru", "cost"); an empty name only asks. Replies with
     /// the policy in force.
     caf::replies_to<policy_atom,

@@ -47,7 +47,8 @@ struct model_config {
   std::string checkpoint_dtype;
   int32_t tp = 1;
   int32_t pp = 1;
-  /// Device of each shard, index pp_rank * tp + tp_rank; distinct devices.
+  /// Device of each shard, index pp_rank * tp + tp_rank; distinct devices. Empty: the
+  /// registry places it (sched::spread_placement, the devices with the most room left).
   std::vector<int32_t> devices;
   /// Seed of the random weights when there is no checkpoint.
   uint64_t seed = 0;
@@ -178,12 +179,15 @@ struct transfer_report {
   /// The device's largest free block after the transfer (the scheduler plans with it:
   /// a shard needs one block); -1 when unknown.
   int64_t largest_free_bytes = -1;
+  /// Bytes of pages the device has mapped after the transfer (weights and KV of every
+  /// model): what the ledger's figure for the device is checked against.
+  uint64_t mapped_bytes = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, transfer_report& x) {
   return f(caf::meta::type_name("transfer_report"), x.model, x.device, x.bytes, x.seconds,
-           x.largest_free_bytes);
+           x.largest_free_bytes, x.mapped_bytes);
 }
 
 /// A device as its worker sees it.
@@ -352,12 +356,14 @@ struct device_usage {
   uint64_t used_bytes = 0;
   uint32_t transfers = 0;
   uint64_t kv_bytes = 0;
+  /// The device's page: a shard takes its bytes rounded up to whole pages.
+  uint64_t page_bytes = 1;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, device_usage& x) {
   return f(caf::meta::type_name("device_usage"), x.device, x.capacity_bytes, x.used_bytes,
-           x.transfers, x.kv_bytes);
+           x.transfers, x.kv_bytes, x.page_bytes);
 }
 
 /// Receives a request's tokens as they are generated (infer_request::stream): (id,

@@ -174,7 +174,8 @@ caf::expected<runtime> start_runtime(caf::actor_system& sys, runtime_options opt
   std::vector<scheduler_device> sds;
   for (size_t i = 0; i < rt.devices.size(); ++i)
     sds.push_back({rt.node.workers[i], rt.devices[i]->capacity_bytes(),
-                   rt.devices[i]->info().link_gbps, rt.devices[i]->info().kind});
+                   rt.devices[i]->info().link_gbps, rt.devices[i]->info().kind,
+                   rt.devices[i]->page_bytes()});
   return spawn_stack(sys, std::move(rt), std::move(opts), std::move(engines), std::move(sds));
 }
 

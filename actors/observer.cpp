@@ -39,6 +39,9 @@ class fan_out final : public observer {
   void preempted(const std::string& m) override {
     for (auto& p : parts_) p->preempted(m);
   }
+  void device_mapped(int32_t d, uint64_t bytes) override {
+    for (auto& p : parts_) p->device_mapped(d, bytes);
+  }
   void kv_device(int32_t d, uint64_t kv, uint64_t free) override {
     for (auto& p : parts_) p->kv_device(d, kv, free);
   }

@@ -71,6 +71,9 @@ class observer {
   /// The scheduler's accounting of a device after a change.
   virtual void device_usage(int32_t device, uint64_t used_bytes, uint64_t capacity_bytes,
                             size_t resident_models) {}
+  /// Bytes of pages device `device` itself has mapped, after a load or an eviction on it
+  /// (the ledger's used and KV bytes for it never count less).
+  virtual void device_mapped(int32_t device, uint64_t bytes) {}
   /// Models resident anywhere.
   virtual void resident_models(size_t count) {}
   /// A model was registered with shards on `devices` (its per-model series start at 0).

@@ -66,10 +66,11 @@ caf::expected<decoder_shape> shape_of(const model_config& cfg) {
   return decoder_shape{*spec, *type, models::parallel_config{cfg.tp, cfg.pp}};
 }
 
-/// KV blocks from the shard's own device, sub-allocated from its arena as the weights are,
-/// so that KV bytes and weights share the device's memory and its accounting.
+/// KV blocks from the shard's own device, in pages as the weights are, so that KV bytes
+/// and weights share the device's memory and its accounting.
 models::kv_pool_options device_kv(gpu::device& dev) {
   models::kv_pool_options o;
+  o.page_bytes = dev.page_bytes();
   o.allocate = [d = dev.shared_from_this()](uint64_t bytes) -> caf::expected<models::kv_memory> {
     auto a = d->allocate(bytes);
     if (!a) return std::move(a.error());
@@ -129,6 +130,8 @@ class decoder_program final : public shard_program {
     caches_.erase(batch_id);
     top_.erase(batch_id);
   }
+
+  uint64_t kv_device_bytes() const override { return stage_->kv_blocks().device_bytes; }
 
   caf::error join_batch(uint64_t from, uint64_t into) override {
     auto f = caches_.find(from);

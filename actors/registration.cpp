@@ -8,6 +8,7 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "sched/ledger.hpp"
+#include "sched/placement.hpp"
 
 namespace computron::actors::registry_detail {
 
@@ -107,10 +108,61 @@ void prepare_shards(registry_pointer self, const model_config& cfg, std::vector<
 
 }  // namespace
 
-/// Registers `requested`: validated, refused with the sizes when it can never fit its
-/// devices, prepared on every worker, placed with the scheduler, then handed to the
-/// manager; listed as failed with the reason when any step fails.
+/// Each shard's bytes on its device (position = stage x tp + rank), from the engine's
+/// layout (nothing is allocated); empty when the layout fails or the kind is unknown.
+static std::vector<uint64_t> shard_bytes(const registry_state& st, const model_config& cfg) {
+  std::vector<uint64_t> out;
+  auto e = st.engines.find(cfg.kind);
+  if (e == st.engines.end() || cfg.tp < 1) return out;
+  const auto tp = static_cast<size_t>(cfg.tp);
+  for (size_t pos = 0; pos < cfg.devices.size(); ++pos) {
+    auto table = e->second->layout(
+        shard_spec{cfg, static_cast<int32_t>(pos % tp), static_cast<int32_t>(pos / tp), {}});
+    if (!table) return {};
+    out.push_back(table->total_bytes());
+  }
+  return out;
+}
+
+static void register_placed(registry_pointer self, model_config requested, registered_fn done);
+
+/// Registers `requested`: placed by the scheduler's rule when it names no devices
+/// (sched::spread_placement over what the registered models' shards take of each
+/// device), validated, refused with the sizes when it can never fit its devices,
+/// prepared on every worker, placed with the scheduler, then handed to the manager;
+/// listed as failed with the reason when any step fails.
 void register_model(registry_pointer self, model_config requested, registered_fn done) {
+  if (!requested.devices.empty() || requested.tp < 1 || requested.pp < 1 ||
+      int64_t{requested.tp} * requested.pp > 65536)
+    return register_placed(self, std::move(requested), std::move(done));
+  self->request(self->state.scheduler, 10s, devices_atom_v)
+      .then(
+          [=](std::vector<device_usage>& devs) mutable {
+            auto& st = self->state;
+            std::vector<uint64_t> usable(st.workers.size(), 0), placed(st.workers.size(), 0);
+            for (auto& d : devs)
+              if (d.device >= 0 && static_cast<size_t>(d.device) < usable.size())
+                usable[static_cast<size_t>(d.device)] = d.capacity_bytes;
+            // Registered and registering models alike: two registrations at once must not
+            // both take the emptiest devices.
+            for (auto* group : {&st.registered, &st.registering})
+              for (auto& [name, m] : *group) {
+                auto bytes = shard_bytes(st, m);
+                for (size_t i = 0; i < bytes.size(); ++i)
+                  if (static_cast<size_t>(m.devices[i]) < placed.size())
+                    placed[static_cast<size_t>(m.devices[i])] += bytes[i];
+              }
+            const auto shards = static_cast<size_t>(requested.tp * requested.pp);
+            requested.devices = sched::spread_placement(shards, usable, placed);
+            if (requested.devices.empty())
+              for (int32_t i = 0; i < requested.tp * requested.pp; ++i)
+                requested.devices.push_back(i);  // too few devices: validation says so
+            register_placed(self, std::move(requested), std::move(done));
+          },
+          [=](caf::error& e) mutable { done(std::move(e)); });
+}
+
+static void register_placed(registry_pointer self, model_config requested, registered_fn done) {
   auto& st = self->state;
   auto kinds = st.opts.device_kinds;
   kinds.resize(st.workers.size(), gpu::device_kind::emulated);
@@ -143,18 +195,8 @@ void register_model(registry_pointer self, model_config requested, registered_fn
   for (size_t k = 0; k < static_cast<size_t>(cfg.pp); ++k) all_stages.push_back(k);
   // Its shards' bytes from the engine's layout (nothing is allocated), aligned as
   // a worker accounts them; empty when the layout fails (preparing says why).
-  std::vector<uint64_t> planned;
-  auto& eng = *st.engines.at(cfg.kind);
+  auto planned = shard_bytes(st, cfg);  // rounded to the device's pages below
   const auto tp = static_cast<size_t>(cfg.tp);
-  for (size_t pos = 0; pos < cfg.devices.size(); ++pos) {
-    auto table = eng.layout(
-        shard_spec{cfg, static_cast<int32_t>(pos % tp), static_cast<int32_t>(pos / tp), {}});
-    if (!table) {
-      planned.clear();
-      break;
-    }
-    planned.push_back(gpu::align_up(table->total_bytes(), gpu::device::granularity));
-  }
   // What the workers filled for it goes again: the scheduler or the manager refused it.
   auto free_shards = [=] {
     for (auto d : cfg.devices)
@@ -224,9 +266,17 @@ void register_model(registry_pointer self, model_config requested, registered_fn
       .then(
           [=](std::vector<device_usage>& devs) mutable {
             std::vector<uint64_t> usable(self->state.workers.size(), 0);
+            std::vector<uint64_t> page(self->state.workers.size(), 1);
             for (auto& d : devs)
-              if (d.device >= 0 && static_cast<size_t>(d.device) < usable.size())
+              if (d.device >= 0 && static_cast<size_t>(d.device) < usable.size()) {
                 usable[static_cast<size_t>(d.device)] = d.capacity_bytes;
+                page[static_cast<size_t>(d.device)] = std::max<uint64_t>(1, d.page_bytes);
+              }
+            // As a worker accounts them: whole pages of each shard's device.
+            for (size_t i = 0; i < planned.size(); ++i) {
+              auto d = static_cast<size_t>(cfg.devices[i]);
+              if (d < page.size()) planned[i] = (planned[i] + page[d] - 1) / page[d] * page[d];
+            }
             if (!planned.empty())
               if (auto no = sched::check_fits(
                       cfg.name, {cfg.devices, planned, cfg.pinned, cfg.priority}, usable)) {

@@ -21,6 +21,10 @@ namespace {
 using namespace worker_detail;
 
 /// The device's largest free block, for the scheduler's planning.
+uint64_t mapped(const shard_worker_state& st) {
+  return st.dev->used_bytes();
+}
+
 int64_t largest_free(const shard_worker_state& st) {
   return static_cast<int64_t>(st.dev->largest_free_block());
 }
@@ -56,9 +60,8 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
                                                      name);
           if (s.group_address != i->second.spec.group_address && !s.group_address.empty())
             return rejoin(self, name, s);
-          return shard_report{
-              name, index, gpu::align_up(i->second.weights->size_bytes(), gpu::device::granularity),
-              i->second.weights->host_pinned()};
+          return shard_report{name, index, st.dev->pages_of(i->second.weights->size_bytes()),
+                              i->second.weights->host_pinned()};
         }
         if (st.preparing.count(name) > 0)
           return make_error(ec::invalid_state, "model " + name + " is being prepared on device " +
@@ -107,8 +110,7 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
             .then(
                 [=](bool) mutable {
                   auto report = shard_report{
-                      name, index,
-                      gpu::align_up(entry->weights->size_bytes(), gpu::device::granularity),
+                      name, index, self->state.dev->pages_of(entry->weights->size_bytes()),
                       entry->weights->host_pinned()};
                   auto finish = [=]() mutable {
                     self->state.preparing.erase(name);
@@ -142,7 +144,7 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
         if (i == st.shards.end()) return missing(model);
         auto w = i->second.weights;
         if (w->state() == gpu::residency::resident)
-          return transfer_report{model, index, w->size_bytes(), 0, largest_free(st)};
+          return transfer_report{model, index, w->size_bytes(), 0, largest_free(st), mapped(st)};
         i->second.begun = true;
         auto began = i->second.load_began;
         auto chunk = st.opts.chunk_bytes;
@@ -157,8 +159,8 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
         self->request(st.copy_lane, st.opts.load_timeout + 5s, run_atom_v, std::move(job))
             .then(
                 [=](bool) mutable {
-                  rp.deliver(
-                      transfer_report{model, index, w->size_bytes(), 0, largest_free(self->state)});
+                  rp.deliver(transfer_report{model, index, w->size_bytes(), 0,
+                                             largest_free(self->state), mapped(self->state)});
                 },
                 [=](caf::error& err) mutable {
                   log::warn("device {}: load of {} failed to start: {}", index, model, render(err));
@@ -196,8 +198,8 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
                   ++st.loads;
                   st.bytes_loaded += w->size_bytes();
                   st.load_seconds += *seconds;
-                  rp.deliver(
-                      transfer_report{model, index, w->size_bytes(), *seconds, largest_free(st)});
+                  rp.deliver(transfer_report{model, index, w->size_bytes(), *seconds,
+                                             largest_free(st), mapped(st)});
                 },
                 [=](caf::error& err) mutable {
                   log::warn("device {}: load of {} failed: {}", index, model, render(err));
@@ -224,7 +226,7 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
             .then(
                 [=](bool) mutable {
                   rp.deliver(transfer_report{model, index, w->size_bytes(), *seconds,
-                                             largest_free(self->state)});
+                                             largest_free(self->state), mapped(self->state)});
                 },
                 [=](caf::error& err) mutable { rp.deliver(std::move(err)); });
         return rp;
@@ -360,6 +362,9 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
             hp = &h;
           }
           auto r = program->run(*in, hp);
+          // What the KV pool holds now (after a last step dropped the batch's caches).
+          out->kv_devices.push_back(index);
+          out->kv_pool_bytes.push_back(program->kv_device_bytes());
           if (!r) return r.error();
           if (sampling_rank && in->partial_prefill()) {
             // A chunk of a prefill that goes on: nothing to sample yet.
@@ -440,6 +445,8 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
                     auto next = in->route[next_stage];
                     auto mine = out->compute_ms;
                     auto mine_busy = out->partner_busy;
+                    auto mine_kv_devices = out->kv_devices;
+                    auto mine_kv_bytes = out->kv_pool_bytes;
                     if (in->deadline_ms > 0)  // what is left of it for the stages after this
                       in->deadline_ms = std::max<int64_t>(
                           1, in->deadline_ms - static_cast<int64_t>(seconds_since(received) * 1e3));
@@ -451,6 +458,10 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
                             [=](step_result& r) mutable {
                               r.compute_ms += mine;
                               r.partner_busy = std::max(r.partner_busy, mine_busy);
+                              r.kv_devices.insert(r.kv_devices.end(), mine_kv_devices.begin(),
+                                                  mine_kv_devices.end());
+                              r.kv_pool_bytes.insert(r.kv_pool_bytes.end(), mine_kv_bytes.begin(),
+                                                     mine_kv_bytes.end());
                               rp.deliver(std::move(r));
                             },
                             [=](caf::error& err) mutable { rp.deliver(std::move(err)); });

@@ -161,12 +161,17 @@ struct step_result {
   /// device were busy (0..1). What slowed the step beyond its share: the planner's step
   /// costs take it out (sched::interference_slowdown), as the planner adds it back.
   double partner_busy = 0;
+  /// What each worker of the chain holds in its KV pool for the model after the step: its
+  /// device, and the bytes of device pages the pool has mapped (the manager tells the
+  /// scheduler, whose ledger never counts less for the model's KV there).
+  std::vector<int32_t> kv_devices{};
+  std::vector<uint64_t> kv_pool_bytes{};
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_result& x) {
   return f(caf::meta::type_name("step_result"), x.tokens, x.compute_ms, x.partner_busy, x.logprobs,
-           x.prompt_logprobs);
+           x.prompt_logprobs, x.kv_devices, x.kv_pool_bytes);
 }
 
 }  // namespace computron::actors

@@ -38,6 +38,8 @@ struct swap_scheduler_state {
   swap_scheduler_options opts;
   /// The ledger's residency epoch of the last lease that carried the resident set.
   std::optional<uint64_t> sent_epoch;
+  /// When the tick already asked for comes (a load waiting to be retried).
+  std::optional<sched::time_point> tick_at;
 };
 
 using sched_pointer = swap_scheduler_actor::stateful_pointer<swap_scheduler_state>;
@@ -149,6 +151,26 @@ void evict_everywhere(sched_pointer self, model_id id) {
 void start_evict(sched_pointer self, model_id id);
 void start_load(sched_pointer self, model_id id);
 
+/// The device's own figure after a transfer beside the ledger's: published, and checked
+/// (an error in the log, in every build: CI's builds define NDEBUG). The ledger counts a load's
+/// pages from its start and an eviction's to its end, and a KV pool's pages as no fewer than it
+/// reported, so the device never holds more, but for the chunks a pool took since its last report
+/// (each under a page more than its blocks: one page per model with KV there is the slack), and for
+/// a failed load's shards that the ledger freed at once while their discard is still on its way.
+void check_device(sched_pointer self, const transfer_report& r) {
+  auto& l = ledger_of(self);
+  if (r.device < 0 || static_cast<size_t>(r.device) >= l.device_count()) return;
+  self->state.opts.obs->device_mapped(r.device, r.mapped_bytes);
+  auto& a = l.device(static_cast<size_t>(r.device));
+  uint64_t slack = 0;
+  for (model_id m = 0; m < l.model_count(); ++m)
+    for (auto d : l.model(m).where.devices)
+      if (d == r.device && l.model(m).kv_blocks > 0) slack += a.slot.page_bytes;
+  if (r.mapped_bytes > a.used_bytes + a.kv_bytes + slack)
+    log::error("device {} has {} bytes mapped, the ledger counts {} (weights {}, KV {})", r.device,
+               r.mapped_bytes, a.used_bytes + a.kv_bytes, a.used_bytes, a.kv_bytes);
+}
+
 /// Carries out what the core decided. `failure_error`, where given, is what the failing
 /// waiters hear instead of the core's refusal (a worker's own error keeps its code).
 void carry_out(sched_pointer self, sched::residency_effects e,
@@ -200,6 +222,12 @@ void carry_out(sched_pointer self, sched::residency_effects e,
     if (p->lease_rp) p->lease_rp->deliver(err);
     if (p->report_rp) p->report_rp->deliver(err);
   }
+  if (e.wake_at && (!st.tick_at || *e.wake_at < *st.tick_at || *st.tick_at <= now(self))) {
+    st.tick_at = *e.wake_at;
+    auto wait = std::max(sched::duration::zero(), *e.wake_at - now(self));
+    self->delayed_send(self, std::chrono::duration_cast<std::chrono::nanoseconds>(wait),
+                       tick_atom_v);
+  }
 }
 
 void start_evict(sched_pointer self, model_id id) {
@@ -211,8 +239,10 @@ void start_evict(sched_pointer self, model_id id) {
       [=](std::vector<transfer_report> reports) {
         auto& st = self->state;
         auto e = st.core->evict_done(id, now(self), free_blocks(reports));
-        for (auto& r : reports)
+        for (auto& r : reports) {
           st.opts.obs->transfer_done(name, r.device, false, r.bytes, t0, r.seconds);
+          check_device(self, r);
+        }
         publish_usage(self);
         carry_out(self, std::move(e));
       },
@@ -255,8 +285,10 @@ void finish_load(sched_pointer self, model_id id, double t0) {
         for (auto& r : reports)
           copies.push_back({static_cast<size_t>(r.device), r.bytes, r.seconds});
         auto e = st.core->load_done(id, now(self), free_blocks(reports), copies);
-        for (auto& r : reports)
+        for (auto& r : reports) {
           st.opts.obs->transfer_done(name, r.device, true, r.bytes, t0, r.seconds);
+          check_device(self, r);
+        }
         publish_usage(self);
         carry_out(self, std::move(e));
       },
@@ -335,6 +367,13 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
         carry_out(self, self->state.core->kv_return(*id, blocks, now(self)));
         publish_usage(self);
       },
+      [=](kv_pool_atom, std::string& name, std::vector<int32_t>& devs,
+          std::vector<uint64_t>& bytes) {
+        auto id = find(name);
+        if (!id) return;
+        carry_out(self, self->state.core->kv_pool(*id, devs, bytes, now(self)));
+        publish_usage(self);
+      },
       [=](acquire_atom, std::string& name) -> caf::result<lease> {
         auto id = find(name);
         if (!id) return unknown(name);
@@ -409,6 +448,11 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
       [=](found_atom, std::vector<int32_t>& devs) {
         carry_out(self, self->state.core->find_devices(devs, now(self)));
       },
+      [=](tick_atom) {
+        auto& st = self->state;
+        if (st.tick_at && *st.tick_at <= now(self)) st.tick_at.reset();
+        carry_out(self, st.core->tick(now(self)));
+      },
       [=](report_atom) {
         auto& l = ledger_of(self);
         caf::settings out;
@@ -464,7 +508,8 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
         auto& l = ledger_of(self);
         for (size_t d = 0; d < l.device_count(); ++d)
           out.push_back({static_cast<int32_t>(d), l.device(d).slot.usable_bytes,
-                         l.device(d).used_bytes, l.device(d).transfers, l.device(d).kv_bytes});
+                         l.device(d).used_bytes, l.device(d).transfers, l.device(d).kv_bytes,
+                         l.device(d).slot.page_bytes});
         return out;
       },
   };
@@ -484,7 +529,7 @@ caf::expected<swap_scheduler_actor> spawn_swap_scheduler(caf::actor_system& sys,
                         "workspace of " + std::to_string(opts.workspace_bytes) +
                             " bytes leaves nothing of a " + std::to_string(d.capacity_bytes) +
                             "-byte device");
-    slots.push_back({d.capacity_bytes - opts.workspace_bytes, d.link_gbps});
+    slots.push_back({d.capacity_bytes - opts.workspace_bytes, d.link_gbps, d.page_bytes});
     workers.push_back(d.worker);
   }
   sched::refusal why;

@@ -23,6 +23,8 @@ struct scheduler_device {
   double link_gbps = 0;
   /// What the device is: a model's dtype is checked against the kinds it is placed on.
   gpu::device_kind kind = gpu::device_kind::emulated;
+  /// The device's page: every shard and KV chunk takes whole pages.
+  uint64_t page_bytes = gpu::device::default_page_bytes;
 };
 
 struct swap_scheduler_options {

@@ -64,8 +64,7 @@ caf::result<shard_report> rejoin(worker_pointer self, const std::string& name, s
             self->state.preparing.erase(name);
             self->state.shards[name] = std::move(*fresh);
             log::info("device {}: {} joined its group again at {}", index, name, s.group_address);
-            rp.deliver(shard_report{name, index,
-                                    gpu::align_up(weights->size_bytes(), gpu::device::granularity),
+            rp.deliver(shard_report{name, index, self->state.dev->pages_of(weights->size_bytes()),
                                     weights->host_pinned()});
           },
           [=](caf::error& err) mutable {

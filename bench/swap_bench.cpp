@@ -128,7 +128,8 @@ caf::expected<std::vector<gpu::device_ptr>> open(const swap_bench_options& o, in
   gpu::device_options d;
   d.kind = o.device_kind;
   d.count = count;
-  d.emulated_capacity_bytes = capacity;
+  // Whole pages of the largest page a device takes: a shard maps its bytes rounded up.
+  d.emulated_capacity_bytes = gpu::align_up(capacity, gpu::device::default_page_bytes);
   d.emulated_link_gbps = o.link_gbps;
   return gpu::open_devices(d);
 }
@@ -301,6 +302,27 @@ caf::expected<swap_bench_result> run_swap_bench(const swap_bench_options& o) {
     res.load_seconds = median(m->loads);
     res.evict_ms = median(m->evicts);
     res.submit_ms = median(m->submits);
+    {
+      // Mapping alone, on device 0 (its shard evicted): a range of the largest shard.
+      auto& dev = *(*devs)[0];
+      if ((*shards)[0]->state() == gpu::residency::resident)
+        if (auto err = (*shards)[0]->evict()) return err;
+      auto range = dev.reserve(capacity);
+      if (!range) return std::move(range.error());
+      std::vector<double> maps, unmaps;
+      for (int r = 0; r < std::max(3, o.repeats); ++r) {
+        auto t0 = clock_type::now();
+        if (auto err = range->map()) return err;
+        maps.push_back(seconds_since(t0));
+        t0 = clock_type::now();
+        range->unmap();
+        unmaps.push_back(seconds_since(t0));
+      }
+      const double gib = static_cast<double>(dev.pages_of(capacity)) / double(1ull << 30);
+      res.page_bytes = dev.page_bytes();
+      res.map_ms_per_gib = median(maps) * 1e3 / gib;
+      res.unmap_ms_per_gib = median(unmaps) * 1e3 / gib;
+    }
     auto after = (*devs)[0]->stats();
     res.native_allocations = after.native_allocations;
     res.native_frees = after.native_frees;
@@ -364,6 +386,9 @@ std::string to_json(const swap_bench_result& r) {
   j["efficiency"] = r.efficiency;
   j["evict_ms"] = r.evict_ms;
   j["submit_ms"] = r.submit_ms;
+  j["page_bytes"] = r.page_bytes;
+  j["map_ms_per_gib"] = r.map_ms_per_gib;
+  j["unmap_ms_per_gib"] = r.unmap_ms_per_gib;
   j["native_allocations"] = r.native_allocations;
   j["native_frees"] = r.native_frees;
   j["host_pinned"] = r.host_pinned;
@@ -414,9 +439,11 @@ void print_table(std::ostream& out, const swap_bench_result& r) {
                      r.evict_ms);
   out << fmt::format("submit          {:.3f} ms (the load call: allocation and queueing)\n",
                      r.submit_ms);
+  out << fmt::format("pages           {} KiB: map {:.3f} ms/GiB, unmap {:.3f} ms/GiB (no copies)\n",
+                     r.page_bytes / 1024, r.map_ms_per_gib, r.unmap_ms_per_gib);
   out << fmt::format(
-      "device allocator calls: {} allocations, {} frees (the arena's reservation "
-      "at open; none per load or eviction)\n",
+      "device allocator calls: {} allocations, {} frees (the pages made at open; none per "
+      "load or eviction)\n",
       r.native_allocations, r.native_frees);
   if (!r.model.empty())
     out << fmt::format(

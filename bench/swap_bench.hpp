@@ -67,6 +67,12 @@ struct swap_bench_result {
   double evict_ms = 0;
   /// Median of the slowest shard's load() call (allocation and queueing of the chunks).
   double submit_ms = 0;
+  /// Device 0's page size, and the median time to map pages into a range of the
+  /// largest shard's size and to unmap them (no copies), per GiB: what a load and an
+  /// eviction pay for device memory in pages (cuMemMap/cuMemUnmap on a GPU, mmap here).
+  uint64_t page_bytes = 0;
+  double map_ms_per_gib = 0;
+  double unmap_ms_per_gib = 0;
   /// Device 0's native allocator calls over the run (see gpu::device_stats).
   uint64_t native_allocations = 0;
   uint64_t native_frees = 0;

@@ -23,6 +23,11 @@ enum class device_kind : uint8_t { emulated, cuda };
 /// "emulated" or "cuda".
 const char* to_string(device_kind kind);
 
+/// Rounds `bytes` up to a multiple of `align` (a power of two).
+constexpr uint64_t align_up(uint64_t bytes, uint64_t align) {
+  return (bytes + align - 1) & ~(align - 1);
+}
+
 /// What a device is and what it offers; fixed for its lifetime.
 struct device_info {
   device_kind kind = device_kind::emulated;
@@ -34,6 +39,10 @@ struct device_info {
   /// Host-to-device link rate in GB/s (1e9 bytes): configured for emulated devices,
   /// 0 (unknown, to be measured) for CUDA devices.
   double link_gbps = 0;
+  /// Device memory comes in pages of this many bytes (a power of two; CUDA's VMM
+  /// granularity, 2 MiB): every allocation is a reserved address range with whole pages
+  /// mapped into it, and capacity_bytes is a whole number of pages.
+  uint64_t page_bytes = 2ull << 20;
 };
 
 /// Traffic counters; they let tests prove that eviction copies nothing back.
@@ -42,13 +51,16 @@ struct device_stats {
   uint64_t bytes_to_host = 0;
   uint64_t copies_to_device = 0;
   uint64_t copies_to_host = 0;
-  /// Calls into the backend's own allocator for device memory (cudaMalloc, mmap) and
-  /// back (cudaFree, munmap). Both devices reserve their memory once at open and
-  /// sub-allocate shards from an arena, so loads and evictions leave these unchanged:
-  /// tests prove with them that an eviction never calls cudaFree (which synchronizes the
-  /// whole GPU).
+  /// Calls into the backend's own allocator for physical device memory (cuMemCreate, the
+  /// emulated device's memfd) and back (cuMemRelease, close). Both devices create their
+  /// pages once, at open, and loads and evictions only map and unmap them, so these stay
+  /// unchanged: tests prove with them that an eviction never frees device memory (cudaFree
+  /// synchronizes the whole GPU).
   uint64_t native_allocations = 0;
   uint64_t native_frees = 0;
+  /// Pages mapped into and unmapped from address ranges, over the device's lifetime.
+  uint64_t pages_mapped = 0;
+  uint64_t pages_unmapped = 0;
 };
 
 /// Host memory for transfers: pinned (page-locked) where the device supports it, so a
@@ -73,8 +85,12 @@ class host_buffer {
 
 class device;
 
-/// One block of device memory. Move-only; returns its bytes to the device when
-/// destroyed and keeps the device alive until then.
+/// One range of device addresses, reserved for its lifetime, with whole pages of the
+/// device's memory mapped into it or not. Unmapping gives the pages back and keeps the
+/// addresses: mapped again, the range is where it was, so anything that holds its
+/// addresses (views over a shard's weights, a captured CUDA graph) stays valid. Move-only;
+/// gives its pages and addresses back when destroyed and keeps the device alive until then.
+/// Not thread-safe: its owner (a weight shard, a KV pool) locks.
 class device_allocation {
  public:
   device_allocation() = default;
@@ -84,11 +100,23 @@ class device_allocation {
   device_allocation& operator=(const device_allocation&) = delete;
   ~device_allocation() { reset(); }
 
-  /// Device address (for the emulated device: a host address inside its arena).
+  /// Device address (for the emulated device: a host address), valid while mapped.
   void* data() const { return ptr_; }
   uint64_t size() const { return size_; }
+  /// Bytes of pages the range holds: its size rounded up to whole pages while mapped, 0
+  /// while not.
+  uint64_t mapped_bytes() const;
+  bool mapped() const { return !pages_.empty(); }
+  /// True while the range is reserved (mapped or not).
   explicit operator bool() const { return ptr_ != nullptr; }
-  /// Frees the memory now; copies nothing back.
+
+  /// Maps free pages into the whole range. Errors: out_of_device_memory when the device
+  /// has fewer free pages than the range needs (nothing is mapped then), invalid_state
+  /// when already mapped, the backend's mapping error.
+  caf::error map();
+  /// Gives the pages back to the device; copies nothing back and keeps the addresses.
+  void unmap();
+  /// Unmaps and gives the addresses back.
   void reset();
 
  private:
@@ -96,7 +124,8 @@ class device_allocation {
   std::shared_ptr<device> owner_;
   void* ptr_ = nullptr;
   uint64_t size_ = 0;
-  uint64_t accounted_ = 0;
+  uint64_t reserved_ = 0;
+  std::vector<uint32_t> pages_;
 };
 
 /// Completion of one asynchronous copy.
@@ -119,25 +148,36 @@ class device : public std::enable_shared_from_this<device> {
  public:
   virtual ~device() = default;
 
-  /// Allocation granularity; accounting rounds every allocation up to it.
-  static constexpr uint64_t granularity = 256;
+  /// The page size of a device whose info does not say (CUDA's VMM granularity).
+  static constexpr uint64_t default_page_bytes = 2ull << 20;
 
   const device_info& info() const { return info_; }
   uint64_t capacity_bytes() const { return info_.capacity_bytes; }
-  /// Bytes held by live allocations (rounded up to the allocation granularity).
-  uint64_t used_bytes() const { return used_bytes_.load(); }
+  uint64_t page_bytes() const { return info_.page_bytes; }
+  /// `bytes` rounded up to whole pages: what an allocation of `bytes` takes when mapped.
+  uint64_t pages_of(uint64_t bytes) const { return align_up(bytes, info_.page_bytes); }
+  /// Bytes of mapped pages.
+  uint64_t used_bytes() const { return mapped_pages() * info_.page_bytes; }
   uint64_t free_bytes() const { return info_.capacity_bytes - used_bytes(); }
-  /// Bytes in the largest free block: what one allocation can still get. Fragmentation
-  /// can make it smaller than free_bytes().
-  virtual uint64_t largest_free_block() const { return free_bytes(); }
+  /// What one allocation can still get: every free page, since pages need not be
+  /// contiguous (there is no external fragmentation).
+  uint64_t largest_free_block() const { return free_bytes(); }
+  /// Pages mapped into some range now.
+  uint64_t mapped_pages() const;
   device_stats stats() const;
 
   /// Host memory for transfers, pinned where possible.
   caf::expected<host_buffer> allocate_host(uint64_t bytes);
 
-  /// Device memory. Refused with `out_of_device_memory` when it would exceed the
-  /// capacity, before anything is allocated.
+  /// Device memory: a reserved range with pages mapped into it. Refused with
+  /// `out_of_device_memory` when the device has too few free pages, before anything is
+  /// mapped.
   caf::expected<device_allocation> allocate(uint64_t bytes);
+
+  /// A range of device addresses for `bytes`, with no pages mapped yet (map() backs it).
+  /// Reserving takes no device memory: a shard reserves its addresses once, at
+  /// registration, and its loads map pages into them.
+  caf::expected<device_allocation> reserve(uint64_t bytes);
 
   /// Starts copying `bytes` from host `src` to `dst` at `dst_offset`. `src` must stay
   /// valid until the returned event is ready.
@@ -174,8 +214,14 @@ class device : public std::enable_shared_from_this<device> {
   explicit device(device_info info) : info_(std::move(info)) {}
 
   virtual caf::expected<host_buffer> do_allocate_host(uint64_t bytes) = 0;
-  virtual caf::expected<void*> do_allocate(uint64_t bytes) = 0;
-  virtual void do_release(void* ptr, uint64_t bytes) noexcept = 0;
+  /// Reserves `bytes` (whole pages) of addresses, unbacked.
+  virtual caf::expected<void*> do_reserve(uint64_t bytes) = 0;
+  virtual void do_unreserve(void* va, uint64_t bytes) noexcept = 0;
+  /// Maps physical pages `pages` (indices below the page count given to init_pages), in
+  /// order, at `va` onwards; on error nothing stays mapped.
+  virtual caf::error do_map(void* va, const std::vector<uint32_t>& pages) = 0;
+  /// Unmaps `bytes` at `va` (whole pages mapped by do_map), keeping the reservation.
+  virtual void do_unmap(void* va, uint64_t bytes) noexcept = 0;
   virtual caf::expected<copy_event_ptr> do_copy_to_device(void* dst, const void* src,
                                                           uint64_t bytes) = 0;
   virtual caf::error do_copy_to_host(void* dst, const void* src, uint64_t bytes) = 0;
@@ -184,6 +230,8 @@ class device : public std::enable_shared_from_this<device> {
   /// Backends count their native allocator calls here (see device_stats).
   void count_native_allocation() { ++native_allocations_; }
   void count_native_free() { ++native_frees_; }
+  /// The backend has `count` physical pages of info_.page_bytes, indices 0 .. count - 1.
+  void init_pages(uint64_t count);
 
   device_info info_;
 
@@ -191,22 +239,23 @@ class device : public std::enable_shared_from_this<device> {
   friend class device_allocation;
   caf::error check_range(const device_allocation& a, uint64_t offset, uint64_t bytes,
                          const char* what) const;
+  caf::expected<std::vector<uint32_t>> take_pages(uint64_t count);
+  void give_pages(std::vector<uint32_t>& pages);
 
-  std::mutex alloc_mtx_;
-  std::atomic<uint64_t> used_bytes_{0};
+  mutable std::mutex pages_mtx_;
+  /// Free physical pages, taken from the back (the lowest indices first).
+  std::vector<uint32_t> free_pages_;
+  uint64_t total_pages_ = 0;
   std::atomic<uint64_t> bytes_to_device_{0};
   std::atomic<uint64_t> bytes_to_host_{0};
   std::atomic<uint64_t> copies_to_device_{0};
   std::atomic<uint64_t> copies_to_host_{0};
   std::atomic<uint64_t> native_allocations_{0};
   std::atomic<uint64_t> native_frees_{0};
+  std::atomic<uint64_t> pages_mapped_{0};
+  std::atomic<uint64_t> pages_unmapped_{0};
 };
 
 using device_ptr = std::shared_ptr<device>;
-
-/// Rounds `bytes` up to a multiple of `align` (a power of two).
-constexpr uint64_t align_up(uint64_t bytes, uint64_t align) {
-  return (bytes + align - 1) & ~(align - 1);
-}
 
 }  // namespace computron::gpu

@@ -1,10 +1,12 @@
 #include "gpu/emulated_device.hpp"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -75,32 +77,46 @@ caf::expected<std::shared_ptr<emulated_device>> emulated_device::make(
     return make_error(
         ec::invalid_configuration,
         fmt::format("emulated link rate must be in (0, 10000] GB/s, got {}", opts.link_gbps));
-  auto mapped = align_up(opts.capacity_bytes, 1ull << 21);
-  // NORESERVE: only the pages that shards actually occupy ever take host memory.
-  void* base = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (base == MAP_FAILED)
-    return make_error(ec::out_of_host_memory,
-                      fmt::format("cannot map {} bytes for emulated device {}: {}", mapped,
-                                  opts.ordinal, std::strerror(errno)));
-  ::madvise(base, mapped, MADV_HUGEPAGE);  // best effort: fewer faults, faster copies
+  auto page = opts.page_bytes;
+  if (page == 0) {
+    page = device::default_page_bytes;
+    while (page > 4096 && opts.capacity_bytes / page < 32) page /= 2;
+  }
+  if (page < 4096 || (page & (page - 1)) != 0)
+    return make_error(
+        ec::invalid_configuration,
+        fmt::format("emulated page size must be a power of two of at least 4096 bytes, got {}",
+                    page));
+  const auto pages = opts.capacity_bytes / page;
+  if (pages == 0 || pages > std::numeric_limits<uint32_t>::max())
+    return make_error(ec::invalid_configuration,
+                      fmt::format("an emulated device of {} bytes in pages of {} bytes has {} "
+                                  "pages (1 .. 2^32 - 1 allowed)",
+                                  opts.capacity_bytes, page, pages));
+  auto name = fmt::format("emulated:{}", opts.ordinal);
+  int fd = ::memfd_create(("computron-" + name).c_str(), MFD_CLOEXEC);
+  if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(pages * page)) != 0) {
+    auto why = std::strerror(errno);
+    if (fd >= 0) ::close(fd);
+    return make_error(
+        ec::out_of_host_memory,
+        fmt::format("cannot create {} bytes of pages for {}: {}", pages * page, name, why));
+  }
   device_info info;
   info.kind = device_kind::emulated;
   info.ordinal = opts.ordinal;
-  info.name = fmt::format("emulated:{}", opts.ordinal);
-  info.capacity_bytes = opts.capacity_bytes;
+  info.name = std::move(name);
+  // Only the pages that ranges map and touch ever take host memory.
+  info.capacity_bytes = pages * page;
   info.link_gbps = opts.link_gbps;
-  return std::shared_ptr<emulated_device>(
-      new emulated_device(std::move(info), static_cast<std::byte*>(base), mapped));
+  info.page_bytes = page;
+  return std::shared_ptr<emulated_device>(new emulated_device(std::move(info), fd));
 }
 
-emulated_device::emulated_device(device_info info, std::byte* base, uint64_t mapped_bytes)
-    : device(std::move(info)),
-      base_(base),
-      mapped_bytes_(mapped_bytes),
-      bytes_per_second_(info_.link_gbps * 1e9),
-      arena_(info_.capacity_bytes, granularity) {
-  count_native_allocation();  // the one mapping, made by make()
+emulated_device::emulated_device(device_info info, int memfd)
+    : device(std::move(info)), memfd_(memfd), bytes_per_second_(info_.link_gbps * 1e9) {
+  init_pages(info_.capacity_bytes / info_.page_bytes);
+  count_native_allocation();  // the memfd, made by make()
   engine_ = std::thread([this] { run_copy_engine(); });
 }
 
@@ -110,13 +126,8 @@ emulated_device::~emulated_device() {
     stopping_ = true;
   }
   queue_cv_.notify_all();
-  engine_.join();  // drains the queue: every event submitted gets its answer
-  ::munmap(base_, mapped_bytes_);
-}
-
-uint64_t emulated_device::largest_free_block() const {
-  std::lock_guard<std::mutex> guard{arena_mtx_};
-  return arena_.largest_free_block();
+  engine_.join();   // drains the queue: every event submitted gets its answer
+  ::close(memfd_);  // ranges still mapped keep the pages until they go
 }
 
 caf::expected<host_buffer> emulated_device::do_allocate_host(uint64_t bytes) {
@@ -129,21 +140,44 @@ caf::expected<host_buffer> emulated_device::do_allocate_host(uint64_t bytes) {
   return host_buffer{ptr, bytes, false, free_host};
 }
 
-caf::expected<void*> emulated_device::do_allocate(uint64_t bytes) {
-  std::lock_guard<std::mutex> guard{arena_mtx_};
-  auto offset = arena_.allocate(bytes);
-  if (!offset)
-    return make_error(
-        ec::out_of_device_memory,
-        fmt::format("{} bytes requested on {}: {} free but the largest free "
-                    "block is {} bytes (fragmented)",
-                    bytes, info_.name, arena_.free_bytes(), arena_.largest_free_block()));
-  return static_cast<void*>(base_ + *offset);
+caf::expected<void*> emulated_device::do_reserve(uint64_t bytes) {
+  // NORESERVE and PROT_NONE: addresses only, no memory, until do_map puts pages there.
+  void* va = ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (va == MAP_FAILED)
+    return make_error(ec::out_of_host_memory,
+                      fmt::format("cannot reserve {} bytes of addresses on {}: {}", bytes,
+                                  info_.name, std::strerror(errno)));
+  return va;
 }
 
-void emulated_device::do_release(void* ptr, uint64_t) noexcept {
-  std::lock_guard<std::mutex> guard{arena_mtx_};
-  arena_.release(static_cast<uint64_t>(static_cast<std::byte*>(ptr) - base_));
+void emulated_device::do_unreserve(void* va, uint64_t bytes) noexcept {
+  ::munmap(va, bytes);
+}
+
+caf::error emulated_device::do_map(void* va, const std::vector<uint32_t>& pages) {
+  const auto page = info_.page_bytes;
+  auto* at = static_cast<std::byte*>(va);
+  // Runs of consecutive pages go in one call: a fresh device maps a shard in one.
+  for (size_t i = 0; i < pages.size();) {
+    size_t run = 1;
+    while (i + run < pages.size() && pages[i + run] == pages[i] + run) ++run;
+    void* got = ::mmap(at + i * page, run * page, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+                       memfd_, static_cast<off_t>(pages[i] * page));
+    if (got == MAP_FAILED) {
+      auto why = std::strerror(errno);
+      do_unmap(va, i * page);
+      return make_error(ec::device_error,
+                        fmt::format("mapping {} pages on {}: {}", run, info_.name, why));
+    }
+    i += run;
+  }
+  return {};
+}
+
+void emulated_device::do_unmap(void* va, uint64_t bytes) noexcept {
+  if (bytes == 0) return;
+  // Back to the reservation: the same addresses, no pages behind them.
+  ::mmap(va, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
 }
 
 std::shared_ptr<emulated_device::event> emulated_device::submit(std::unique_ptr<job> j) {

@@ -6,7 +6,6 @@
 #include <mutex>
 #include <thread>
 
-#include "gpu/arena.hpp"
 #include "gpu/device.hpp"
 
 namespace computron::gpu {
@@ -20,10 +19,16 @@ struct emulated_device_options {
   /// memcpy rate (about 16 GB/s per thread on the 2-core machines) or the memcpy, not
   /// the throttle, sets the pace.
   double link_gbps = 2.0;
+  /// Page size, a power of two of at least 4 KiB; 0: 2 MiB (a GPU's), or on a device
+  /// under 64 MiB the size that gives it 32 pages (tests' small devices). The capacity
+  /// is rounded down to whole pages.
+  uint64_t page_bytes = 0;
 };
 
 /// A device whose memory is host memory with a fixed capacity and whose link is a real
-/// memcpy throttled to a configured rate. It runs the same code paths as a GPU on
+/// memcpy throttled to a configured rate. Its pages are those of one memfd, mapped with
+/// mmap(MAP_FIXED) into address ranges reserved with PROT_NONE: the same paging as
+/// CUDA's virtual memory calls, through Linux. It runs the same code paths as a GPU on
 /// machines without one. Copies run in submission order on the device's own copy
 /// thread (its "copy engine"), so several devices copy in parallel like several GPUs.
 class emulated_device final : public device {
@@ -35,14 +40,12 @@ class emulated_device final : public device {
 
   caf::error synchronize() override;
 
-  /// Bytes in the largest free block: fragmentation can refuse an allocation that the
-  /// capacity alone would admit.
-  uint64_t largest_free_block() const override;
-
  protected:
   caf::expected<host_buffer> do_allocate_host(uint64_t bytes) override;
-  caf::expected<void*> do_allocate(uint64_t bytes) override;
-  void do_release(void* ptr, uint64_t bytes) noexcept override;
+  caf::expected<void*> do_reserve(uint64_t bytes) override;
+  void do_unreserve(void* va, uint64_t bytes) noexcept override;
+  caf::error do_map(void* va, const std::vector<uint32_t>& pages) override;
+  void do_unmap(void* va, uint64_t bytes) noexcept override;
   caf::expected<copy_event_ptr> do_copy_to_device(void* dst, const void* src,
                                                   uint64_t bytes) override;
   caf::error do_copy_to_host(void* dst, const void* src, uint64_t bytes) override;
@@ -52,17 +55,14 @@ class emulated_device final : public device {
   struct job;
   class event;
 
-  emulated_device(device_info info, std::byte* base, uint64_t mapped_bytes);
+  emulated_device(device_info info, int memfd);
   std::shared_ptr<event> submit(std::unique_ptr<job> j);
   void run_copy_engine();
   void execute(job& j);
 
-  std::byte* base_;
-  uint64_t mapped_bytes_;
+  /// The physical pages: page i at offset i x page_bytes.
+  int memfd_;
   double bytes_per_second_;
-
-  mutable std::mutex arena_mtx_;
-  arena_allocator arena_;
 
   std::mutex queue_mtx_;
   std::condition_variable queue_cv_;

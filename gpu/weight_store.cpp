@@ -109,12 +109,19 @@ caf::expected<std::unique_ptr<weight_shard>> weight_shard::create(device_ptr dev
     return make_error(ec::invalid_request, "a weight shard needs at least one byte of tensors");
   auto host = dev->allocate_host(table.total_bytes());
   if (!host) return std::move(host.error());
+  // The shard's device addresses, for its lifetime: loads map pages into them.
+  auto range = dev->reserve(table.total_bytes());
+  if (!range) return std::move(range.error());
   return std::unique_ptr<weight_shard>{
-      new weight_shard(std::move(dev), std::move(table), std::move(*host))};
+      new weight_shard(std::move(dev), std::move(table), std::move(*host), std::move(*range))};
 }
 
-weight_shard::weight_shard(device_ptr dev, tensor_table table, host_buffer host)
-    : dev_(std::move(dev)), table_(std::move(table)), host_(std::move(host)) {}
+weight_shard::weight_shard(device_ptr dev, tensor_table table, host_buffer host,
+                           device_allocation range)
+    : dev_(std::move(dev)),
+      table_(std::move(table)),
+      host_(std::move(host)),
+      device_copy_(std::move(range)) {}
 
 weight_shard::~weight_shard() {
   // Copies still queued read host_ and write device_copy_: let them finish first.
@@ -144,9 +151,7 @@ caf::error weight_shard::load(const load_options& opts) {
   if (opts.chunk_bytes == 0)
     return make_error(ec::invalid_request, "chunk size must be at least 1 byte");
   // Capacity is checked here, before a single byte moves.
-  auto mem = dev_->allocate(size_bytes());
-  if (!mem) return std::move(mem.error());
-  device_copy_ = std::move(*mem);
+  if (auto err = device_copy_.map()) return err;
   failure_ = caf::error{};
   chunks_.clear();
   chunk_end_.clear();
@@ -159,7 +164,7 @@ caf::error weight_shard::load(const load_options& opts) {
       for (auto& queued : chunks_) queued->wait(std::chrono::minutes{5});
       chunks_.clear();
       chunk_end_.clear();
-      device_copy_.reset();
+      device_copy_.unmap();
       return std::move(ev.error());
     }
     chunks_.push_back(std::move(*ev));
@@ -187,7 +192,7 @@ caf::error weight_shard::finish_locked() {
   chunk_end_.clear();
   ready_chunks_ = 0;
   if (failure_) {
-    device_copy_.reset();
+    device_copy_.unmap();
     state_ = residency::offloaded;
     return failure_;
   }
@@ -271,7 +276,7 @@ caf::error weight_shard::evict() {
     return make_error(ec::not_resident, fmt::format("cannot evict the shard on {}: it is {}",
                                                     dev_->info().name, to_string(state_)));
   state_ = residency::evicting;
-  device_copy_.reset();  // frees device memory; the host copy is still current
+  device_copy_.unmap();  // gives the pages back; the host copy is still current
   state_ = residency::offloaded;
   return {};
 }

@@ -12,7 +12,7 @@
 #include "gpu/device.hpp"
 
 /// The weight store: a model shard's parameters as one contiguous, aligned host buffer
-/// plus a table of named tensors, loaded onto a device as one allocation in chunks.
+/// plus a table of named tensors, loaded onto a device into one address range in chunks.
 /// It knows nothing of models; models build their tensors as views over it.
 namespace computron::gpu {
 
@@ -104,7 +104,8 @@ class weight_shard {
   /// Host address of a tensor, or null for an unknown name.
   std::byte* host_tensor(std::string_view name) const;
 
-  /// Starts the load: one device allocation, then chunked asynchronous copies.
+  /// Starts the load: pages mapped into the shard's address range (the same addresses at
+  /// every load), then chunked asynchronous copies.
   /// Returns once the copies are queued. Errors: not offloaded (already loading or
   /// resident), a bad chunk size, not enough device memory (nothing is copied then).
   caf::error load(const load_options& opts = {});
@@ -125,8 +126,8 @@ class weight_shard {
   size_t chunk_count() const;
   bool chunk_ready(size_t i);
 
-  /// Frees the device copy; copies nothing back. Errors: not resident (offloaded, or
-  /// still loading: wait for the load first).
+  /// Unmaps the device copy's pages; copies nothing back and keeps the addresses. Errors:
+  /// not resident (offloaded, or still loading: wait for the load first).
   caf::error evict();
 
   /// Current state; a load whose chunks all arrived counts as resident.
@@ -136,11 +137,12 @@ class weight_shard {
   /// verification; never part of eviction). Errors: not resident, a bad range.
   caf::error read_back(uint64_t offset, void* dst, uint64_t bytes);
 
-  /// Device address of the shard (valid while loading or resident), else an error.
+  /// Device address of the shard (valid while loading or resident), else an error. The
+  /// same at every load: the range is reserved once, at create.
   caf::expected<std::byte*> device_data();
 
  private:
-  weight_shard(device_ptr dev, tensor_table table, host_buffer host);
+  weight_shard(device_ptr dev, tensor_table table, host_buffer host, device_allocation range);
   void refresh_locked();
   caf::error finish_locked();
 

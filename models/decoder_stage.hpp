@@ -48,6 +48,9 @@ struct kv_pool_options {
   /// Blocks of the smallest chunk the pool asks for (a chunk of 16 holds 256 positions of
   /// one row): fewer, larger chunks mean fewer allocator calls and gathers per step.
   int64_t min_chunk_blocks = 16;
+  /// The device's page: allocate maps whole pages, so a chunk takes as many blocks as
+  /// fill its pages (none of a page is wasted), and the pool counts its bytes in pages.
+  uint64_t page_bytes = 1;
 };
 
 /// A stage's KV block pool, in blocks of kv_block_bytes (models/decoder_spec.hpp).
@@ -58,6 +61,8 @@ struct kv_pool_stats {
   /// Chunks of device memory the blocks live in.
   int64_t chunks = 0;
   uint64_t block_bytes = 0;
+  /// Bytes of device pages the chunks hold (what the device has mapped for them).
+  uint64_t device_bytes = 0;
 };
 
 /// One stage's decoding state for one batch: each sequence's block table (the KV blocks of

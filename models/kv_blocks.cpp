@@ -77,7 +77,11 @@ caf::error kv_block_pool::grow(int64_t need) {
                              std::min(cap, std::max(need, opts_.min_chunk_blocks)), need};
   sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
   caf::error last;
+  const auto page = std::max<uint64_t>(1, opts_.page_bytes);
   for (auto n : sizes) {
+    // The device maps whole pages: the blocks that fill them are the chunk's too.
+    const auto pages = (static_cast<uint64_t>(n) * block_bytes_ + page - 1) / page * page;
+    n = std::max<int64_t>(n, static_cast<int64_t>(pages / block_bytes_));
     auto data = allocate_chunk(n);
     if (!data) {
       last = std::move(data.error());
@@ -86,6 +90,7 @@ caf::error kv_block_pool::grow(int64_t need) {
     auto c = std::make_unique<chunk>();
     c->data = std::move(*data);
     c->holders.assign(static_cast<size_t>(n), 0);
+    c->device_bytes = pages;
     for (auto i = n; i-- > 0;) c->free.push_back(i);  // index 0 taken first
     auto slot = std::find(chunks_.begin(), chunks_.end(), nullptr);
     if (slot == chunks_.end())
@@ -93,6 +98,7 @@ caf::error kv_block_pool::grow(int64_t need) {
     else
       *slot = std::move(c);
     allocated_ += n;
+    device_bytes_ += pages;
     return {};
   }
   auto numbers = fmt::format(
@@ -147,6 +153,7 @@ void kv_block_pool::release(block_id b) {
   // the chunk: the device must be done with it before the arena hands its bytes out again.
   finish_compute(options_.device());
   allocated_ -= static_cast<int64_t>(c.holders.size());
+  device_bytes_ -= c.device_bytes;
   chunks_[static_cast<size_t>(chunk_of(b))].reset();
 }
 
@@ -183,6 +190,7 @@ kv_pool_stats kv_block_pool::stats() const {
   s.block_bytes = block_bytes_;
   s.blocks_allocated = allocated_;
   s.blocks_in_use = held_;
+  s.device_bytes = device_bytes_;
   s.chunks = static_cast<int64_t>(
       std::count_if(chunks_.begin(), chunks_.end(), [](auto& c) { return c != nullptr; }));
   return s;

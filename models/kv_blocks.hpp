@@ -91,6 +91,7 @@ class kv_block_pool {
     std::vector<int32_t> holders;  // per block
     std::vector<int64_t> free;     // indices of unheld blocks, taken from the back
     int64_t held = 0;              // blocks with holders
+    uint64_t device_bytes = 0;     // whole pages of the device
   };
   caf::error grow(int64_t need);
   caf::expected<at::Tensor> allocate_chunk(int64_t blocks);
@@ -105,6 +106,7 @@ class kv_block_pool {
   std::vector<std::unique_ptr<chunk>> chunks_;  // by slot; null: a slot given back
   int64_t allocated_ = 0;
   int64_t held_ = 0;
+  uint64_t device_bytes_ = 0;
   int64_t budget_ = 0;
 };
 

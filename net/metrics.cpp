@@ -40,6 +40,13 @@ struct metrics::impl {
           .Name("computron_device_used_bytes")
           .Help("Device bytes held by model weights (loading or resident)")
           .Register(*reg);
+  pm::Family<pm::Gauge>& mapped =
+      pm::BuildGauge()
+          .Name("computron_device_mapped_bytes")
+          .Help(
+              "Device bytes of pages the device itself has mapped (weights and KV), after "
+              "its last load or eviction: used plus KV bytes never count less")
+          .Register(*reg);
   pm::Family<pm::Gauge>& kv_used = pm::BuildGauge()
                                        .Name("computron_kv_used_bytes")
                                        .Help("Device bytes held by running batches' KV blocks")
@@ -329,6 +336,10 @@ void metrics::preempted(const std::string& model) {
 void metrics::prefill_chunk(const std::string& model, int64_t tokens) {
   impl_->prefill_chunks.Add({{"model", model}}).Increment();
   impl_->prefill_chunk_tokens.Add({{"model", model}}).Increment(static_cast<double>(tokens));
+}
+
+void metrics::device_mapped(int32_t device, uint64_t bytes) {
+  impl_->mapped.Add({{"device", std::to_string(device)}}).Set(static_cast<double>(bytes));
 }
 
 void metrics::kv_device(int32_t device, uint64_t kv_bytes, uint64_t free_bytes) {

@@ -23,6 +23,7 @@ class metrics final : public actors::observer {
   void preempted(const std::string& model) override;
   void prefill_chunk(const std::string& model, int64_t tokens) override;
   void kv_device(int32_t device, uint64_t kv_bytes, uint64_t free_bytes) override;
+  void device_mapped(int32_t device, uint64_t bytes) override;
   void kv_model(const std::string& model, uint64_t blocks) override;
   void request_timeline(const std::string& model, const actors::request_timeline& t) override;
   /// An HTTP response went out: counted by status code (refusals included, 4xx too) and

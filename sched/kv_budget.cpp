@@ -39,29 +39,61 @@ bool ledger::kv_fits(model_id id, uint64_t blocks) const {
   return blocks <= kv_room(id);
 }
 
+uint64_t ledger::kv_charge(model_id id, size_t i) const {
+  auto& m = models_[id];
+  if (i >= m.where.kv_block_bytes.size()) return 0;
+  auto granted = m.kv_blocks * m.where.kv_block_bytes[i];
+  return i < m.kv_pool_bytes.size() ? std::max(granted, m.kv_pool_bytes[i]) : granted;
+}
+
+template <class F>
+void ledger::recharge_kv(model_entry& m, F change) {
+  auto id = static_cast<model_id>(&m - models_.data());
+  std::vector<uint64_t> before;
+  for (size_t i = 0; i < m.where.devices.size(); ++i) before.push_back(kv_charge(id, i));
+  change();
+  for (size_t i = 0; i < m.where.devices.size(); ++i) {
+    auto& d = devices_[static_cast<size_t>(m.where.devices[i])];
+    d.kv_bytes = d.kv_bytes - std::min(d.kv_bytes, before[i]) + kv_charge(id, i);
+  }
+}
+
 void ledger::kv_take(model_id id, uint64_t blocks) {
   auto& m = models_[id];
   if (m.where.kv_block_bytes.empty() || blocks == 0) return;
-  m.kv_blocks += blocks;
-  for (size_t i = 0; i < m.where.devices.size(); ++i)
-    devices_[static_cast<size_t>(m.where.devices[i])].kv_bytes +=
-        blocks * m.where.kv_block_bytes[i];
+  recharge_kv(m, [&] { m.kv_blocks += blocks; });
 }
 
 void ledger::kv_give(model_id id, uint64_t blocks) {
   auto& m = models_[id];
   blocks = std::min(blocks, m.kv_blocks);
   if (m.where.kv_block_bytes.empty() || blocks == 0) return;
-  m.kv_blocks -= blocks;
-  for (size_t i = 0; i < m.where.devices.size(); ++i) {
-    auto& d = devices_[static_cast<size_t>(m.where.devices[i])];
-    d.kv_bytes -= std::min(d.kv_bytes, blocks * m.where.kv_block_bytes[i]);
-  }
+  recharge_kv(m, [&] { m.kv_blocks -= blocks; });
+}
+
+bool ledger::kv_pool(model_id id, const std::vector<int32_t>& devices,
+                     const std::vector<uint64_t>& bytes) {
+  auto& m = models_[id];
+  if (m.where.kv_block_bytes.empty()) return false;
+  uint64_t before = 0, after = 0;
+  for (size_t i = 0; i < m.where.devices.size(); ++i) before += kv_charge(id, i);
+  recharge_kv(m, [&] {
+    m.kv_pool_bytes.resize(m.where.devices.size(), 0);
+    for (size_t k = 0; k < devices.size() && k < bytes.size(); ++k)
+      for (size_t i = 0; i < m.where.devices.size(); ++i)
+        if (m.where.devices[i] == devices[k]) m.kv_pool_bytes[i] = bytes[k];
+  });
+  for (size_t i = 0; i < m.where.devices.size(); ++i) after += kv_charge(id, i);
+  return after < before;
 }
 
 void ledger::free_kv(model_entry& m) {
-  auto id = static_cast<model_id>(&m - models_.data());
-  kv_give(id, m.kv_blocks);
+  // Its blocks, and what its pools last held: a forgotten or evicted model runs no batch,
+  // and its pools gave their pages back when its batches' caches went.
+  recharge_kv(m, [&] {
+    m.kv_blocks = 0;
+    m.kv_pool_bytes.clear();
+  });
 }
 
 std::optional<std::vector<model_id>> ledger::kv_victims(model_id id, uint64_t blocks,

@@ -217,6 +217,15 @@ bool ledger::want(model_id id) {
   return true;
 }
 
+bool ledger::retry_later(model_id id, time_point now) {
+  auto& m = models_[id];
+  const auto wait_ms =
+      std::min<int64_t>(1000, int64_t{20} << std::min<uint32_t>(m.device_refusals, 6));
+  ++m.device_refusals;
+  m.retry_at = now + std::chrono::milliseconds{wait_ms};
+  return want(id);
+}
+
 void ledger::note_demand(model_id id, uint32_t n, time_point now) {
   models_[id].demand.note(n, now);
 }
@@ -293,6 +302,8 @@ void ledger::load_done(model_id id, time_point now) {
   m.state = model_state::resident;
   ++residency_epoch_;
   m.wanted = false;
+  m.device_refusals = 0;
+  m.retry_at.reset();
   ++m.loads;
   m.last_used = now;
 }
@@ -310,6 +321,7 @@ void ledger::load_failed(model_id id) {
 void ledger::evict_done(model_id id) {
   auto& m = models_[id];
   m.prefetched = false;
+  free_kv(m);  // no batch runs on an evicted model: its pools' pages went with its caches
   free_shards(m);
   m.state = model_state::offloaded;
   ++m.evictions;
@@ -541,6 +553,13 @@ decisions ledger::pump(time_point now) {
       out.refused.push_back({id, {ec::out_of_device_memory, std::move(why)}});
       continue;
     }
+    if (m.retry_at && now < *m.retry_at) {
+      // Not yet: it holds no devices meanwhile, so other loads go ahead.
+      out.wake_at = out.wake_at ? std::min(*out.wake_at, *m.retry_at) : *m.retry_at;
+      still.push_back(id);
+      continue;
+    }
+    m.retry_at.reset();
     bool blocked = m.state == model_state::evicting;
     for (auto d : m.where.devices)
       blocked = blocked || reserved[static_cast<size_t>(d)] ||

@@ -32,6 +32,8 @@ struct device_slot {
   /// Host-to-device link, GB/s (reload cost estimates); 0: unknown, learned from the
   /// device's loads (note_transfer), 10 assumed until the first.
   double link_gbps = 0;
+  /// The device's page (shards and KV chunks take whole pages of it); 1: bytes.
+  uint64_t page_bytes = 1;
 };
 
 /// The shards of a model: device and bytes of each.
@@ -72,6 +74,11 @@ struct model_entry {
   bool wanted = false;
   /// In the pending loads.
   bool queued = false;
+  /// A device refused its last load for room the ledger counted as free (a KV pool still
+  /// held it, a discard had not yet run): the load waits in the queue until then.
+  std::optional<time_point> retry_at;
+  /// Loads refused so in a row (the wait doubles with each, to a second).
+  uint32_t device_refusals = 0;
   /// Loading, and every shard's copies are queued (load_started): batches may lease it
   /// and compute while the rest arrives (ledger_options::compute_while_loading).
   bool computable = false;
@@ -98,6 +105,11 @@ struct model_entry {
   /// every sequence, for its layers and heads): kv_blocks x kv_block_bytes[i] bytes of
   /// device i's budget. Held only under a lease, so a model with KV is never a victim.
   uint64_t kv_blocks = 0;
+  /// Bytes of device pages its KV pools last reported holding, per shard (empty: no
+  /// report). Shard i's KV counts max(kv_blocks x kv_block_bytes[i], kv_pool_bytes[i]):
+  /// a pool frees its pages only as whole chunks empty, so after blocks went back it may
+  /// still hold them, and the ledger must not hand those pages to a load meanwhile.
+  std::vector<uint64_t> kv_pool_bytes;
   /// Unregistered: its name is free again and its id is never used again (ids stay
   /// dense, so the entry stays, offloaded and unpinned).
   bool removed = false;
@@ -134,6 +146,8 @@ struct decisions {
   /// Models whose drain was called off: their held lease requests go ahead (granted if
   /// resident, else waiting for a load like any other).
   std::vector<model_id> undrained;
+  /// The earliest retry_at of a load left waiting for it: pump again then.
+  std::optional<time_point> wake_at;
 
   bool empty() const {
     return evictions.empty() && loads.empty() && refused.empty() && undrained.empty();
@@ -218,6 +232,12 @@ class ledger {
   /// An explicit load request: queues the model if it is not resident or loading.
   /// Returns false when the model is unavailable.
   bool want(model_id id);
+  /// After load_failed for lack of room on a device: queues the load again, not to start
+  /// before `now` plus a wait that doubles with every such refusal in a row (20 ms to
+  /// 1 s). The ledger counted that room as free, so it comes back by itself (a KV pool
+  /// giving pages back, a discard running); failing the requests instead lost them.
+  /// Returns want's answer.
+  bool retry_later(model_id id, time_point now);
   /// Recent arrivals for the cost-aware policy.
   void note_demand(model_id id, uint32_t n, time_point now);
   void pin(model_id id, bool pinned);
@@ -266,6 +286,13 @@ class ledger {
   /// (clamped to what it holds: a forgotten model's blocks are already gone).
   void kv_take(model_id id, uint64_t blocks);
   void kv_give(model_id id, uint64_t blocks);
+  /// `id`'s KV pools hold `bytes[k]` of pages on `devices[k]` (a worker's report after a
+  /// step; devices the model has no shard on are ignored). Returns whether the model's
+  /// KV counts less than before (room for a pass).
+  bool kv_pool(model_id id, const std::vector<int32_t>& devices,
+               const std::vector<uint64_t>& bytes);
+  /// Bytes shard `i` of `id` counts for its KV now.
+  uint64_t kv_charge(model_id id, size_t i) const;
   /// Lease-free, unpinned resident models whose eviction would make room for `blocks`
   /// more of `id`'s blocks, in the policy's order; empty when none is needed, nullopt when
   /// even all of them would not (their evictions are not started: begin_kv_evictions).
@@ -320,6 +347,10 @@ class ledger {
   void free_shards(model_entry& m);
   /// Frees the model's KV blocks everywhere (a forgotten model).
   void free_kv(model_entry& m);
+  /// Runs `change` on `m`'s KV figures, moving its devices' kv_bytes by the difference of
+  /// its charges.
+  template <class F>
+  void recharge_kv(model_entry& m, F change);
   /// Bytes KV may still take on device d (of the shared budget, or of the fixed reserve).
   uint64_t kv_free_bytes(size_t d) const;
 

@@ -72,6 +72,13 @@ residency_effects residency::kv_reserve(model_id id, waiter_id w, uint64_t want,
   return out;
 }
 
+residency_effects residency::kv_pool(model_id id, const std::vector<int32_t>& devices,
+                                     const std::vector<uint64_t>& bytes, time_point now) {
+  residency_effects out;
+  if (ledger_->kv_pool(id, devices, bytes)) pump(now, out);
+  return out;
+}
+
 residency_effects residency::kv_return(model_id id, uint64_t blocks, time_point now) {
   residency_effects out;
   ledger_->kv_give(id, blocks);
@@ -83,6 +90,7 @@ void residency::pump(time_point now, residency_effects& out) {
   serve_kv(now, out);
   for (;;) {
     auto d = ledger_->pump(now);
+    if (d.wake_at) out.wake_at = out.wake_at ? std::min(*out.wake_at, *d.wake_at) : *d.wake_at;
     if (d.empty()) return;
     out.evictions.insert(out.evictions.end(), d.evictions.begin(), d.evictions.end());
     out.loads.insert(out.loads.end(), d.loads.begin(), d.loads.end());
@@ -197,8 +205,21 @@ residency_effects residency::load_failed(model_id id, const refusal& why, time_p
   residency_effects out;
   out.discards.push_back(id);
   ledger_->load_failed(id);
-  fail_all(id, &waiters::leases, why, out);
-  fail_all(id, &waiters::loads, why, out);
+  auto& w = of(id);
+  const bool waited_for = !w.leases.empty() || !w.loads.empty();
+  // A device short of pages that the ledger counted as free: room that comes back by
+  // itself. The requests wait for it (their deadlines still bound them); a model that
+  // can never fit is refused by the pass with the sizes, as before.
+  if (!(why.code == ec::out_of_device_memory && waited_for && ledger_->retry_later(id, now))) {
+    fail_all(id, &waiters::leases, why, out);
+    fail_all(id, &waiters::loads, why, out);
+  }
+  pump(now, out);
+  return out;
+}
+
+residency_effects residency::tick(time_point now) {
+  residency_effects out;
   pump(now, out);
   return out;
 }

@@ -85,6 +85,8 @@ struct residency_effects {
   std::vector<waiter_done> done;
   /// Waiters that fail, and why.
   std::vector<waiter_failure> failures;
+  /// Loads wait to be retried (ledger::retry_later): call tick at this time.
+  std::optional<time_point> wake_at{};
 
   bool empty() const {
     return evictions.empty() && loads.empty() && discards.empty() && grants.empty() &&
@@ -119,8 +121,12 @@ class residency {
   /// plans room: a stale, fragmented block would make it evict more than it needs.
   residency_effects load_done(model_id id, time_point now, const std::vector<free_block>& free = {},
                               const std::vector<transfer_sample>& copies = {});
-  /// `why` is what its waiters hear.
+  /// `why` is what its waiters hear, unless it is a device's out_of_device_memory and
+  /// the model can fit once the ledger's room is really free: then its waiters keep
+  /// waiting and the load is retried (ledger::retry_later) under their deadlines.
   residency_effects load_failed(model_id id, const refusal& why, time_point now);
+  /// A wake_at time came: the pass runs again.
+  residency_effects tick(time_point now);
   residency_effects evict_done(model_id id, time_point now,
                                const std::vector<free_block>& free = {});
   /// A failed eviction: its copy is in an unknown state and stays accounted as resident,
@@ -143,6 +149,10 @@ class residency {
   /// A batch gives blocks back (rows finished, the batch ended); waiting asks and loads
   /// may go.
   residency_effects kv_return(model_id id, uint64_t blocks, time_point now);
+  /// A report of the pages the model's KV pools hold (ledger::kv_pool); a pass follows
+  /// when that frees room.
+  residency_effects kv_pool(model_id id, const std::vector<int32_t>& devices,
+                            const std::vector<uint64_t>& bytes, time_point now);
   /// Unregisters an offloaded, unused model (ledger::remove), forgetting its waiters.
   std::optional<refusal> remove(model_id id);
 

@@ -78,8 +78,7 @@ caf::error read_model(const nlohmann::json& j, const std::string& where, const f
   // would ask for billions of devices.
   if (m.tp > 0 && m.pp > 0 && int64_t{m.tp} * m.pp > 65536)
     return bad(where, fmt::format("tp x pp is {}: more than 65536 shards", int64_t{m.tp} * m.pp));
-  if (m.devices.empty())
-    for (int32_t i = 0; i < m.tp * m.pp; ++i) m.devices.push_back(i);  // the first tp x pp devices
+  // No devices: the scheduler places it at registration (sched::spread_placement).
   return {};
 }
 

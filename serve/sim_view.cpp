@@ -16,6 +16,7 @@
 #include "common/error.hpp"
 #include "net/client/http_client.hpp"
 #include "net/client/loadgen.hpp"
+#include "sched/placement.hpp"
 
 namespace computron::serve {
 
@@ -199,9 +200,34 @@ caf::expected<sim::sim_config> sim_config_from(const serve_config& cfg,
   out.cost = cost;
   if (!(cost.tflops > 0)) return bad("the simulator needs a compute rate: tflops above 0");
   const double flops = cost.tflops * 1e12;
+  // What the models placed so far take of each device: the runtime's registry places a
+  // model without devices by the same rule, in the same order.
+  std::vector<uint64_t> placed(static_cast<size_t>(count), 0);
+  const std::vector<uint64_t> usable(
+      static_cast<size_t>(count),
+      capacity > out.workspace_bytes ? capacity - out.workspace_bytes : 0);
   for (auto model : cfg.models) {
     model = actors::resolve_dtype(std::move(model), kinds);
+    if (model.devices.empty() && model.tp >= 1 && model.pp >= 1 && model.tp * model.pp <= count &&
+        engines.count(model.kind) > 0) {
+      std::vector<uint64_t> bytes;
+      for (int32_t k = 0; k < model.pp; ++k)
+        for (int32_t r = 0; r < model.tp; ++r) {
+          auto layout = engines.at(model.kind)->layout(actors::shard_spec{model, r, k, {}});
+          bytes.push_back(layout ? layout->total_bytes() : 0);
+        }
+      model.devices = sched::spread_placement(bytes.size(), usable, placed);
+    }
     if (auto err = actors::validate_model(engines, model, kinds)) return err;
+    for (size_t i = 0; i < model.devices.size(); ++i) {
+      auto layout =
+          engines.at(model.kind)
+              ->layout(actors::shard_spec{model,
+                                          static_cast<int32_t>(i % static_cast<size_t>(model.tp)),
+                                          static_cast<int32_t>(i / static_cast<size_t>(model.tp)),
+                                          {}});
+      if (layout) placed[static_cast<size_t>(model.devices[i])] += layout->total_bytes();
+    }
     auto& eng = *engines.at(model.kind);
     sim::sim_model m;
     m.name = model.name;

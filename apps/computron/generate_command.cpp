@@ -57,6 +57,7 @@ int run(generate_flags f) {
   auto& model = repo->front().config;
   if (f.devices.count == 0) {
     for (auto d : model.devices) f.devices.count = std::max(f.devices.count, d + 1);
+    if (model.devices.empty()) f.devices.count = model.tp * model.pp;  // placed on the first
   }
   return run_generate(model, f.devices, rows, f.max_tokens, f.sampling);
 }

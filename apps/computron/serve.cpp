@@ -269,6 +269,8 @@ int run_generate(const actors::model_config& cfg, const gpu::device_options& dev
   std::vector<gpu::device_kind> kinds;
   for (auto& d : *devs) kinds.push_back(d->info().kind);
   auto placed = actors::resolve_dtype(cfg, kinds);
+  if (placed.devices.empty())  // one model alone: its first tp x pp devices
+    for (int32_t i = 0; i < placed.tp * placed.pp; ++i) placed.devices.push_back(i);
   if (auto err = actors::validate_model(engines, placed, kinds)) {
     std::cerr << "computron generate: " << render(err) << '\n';
     return 1;

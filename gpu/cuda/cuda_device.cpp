@@ -1,6 +1,7 @@
 #include "gpu/cuda/cuda_device.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
@@ -12,7 +13,7 @@
 
 #include "common/error.hpp"
 #include "common/log.hpp"
-#include "gpu/arena.hpp"
+#include "gpu/cuda/driver_entry.hpp"
 #include "gpu/cuda/green_context.hpp"
 
 namespace computron::gpu::cuda {
@@ -103,40 +104,87 @@ class cuda_event final : public copy_event {
   std::shared_ptr<event_pool> pool_;
 };
 
-/// A block of device memory reserved at open and carved up by an arena: a shard's load
-/// takes an offset from it and its eviction gives the offset back, with no cudaMalloc or
-/// cudaFree (which synchronizes the whole device) on either path.
-struct segment {
-  std::byte* base = nullptr;
-  uint64_t size = 0;
-  arena_allocator arena;
-  segment(std::byte* b, uint64_t n) : base(b), size(n), arena(n, device::granularity) {}
+/// The driver's virtual memory calls (CUDA 10.2+), looked up once: device memory is pages
+/// (cuMemCreate) created at open and mapped into address ranges (cuMemAddressReserve,
+/// cuMemMap, cuMemSetAccess) by loads and out of them (cuMemUnmap) by evictions, so a
+/// shard keeps its addresses across an eviction and a reload, and no load or eviction
+/// calls cudaMalloc or cudaFree (which synchronizes the whole device).
+struct vmm_calls {
+  decltype(&cuMemCreate) create = nullptr;
+  decltype(&cuMemRelease) release = nullptr;
+  decltype(&cuMemAddressReserve) reserve = nullptr;
+  decltype(&cuMemAddressFree) address_free = nullptr;
+  decltype(&cuMemMap) map = nullptr;
+  decltype(&cuMemUnmap) unmap = nullptr;
+  decltype(&cuMemSetAccess) set_access = nullptr;
+  decltype(&cuMemGetAllocationGranularity) granularity = nullptr;
+  decltype(&cuGetErrorString) error_string = nullptr;
+  std::string missing;
 };
+
+const vmm_calls& vmm() {
+  static const vmm_calls v = [] {
+    vmm_calls c;
+    const int version = driver_abi_version();
+    if (version == 0) {
+      c.missing = "no CUDA driver";
+      return c;
+    }
+    auto first = [&](const char* name, auto& fn) {
+      auto why = driver_entry(name, fn, version);
+      if (!why.empty() && c.missing.empty()) c.missing = std::string{name} + ": " + why;
+    };
+    first("cuMemCreate", c.create);
+    first("cuMemRelease", c.release);
+    first("cuMemAddressReserve", c.reserve);
+    first("cuMemAddressFree", c.address_free);
+    first("cuMemMap", c.map);
+    first("cuMemUnmap", c.unmap);
+    first("cuMemSetAccess", c.set_access);
+    first("cuMemGetAllocationGranularity", c.granularity);
+    first("cuGetErrorString", c.error_string);
+    return c;
+  }();
+  return v;
+}
+
+caf::error check(CUresult r, const char* what, int ordinal) {
+  if (r == CUDA_SUCCESS) return {};
+  const char* msg = nullptr;
+  if (vmm().error_string) vmm().error_string(r, &msg);
+  return make_error(r == CUDA_ERROR_OUT_OF_MEMORY ? ec::out_of_device_memory : ec::device_error,
+                    fmt::format("cuda:{}: {} failed: {} ({})", ordinal, what,
+                                msg ? msg : "unknown error", static_cast<int>(r)));
+}
+
+CUmemAllocationProp page_prop(int ordinal) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = ordinal;
+  return prop;
+}
 
 class cuda_device final : public device {
  public:
-  cuda_device(device_info info, cudaStream_t stream, std::vector<segment> segments)
+  cuda_device(device_info info, cudaStream_t stream,
+              std::vector<CUmemGenericAllocationHandle> pages)
       : device(std::move(info)),
         stream_(stream),
         events_(std::make_shared<event_pool>(info_.ordinal)),
-        segments_(std::move(segments)) {
-    for (size_t i = 0; i < segments_.size(); ++i) count_native_allocation();
+        pages_(std::move(pages)) {
+    init_pages(pages_.size());
+    for (size_t i = 0; i < pages_.size(); ++i) count_native_allocation();
   }
 
   ~cuda_device() override {
     // The gpu-lets' streams end (their work first) before the memory they computed on.
+    // Every range is gone (each holds the device), so no page is mapped any more.
     green_.reset();
     select();
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
-    for (auto& s : segments_) cudaFree(s.base);
-  }
-
-  uint64_t largest_free_block() const override {
-    std::lock_guard<std::mutex> guard{arena_mtx_};
-    uint64_t best = 0;
-    for (auto& s : segments_) best = std::max(best, s.arena.largest_free_block());
-    return best;
+    for (auto h : pages_) vmm().release(h);
   }
 
   caf::error synchronize() override {
@@ -170,29 +218,48 @@ class cuda_device final : public device {
     return host_buffer{ptr, bytes, false, free_pageable};
   }
 
-  caf::expected<void*> do_allocate(uint64_t bytes) override {
-    std::lock_guard<std::mutex> guard{arena_mtx_};
-    for (auto& s : segments_)
-      if (auto offset = s.arena.allocate(bytes)) return static_cast<void*>(s.base + *offset);
-    uint64_t free_total = 0, largest = 0;
-    for (auto& s : segments_) {
-      free_total += s.arena.free_bytes();
-      largest = std::max(largest, s.arena.largest_free_block());
-    }
-    return make_error(ec::out_of_device_memory,
-                      fmt::format("{} bytes requested on {}: {} free but the largest free "
-                                  "block is {} bytes (fragmented)",
-                                  bytes, info_.name, free_total, largest));
+  caf::expected<void*> do_reserve(uint64_t bytes) override {
+    if (auto err = select()) return err;
+    CUdeviceptr va = 0;
+    if (auto err = check(vmm().reserve(&va, bytes, info_.page_bytes, 0, 0), "cuMemAddressReserve",
+                         ordinal()))
+      return err;
+    return reinterpret_cast<void*>(va);
   }
 
-  void do_release(void* ptr, uint64_t) noexcept override {
-    std::lock_guard<std::mutex> guard{arena_mtx_};
-    auto p = static_cast<std::byte*>(ptr);
-    for (auto& s : segments_)
-      if (p >= s.base && p < s.base + s.size) {
-        s.arena.release(static_cast<uint64_t>(p - s.base));
-        return;
-      }
+  void do_unreserve(void* va, uint64_t bytes) noexcept override {
+    select();
+    vmm().address_free(reinterpret_cast<CUdeviceptr>(va), bytes);
+  }
+
+  caf::error do_map(void* va, const std::vector<uint32_t>& pages) override {
+    if (auto err = select()) return err;
+    const auto page = info_.page_bytes;
+    const auto base = reinterpret_cast<CUdeviceptr>(va);
+    size_t mapped = 0;
+    caf::error err;
+    for (; mapped < pages.size(); ++mapped)
+      if ((err = check(vmm().map(base + mapped * page, page, 0, pages_[pages[mapped]], 0),
+                       "cuMemMap", ordinal())))
+        break;
+    if (!err) {
+      CUmemAccessDesc access{};
+      access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      access.location.id = ordinal();
+      access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      err = check(vmm().set_access(base, pages.size() * page, &access, 1), "cuMemSetAccess",
+                  ordinal());
+    }
+    if (err) do_unmap(va, mapped * page);
+    return err;
+  }
+
+  void do_unmap(void* va, uint64_t bytes) noexcept override {
+    select();
+    const auto page = info_.page_bytes;
+    const auto base = reinterpret_cast<CUdeviceptr>(va);
+    // Page by page: cuMemUnmap takes whole mappings, and each page is one.
+    for (uint64_t off = 0; off < bytes; off += page) vmm().unmap(base + off, page);
   }
 
   caf::expected<copy_event_ptr> do_copy_to_device(void* dst, const void* src,
@@ -233,43 +300,38 @@ class cuda_device final : public device {
 
   cudaStream_t stream_;
   std::shared_ptr<event_pool> events_;
-  mutable std::mutex arena_mtx_;
-  std::vector<segment> segments_;
+  /// The physical pages, created at open: page i of the device's page list.
+  std::vector<CUmemGenericAllocationHandle> pages_;
   std::unique_ptr<green_partitions> green_ = std::make_unique<green_partitions>(info_.ordinal);
 };
 
-/// Reserves `bytes` of device memory: one allocation when the driver gives it, else the
-/// largest pieces it gives (halving down to 64 MiB), so that a fragmented or shared GPU
-/// still opens with what it has. Returns the segments (possibly fewer bytes).
-caf::expected<std::vector<segment>> reserve(int ordinal, uint64_t bytes) {
-  std::vector<segment> out;
-  uint64_t want = align_up(bytes, 2ull << 20);
-  uint64_t piece = want;
-  constexpr uint64_t smallest = 64ull << 20;
-  uint64_t got = 0;
-  while (got + smallest <= want && piece >= smallest) {
-    piece = std::min(piece, want - got) / (2ull << 20) * (2ull << 20);
-    void* ptr = nullptr;
-    auto status = cudaMalloc(&ptr, piece);
-    if (status == cudaSuccess) {
-      out.emplace_back(static_cast<std::byte*>(ptr), piece);
-      got += piece;
-      continue;
+/// Creates the device's pages: `bytes` of them, or as many as the driver gives (a shared
+/// GPU still opens with what it has).
+caf::expected<std::vector<CUmemGenericAllocationHandle>> create_pages(int ordinal, uint64_t bytes,
+                                                                      uint64_t page) {
+  std::vector<CUmemGenericAllocationHandle> out;
+  const auto want = bytes / page;
+  out.reserve(want);
+  auto prop = page_prop(ordinal);
+  auto t0 = std::chrono::steady_clock::now();
+  while (out.size() < want) {
+    CUmemGenericAllocationHandle h{};
+    auto r = vmm().create(&h, page, &prop, 0);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) break;
+    if (auto err = check(r, "cuMemCreate", ordinal)) {
+      for (auto p : out) vmm().release(p);
+      return err;
     }
-    cudaGetLastError();
-    if (status != cudaErrorMemoryAllocation) {
-      for (auto& s : out) cudaFree(s.base);
-      return check(status, "cudaMalloc", ordinal);
-    }
-    piece /= 2;
+    out.push_back(h);
   }
   if (out.empty())
     return make_error(
         ec::out_of_device_memory,
-        fmt::format("cuda:{}: cannot reserve any of {} bytes for weights", ordinal, bytes));
-  if (got < want)
-    log::warn("cuda:{}: reserved {} of {} bytes for weights in {} segments", ordinal, got, want,
-              out.size());
+        fmt::format("cuda:{}: cannot create any of {} bytes of pages for weights", ordinal, bytes));
+  if (out.size() < want)
+    log::warn("cuda:{}: created {} of {} pages of {} bytes", ordinal, out.size(), want, page);
+  log::debug("cuda:{}: {} pages of {} bytes created in {:.3f} s", ordinal, out.size(), page,
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return out;
 }
 
@@ -304,17 +366,27 @@ caf::expected<device_ptr> open(int ordinal, uint64_t reserved_bytes, uint64_t ca
     return make_error(ec::invalid_configuration,
                       fmt::format("cuda:{}: {} bytes free, not more than the {} reserved", ordinal,
                                   free_bytes, reserved_bytes));
-  // The weights' memory is taken now, once: loads and evictions then only move offsets.
+  if (!vmm().missing.empty())
+    return make_error(ec::device_error, fmt::format("cuda:{}: device memory in pages needs the "
+                                                    "driver's virtual memory calls: {}",
+                                                    ordinal, vmm().missing));
+  auto page_props = page_prop(ordinal);
+  size_t granularity = 0;
+  if (auto err =
+          check(vmm().granularity(&granularity, &page_props, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+                "cuMemGetAllocationGranularity", ordinal))
+    return err;
+  const uint64_t page = std::max<uint64_t>(device::default_page_bytes, granularity);
+  // The device's memory is taken now, once: loads and evictions then only map pages.
   auto want = free_bytes - reserved_bytes;
   if (capacity_bytes > 0) want = std::min<uint64_t>(want, capacity_bytes);
-  auto segments = reserve(ordinal, want);
-  if (!segments) return std::move(segments.error());
-  uint64_t capacity = 0;
-  for (auto& s : *segments) capacity += s.size;
+  auto pages = create_pages(ordinal, want, page);
+  if (!pages) return std::move(pages.error());
+  const uint64_t capacity = pages->size() * page;
   cudaStream_t stream;
   if (auto err = check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
                        "cudaStreamCreate", ordinal)) {
-    for (auto& s : *segments) cudaFree(s.base);
+    for (auto h : *pages) vmm().release(h);
     return err;
   }
   device_info info;
@@ -323,7 +395,8 @@ caf::expected<device_ptr> open(int ordinal, uint64_t reserved_bytes, uint64_t ca
   info.name = fmt::format("cuda:{} ({})", ordinal, prop.name);
   info.capacity_bytes = capacity;
   info.link_gbps = 0;
-  return device_ptr{std::make_shared<cuda_device>(std::move(info), stream, std::move(*segments))};
+  info.page_bytes = page;
+  return device_ptr{std::make_shared<cuda_device>(std::move(info), stream, std::move(*pages))};
 }
 
 }  // namespace computron::gpu::cuda

@@ -10,6 +10,7 @@
 
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "gpu/cuda/driver_entry.hpp"
 
 namespace computron::gpu::cuda {
 
@@ -42,25 +43,10 @@ caf::error missing_call(const char* name, const std::string& why) {
                                                   name, why));
 }
 
-/// The call's ABI as of `version`: the build's CUDA, or the driver's where that is older
-/// (a newer toolkit than the driver asks for versions the driver does not know).
 template <class F>
 caf::error lookup(const char* name, F& fn, int version) {
-  void* p = nullptr;
-  cudaDriverEntryPointQueryResult found{};
-  auto status = cudaGetDriverEntryPointByVersion(name, &p, static_cast<unsigned>(version),
-                                                 cudaEnableDefault, &found);
-  if (status == cudaSuccess && found == cudaDriverEntryPointSuccess && p != nullptr) {
-    fn = reinterpret_cast<F>(p);
-    return {};
-  }
-  cudaGetLastError();
-  const char* why = found == cudaDriverEntryPointVersionNotSufficent
-                        ? "the driver is older than the CUDA this build needs"
-                    : found == cudaDriverEntryPointSymbolNotFound ? "the driver has no such call"
-                    : status != cudaSuccess                       ? cudaGetErrorString(status)
-                                                                  : "not found";
-  return missing_call(name, why);
+  auto why = driver_entry(name, fn, version);
+  return why.empty() ? caf::error{} : missing_call(name, why);
 }
 
 const driver_calls& calls() {

@@ -237,8 +237,11 @@ TEST_CASE("a decoder shard's KV blocks come out of its device's memory and go ba
   q.prompts = {{2, 100, 37}, {2, 9}};
   q.sampling = {row_sampling{}, row_sampling{}};
   REQUIRE((*program)->run(q, nullptr));
-  // One chunk of the pool's smallest size (16 blocks) holds the two rows' blocks.
-  CHECK(f.dev->used_bytes() == weights + 16 * block);
+  // One chunk of the pool's smallest size (16 blocks), in whole pages of the device,
+  // holds the two rows' blocks; the program reports what its pool holds.
+  CHECK(f.dev->used_bytes() == weights + f.dev->pages_of(16 * block));
+  CHECK((*program)->kv_device_bytes() == f.dev->pages_of(16 * block));
   (*program)->end_batch(1);
   CHECK(f.dev->used_bytes() == weights);
+  CHECK((*program)->kv_device_bytes() == 0);
 }

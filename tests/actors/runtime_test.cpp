@@ -393,3 +393,31 @@ TEST_CASE("one deadline: a running request ends at it, a worker refuses a step t
                [&](caf::error& e) { FAIL(render(e)); });
   CHECK(ran);
 }
+
+TEST_CASE("models that name no devices are spread over the devices with the most room",
+          "[actors][runtime][placement]") {
+  // Issue 44: "the first tp x pp devices" put every such model on device 0. The registry
+  // places them by what is placed already (sched::spread_placement).
+  runtime_fixture f;
+  std::vector<int32_t> count(4, 0);
+  for (int i = 0; i < 6; ++i) {
+    auto m = runtime_fixture::toy("m" + std::to_string(i), static_cast<uint64_t>(i + 1), 1, 1);
+    m.devices.clear();
+    auto info = f.add(m);
+    INFO((info ? std::string{} : render(info.error())));
+    REQUIRE(info);
+    REQUIRE(info->config.devices.size() == 1);
+    ++count[static_cast<size_t>(info->config.devices[0])];
+  }
+  CHECK(count == std::vector<int32_t>{2, 2, 1, 1});
+  // Two shards go to the two devices with the most room left, and the model serves.
+  auto wide = runtime_fixture::toy("wide", 9, 2, 1);
+  wide.devices.clear();
+  auto info = f.add(wide);
+  REQUIRE(info);
+  CHECK(info->config.devices == std::vector<int32_t>{2, 3});
+  auto got = f.infer(request("wide", {1, 2, 3}));
+  INFO((got ? std::string{} : render(got.error())));
+  REQUIRE(got);
+  CHECK(got->tokens == f.reference(info->config, {1, 2, 3}, 3));
+}

@@ -217,7 +217,7 @@ void a_load_that_cannot_fit_moves_nothing(const device_factory& make) {
 void loads_and_evictions_never_call_the_native_allocator(const device_factory& make) {
   auto dev = make(0);
   auto before = dev->stats();
-  CHECK(before.native_allocations >= 1);  // the reservation made at open
+  CHECK(before.native_allocations >= 1);  // the pages made at open
   const uint64_t n = (8ull << 20) + 4096;
   auto shard = make_shard(dev, n, 11);
   auto other = make_shard(dev, n / 2, 12);
@@ -239,27 +239,72 @@ void loads_and_evictions_never_call_the_native_allocator(const device_factory& m
   CHECK(dev->used_bytes() == 0);
 }
 
-void fragmentation_is_reported_as_the_largest_free_block(const device_factory& make) {
+void memory_in_pages_never_fragments(const device_factory& make) {
   auto dev = make(0);
+  const auto page = dev->page_bytes();
+  REQUIRE(page >= 4096);
+  CHECK(dev->capacity_bytes() % page == 0);
   CHECK(dev->largest_free_block() == dev->capacity_bytes());
-  auto q = dev->capacity_bytes() / 4 / gpu::device::granularity * gpu::device::granularity;
+  auto q = dev->capacity_bytes() / 4 / page * page;
+  REQUIRE(q > 0);
   auto a = dev->allocate(q);
   auto b = dev->allocate(q);
   auto c = dev->allocate(q);
   REQUIRE((a && b && c));
-  b->reset();  // a hole of q between a and c
-  CHECK(dev->free_bytes() >= 2 * q);
-  CHECK(dev->largest_free_block() < 2 * q);
-  CHECK(dev->largest_free_block() >= q);
-  // The byte count would admit 2q; no block holds it: refused, clearly, not crashed.
+  CHECK(dev->used_bytes() == 3 * q);
+  CHECK(dev->mapped_pages() * page == 3 * q);
+  b->reset();  // a hole of q between a and c, and the tail
+  // A contiguous arena refused this (its largest block was q): pages take any free page.
+  CHECK(dev->largest_free_block() == dev->free_bytes());
   auto big = dev->allocate(2 * q);
-  REQUIRE_FALSE(big);
-  CHECK(is(big.error(), ec::out_of_device_memory));
-  CHECK_THAT(render(big.error()), Catch::Contains("fragmented"));
-  // Freeing the neighbour coalesces the hole into one block again.
-  c->reset();
-  CHECK(dev->largest_free_block() >= 2 * q);
-  CHECK(dev->allocate(2 * q));
+  REQUIRE(big);
+  CHECK(dev->used_bytes() == 4 * q);
+  // Both halves of the range hold what is written there.
+  std::vector<std::byte> pattern(2 * q), back(2 * q);
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<std::byte>(i * 131 + 7);
+  auto ev = dev->copy_to_device_async(*big, 0, pattern.data(), 2 * q);
+  REQUIRE(ev);
+  REQUIRE_FALSE((*ev)->wait(30s));
+  REQUIRE_FALSE(dev->copy_to_host(back.data(), *big, 0, 2 * q));
+  CHECK(back == pattern);
+  // An allocation takes whole pages: one byte more than the rest is refused, with sizes.
+  big->reset();
+  auto over = dev->allocate(dev->free_bytes() + 1);
+  REQUIRE_FALSE(over);
+  CHECK(is(over.error(), ec::out_of_device_memory));
+  CHECK(dev->used_bytes() == 2 * q);
+}
+
+void a_shard_keeps_its_addresses_across_eviction_and_reload(const device_factory& make) {
+  auto dev = make(0);
+  const auto page = dev->page_bytes();
+  const uint64_t n = 3 * page + 4096;  // not a whole number of pages
+  auto shard = make_shard(dev, n, 21);
+  auto other = make_shard(dev, 2 * page, 22);
+  REQUIRE_FALSE(shard->load({page}));
+  REQUIRE_FALSE(shard->wait_loaded(10s));
+  auto first = shard->device_data();
+  REQUIRE(first);
+  CHECK(dev->used_bytes() == 4 * page);
+  REQUIRE_FALSE(shard->evict());
+  CHECK(dev->used_bytes() == 0);
+  // Another shard takes the pages the first gave back; the first comes back at its old
+  // addresses over other pages, with its bytes.
+  REQUIRE_FALSE(other->load({page}));
+  REQUIRE_FALSE(other->wait_loaded(10s));
+  REQUIRE_FALSE(shard->load({page}));
+  REQUIRE_FALSE(shard->wait_loaded(10s));
+  auto again = shard->device_data();
+  REQUIRE(again);
+  CHECK(*again == *first);
+  std::vector<std::byte> back(n);
+  REQUIRE_FALSE(shard->read_back(0, back.data(), n));
+  CHECK(std::memcmp(back.data(), shard->host_data(), n) == 0);
+  CHECK(dev->used_bytes() == 6 * page);
+  CHECK(dev->mapped_pages() == 6);
+  auto stats = dev->stats();
+  CHECK(stats.pages_mapped == 4 + 2 + 4);
+  CHECK(stats.pages_unmapped == 4);
 }
 
 COMPUTRON_CONFORMANCE("random bytes survive host to device to host unchanged",
@@ -279,5 +324,6 @@ COMPUTRON_CONFORMANCE("a load that cannot fit is refused before anything moves",
                       a_load_that_cannot_fit_moves_nothing)
 COMPUTRON_CONFORMANCE("loads and evictions never call the device's own allocator",
                       loads_and_evictions_never_call_the_native_allocator)
-COMPUTRON_CONFORMANCE("fragmentation shows as the largest free block and a clear refusal",
-                      fragmentation_is_reported_as_the_largest_free_block)
+COMPUTRON_CONFORMANCE("device memory in pages never fragments", memory_in_pages_never_fragments)
+COMPUTRON_CONFORMANCE("a shard keeps its device addresses across an eviction and a reload",
+                      a_shard_keeps_its_addresses_across_eviction_and_reload)

@@ -1,4 +1,4 @@
-// What only the emulated device promises: its throttle, its arena, its options.
+// What only the emulated device promises: its throttle, its pages, its options.
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -7,7 +7,6 @@
 #include <limits>
 
 #include "common/error.hpp"
-#include "gpu/arena.hpp"
 #include "gpu/emulated_device.hpp"
 #include "gpu/weight_store.hpp"
 #include "tests/support/devices.hpp"
@@ -134,7 +133,7 @@ TEST_CASE("emulated device options are validated", "[emulated]") {
 
 TEST_CASE("eviction on the emulated device takes no time proportional to size",
           "[emulated][weight_store]") {
-  // Device memory comes from an arena: freeing is a map update, not an munmap.
+  // Eviction unmaps the pages: one mmap call over the range, whatever its size.
   auto dev = make_device(16.0, 1ull << 30);
   gpu::tensor_table t;
   REQUIRE_FALSE(t.add("w", gpu::dtype::u8, {256 << 20}));
@@ -153,41 +152,50 @@ TEST_CASE("eviction on the emulated device takes no time proportional to size",
   CHECK(dev->used_bytes() == 0);
 }
 
-TEST_CASE("the arena allocator reuses and coalesces freed blocks", "[emulated][arena]") {
-  gpu::arena_allocator a{4096, 256};
-  auto x = a.allocate(1000);  // rounds to 1024
-  auto y = a.allocate(1024);
-  auto z = a.allocate(2048);
-  REQUIRE(x);
-  REQUIRE(y);
-  REQUIRE(z);
-  CHECK(*x % 256 == 0);
-  CHECK(*y == 1024);
-  CHECK(a.free_bytes() == 0);
-  CHECK_FALSE(a.allocate(1));
-  a.release(*x);
-  a.release(*z);
-  CHECK(a.free_bytes() == 3072);
-  CHECK(a.largest_free_block() == 2048);  // fragmented: x's and z's holes are apart
-  CHECK_FALSE(a.allocate(3072));
-  a.release(*y);  // joins all three
-  CHECK(a.largest_free_block() == 4096);
-  CHECK(a.allocate(4096) == uint64_t{0});
-  a.release(12345);  // unknown offsets are ignored
-  CHECK(a.free_bytes() == 0);
+TEST_CASE("emulated pages: the default size, a small device's, and bad sizes",
+          "[emulated][pages]") {
+  auto big = make_device(4.0, 192ull << 20);
+  CHECK(big->page_bytes() == gpu::device::default_page_bytes);
+  CHECK(big->capacity_bytes() == 192ull << 20);
+  auto small = make_device(4.0, (5ull << 20) / 2);  // 2.5 MiB: 32 pages of 64 KiB, rounded down
+  CHECK(small->page_bytes() == 64ull << 10);
+  CHECK(small->capacity_bytes() == 40 * (64ull << 10));
+  gpu::emulated_device_options o;
+  o.capacity_bytes = 1ull << 20;
+  for (uint64_t page : {uint64_t{1000}, uint64_t{2048}, uint64_t{3} << 20, uint64_t{2} << 20}) {
+    o.page_bytes = page;
+    auto bad = gpu::emulated_device::make(o);
+    REQUIRE_FALSE(bad);  // not a power of two, under 4 KiB, or more than the capacity
+    CHECK(is(bad.error(), ec::invalid_configuration));
+  }
 }
 
-TEST_CASE("a fragmented emulated device says so when it refuses", "[emulated][arena]") {
-  auto dev = make_device(4.0, 4096);
-  auto a = dev->allocate(1024);
-  auto b = dev->allocate(1024);
-  auto c = dev->allocate(1024);
-  REQUIRE((a && b && c));
-  a->reset();
-  c->reset();  // 3072 free, but the largest hole is 2048 (c's and the tail)
-  auto big = dev->allocate(3072);
-  REQUIRE_FALSE(big);
-  CHECK(is(big.error(), ec::out_of_device_memory));
-  CHECK_THAT(render(big.error()), Catch::Contains("fragmented"));
-  CHECK(dev->used_bytes() == 1024);  // the refused request left no accounting behind
+TEST_CASE("an emulated range unmapped keeps its addresses and maps other pages again",
+          "[emulated][pages]") {
+  auto dev = make_device(4.0, 64ull << 20);
+  const auto page = dev->page_bytes();
+  auto r = dev->reserve(3 * page);
+  REQUIRE(r);
+  CHECK_FALSE(r->mapped());
+  CHECK(dev->used_bytes() == 0);
+  std::vector<std::byte> x(page, std::byte{1});
+  CHECK(is(dev->copy_to_device_async(*r, 0, x.data(), page).error(), ec::invalid_state));
+  REQUIRE_FALSE(r->map());
+  CHECK(is(r->map(), ec::invalid_state));  // twice
+  auto* at = static_cast<std::byte*>(r->data());
+  std::memset(at, 0x5a, 3 * page);  // host memory on this device: writable where mapped
+  r->unmap();
+  CHECK(dev->used_bytes() == 0);
+  auto hog = dev->allocate(page);  // takes the lowest free page, the range's first before
+  REQUIRE(hog);
+  REQUIRE_FALSE(r->map());
+  CHECK(r->data() == at);
+  CHECK(dev->used_bytes() == 4 * page);
+  // The hog's page was the range's first: the range's first page is another page now.
+  std::memset(hog->data(), 0x11, page);
+  CHECK(at[0] != std::byte{0x11});
+  auto stats = dev->stats();
+  CHECK(stats.native_allocations == 1);  // the memfd
+  CHECK(stats.pages_mapped == 3 + 1 + 3);
+  CHECK(stats.pages_unmapped == 3);
 }

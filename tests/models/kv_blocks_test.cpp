@@ -406,6 +406,34 @@ TEST_CASE("kv blocks: the stage's allocator gives the blocks' memory and a refus
     CHECK(*mem.live_bytes == static_cast<int64_t>(8 * block));
   }
 
+  SECTION("a chunk fills whole pages of the device, and the pool counts them") {
+    // The device maps pages: the blocks that fill a chunk's pages are the pool's too,
+    // and what the pool reports holding is what the device has mapped for it.
+    gpu::emulated_device_options o;
+    o.capacity_bytes = 64 * block;
+    o.page_bytes = 1 << 16;
+    while (o.page_bytes < 3 * block) o.page_bytes *= 2;  // a page of 3 blocks or more
+    auto made = gpu::emulated_device::make(o);
+    REQUIRE(made);
+    gpu::device_ptr dev = *made;
+    auto mem = device_memory(dev);
+    mem.page_bytes = dev->page_bytes();
+    auto stage = decoder_stage::create(m.spec, m.par, {0, 0}, *m.shards[0], *m.groups[0], mem);
+    REQUIRE(stage);
+    const auto per_page = static_cast<int64_t>(dev->page_bytes() / block);
+    {
+      kv_cache c;
+      REQUIRE((*stage)->prefill({prompt(15, 1), prompt(3, 2)}, nullptr, c));  // 2 blocks
+      auto st = (*stage)->kv_blocks();
+      CHECK(st.blocks_in_use == 2);
+      CHECK(st.blocks_allocated == per_page);
+      CHECK(st.device_bytes == dev->page_bytes());
+      CHECK(dev->used_bytes() == st.device_bytes);
+    }
+    CHECK((*stage)->kv_blocks().device_bytes == 0);
+    CHECK(dev->used_bytes() == 0);
+  }
+
   SECTION("a hook that refuses fails the prefill with out_of_device_memory") {
     kv_pool_options refuse;
     refuse.allocate = [](uint64_t bytes) -> caf::expected<kv_memory> {

@@ -102,9 +102,11 @@ TEST_CASE("Llama-family folders serve the reference's tokens over HTTP, also aft
     auto& p = info["parameters"];
     REQUIRE(p.contains("weight_bytes"));
     CHECK(p["weight_bytes"].get<uint64_t>() == tensors);
-    auto ratio = p["bytes"].get<double>() / static_cast<double>(tensors);
-    CHECK(ratio >= 1.0);
-    CHECK(ratio < 1.1);
+    // On the devices every shard takes whole pages (2 MiB on these 64 MiB devices, issue
+    // 44): four shards of a few hundred KiB take one page each. The layout's own overhead
+    // over the checkpoint (the vocabulary cut, not replicated) is bench layout's test's.
+    CHECK(p["bytes"].get<uint64_t>() == 4 * (2ull << 20));
+    CHECK(tensors < 4 * (2ull << 20));
     auto status = c->request("GET", "/v2/status").value();
     CHECK_THAT(status.body, Catch::Contains("\"weight-bytes\":" + std::to_string(tensors)));
   }

@@ -120,6 +120,72 @@ TEST_CASE("residency: a failed load discards its shards and fails its waiters", 
   CHECK(f.core->ledger().device(0).used_bytes == 0);
 }
 
+TEST_CASE(
+    "residency: a device short of room the ledger counted waits and retries instead of failing",
+    "[cores]") {
+  // The ledger planned a's load into room a KV pool still held (or a discard had not yet
+  // freed): the device refused it. Its requests wait; the load comes back after a pause
+  // that doubles with every refusal in a row, and succeeds once the room is there.
+  residency_fixture f;
+  f.core->acquire(f.a, 1, f.t);
+  f.core->load(f.a, 2, f.t);
+  auto e = f.core->load_failed(f.a, {ec::out_of_device_memory, "no pages"}, f.t);
+  CHECK(e.discards == std::vector<model_id>{f.a});
+  CHECK(e.failures.empty());
+  CHECK(e.loads.empty());  // not at once: that would refuse again at the speed of messages
+  REQUIRE(e.wake_at);
+  CHECK(*e.wake_at == f.t + 20ms);
+  CHECK(f.core->ledger().device(0).used_bytes == 0);
+  // Too early: nothing; on time: the load again.
+  CHECK(f.core->tick(f.t + 10ms).loads.empty());
+  e = f.core->tick(f.t + 20ms);
+  CHECK(e.loads == std::vector<model_id>{f.a});
+  // Refused again: the pause doubles.
+  e = f.core->load_failed(f.a, {ec::out_of_device_memory, "no pages"}, f.t + 20ms);
+  REQUIRE(e.wake_at);
+  CHECK(*e.wake_at == f.t + 60ms);
+  // Meanwhile b's load goes ahead: the waiting load holds no device.
+  e = f.core->acquire(f.b, 3, f.t + 30ms);
+  CHECK(e.loads == std::vector<model_id>{f.b});
+  f.core->load_started(f.b, f.t + 30ms);
+  f.core->load_done(f.b, f.t + 31ms);
+  f.core->release(f.b, f.t + 32ms);
+  // At a's time it evicts b for room, loads, and its waiters get what they asked for.
+  e = f.core->tick(f.t + 60ms);
+  CHECK(e.evictions == std::vector<model_id>{f.b});
+  e = f.core->evict_done(f.b, f.t + 61ms);
+  CHECK(e.loads == std::vector<model_id>{f.a});
+  e = f.core->load_started(f.a, f.t + 62ms);
+  CHECK(granted(e, 1, true));
+  e = f.core->load_done(f.a, f.t + 70ms);
+  REQUIRE(e.done.size() == 1);
+  CHECK(e.done[0].waiter == 2);
+  CHECK(f.core->ledger().model(f.a).device_refusals == 0);
+  // A device error is not room: its waiters fail as before.
+  f.core->release(f.a, f.t + 71ms);
+  f.core->unload(f.a, 4, f.t + 72ms);
+  f.core->evict_done(f.a, f.t + 73ms);
+  f.core->acquire(f.a, 5, f.t + 74ms);
+  e = f.core->load_failed(f.a, {ec::device_error, "boom"}, f.t + 75ms);
+  REQUIRE(e.failures.size() == 1);
+  CHECK(e.failures[0].waiter == 5);
+}
+
+TEST_CASE("residency: a refused load nobody waits for is not retried", "[cores]") {
+  residency_fixture f;
+  auto e = f.core->ledger().model(f.a).state;
+  CHECK(e == model_state::offloaded);
+  // A prefetch (no waiter) refused by the device: dropped, no timer.
+  auto out = f.core->acquire(f.a, 1, f.t);
+  REQUIRE(out.loads.size() == 1);
+  f.core->load_started(f.a, f.t);
+  f.core->release(f.a, f.t);
+  auto r = f.core->load_failed(f.a, {ec::out_of_device_memory, "no pages"}, f.t);
+  CHECK_FALSE(r.wake_at);
+  CHECK(r.failures.empty());
+  CHECK(f.state(f.a) == model_state::offloaded);
+}
+
 TEST_CASE("residency: a lost device discards its models and refuses their leases", "[cores]") {
   residency_fixture f;
   f.core->acquire(f.a, 1, f.t);

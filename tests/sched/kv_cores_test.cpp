@@ -302,3 +302,55 @@ TEST_CASE("kv: a fixed reserve holds all KV apart from the weights, and no weigh
   CHECK_FALSE(residency::make({{100 * mb, 10}}, o, &why));
   CHECK(why.reason.find("KV reserve") != std::string::npos);
 }
+
+TEST_CASE("kv: what a model's pools report holding counts until they give it back", "[cores][kv]") {
+  // Cause 2 of issue 44: a pool frees pages only as whole chunks empty, so after a batch
+  // gave blocks back the pool could still hold them while the ledger handed the room to a
+  // load (503 out_of_device_memory). Its report keeps the ledger from counting less.
+  kv_fixture f;
+  f.lease(f.a);
+  auto e = f.core->kv_reserve(f.a, 1, 20, 20, false, f.t);
+  REQUIRE(grant_of(e, 1));
+  CHECK(f.kv_bytes() == 20 * mb);
+  // The pool took 24 MB of pages for those blocks (chunks fill whole pages).
+  CHECK(f.core->kv_pool(f.a, {0}, {24 * mb}, f.t).empty());
+  CHECK(f.kv_bytes() == 24 * mb);
+  CHECK(f.core->ledger().kv_charge(f.a, 0) == 24 * mb);
+  // The batch gives 15 blocks back; the pool still holds its chunks: 24 MB stay counted,
+  // so b (40 MB) cannot load beside a (40 MB) in the 36 MB the blocks alone would leave.
+  f.core->kv_return(f.a, 15, f.t);
+  CHECK(f.core->ledger().model(f.a).kv_blocks == 5);
+  CHECK(f.kv_bytes() == 24 * mb);
+  CHECK(f.core->ledger().kv_room(f.a) == 36);
+  // The pool reports less, then nothing: the ledger follows, and a report below the blocks
+  // still held never counts less than the blocks.
+  f.core->kv_pool(f.a, {0}, {8 * mb}, f.t);
+  CHECK(f.kv_bytes() == 8 * mb);
+  f.core->kv_pool(f.a, {0}, {0}, f.t);
+  CHECK(f.kv_bytes() == 5 * mb);
+  // Devices the model has no shard on are ignored; the rest of the device is untouched.
+  f.core->kv_pool(f.a, {3}, {99 * mb}, f.t);
+  CHECK(f.kv_bytes() == 5 * mb);
+  // A report that frees room runs a pass: b waits for room, a's pool gives it back.
+  f.core->kv_pool(f.a, {0}, {30 * mb}, f.t);
+  auto lb = f.core->acquire(f.b, 2, f.t);
+  CHECK(lb.loads.empty());  // 40 + 30 + 40 > 100, and a is leased
+  f.core->kv_return(f.a, 5, f.t);
+  auto freed = f.core->kv_pool(f.a, {0}, {0}, f.t);
+  CHECK(f.kv_bytes() == 0);
+  CHECK(freed.loads == std::vector<model_id>{f.b});
+}
+
+TEST_CASE("kv: an evicted model's pool reports count no more", "[cores][kv]") {
+  kv_fixture f;
+  f.lease(f.a);
+  f.core->kv_reserve(f.a, 1, 4, 4, false, f.t);
+  f.core->kv_pool(f.a, {0}, {6 * mb}, f.t);
+  f.core->kv_return(f.a, 4, f.t);
+  CHECK(f.kv_bytes() == 6 * mb);
+  f.core->release(f.a, f.t);
+  f.core->unload(f.a, 9, f.t);
+  f.core->evict_done(f.a, f.t);
+  CHECK(f.kv_bytes() == 0);
+  CHECK(f.core->ledger().device(0).used_bytes == 0);
+}

@@ -57,6 +57,8 @@ struct fake_worker_script {
   /// Loads started (begin_load, once per shard) and models whose start fails.
   std::map<std::string, int> begins;
   std::set<std::string> failing_begin;
+  /// What a failing begin answers: no room (the scheduler retries), or another code.
+  ec failing_begin_error = ec::out_of_device_memory;
   /// Models whose prepare fails (a registration that fails on a worker), and the
   /// prepares asked of the workers.
   std::set<std::string> failing_prepare;
@@ -118,7 +120,7 @@ inline actors::shard_worker_actor::behavior_type fake_worker(
       [=](begin_load_atom, std::string& m) -> caf::result<transfer_report> {
         ++script->begins[m];
         if (script->failing_begin.count(m) > 0)
-          return make_error(ec::out_of_device_memory, "injected: no room for " + m);
+          return make_error(script->failing_begin_error, "injected: no room for " + m);
         return transfer_report{m, device, 0, 0};
       },
       [=](evict_atom, std::string& m) -> caf::result<transfer_report> {

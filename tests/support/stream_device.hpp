@@ -18,7 +18,9 @@ class stream_device final : public gpu::device {
   /// `missing`: what check_gpulets answers (none: green contexts are there). Streams of
   /// shares below `smallest` are refused, as a GPU refuses fewer SMs than a partition.
   stream_device(uint64_t capacity, caf::error missing = {}, int32_t smallest = 5)
-      : device(info_of(capacity)), missing_(std::move(missing)), smallest_(smallest) {}
+      : device(info_of(capacity)), missing_(std::move(missing)), smallest_(smallest) {
+    init_pages(info_.capacity_bytes / info_.page_bytes);
+  }
 
   caf::error synchronize() override { return {}; }
   caf::error check_gpulets() const override { return missing_; }
@@ -44,14 +46,17 @@ class stream_device final : public gpu::device {
   caf::expected<gpu::host_buffer> do_allocate_host(uint64_t bytes) override {
     return gpu::host_buffer{std::calloc(1, bytes), bytes, false, std::free};
   }
-  caf::expected<void*> do_allocate(uint64_t bytes) override {
+  // Host memory behind every range from the start: mapping pages is bookkeeping only.
+  caf::expected<void*> do_reserve(uint64_t bytes) override {
     count_native_allocation();
     return std::calloc(1, bytes);
   }
-  void do_release(void* ptr, uint64_t) noexcept override {
+  void do_unreserve(void* va, uint64_t) noexcept override {
     count_native_free();
-    std::free(ptr);
+    std::free(va);
   }
+  caf::error do_map(void*, const std::vector<uint32_t>&) override { return {}; }
+  void do_unmap(void*, uint64_t) noexcept override {}
   caf::expected<gpu::copy_event_ptr> do_copy_to_device(void* dst, const void* src,
                                                        uint64_t bytes) override {
     std::memcpy(dst, src, bytes);
@@ -75,7 +80,8 @@ class stream_device final : public gpu::device {
     gpu::device_info i;
     i.kind = gpu::device_kind::cuda;
     i.name = "cuda:0 (stand-in)";
-    i.capacity_bytes = capacity;
+    i.page_bytes = 64 << 10;
+    i.capacity_bytes = capacity / i.page_bytes * i.page_bytes;
     i.link_gbps = 8;
     return i;
   }
