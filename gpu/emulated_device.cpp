@@ -26,6 +26,42 @@ void free_host(void* ptr) {
   std::free(ptr);
 }
 
+#ifndef MREMAP_DONTUNMAP
+#define MREMAP_DONTUNMAP 4  // linux/mman.h's; glibc's headers do not have it yet
+#endif
+
+/// Ranges and the park start on a huge-page boundary, so that mremap moves whole huge
+/// pages (one page-table entry each) rather than splitting them.
+constexpr uint64_t huge_bytes = 2ull << 20;
+
+/// Of a mapping of `bytes` + huge_bytes at `base`, keeps the `bytes` that start on a huge
+/// page boundary and unmaps the rest.
+std::byte* trim_to_aligned(std::byte* base, uint64_t bytes) {
+  auto addr = reinterpret_cast<uintptr_t>(base);
+  auto aligned = (addr + huge_bytes - 1) & ~(uintptr_t{huge_bytes} - 1);
+  auto head = aligned - addr;
+  if (head > 0) ::munmap(base, head);
+  auto tail = huge_bytes - head;
+  if (tail > 0) ::munmap(reinterpret_cast<std::byte*>(aligned) + bytes, tail);
+  return reinterpret_cast<std::byte*>(aligned);
+}
+
+/// Moves the pages at `from` to `to` (which they replace) in one call that leaves `from`
+/// mapped, empty (MREMAP_DONTUNMAP, Linux 5.13+ for these mappings): a plain mremap left a
+/// hole there that another thread's mmap could take before a placeholder went in, which
+/// corrupted the heap here (bench swap, 4 loaders at once). `from` is then PROT_NONE, so
+/// that a range's addresses fault while no page is there.
+caf::error move_pages(std::byte* from, std::byte* to, uint64_t bytes) {
+  void* got = ::mremap(from, bytes, bytes, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, to);
+  if (got == MAP_FAILED)
+    return make_error(ec::device_error,
+                      fmt::format("moving {} bytes of pages (mremap with MREMAP_DONTUNMAP, Linux "
+                                  "5.13 or later): {}",
+                                  bytes, std::strerror(errno)));
+  ::mprotect(from, bytes, PROT_NONE);
+  return {};
+}
+
 }  // namespace
 
 struct emulated_device::job {
@@ -94,29 +130,33 @@ caf::expected<std::shared_ptr<emulated_device>> emulated_device::make(
                                   "pages (1 .. 2^32 - 1 allowed)",
                                   opts.capacity_bytes, page, pages));
   auto name = fmt::format("emulated:{}", opts.ordinal);
-  int fd = ::memfd_create(("computron-" + name).c_str(), MFD_CLOEXEC);
-  if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(pages * page)) != 0) {
-    auto why = std::strerror(errno);
-    if (fd >= 0) ::close(fd);
-    return make_error(
-        ec::out_of_host_memory,
-        fmt::format("cannot create {} bytes of pages for {}: {}", pages * page, name, why));
-  }
+  // NORESERVE: only the pages that ranges map and touch ever take host memory.
+  const auto park_bytes = pages * page;
+  void* park = ::mmap(nullptr, park_bytes + huge_bytes, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (park == MAP_FAILED)
+    return make_error(ec::out_of_host_memory, fmt::format("cannot map {} bytes of pages for {}: {}",
+                                                          park_bytes, name, std::strerror(errno)));
+  auto* aligned = trim_to_aligned(static_cast<std::byte*>(park), park_bytes);
+  ::madvise(aligned, park_bytes, MADV_HUGEPAGE);  // best effort: fewer faults, faster copies
   device_info info;
   info.kind = device_kind::emulated;
   info.ordinal = opts.ordinal;
   info.name = std::move(name);
-  // Only the pages that ranges map and touch ever take host memory.
-  info.capacity_bytes = pages * page;
+  info.capacity_bytes = park_bytes;
   info.link_gbps = opts.link_gbps;
   info.page_bytes = page;
-  return std::shared_ptr<emulated_device>(new emulated_device(std::move(info), fd));
+  return std::shared_ptr<emulated_device>(
+      new emulated_device(std::move(info), aligned, park_bytes));
 }
 
-emulated_device::emulated_device(device_info info, int memfd)
-    : device(std::move(info)), memfd_(memfd), bytes_per_second_(info_.link_gbps * 1e9) {
+emulated_device::emulated_device(device_info info, std::byte* park, uint64_t park_bytes)
+    : device(std::move(info)),
+      park_(park),
+      park_bytes_(park_bytes),
+      bytes_per_second_(info_.link_gbps * 1e9) {
   init_pages(info_.capacity_bytes / info_.page_bytes);
-  count_native_allocation();  // the memfd, made by make()
+  count_native_allocation();  // the park, made by make()
   engine_ = std::thread([this] { run_copy_engine(); });
 }
 
@@ -126,8 +166,9 @@ emulated_device::~emulated_device() {
     stopping_ = true;
   }
   queue_cv_.notify_all();
-  engine_.join();   // drains the queue: every event submitted gets its answer
-  ::close(memfd_);  // ranges still mapped keep the pages until they go
+  engine_.join();  // drains the queue: every event submitted gets its answer
+  // Every range is gone (each holds the device): all pages are back in the park.
+  ::munmap(park_, park_bytes_);
 }
 
 caf::expected<host_buffer> emulated_device::do_allocate_host(uint64_t bytes) {
@@ -141,13 +182,14 @@ caf::expected<host_buffer> emulated_device::do_allocate_host(uint64_t bytes) {
 }
 
 caf::expected<void*> emulated_device::do_reserve(uint64_t bytes) {
-  // NORESERVE and PROT_NONE: addresses only, no memory, until do_map puts pages there.
-  void* va = ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  // NORESERVE and PROT_NONE: addresses only, no memory, until do_map moves pages there.
+  void* va = ::mmap(nullptr, bytes + huge_bytes, PROT_NONE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (va == MAP_FAILED)
     return make_error(ec::out_of_host_memory,
                       fmt::format("cannot reserve {} bytes of addresses on {}: {}", bytes,
                                   info_.name, std::strerror(errno)));
-  return va;
+  return static_cast<void*>(trim_to_aligned(static_cast<std::byte*>(va), bytes));
 }
 
 void emulated_device::do_unreserve(void* va, uint64_t bytes) noexcept {
@@ -157,27 +199,44 @@ void emulated_device::do_unreserve(void* va, uint64_t bytes) noexcept {
 caf::error emulated_device::do_map(void* va, const std::vector<uint32_t>& pages) {
   const auto page = info_.page_bytes;
   auto* at = static_cast<std::byte*>(va);
-  // Runs of consecutive pages go in one call: a fresh device maps a shard in one.
+  // Runs of consecutive pages move in one call: a fresh device maps a shard in one.
   for (size_t i = 0; i < pages.size();) {
     size_t run = 1;
     while (i + run < pages.size() && pages[i + run] == pages[i] + run) ++run;
-    void* got = ::mmap(at + i * page, run * page, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
-                       memfd_, static_cast<off_t>(pages[i] * page));
-    if (got == MAP_FAILED) {
-      auto why = std::strerror(errno);
-      do_unmap(va, i * page);
-      return make_error(ec::device_error,
-                        fmt::format("mapping {} pages on {}: {}", run, info_.name, why));
+    if (auto err = move_pages(park_ + pages[i] * page, at + i * page, run * page)) {
+      do_unmap_pages(va, std::vector<uint32_t>(pages.begin(), pages.begin() + i));
+      return err;
     }
     i += run;
   }
+  std::lock_guard<std::mutex> guard{mapped_mtx_};
+  mapped_[va] = pages;
   return {};
 }
 
-void emulated_device::do_unmap(void* va, uint64_t bytes) noexcept {
-  if (bytes == 0) return;
-  // Back to the reservation: the same addresses, no pages behind them.
-  ::mmap(va, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+void emulated_device::do_unmap(void* va, uint64_t) noexcept {
+  std::vector<uint32_t> pages;
+  {
+    std::lock_guard<std::mutex> guard{mapped_mtx_};
+    auto it = mapped_.find(va);
+    if (it == mapped_.end()) return;
+    pages = std::move(it->second);
+    mapped_.erase(it);
+  }
+  do_unmap_pages(va, pages);
+}
+
+void emulated_device::do_unmap_pages(void* va, const std::vector<uint32_t>& pages) noexcept {
+  const auto page = info_.page_bytes;
+  auto* at = static_cast<std::byte*>(va);
+  for (size_t i = 0; i < pages.size();) {
+    size_t run = 1;
+    while (i + run < pages.size() && pages[i + run] == pages[i] + run) ++run;
+    // Back to its place in the park, bytes and all (a device keeps what was written to
+    // a free page, as a GPU does); the range keeps its addresses.
+    move_pages(at + i * page, park_ + pages[i] * page, run * page);
+    i += run;
+  }
 }
 
 std::shared_ptr<emulated_device::event> emulated_device::submit(std::unique_ptr<job> j) {

@@ -2,6 +2,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -26,11 +27,12 @@ struct emulated_device_options {
 };
 
 /// A device whose memory is host memory with a fixed capacity and whose link is a real
-/// memcpy throttled to a configured rate. Its pages are those of one memfd, mapped with
-/// mmap(MAP_FIXED) into address ranges reserved with PROT_NONE: the same paging as
-/// CUDA's virtual memory calls, through Linux. It runs the same code paths as a GPU on
-/// machines without one. Copies run in submission order on the device's own copy
-/// thread (its "copy engine"), so several devices copy in parallel like several GPUs.
+/// memcpy throttled to a configured rate. Its pages live in one anonymous mapping (the
+/// "park", huge pages where the kernel gives them) while free, and mremap moves them, page
+/// tables and all, into address ranges reserved with PROT_NONE and back: the same paging
+/// as CUDA's virtual memory calls, through Linux, without copying or faulting a byte. It runs the
+/// same code paths as a GPU on machines without one. Copies run in submission order on the device's
+/// own copy thread (its "copy engine"), so several devices copy in parallel like several GPUs.
 class emulated_device final : public device {
  public:
   /// Validates the options (capacity > 0, 0 < link rate) and maps the memory.
@@ -46,6 +48,7 @@ class emulated_device final : public device {
   void do_unreserve(void* va, uint64_t bytes) noexcept override;
   caf::error do_map(void* va, const std::vector<uint32_t>& pages) override;
   void do_unmap(void* va, uint64_t bytes) noexcept override;
+  void do_unmap_pages(void* va, const std::vector<uint32_t>& pages) noexcept;
   caf::expected<copy_event_ptr> do_copy_to_device(void* dst, const void* src,
                                                   uint64_t bytes) override;
   caf::error do_copy_to_host(void* dst, const void* src, uint64_t bytes) override;
@@ -55,13 +58,19 @@ class emulated_device final : public device {
   struct job;
   class event;
 
-  emulated_device(device_info info, int memfd);
+  emulated_device(device_info info, std::byte* park, uint64_t park_bytes);
   std::shared_ptr<event> submit(std::unique_ptr<job> j);
   void run_copy_engine();
   void execute(job& j);
 
-  /// The physical pages: page i at offset i x page_bytes.
-  int memfd_;
+  /// Where the free pages are: page i at park_ + i x page_bytes while free (a PROT_NONE
+  /// placeholder holds its place while it is mapped into a range).
+  std::byte* park_;
+  uint64_t park_bytes_;
+  /// Each mapped range's pages, in order (do_unmap gets only the address). Ranges map on
+  /// several threads (a load's, a step's KV).
+  std::mutex mapped_mtx_;
+  std::map<void*, std::vector<uint32_t>> mapped_;
   double bytes_per_second_;
 
   std::mutex queue_mtx_;
