@@ -46,14 +46,24 @@ std::byte* trim_to_aligned(std::byte* base, uint64_t bytes) {
   return reinterpret_cast<std::byte*>(aligned);
 }
 
-/// Moves the pages at `from` to `to` (which they replace) in one call that leaves `from`
-/// mapped, empty (MREMAP_DONTUNMAP, Linux 5.13+ for these mappings): a plain mremap left a
-/// hole there that another thread's mmap could take before a placeholder went in, which
-/// corrupted the heap here (bench swap, 4 loaders at once). `from` is then PROT_NONE, so
-/// that a range's addresses fault while no page is there.
-caf::error move_pages(std::byte* from, std::byte* to, uint64_t bytes) {
-  void* got = ::mremap(from, bytes, bytes, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, to);
-  if (got == MAP_FAILED)
+/// Moves the pages at `from` to `to` (which they replace) in calls that leave `from`
+/// mapped, empty (MREMAP_DONTUNMAP, Linux 5.13 or later for these mappings): a plain mremap
+/// left a hole there that another thread's mmap could take before a placeholder went in,
+/// which corrupted the heap here (bench swap, 4 loaders at once). `from` is then PROT_NONE,
+/// so that a range's addresses fault while no page is there. A run is moved in one call;
+/// before Linux 6.17 one call cannot span several kernel mappings (EFAULT), and pages that
+/// came back from different ranges are such, so then it goes a page of `page` at a time.
+caf::error move_pages(std::byte* from, std::byte* to, uint64_t bytes, uint64_t page) {
+  auto move = [](std::byte* f, std::byte* t, uint64_t n) {
+    return ::mremap(f, n, n, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, t) != MAP_FAILED;
+  };
+  bool moved = move(from, to, bytes);
+  if (!moved && errno == EFAULT && bytes > page) {
+    moved = true;
+    for (uint64_t off = 0; off < bytes && moved; off += page)
+      moved = move(from + off, to + off, page);
+  }
+  if (!moved)
     return make_error(ec::device_error,
                       fmt::format("moving {} bytes of pages (mremap with MREMAP_DONTUNMAP, Linux "
                                   "5.13 or later): {}",
@@ -203,7 +213,7 @@ caf::error emulated_device::do_map(void* va, const std::vector<uint32_t>& pages)
   for (size_t i = 0; i < pages.size();) {
     size_t run = 1;
     while (i + run < pages.size() && pages[i + run] == pages[i] + run) ++run;
-    if (auto err = move_pages(park_ + pages[i] * page, at + i * page, run * page)) {
+    if (auto err = move_pages(park_ + pages[i] * page, at + i * page, run * page, page)) {
       do_unmap_pages(va, std::vector<uint32_t>(pages.begin(), pages.begin() + i));
       return err;
     }
@@ -234,7 +244,15 @@ void emulated_device::do_unmap_pages(void* va, const std::vector<uint32_t>& page
     while (i + run < pages.size() && pages[i + run] == pages[i] + run) ++run;
     // Back to its place in the park, bytes and all (a device keeps what was written to
     // a free page, as a GPU does); the range keeps its addresses.
-    move_pages(at + i * page, park_ + pages[i] * page, run * page);
+    if (move_pages(at + i * page, park_ + pages[i] * page, run * page, page)) {
+      // The pages go back to the free list whatever happens: their park slots get fresh
+      // memory (their bytes are lost, which a free page may lose) and the range slot none,
+      // so that no later map moves a PROT_NONE slot into a range.
+      ::mmap(park_ + pages[i] * page, run * page, PROT_READ | PROT_WRITE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+      ::mmap(at + i * page, run * page, PROT_NONE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    }
     i += run;
   }
 }
