@@ -68,7 +68,11 @@ void ledger::kv_give(model_id id, uint64_t blocks) {
   auto& m = models_[id];
   blocks = std::min(blocks, m.kv_blocks);
   if (m.where.kv_block_bytes.empty() || blocks == 0) return;
-  recharge_kv(m, [&] { m.kv_blocks -= blocks; });
+  recharge_kv(m, [&] {
+    m.kv_blocks -= blocks;
+    // The last blocks back with no lease left: its pools are empty (see release).
+    if (m.kv_blocks == 0 && m.leases == 0) m.kv_pool_bytes.clear();
+  });
 }
 
 bool ledger::kv_pool(model_id id, const std::vector<int32_t>& devices,

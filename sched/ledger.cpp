@@ -204,6 +204,9 @@ bool ledger::release(model_id id, time_point now, bool* last) {
   --m.leases;
   m.last_used = now;
   if (last) *last = m.leases == 0;
+  // No batch runs and none holds blocks: its pools dropped their caches, so what they last
+  // reported (a cancelled batch sends no report) counts no more.
+  if (m.leases == 0 && m.kv_blocks == 0 && !m.kv_pool_bytes.empty()) free_kv(m);
   return true;
 }
 
