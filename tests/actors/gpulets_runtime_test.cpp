@@ -161,8 +161,8 @@ TEST_CASE("the planner's step costs leave out the slowdown busy partners caused"
     INFO(caf::get_or(*m, "model", std::string{}) << ": " << ms << " ms at 50%");
     CHECK(ms >= 70);
     // (Counted twice, the steps beside a busy partner would make it 200 ms or more; a
-    // loaded machine, or a sanitizer, adds some to every step.)
-    CHECK(ms <= 130);
+    // loaded machine, or a sanitizer, adds some to every step: 144 ms in one ASan CI run.)
+    CHECK(ms <= 160);
     ++seen;
   }
   CHECK(seen == 2);
