@@ -38,7 +38,8 @@ struct server {
   std::unique_ptr<child_process> proc;
   uint16_t port = 0;
 
-  explicit server(int max_outstanding_per_model = 1024, double compute_ms = 2) {
+  explicit server(int max_outstanding_per_model = 1024, double compute_ms = 2,
+                  double link_gbps = 1.0) {
     fs::create_directories(dir);
     json models = json::array();
     for (int i = 0; i < 3; ++i)
@@ -49,12 +50,12 @@ struct server {
                         {"seed", i + 1},
                         {"toy_shard_bytes", 1 << 20},
                         {"toy_compute_ms", compute_ms}});
-    json cfg{
-        {"devices", {{"kind", "emulated"}, {"count", 4}, {"capacity_mb", 2.5}, {"link_gbps", 1.0}}},
-        {"http", {{"host", "127.0.0.1"}, {"port", 0}}},
-        {"batching", {{"max_batch_size", 8}, {"batch_window_ms", 2}}},
-        {"frontend", {{"max_outstanding_per_model", max_outstanding_per_model}}},
-        {"models", models}};
+    json cfg{{"devices",
+              {{"kind", "emulated"}, {"count", 4}, {"capacity_mb", 2.5}, {"link_gbps", link_gbps}}},
+             {"http", {{"host", "127.0.0.1"}, {"port", 0}}},
+             {"batching", {{"max_batch_size", 8}, {"batch_window_ms", 2}}},
+             {"frontend", {{"max_outstanding_per_model", max_outstanding_per_model}}},
+             {"models", models}};
     std::ofstream{dir + "/config.json"} << cfg.dump();
     // Started directly (no `timeout` wrapper) so that a test can kill the server itself.
     proc = std::make_unique<child_process>(std::vector<std::string>{
@@ -258,7 +259,9 @@ TEST_CASE("loadgen refuses models the server does not have", "[cli][loadgen]") {
 
 TEST_CASE("sim --calibrate reads a live server's link efficiency and step times",
           "[cli][sim][loadgen]") {
-  server srv{1024, 20};  // 20 ms per forward step
+  // 20 ms per forward step. A slow link (10 ms per 1 MiB shard) keeps the fixed cost of a
+  // load (mapping 16 pages, a few ms when CI loads both cores) from passing for a slow link.
+  server srv{1024, 20, 0.1};
   // Traffic that swaps (two of three models fit) and teaches the manager its step times.
   auto lg = run("loadgen --url " + srv.url() +
                 " --models ma,mb,mc --rates 8,8,8 --duration 2 --seed 3 --max-tokens 2 --json");
