@@ -29,6 +29,17 @@ int64_t largest_free(const shard_worker_state& st) {
   return static_cast<int64_t>(st.dev->largest_free_block());
 }
 
+/// Waits (on the copy lane) until no step computes on the shard, and keeps the next ones
+/// out while `lock` is held; bounded, so a wedged step fails the eviction, not the lane.
+caf::error quiesce(std::unique_lock<std::shared_timed_mutex>& lock,
+                   std::chrono::milliseconds within, const std::string& model, int32_t device) {
+  if (lock.try_lock_for(within)) return {};
+  return make_error(ec::unavailable,
+                    fmt::format("a step of {} still computes on device {} after {} ms: its "
+                                "pages stay mapped",
+                                model, device, within.count()));
+}
+
 shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_ptr dev,
                                                engine_registry engines, shard_worker_options opts) {
   auto& st = self->state;
@@ -212,11 +223,17 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
         auto i = st.shards.find(model);
         if (i == st.shards.end()) return missing(model);
         auto w = i->second.weights;
+        auto busy = i->second.in_use;
         auto seconds = std::make_shared<double>(0);
-        // Behind any load in flight on the copy lane, so a load is never freed mid-copy.
+        // A step on a loading shard may wait for its bytes as well as compute.
+        auto within = st.opts.step_timeout + st.opts.load_timeout;
+        // Behind any load in flight on the copy lane, so a load is never freed mid-copy,
+        // and after any step still computing on the shard.
         lane_job job{[=]() -> caf::error {
           auto t0 = std::chrono::steady_clock::now();
           if (w->state() == gpu::residency::offloaded) return {};
+          std::unique_lock<std::shared_timed_mutex> quiet{*busy, std::defer_lock};
+          if (auto err = quiesce(quiet, within, model, index)) return err;
           if (auto err = w->evict()) return err;
           *seconds = seconds_since(t0);
           return {};
@@ -245,9 +262,13 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
         // Behind any copy in flight, on the copy lane: the device copy goes, then the
         // program and the host copy with their last references (freeing pinned memory
         // can block, so not on a scheduler thread).
-        lane_job job{[entry]() -> caf::error {
-          if (entry->weights && entry->weights->state() != gpu::residency::offloaded)
+        auto within = st.opts.step_timeout + st.opts.load_timeout;
+        lane_job job{[=]() -> caf::error {
+          if (entry->weights && entry->weights->state() != gpu::residency::offloaded) {
+            std::unique_lock<std::shared_timed_mutex> quiet{*entry->in_use, std::defer_lock};
+            if (auto err = quiesce(quiet, within, model, index)) return err;
             if (auto err = entry->weights->evict()) return err;
+          }
           entry->program.reset();
           entry->group.reset();
           entry->weights.reset();
@@ -321,6 +342,7 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
         // The program uses the group: a rejoin may replace both while this step runs.
         auto group = e.group;
         auto w = e.weights;
+        auto in_use = e.in_use;
         auto in = std::make_shared<step_request>(std::move(req));
         auto out = std::make_shared<step_result>();
         auto hidden_out = std::make_shared<tensor_payload>();
@@ -350,6 +372,8 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
           }
           const double waited0 = gpu::thread_wait_seconds();
           (void)group;
+          // No eviction unmaps the shard until this step is done with it.
+          std::shared_lock<std::shared_timed_mutex> computing{*in_use};
           auto state = w->state();
           if (state != gpu::residency::resident && state != gpu::residency::loading)
             return make_error(ec::not_resident, "model " + in->model + " is " +

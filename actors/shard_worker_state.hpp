@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <shared_mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,6 +32,11 @@ struct shard_entry {
       std::make_shared<std::chrono::steady_clock::time_point>();
   /// A begin_load started the copy the next load_atom finishes (and measures).
   bool begun = false;
+  /// Held shared by each step while it computes on the shard, and exclusively by an
+  /// eviction (or an unregister) while it unmaps the pages: a step whose lease ended early
+  /// (a timeout, a cancel) may still be computing, and a GPU kernel would then read
+  /// unmapped addresses (an emulated one faults).
+  std::shared_ptr<std::shared_timed_mutex> in_use = std::make_shared<std::shared_timed_mutex>();
   /// The compute lane its steps run on (a gpu-let of the device; the manager moves a
   /// model only while none of its steps runs): its other compute jobs go there too, as
   /// a program has one caller at a time.
