@@ -186,7 +186,7 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
         auto w = i->second.weights;
         // After a begin_load the load may have finished already; it is still reported.
         const bool begun = std::exchange(i->second.begun, false);
-        if (!begun && w->state() == gpu::residency::resident)
+        if (!begun && w->state() == gpu::residency::resident && i->second.evicting == 0)
           return transfer_report{model, index, w->size_bytes(), 0};
         auto seconds = std::make_shared<double>(0);
         auto began = i->second.load_began;
@@ -239,13 +239,22 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
           return {};
         }};
         auto rp = self->make_response_promise<transfer_report>();
+        ++i->second.evicting;
+        auto done = [=] {
+          if (auto j = self->state.shards.find(model); j != self->state.shards.end())
+            --j->second.evicting;
+        };
         self->request(st.copy_lane, st.opts.load_timeout + 5s, run_atom_v, std::move(job))
             .then(
                 [=](bool) mutable {
+                  done();
                   rp.deliver(transfer_report{model, index, w->size_bytes(), *seconds,
                                              largest_free(self->state), mapped(self->state)});
                 },
-                [=](caf::error& err) mutable { rp.deliver(std::move(err)); });
+                [=](caf::error& err) mutable {
+                  done();
+                  rp.deliver(std::move(err));
+                });
         return rp;
       },
       [=](unregister_atom, std::string& model) -> caf::result<bool> {

@@ -32,6 +32,9 @@ struct shard_entry {
       std::make_shared<std::chrono::steady_clock::time_point>();
   /// A begin_load started the copy the next load_atom finishes (and measures).
   bool begun = false;
+  /// Evictions queued on the copy lane and not done: a load_atom that finds the shard
+  /// resident then still queues behind them (an eviction may wait for a step).
+  int evicting = 0;
   /// Held shared by each step while it computes on the shard, and exclusively by an
   /// eviction (or an unregister) while it unmaps the pages: a step whose lease ended early
   /// (a timeout, a cancel) may still be computing, and a GPU kernel would then read

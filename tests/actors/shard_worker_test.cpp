@@ -132,3 +132,28 @@ TEST_CASE("an eviction that a wedged step keeps out fails clearly and leaves the
   REQUIRE(f.ask<bool>(unregister_atom_v, std::string{"stuck"}));
   CHECK(f.dev->mapped_pages() == 0);
 }
+
+TEST_CASE("a load that comes while an eviction waits for a step loads after it",
+          "[actors][worker]") {
+  worker_fixture f;
+  REQUIRE(
+      f.ask<shard_report>(prepare_atom_v, shard_spec{worker_fixture::toy("back", 400), 0, 0, {}}));
+  REQUIRE(f.ask<transfer_report>(load_atom_v, std::string{"back"}));
+  auto step = f.self->request(f.worker, 30s, step_atom_v, worker_fixture::prefill("back", 1));
+  std::this_thread::sleep_for(100ms);
+  // The shard is still resident when the load comes (the eviction waits for the step):
+  // answering it at once would leave the model offloaded where the scheduler counts it
+  // resident, and every later step would fail (a frozen node's queued eviction did this).
+  auto evict = f.self->request(f.worker, 30s, evict_atom_v, std::string{"back"});
+  auto load = f.self->request(f.worker, 30s, load_atom_v, std::string{"back"});
+  std::move(step).receive([](step_result&) {},
+                          [](caf::error& e) { FAIL_CHECK("the step failed: " << render(e)); });
+  std::move(evict).receive([](transfer_report&) {},
+                           [](caf::error& e) { FAIL_CHECK("the eviction failed: " << render(e)); });
+  std::move(load).receive([](transfer_report&) {},
+                          [](caf::error& e) { FAIL_CHECK("the load failed: " << render(e)); });
+  CHECK(f.dev->mapped_pages() > 0);
+  auto again = f.ask<step_result>(step_atom_v, worker_fixture::prefill("back", 2));
+  REQUIRE(again);
+  CHECK(again->tokens.size() == 1);
+}
