@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -46,24 +47,14 @@ std::byte* trim_to_aligned(std::byte* base, uint64_t bytes) {
   return reinterpret_cast<std::byte*>(aligned);
 }
 
-/// Moves the pages at `from` to `to` (which they replace) in calls that leave `from`
+/// Moves the pages at `from` to `to` (which they replace) in one call that leaves `from`
 /// mapped, empty (MREMAP_DONTUNMAP, Linux 5.13 or later for these mappings): a plain mremap
 /// left a hole there that another thread's mmap could take before a placeholder went in,
 /// which corrupted the heap here (bench swap, 4 loaders at once). `from` is then PROT_NONE,
-/// so that a range's addresses fault while no page is there. A run is moved in one call;
-/// before Linux 6.17 one call cannot span several kernel mappings (EFAULT), and pages that
-/// came back from different ranges are such, so then it goes a page of `page` at a time.
-caf::error move_pages(std::byte* from, std::byte* to, uint64_t bytes, uint64_t page) {
-  auto move = [](std::byte* f, std::byte* t, uint64_t n) {
-    return ::mremap(f, n, n, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, t) != MAP_FAILED;
-  };
-  bool moved = move(from, to, bytes);
-  if (!moved && errno == EFAULT && bytes > page) {
-    moved = true;
-    for (uint64_t off = 0; off < bytes && moved; off += page)
-      moved = move(from + off, to + off, page);
-  }
-  if (!moved)
+/// so that a range's addresses fault while no page is there.
+caf::error move_pages(std::byte* from, std::byte* to, uint64_t bytes) {
+  if (::mremap(from, bytes, bytes, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, to) ==
+      MAP_FAILED)
     return make_error(ec::device_error,
                       fmt::format("moving {} bytes of pages (mremap with MREMAP_DONTUNMAP, Linux "
                                   "5.13 or later): {}",
@@ -166,6 +157,8 @@ emulated_device::emulated_device(device_info info, std::byte* park, uint64_t par
       park_bytes_(park_bytes),
       bytes_per_second_(info_.link_gbps * 1e9) {
   init_pages(info_.capacity_bytes / info_.page_bytes);
+  at_.resize(info_.capacity_bytes / info_.page_bytes);
+  for (uint32_t p = 0; p < at_.size(); ++p) at_[p] = home(p);
   count_native_allocation();  // the park, made by make()
   engine_ = std::thread([this] { run_copy_engine(); });
 }
@@ -203,58 +196,107 @@ caf::expected<void*> emulated_device::do_reserve(uint64_t bytes) {
 }
 
 void emulated_device::do_unreserve(void* va, uint64_t bytes) noexcept {
+  {
+    std::lock_guard<std::mutex> guard{mapped_mtx_};
+    auto* at = static_cast<std::byte*>(va);
+    send_home_locked(at, at + bytes);
+  }
   ::munmap(va, bytes);
+}
+
+caf::error emulated_device::move_locked(const std::vector<std::pair<uint32_t, std::byte*>>& moves) {
+  const auto page = info_.page_bytes;
+  auto moved = [&](uint32_t p, std::byte* to) {
+    occupant_.erase(at_[p]);  // no entry when it came from home
+    at_[p] = to;
+    if (to != home(p)) occupant_[to] = p;
+  };
+  caf::error first;
+  for (size_t i = 0; i < moves.size();) {
+    // A run: pages that lie one after another where they are and where they go.
+    size_t run = 1;
+    while (i + run < moves.size() &&
+           at_[moves[i + run].first] == at_[moves[i].first] + run * page &&
+           moves[i + run].second == moves[i].second + run * page)
+      ++run;
+    ++page_moves_;
+    if (!move_pages(at_[moves[i].first], moves[i].second, run * page)) {
+      for (size_t k = i; k < i + run; ++k) moved(moves[k].first, moves[k].second);
+    } else {
+      // Before Linux 6.17 one call cannot span several kernel mappings (EFAULT), and
+      // pages that came from different places are such: then a page at a time.
+      for (size_t k = i; k < i + run; ++k) {
+        ++page_moves_;
+        auto err = move_pages(at_[moves[k].first], moves[k].second, page);
+        if (!err)
+          moved(moves[k].first, moves[k].second);
+        else if (!first)
+          first = std::move(err);
+      }
+    }
+    i += run;
+  }
+  return first;
+}
+
+void emulated_device::send_home_locked(std::byte* from, std::byte* to) noexcept {
+  const auto page = info_.page_bytes;
+  std::vector<std::pair<uint32_t, std::byte*>> moves;
+  for (auto it = occupant_.lower_bound(from); it != occupant_.end() && it->first < to; ++it)
+    moves.emplace_back(it->second, home(it->second));
+  if (!move_locked(moves)) return;
+  // A run failed: the rest a page at a time.
+  for (auto& [p, dst] : moves) {
+    if (at_[p] == dst) continue;  // gone home with an earlier run
+    if (!move_locked({{p, dst}})) continue;
+    // Fresh memory at home (its bytes are lost, which a free page may lose) and none in
+    // the slot, so that no later move takes a PROT_NONE slot for a page.
+    ::mmap(dst, page, PROT_READ | PROT_WRITE,
+           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    ::mmap(at_[p], page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    occupant_.erase(at_[p]);
+    at_[p] = dst;
+  }
 }
 
 caf::error emulated_device::do_map(void* va, const std::vector<uint32_t>& pages) {
   const auto page = info_.page_bytes;
   auto* at = static_cast<std::byte*>(va);
-  // Runs of consecutive pages move in one call: a fresh device maps a shard in one.
-  for (size_t i = 0; i < pages.size();) {
-    size_t run = 1;
-    while (i + run < pages.size() && pages[i + run] == pages[i] + run) ++run;
-    if (auto err = move_pages(park_ + pages[i] * page, at + i * page, run * page, page)) {
-      do_unmap_pages(va, std::vector<uint32_t>(pages.begin(), pages.begin() + i));
-      return err;
-    }
-    i += run;
-  }
+  auto* end = at + pages.size() * page;
   std::lock_guard<std::mutex> guard{mapped_mtx_};
-  mapped_[va] = pages;
+  // A page of the set that rests in one of this range's slots stays in it (a shard loaded
+  // again after an eviction moves nothing); which page backs which slot is the backend's
+  // choice. Pages resting here that are not in the set go home; the rest of the set fills
+  // the free slots, from wherever each page rests.
+  std::vector<uint32_t> order(pages.size(), std::numeric_limits<uint32_t>::max());
+  std::vector<std::pair<uint32_t, std::byte*>> moves;
+  {
+    std::set<uint32_t> wanted(pages.begin(), pages.end());
+    for (auto it = occupant_.lower_bound(at); it != occupant_.end() && it->first < end; ++it) {
+      if (wanted.erase(it->second) > 0)
+        order[static_cast<size_t>(it->first - at) / page] = it->second;
+      else
+        moves.emplace_back(it->second, home(it->second));
+    }
+    if (auto err = move_locked(moves)) return err;  // those that moved are home: nothing lost
+    moves.clear();
+    auto next = pages.begin();
+    for (size_t i = 0; i < order.size(); ++i) {
+      if (order[i] != std::numeric_limits<uint32_t>::max()) continue;
+      while (wanted.count(*next) == 0) ++next;  // skips the pages kept in place
+      order[i] = *next++;
+      moves.emplace_back(order[i], at + i * page);
+    }
+  }
+  if (auto err = move_locked(moves)) return err;  // what moved rests there, unmapped
+  mapped_[va] = std::move(order);
   return {};
 }
 
 void emulated_device::do_unmap(void* va, uint64_t) noexcept {
-  std::vector<uint32_t> pages;
-  {
-    std::lock_guard<std::mutex> guard{mapped_mtx_};
-    auto it = mapped_.find(va);
-    if (it == mapped_.end()) return;
-    pages = std::move(it->second);
-    mapped_.erase(it);
-  }
-  do_unmap_pages(va, pages);
-}
-
-void emulated_device::do_unmap_pages(void* va, const std::vector<uint32_t>& pages) noexcept {
-  const auto page = info_.page_bytes;
-  auto* at = static_cast<std::byte*>(va);
-  for (size_t i = 0; i < pages.size();) {
-    size_t run = 1;
-    while (i + run < pages.size() && pages[i + run] == pages[i] + run) ++run;
-    // Back to its place in the park, bytes and all (a device keeps what was written to
-    // a free page, as a GPU does); the range keeps its addresses.
-    if (move_pages(at + i * page, park_ + pages[i] * page, run * page, page)) {
-      // The pages go back to the free list whatever happens: their park slots get fresh
-      // memory (their bytes are lost, which a free page may lose) and the range slot none,
-      // so that no later map moves a PROT_NONE slot into a range.
-      ::mmap(park_ + pages[i] * page, run * page, PROT_READ | PROT_WRITE,
-             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
-      ::mmap(at + i * page, run * page, PROT_NONE,
-             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
-    }
-    i += run;
-  }
+  // The pages stay where they are until another range takes them or this one goes.
+  std::lock_guard<std::mutex> guard{mapped_mtx_};
+  mapped_.erase(va);
 }
 
 std::shared_ptr<emulated_device::event> emulated_device::submit(std::unique_ptr<job> j) {

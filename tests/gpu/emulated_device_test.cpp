@@ -199,3 +199,53 @@ TEST_CASE("an emulated range unmapped keeps its addresses and maps other pages a
   CHECK(stats.pages_mapped == 3 + 1 + 3);
   CHECK(stats.pages_unmapped == 3);
 }
+
+TEST_CASE("an emulated page stays in its range after an unmap until another range takes it",
+          "[emulated][pages]") {
+  auto dev = make_device(4.0, 64ull << 20);
+  const auto page = dev->page_bytes();
+  auto r = dev->reserve(4 * page);
+  REQUIRE(r);
+  REQUIRE_FALSE(r->map());
+  CHECK(dev->page_moves() == 1);  // four consecutive free pages: one run
+  auto* at = static_cast<std::byte*>(r->data());
+  std::memset(at, 0x3c, 4 * page);
+  // Evicted and loaded again with the same pages: nothing moves either way.
+  r->unmap();
+  CHECK(dev->used_bytes() == 0);
+  REQUIRE_FALSE(r->map());
+  CHECK(dev->page_moves() == 1);
+  CHECK(at[0] == std::byte{0x3c});
+  CHECK(at[4 * page - 1] == std::byte{0x3c});
+  // Another range takes pages that rest in the first: they move there, bytes and all.
+  r->unmap();
+  auto other = dev->allocate(2 * page);  // the two lowest free pages: r's first two
+  REQUIRE(other);
+  CHECK(dev->page_moves() == 2);
+  auto* o = static_cast<std::byte*>(other->data());
+  CHECK(o[0] == std::byte{0x3c});
+  std::memset(o, 0x77, 2 * page);
+  // r maps again with pages 2..5: 2 and 3 stay in the slots where they rest, and 4 and 5
+  // come from home into the two slots the other range emptied (one run).
+  REQUIRE_FALSE(r->map());
+  CHECK(dev->page_moves() == 3);
+  CHECK(dev->used_bytes() == 6 * page);
+  CHECK(at[2 * page] == std::byte{0x3c});
+  CHECK(at[4 * page - 1] == std::byte{0x3c});
+  std::memset(at, 0x11, 4 * page);
+  CHECK(o[0] == std::byte{0x77});  // the ranges share no page
+  CHECK(o[2 * page - 1] == std::byte{0x77});
+  // A range that goes sends its resting pages home; they map elsewhere, writable.
+  other->unmap();
+  other->reset();
+  r->unmap();
+  r->reset();
+  CHECK(dev->used_bytes() == 0);
+  auto all = dev->allocate(dev->capacity_bytes());
+  REQUIRE(all);
+  std::memset(all->data(), 0x42, dev->capacity_bytes());
+  CHECK(static_cast<std::byte*>(all->data())[dev->capacity_bytes() - 1] == std::byte{0x42});
+  auto stats = dev->stats();
+  CHECK(stats.pages_mapped == 4 + 4 + 2 + 4 + dev->capacity_bytes() / page);
+  CHECK(stats.pages_unmapped == 4 + 4 + 2 + 4);
+}
