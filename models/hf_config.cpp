@@ -9,8 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
+#include "common/json_file.hpp"
 #include "models/checkpoint.hpp"
-#include "models/json_file.hpp"
 
 namespace computron::models {
 

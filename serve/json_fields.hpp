@@ -3,7 +3,7 @@
 // Strict reading of a config's JSON object, shared by every section of the serve config
 // and by a model folder's config.json and computron.json: unknown keys, wrong types and
 // out-of-range values are errors that name the key. The files themselves are read with
-// models/json_file.hpp.
+// common/json_file.hpp.
 #include <cstdint>
 #include <exception>
 #include <limits>

@@ -10,19 +10,18 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
+#include "common/json_file.hpp"
 #include "common/log.hpp"
 #include "models/checkpoint.hpp"
 #include "models/decoder_spec.hpp"
-#include "models/json_file.hpp"
-#include "models/tokenizer.hpp"
 #include "serve/json_fields.hpp"
 #include "serve/sections.hpp"
+#include "text/tokenizer.hpp"
 
 namespace computron::serve {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using models::read_json_file;
 
 namespace {
 
@@ -31,7 +30,7 @@ bool has_tokenizer_files(const fs::path& f) {
 }
 
 /// One repository folder as a model, or the error that keeps it from being one.
-caf::expected<actors::model_config> read_folder(const fs::path& f, models::text_directory* texts) {
+caf::expected<actors::model_config> read_folder(const fs::path& f, text::text_directory* texts) {
   auto cfg_path = f / "config.json";
   actors::model_config m;
   m.name = f.filename().string();
@@ -56,13 +55,13 @@ caf::expected<actors::model_config> read_folder(const fs::path& f, models::text_
       // Ids the tokenizer can produce must all be rows of the embedding. Read into the
       // directory the server looks text files up in, so that no request opens them; an
       // entry there is never replaced (models serving with it keep it).
-      caf::expected<std::shared_ptr<const models::tokenizer>> tok{nullptr};
+      caf::expected<std::shared_ptr<const text::tokenizer>> tok{nullptr};
       if (texts) {
         auto t = texts->open(m.tokenizer);
         if (!t) return t.error();
         tok = (*t)->tok;
       } else {
-        tok = models::tokenizer::open(m.tokenizer);
+        tok = text::tokenizer::open(m.tokenizer);
       }
       if (!tok) return tok.error();
       if ((*tok)->size() > hf->spec.vocab)
@@ -115,8 +114,9 @@ bool is_model_folder(const std::string& dir) {
   return fs::is_regular_file(fs::path{dir} / "config.json", ec);
 }
 
-caf::expected<std::vector<actors::repository_folder>> read_repository(
-    const std::string& dir, const std::string& only, models::text_directory* texts) {
+caf::expected<std::vector<actors::repository_folder>> read_repository(const std::string& dir,
+                                                                      const std::string& only,
+                                                                      text::text_directory* texts) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     return make_error(ec::io_error, "model repository " + dir + " is not a folder");

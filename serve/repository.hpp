@@ -10,8 +10,8 @@
 
 #include "actors/messages.hpp"
 #include "actors/registry.hpp"
-#include "models/text_directory.hpp"
 #include "serve/serve_config.hpp"
+#include "text/text_directory.hpp"
 
 namespace computron::serve {
 
@@ -27,7 +27,7 @@ bool is_model_folder(const std::string& dir);
 /// generation defaults are opened (read again after a change on disk); null: the
 /// tokenizer is opened only for the vocabulary check. Error: `dir` is not a folder.
 caf::expected<std::vector<actors::repository_folder>> read_repository(
-    const std::string& dir, const std::string& only = {}, models::text_directory* texts = nullptr);
+    const std::string& dir, const std::string& only = {}, text::text_directory* texts = nullptr);
 
 /// read_repository, strict: the first folder that cannot be read is the error.
 caf::expected<std::vector<actors::model_config>> load_repository(const std::string& dir);

@@ -5,7 +5,7 @@
 #include <chrono>
 #include <filesystem>
 
-#include "models/json_file.hpp"
+#include "common/json_file.hpp"
 #include "serve/json_fields.hpp"
 #include "serve/sections.hpp"
 
@@ -40,7 +40,7 @@ serve_config default_serve_config() {
 
 caf::expected<serve_config> load_serve_config(const std::string& path,
                                               const std::string& repository) {
-  auto j = models::read_json_file(path);
+  auto j = read_json_file(path);
   if (!j) return j.error();
   auto base = std::filesystem::path{path}.parent_path();
   auto c = default_serve_config();

@@ -17,11 +17,11 @@
 #include "actors/controller.hpp"
 #include "actors/opt_engine.hpp"
 #include "common/error.hpp"
+#include "common/json_file.hpp"
 #include "common/log.hpp"
 #include "models/checkpoint.hpp"
 #include "models/decoder_stage.hpp"
 #include "models/gloo_collective.hpp"
-#include "models/json_file.hpp"
 #include "net/metrics.hpp"
 #include "net/recent_stats.hpp"
 #include "net/trace.hpp"
@@ -80,7 +80,7 @@ int run_serve(serve_config cfg) {
   // The models' tokenizers, chat templates and generation defaults, opened here (this
   // thread) and by the registry's repository scans (its own thread), never on a
   // request's path.
-  auto texts = std::make_shared<models::text_directory>();
+  auto texts = std::make_shared<text::text_directory>();
   if (!cfg.repository.empty())
     cfg.runtime.registry.scan = [dir = cfg.repository, texts](const std::string& only) {
       auto folders = read_repository(dir, only, texts.get());

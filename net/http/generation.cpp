@@ -273,7 +273,7 @@ caf::behavior generation(caf::event_based_actor* self, std::shared_ptr<gen_state
   // tokens are decoded once.
   const bool watch = st.g.stream || !st.g.stop.empty();
   for (size_t i = 0; i < st.rows.size(); ++i) {
-    st.rows[i].decoder = std::make_unique<models::stream_decoder>(st.tok, st.g.skip_special_tokens);
+    st.rows[i].decoder = std::make_unique<text::stream_decoder>(st.tok, st.g.skip_special_tokens);
     actors::infer_request req;
     req.model = st.g.model;
     req.tokens = st.rows[i].prompt;

@@ -13,10 +13,10 @@
 #include <caf/all.hpp>
 
 #include "actors/interfaces.hpp"
-#include "models/tokenizer.hpp"
 #include "net/http/http_transport.hpp"
 #include "net/http/llm_api.hpp"
 #include "net/http/replies.hpp"
+#include "text/tokenizer.hpp"
 
 namespace computron::net {
 
@@ -29,7 +29,7 @@ enum class text_api { openai, chat, triton };
 struct gen_row {
   /// Its prompt (choice i samples prompt i / n).
   std::vector<int64_t> prompt;
-  std::unique_ptr<models::stream_decoder> decoder;
+  std::unique_ptr<text::stream_decoder> decoder;
   /// echo: the prompt's text, which comes before the completion's (in the first chunk).
   std::string echo;
   bool echo_sent = false;
@@ -58,13 +58,13 @@ struct gen_row {
 struct gen_state {
   generation_request g;
   text_api api = text_api::openai;
-  std::shared_ptr<const models::tokenizer> tok;
+  std::shared_ptr<const text::tokenizer> tok;
   /// The model's vocabulary: the tokenizer's EOS stops generation only inside it.
   int64_t vocab = 0;
   /// What ends a row besides max_tokens: the model's EOS ids (unless ignore_eos) and the
   /// request's stop_token_ids.
   std::vector<int64_t> stop_ids;
-  models::stop_matcher stops;
+  text::stop_matcher stops;
   std::vector<gen_row> rows;
   size_t left = 0;
   std::string completion_id;

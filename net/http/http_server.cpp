@@ -20,7 +20,6 @@
 #include "actors/join.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
-#include "models/tokenizer.hpp"
 #include "net/http/generation.hpp"
 #include "net/http/http_transport.hpp"
 #include "net/http/llm_api.hpp"
@@ -29,6 +28,7 @@
 #include "net/http/text_models.hpp"
 #include "net/metrics.hpp"
 #include "net/trace.hpp"
+#include "text/tokenizer.hpp"
 
 namespace computron::net {
 
@@ -62,7 +62,7 @@ struct http_server::impl {
 
   impl(caf::actor_system& s, actors::frontend_actor fe, std::shared_ptr<metrics> m,
        std::shared_ptr<trace_recorder> t, http_options o, actors::registry_actor r,
-       std::shared_ptr<models::text_directory> d)
+       std::shared_ptr<text::text_directory> d)
       : sys(s),
         frontend(std::move(fe)),
         metrics_(std::move(m)),
@@ -564,7 +564,7 @@ void http_server::stop() {
 caf::expected<std::unique_ptr<http_server>> http_server::start(
     caf::actor_system& sys, actors::frontend_actor frontend, std::shared_ptr<metrics> m,
     std::shared_ptr<trace_recorder> trace, http_options opts, actors::registry_actor registry,
-    std::shared_ptr<models::text_directory> texts) {
+    std::shared_ptr<text::text_directory> texts) {
   if (opts.threads < 1) return make_error(ec::invalid_configuration, "http: at least one thread");
   auto p = std::make_unique<impl>(sys, std::move(frontend), std::move(m), std::move(trace),
                                   std::move(opts), std::move(registry), std::move(texts));

@@ -9,7 +9,7 @@
 #include <caf/expected.hpp>
 
 #include "actors/interfaces.hpp"
-#include "models/text_directory.hpp"
+#include "text/text_directory.hpp"
 
 /// The HTTP API (KServe v2 / Triton REST conventions) on Boost.Beast, talking only to
 /// the frontend actor. Beast and Asio stay inside http_server.cpp.
@@ -50,8 +50,7 @@ class http_server {
   static caf::expected<std::unique_ptr<http_server>> start(
       caf::actor_system& sys, actors::frontend_actor frontend, std::shared_ptr<metrics> metrics,
       std::shared_ptr<trace_recorder> trace, http_options opts,
-      actors::registry_actor registry = {},
-      std::shared_ptr<models::text_directory> texts = nullptr);
+      actors::registry_actor registry = {}, std::shared_ptr<text::text_directory> texts = nullptr);
   ~http_server();
 
   /// The bound port.

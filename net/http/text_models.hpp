@@ -1,7 +1,7 @@
 #pragma once
 
 // What a model's files say about text (internal to net/), looked up in serve's
-// models::text_directory; and how a text request
+// text::text_directory; and how a text request
 // becomes the rows a generation actor sends (chat rendered, prompts encoded, n choices,
 // defaults, seed, stop ids, max_tokens). No actors, no sockets.
 #include <memory>
@@ -10,28 +10,28 @@
 #include <caf/expected.hpp>
 
 #include "actors/messages.hpp"
-#include "models/text_directory.hpp"
 #include "net/http/generation.hpp"
 #include "net/http/llm_api.hpp"
 #include "net/http/replies.hpp"
+#include "text/text_directory.hpp"
 
 namespace computron::net {
 
-using models::model_text;
+using text::model_text;
 
-/// The text files of the models a server answers for: a models::text_directory (serve's,
+/// The text files of the models a server answers for: a text::text_directory (serve's,
 /// filled where models are registered; or the server's own), looked up by model.
 class text_models {
  public:
-  explicit text_models(std::shared_ptr<models::text_directory> directory)
-      : directory_(directory ? std::move(directory) : std::make_shared<models::text_directory>()) {}
+  explicit text_models(std::shared_ptr<text::text_directory> directory)
+      : directory_(directory ? std::move(directory) : std::make_shared<text::text_directory>()) {}
 
   /// The model's text files. Errors: the model has no tokenizer (it takes ids only), or
   /// its files are unreadable (the reader's error, with the model named).
   caf::expected<std::shared_ptr<const model_text>> of(const actors::model_info& i);
 
  private:
-  std::shared_ptr<models::text_directory> directory_;
+  std::shared_ptr<text::text_directory> directory_;
 };
 
 /// The prompt a chat request's messages render to with the model's template (400 for a

@@ -8,13 +8,13 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
-#include "models/chat_template.hpp"
 #include "tests/support/npm.hpp"
 #include "tests/support/source_tree.hpp"
+#include "text/chat_template.hpp"
 
 /// The chat templates of real models (the npm tokenizer packages scripts/setup installs) and
-/// the fixture of conversations tests/models/chat_template_oracle.mjs rendered once
-/// (tests/models/data/chat_templates.json), as the oracle tests of both oracles, JavaScript
+/// the fixture of conversations tests/text/chat_template_oracle.mjs rendered once
+/// (tests/text/data/chat_templates.json), as the oracle tests of both oracles, JavaScript
 /// and Python, read them.
 namespace computron::test {
 
@@ -25,12 +25,12 @@ inline nlohmann::ordered_json read_json(const std::string& path) {
   return nlohmann::ordered_json::parse(in);
 }
 
-/// tests/models/data/chat_templates.json: each template's package and source, and the
+/// tests/text/data/chat_templates.json: each template's package and source, and the
 /// cases with what the JavaScript oracle rendered.
 inline const nlohmann::ordered_json& chat_templates_fixture() {
   static nlohmann::ordered_json f = [] {
-    auto path = source_file("tests/models/data/chat_templates.json");
-    INFO("tests/models/data/chat_templates.json not found");
+    auto path = source_file("tests/text/data/chat_templates.json");
+    INFO("tests/text/data/chat_templates.json not found");
     REQUIRE(!path.empty());
     return read_json(path);
   }();
@@ -40,7 +40,7 @@ inline const nlohmann::ordered_json& chat_templates_fixture() {
 /// One package's template with its special tokens.
 struct real_template {
   std::string source;
-  std::shared_ptr<const models::chat_template> parsed;
+  std::shared_ptr<const text::chat_template> parsed;
   nlohmann::ordered_json bos, eos;
   /// Whether tokenizer_config.json held the template; else (Llama 2's package ships none)
   /// it is the fixture's meta-llama Llama-2-chat template.
@@ -63,7 +63,7 @@ inline real_template load_real_template(const std::string& name) {
   t.from_package = config.contains("chat_template") && config["chat_template"].is_string();
   t.source = t.from_package ? config["chat_template"].get<std::string>()
                             : entry["chat_template"].get<std::string>();
-  auto parsed = models::chat_template::parse(t.source);
+  auto parsed = text::chat_template::parse(t.source);
   INFO((parsed ? "" : render(parsed.error())));
   REQUIRE(parsed);
   t.parsed = *parsed;

