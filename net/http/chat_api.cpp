@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "net/http/body_reader.hpp"
+#include "net/http/request_fields.hpp"
 
 // OpenAI's chat body and vLLM's tokenize and detokenize bodies (net/llm_api.hpp).
 namespace computron::net {
@@ -126,12 +127,19 @@ std::variant<generation_request, request_error> parse_chat(const json& body, uin
   auto allowed = detail::openai_shared;
   allowed.insert({"messages", "max_completion_tokens", "logprobs", "top_logprobs",
                   "add_generation_prompt", "chat_template_kwargs", "tools", "tool_choice",
-                  "parallel_tool_calls", "echo", "continue_final_message"});
-  r.only(allowed);
+                  "parallel_tool_calls", "echo", "continue_final_message", "chat_template"});
   generation_request g;
+  detail::apply_field_rules(r, body, allowed, g.ignored);
+  r.only(allowed);
   g.sampling.temperature = 1.0;  // OpenAI's default
   detail::read_openai(r, g, max_tokens);
   g.messages = read_messages(r);
+  if (auto t = r.find("chat_template")) {
+    if (!t->is_string() || t->get<std::string>().empty())
+      r.fail("chat_template", "'chat_template' must be a non-empty string (a Jinja template)");
+    else
+      g.chat_template = t->get<std::string>();
+  }
   if (r.find("max_completion_tokens")) {
     g.max_tokens_given = true;
     r.integer("max_completion_tokens", g.max_tokens, 1, max_tokens);

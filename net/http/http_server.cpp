@@ -11,6 +11,7 @@
 #include <variant>
 #include <vector>
 
+#include <fmt/ranges.h>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -266,7 +267,14 @@ struct http_server::impl {
           st->created = std::chrono::duration_cast<std::chrono::seconds>(
                             std::chrono::system_clock::now().time_since_epoch())
                             .count();
-          st->completion_id = fresh_completion_id(api == text_api::chat ? "chatcmpl-" : "cmpl-");
+          st->completion_id =
+              !st->g.request_id.empty()
+                  ? st->g.request_id
+                  : fresh_completion_id(api == text_api::chat ? "chatcmpl-" : "cmpl-");
+          if (!st->g.ignored.empty())
+            log::debug("{} request for {}: ignored {}",
+                       api == text_api::chat ? "chat" : "completion", st->g.model,
+                       fmt::join(st->g.ignored, ", "));
           if (auto err = prepare_rows(*st, **text, info, limit)) return fail(err);
           on_gone(exit_on_gone(sys.spawn(generation, st, fe, timeout)));
         },

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "net/http/body_reader.hpp"
+#include "net/http/request_fields.hpp"
 
 namespace computron::net {
 
@@ -61,7 +62,10 @@ const std::set<std::string> openai_shared = {"model",
                                              "best_of",
                                              "response_format",
                                              "deadline_ms",
-                                             "drop_late"};
+                                             "drop_late",
+                                             "request_id",
+                                             "truncate_prompt_tokens",
+                                             "add_special_tokens"};
 
 void read_openai(reader& r, generation_request& g, int64_t max_tokens) {
   auto model = r.find("model");
@@ -70,6 +74,21 @@ void read_openai(reader& r, generation_request& g, int64_t max_tokens) {
   else
     g.model = model->get<std::string>();
   read_generation(r, g, max_tokens);
+  if (auto id = r.find("request_id")) {
+    if (!id->is_string() || id->get<std::string>().empty() || id->get<std::string>().size() > 256)
+      r.fail("request_id", "'request_id' must be a string of 1..256 characters");
+    else
+      g.request_id = id->get<std::string>();
+  }
+  if (auto t = r.find("truncate_prompt_tokens"); t && *t != json(-1))
+    r.integer("truncate_prompt_tokens", g.truncate_prompt_tokens, 1, INT32_MAX);
+  else if (t)
+    g.truncate_prompt_tokens = -1;
+  if (r.find("add_special_tokens")) {
+    bool add = false;
+    r.boolean("add_special_tokens", add);
+    g.add_special_tokens = add;
+  }
   for (auto key : {"min_p", "repetition_penalty"})
     if (r.find(key)) g.given.insert(key);
   r.number("min_p", g.sampling.min_p, 0, 1);
@@ -146,8 +165,9 @@ std::variant<generation_request, request_error> parse_completion(const json& bod
   reader r{body};
   auto allowed = openai_shared;
   allowed.insert({"prompt", "echo", "logprobs", "suffix"});
-  r.only(allowed);
   generation_request g;
+  detail::apply_field_rules(r, body, allowed, g.ignored);
+  r.only(allowed);
   g.sampling.temperature = 1.0;  // OpenAI's default
   auto p = r.find("prompt");
   if (!r.error) {

@@ -58,6 +58,18 @@ struct generation_request {
   /// More variables for the chat template (vLLM's chat_template_kwargs, e.g. Qwen3's
   /// enable_thinking).
   nlohmann::json template_kwargs = nlohmann::json::object();
+  /// Chat: a Jinja template for this request instead of the model's (vLLM's chat_template).
+  std::string chat_template;
+  /// vLLM's request_id: the answer's id (else a fresh one).
+  std::string request_id;
+  /// vLLM's truncate_prompt_tokens: each prompt keeps only its last k tokens (-1: as many
+  /// as the model's context holds; 0: all).
+  int64_t truncate_prompt_tokens = 0;
+  /// Whether text prompts get the tokenizer's special tokens (BOS); unset: completions
+  /// add them, chat does not (its template writes its own), as vLLM does.
+  std::optional<bool> add_special_tokens;
+  /// Fields the request sent that this server accepts and ignores (request_fields.hpp).
+  std::vector<std::string> ignored;
   bool chat() const { return !messages.is_null(); }
 };
 

@@ -27,7 +27,16 @@ caf::expected<std::shared_ptr<const model_text>> text_models::of(const actors::m
 
 caf::expected<std::string> render_chat(const model_text& text, const generation_request& g,
                                        const std::string& model) {
-  if (!text.chat) {
+  const text::chat_template* tmpl = text.chat.get();
+  std::shared_ptr<const text::chat_template> own;
+  if (!g.chat_template.empty()) {
+    // The request's own template (vLLM's chat_template), parsed for this request only.
+    auto parsed = text::chat_template::parse(g.chat_template);
+    if (!parsed)
+      return make_error(ec::invalid_request, "'chat_template': " + render(parsed.error()));
+    own = std::move(*parsed);
+    tmpl = own.get();
+  } else if (!text.chat) {
     if (text.chat_error)
       return with_context(make_error(ec::invalid_request, render(text.chat_error)),
                           "model " + model + " has a chat template this server cannot render");
@@ -40,7 +49,7 @@ caf::expected<std::string> render_chat(const model_text& text, const generation_
   ctx["add_generation_prompt"] = g.add_generation_prompt;
   ctx["bos_token"] = text.tok->bos_token().value_or("");
   ctx["eos_token"] = text.tok->eos_token().value_or("");
-  auto out = text.chat->render(ctx);
+  auto out = tmpl->render(ctx);
   if (!out) return with_context(out.error(), "chat template of " + model);
   return out;
 }
@@ -59,18 +68,25 @@ caf::error prepare_rows(gen_state& st, const model_text& text, const actors::mod
   if (g.chat()) {
     auto rendered = render_chat(text, g, info.config.name);
     if (!rendered) return rendered.error();
-    prompts.push_back(text.tok->encode(*rendered, false));
+    prompts.push_back(text.tok->encode(*rendered, g.add_special_tokens.value_or(false)));
     echoes.emplace_back();
   } else {
     for (auto& p : g.prompts) {
       if (auto s = std::get_if<std::string>(&p)) {
-        prompts.push_back(text.tok->encode(*s));
+        prompts.push_back(text.tok->encode(*s, g.add_special_tokens.value_or(true)));
         echoes.push_back(g.echo ? *s : std::string{});
       } else {
         prompts.push_back(std::get<std::vector<int64_t>>(p));
         echoes.push_back(g.echo ? text.tok->decode(prompts.back(), false) : std::string{});
       }
     }
+  }
+  if (g.truncate_prompt_tokens != 0) {
+    // vLLM's truncate_prompt_tokens: the last k tokens of each prompt (-1: the context).
+    auto keep = static_cast<size_t>(g.truncate_prompt_tokens > 0 ? g.truncate_prompt_tokens
+                                                                 : info.max_positions);
+    for (auto& p : prompts)
+      if (p.size() > keep) p.erase(p.begin(), p.end() - static_cast<ptrdiff_t>(keep));
   }
   if (st.api != text_api::triton) {
     // generation_config.json's defaults for what the request left out, as vLLM applies them.

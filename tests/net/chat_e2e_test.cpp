@@ -115,6 +115,10 @@ TEST_CASE("the official OpenAI client chats with a Llama folder; the oracle chec
   // No seed: generation_config's temperature (0.6) samples, and each request anew.
   REQUIRE(out["unseeded"].size() == 2);
   CHECK(out["unseeded"][0] != out["unseeded"][1]);
+  CHECK(out["extras"]["id"] == "req-42");
+  CHECK(out["extras"]["content"] == text);
+  CHECK(out["beam"]["status"] == 400);
+  CHECK(out["beam"]["param"] == "use_beam_search");
   CHECK(out["tools"]["status"] == 400);
   CHECK(out["tools"]["param"] == "tools");
   CHECK_THAT(out["tools"]["message"].get<std::string>(), Catch::Contains("not supported"));

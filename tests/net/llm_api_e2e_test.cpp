@@ -274,6 +274,81 @@ double await_metric(server& s, const std::string& series, double n) {
 
 }  // namespace
 
+TEST_CASE("fields OpenAI and vLLM define: ignored where the answer stays, honoured, or refused",
+          "[net][e2e][strict]") {
+  server s;
+  json base{{"model", "toy"}, {"prompt", "a b c d"}, {"max_tokens", 4}, {"temperature", 0}};
+  auto plain = s.post("/v1/completions", base);
+  REQUIRE(plain.status == 200);
+  // Accepted and ignored: the answer is the same.
+  auto extra = base;
+  extra["store"] = true;
+  extra["metadata"] = {{"team", "a"}};
+  extra["service_tier"] = "auto";
+  extra["priority"] = 5;
+  extra["prompt_cache_key"] = "k";
+  extra["reasoning_effort"] = "low";
+  extra["modalities"] = {"text"};
+  auto r = s.post("/v1/completions", extra);
+  INFO(r.body);
+  REQUIRE(r.status == 200);
+  CHECK(json::parse(r.body)["choices"] == json::parse(plain.body)["choices"]);
+  // Honoured: request_id is the answer's id; truncate_prompt_tokens keeps the last tokens.
+  auto named = base;
+  named["request_id"] = "my-request-7";
+  r = s.post("/v1/completions", named);
+  REQUIRE(r.status == 200);
+  CHECK(json::parse(r.body)["id"] == "my-request-7");
+  json ids{{"model", "toy"}, {"prompt", {5, 6, 7, 8, 9}}, {"max_tokens", 4}, {"temperature", 0}};
+  auto cut = ids;
+  cut["truncate_prompt_tokens"] = 2;
+  auto tail = ids;
+  tail["prompt"] = {8, 9};
+  r = s.post("/v1/completions", cut);
+  REQUIRE(r.status == 200);
+  auto j = json::parse(r.body);
+  CHECK(j["usage"]["prompt_tokens"] == 2);
+  CHECK(j["choices"] == json::parse(s.post("/v1/completions", tail).body)["choices"]);
+  auto no_specials = base;
+  no_specials["add_special_tokens"] = false;
+  CHECK(s.post("/v1/completions", no_specials).status == 200);
+  no_specials["add_special_tokens"] = "no";
+  CHECK(s.post("/v1/completions", no_specials).status == 400);
+  // A chat template in the request lets a model without one chat (vLLM's chat_template).
+  json chat{{"model", "toy"},
+            {"messages", {{{"role", "user"}, {"content", "a b c d"}}}},
+            {"max_tokens", 4},
+            {"temperature", 0}};
+  CHECK(s.post("/v1/chat/completions", chat).status == 400);  // the model has none
+  chat["chat_template"] = "{% for m in messages %}{{ m.content }}{% endfor %}";
+  r = s.post("/v1/chat/completions", chat);
+  INFO(r.body);
+  REQUIRE(r.status == 200);
+  j = json::parse(r.body);
+  CHECK(j["usage"]["prompt_tokens"] == json::parse(plain.body)["usage"]["prompt_tokens"]);
+  CHECK(j["choices"][0]["message"]["content"] == json::parse(plain.body)["choices"][0]["text"]);
+  chat["chat_template"] = "{% for m in messages %}";
+  r = s.post("/v1/chat/completions", chat);
+  CHECK(r.status == 400);
+  CHECK_THAT(r.body, Catch::Contains("chat_template"));
+  // Refused by name where ignoring would change the answer; unknown names stay 400s.
+  for (auto [key, value] :
+       std::vector<std::pair<std::string, json>>{{"use_beam_search", true},
+                                                 {"guided_json", {{"type", "object"}}},
+                                                 {"prompt_logprobs", 1},
+                                                 {"modalities", {"text", "audio"}},
+                                                 {"frobnicate", 1}}) {
+    auto body = base;
+    body[key] = value;
+    r = s.post("/v1/completions", body);
+    INFO(key << ": " << r.body);
+    CHECK(r.status == 400);
+    CHECK(json::parse(r.body)["error"]["param"] == key);
+    CHECK_THAT(r.body,
+               Catch::Contains(key == "frobnicate" ? "unknown parameter" : "not supported"));
+  }
+}
+
 TEST_CASE("the parameters vLLM clients send: n, echo, logprobs, penalties, seeds",
           "[net][e2e][openai]") {
   server s;

@@ -86,6 +86,12 @@ async function failure(params) {
     draws.push(d.choices[0].message.content);
   }
   out.unseeded = draws;
+  // Fields OpenAI and vLLM define that change nothing here are accepted; request_id names it.
+  const extras = await client.chat.completions.create({
+    ...base, store: false, metadata: { team: 'a' }, service_tier: 'auto', reasoning_effort: 'low',
+    modalities: ['text'], prompt_cache_key: 'k', priority: 1, request_id: 'req-42' });
+  out.extras = { id: extras.id, content: extras.choices[0].message.content };
+  out.beam = await failure({ ...base, use_beam_search: true });
   out.tools = await failure({ ...base, tools: [{ type: 'function', function: { name: 'f' } }] });
   out.unknown_model = await failure({ ...base, model: 'no-such-model' });
   out.bad_role = await failure({ ...base, messages: [{ role: 'wizard', content: 'x' }] });
