@@ -43,9 +43,10 @@ caf::error check_request(const managed_model& m, const infer_request& r, int64_t
     if (id < 0 || id >= m.vocab)
       return bad("logit_bias names token " + std::to_string(id) + ", outside the vocabulary of " +
                  m.cfg.name + " (0.." + std::to_string(m.vocab - 1) + ")");
-  if (r.max_tokens < 1 || r.max_tokens > max_tokens_limit)
-    return bad("max_tokens must be 1.." + std::to_string(max_tokens_limit) + ", got " +
-               std::to_string(r.max_tokens));
+  if (r.max_tokens < 1 || (max_tokens_limit > 0 && r.max_tokens > max_tokens_limit))
+    return bad("max_tokens must be " +
+               (max_tokens_limit > 0 ? "1.." + std::to_string(max_tokens_limit) : "at least 1") +
+               ", got " + std::to_string(r.max_tokens));
   if (static_cast<int64_t>(r.tokens.size()) + r.max_tokens > m.max_positions)
     return bad("prompt of " + std::to_string(r.tokens.size()) + " tokens plus max_tokens " +
                std::to_string(r.max_tokens) + " exceeds the " + std::to_string(m.max_positions) +

@@ -25,8 +25,9 @@ struct model_manager_options {
   /// Gpu-lets: the devices' compute lanes, fixed or planned (sched/gpulets.hpp); none by
   /// default (each device one lane).
   sched::gpulet_config gpulets;
-  /// Largest max_tokens a request may ask for.
-  int64_t max_tokens_limit = 512;
+  /// Largest max_tokens a request may ask for; 0: no server-wide limit (each model's context
+  /// bounds its prompt plus max_tokens).
+  int64_t max_tokens_limit = 0;
   /// One forward step of one stage at most.
   std::chrono::milliseconds step_timeout{std::chrono::minutes(2)};
   /// Waiting for residency at most (the scheduler always answers; this is a backstop).

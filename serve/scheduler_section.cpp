@@ -1,6 +1,7 @@
 // The serve config's scheduling sections: `scheduler` (the residency ledger and loads),
 // `batching` (how requests become batches) and `frontend` (what is admitted).
 #include <chrono>
+#include <limits>
 
 #include "serve/json_fields.hpp"
 #include "serve/sections.hpp"
@@ -64,6 +65,8 @@ caf::error read_batching(const nlohmann::json& file, const std::string& where, s
     return e;
   if (window < 0 || max_wait < 0 || deadline <= 0 || grace < 0)
     return bad(bw, "times must be positive");
+  if (m.max_tokens_limit < 0 || m.max_tokens_limit > std::numeric_limits<int32_t>::max())
+    return bad(bw, "max_tokens must be 0 (no limit: each model's context) or a positive count");
   constexpr int64_t max_ms = 1'000'000'000;
   if ((e = check_time(window, max_ms, bw, "batch_window_ms")) ||
       (e = check_time(max_wait, max_ms, bw, "max_wait_ms")) ||

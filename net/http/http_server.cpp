@@ -4,6 +4,7 @@
 #include <chrono>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -110,6 +111,12 @@ struct http_server::impl {
     });
   }
 
+  /// The largest max_tokens a body may ask for: the configured limit, else as many as an
+  /// int32 holds (the model's context then refuses what it cannot hold, with its size).
+  int64_t max_tokens_cap() const {
+    return opts.max_tokens > 0 ? opts.max_tokens : std::numeric_limits<int32_t>::max();
+  }
+
   /// One model as the index lists it: as the frontend knows it, else (a name the manager
   /// does not know) as the registry reads its folder, where there is a registry. The
   /// registry reads folders on its own thread, so only unknown names go there.
@@ -164,7 +171,7 @@ struct http_server::impl {
     if (j.is_discarded())
       return reply(make_error_response(http::status::bad_request,
                                        "invalid_request: the body is not valid JSON"));
-    auto p = parse_infer_body(j, opts.max_batch_rows, opts.max_tokens);
+    auto p = parse_infer_body(j, opts.max_batch_rows, max_tokens_cap());
     if (auto e = std::get_if<request_error>(&p))
       return reply(
           make_error_response(http::status::bad_request, "invalid_request: " + e->message));
@@ -238,14 +245,14 @@ struct http_server::impl {
     auto j = json::parse(body, nullptr, false);
     if (j.is_discarded()) return bad({"the body is not valid JSON", ""});
     auto parsed = api == text_api::openai
-                      ? parse_completion(j, opts.max_batch_rows, opts.max_tokens)
-                  : api == text_api::chat ? parse_chat(j, opts.max_batch_rows, opts.max_tokens)
-                                          : parse_generate(j, model, stream, opts.max_tokens);
+                      ? parse_completion(j, opts.max_batch_rows, max_tokens_cap())
+                  : api == text_api::chat ? parse_chat(j, opts.max_batch_rows, max_tokens_cap())
+                                          : parse_generate(j, model, stream, max_tokens_cap());
     if (auto e = std::get_if<request_error>(&parsed)) return bad(*e);
     auto g = std::make_shared<generation_request>(std::move(std::get<generation_request>(parsed)));
     auto fe = frontend;
     auto timeout = caf::timespan{opts.request_timeout};
-    auto limit = opts.max_tokens;
+    auto limit = max_tokens_cap();
     auto fail = [api, reply](const caf::error& e) {
       reply(api == text_api::triton ? error_response(e) : openai_error_response(e));
     };

@@ -27,8 +27,8 @@ struct http_options {
   /// Sequences one infer request may carry.
   uint32_t max_batch_rows = 256;
   /// The largest max_tokens (the manager's; serve copies batching.max_tokens here, so
-  /// every route and the manager state one range).
-  int64_t max_tokens = 512;
+  /// every route and the manager state one range); 0: none, each model's context bounds it.
+  int64_t max_tokens = 0;
   /// I/O threads.
   int threads = 2;
   /// Idle keep-alive connections close after this.

@@ -43,7 +43,8 @@ struct server {
   std::unique_ptr<child_process> proc;
   uint16_t port = 0;
 
-  server() {
+  /// `max_tokens`: batching.max_tokens, the server-wide limit (null: left out, none).
+  explicit server(json max_tokens = 4000) {
     auto model = [&](const std::string& name, const json& cfg) {
       fs::create_directories(dir + "/repo/" + name);
       std::ofstream{dir + "/repo/" + name + "/config.json"} << cfg.dump();
@@ -54,8 +55,9 @@ struct server {
     json cfg{
         {"devices", {{"kind", "emulated"}, {"count", 1}, {"capacity_mb", 64}, {"link_gbps", 1}}},
         {"http", {{"host", "127.0.0.1"}, {"port", 0}}},
-        {"batching", {{"max_batch_size", 4}, {"batch_window_ms", 2}, {"max_tokens", 4000}}},
+        {"batching", {{"max_batch_size", 4}, {"batch_window_ms", 2}}},
         {"repository", "repo"}};
+    if (!max_tokens.is_null()) cfg["batching"]["max_tokens"] = max_tokens;
     std::ofstream{dir + "/config.json"} << cfg.dump();
     proc = std::make_unique<child_process>(std::vector<std::string>{
         "/usr/bin/timeout", "300", COMPUTRON_BINARY, "serve", "--config", dir + "/config.json"});
@@ -347,6 +349,32 @@ TEST_CASE("fields OpenAI and vLLM define: ignored where the answer stays, honour
     CHECK_THAT(r.body,
                Catch::Contains(key == "frobnicate" ? "unknown parameter" : "not supported"));
   }
+}
+
+TEST_CASE("with no limit configured, answers run to the model's context", "[net][e2e][lengths]") {
+  server s{nullptr};
+  // A chat without max_tokens answers up to the rest of the context (4096 positions; the
+  // toy never samples GPT-2's EOS, which lies outside its vocabulary of 1024).
+  json chat{{"model", "toy"},
+            {"messages", {{{"role", "user"}, {"content", "a b c d"}}}},
+            {"chat_template", "{% for m in messages %}{{ m.content }}{% endfor %}"},
+            {"temperature", 0}};
+  auto r = s.post("/v1/chat/completions", chat);
+  INFO(r.body);
+  REQUIRE(r.status == 200);
+  auto j = json::parse(r.body);
+  CHECK(j["choices"][0]["finish_reason"] == "length");
+  CHECK(j["usage"]["completion_tokens"].get<int64_t>() ==
+        4096 - j["usage"]["prompt_tokens"].get<int64_t>());
+  // More than the old 512 where asked for; more than the context is refused, naming it.
+  json completion{{"model", "toy"}, {"prompt", "a b c d"}, {"max_tokens", 600}};
+  r = s.post("/v1/completions", completion);
+  REQUIRE(r.status == 200);
+  CHECK(json::parse(r.body)["usage"]["completion_tokens"] == 600);
+  completion["max_tokens"] = 5000;
+  r = s.post("/v1/completions", completion);
+  CHECK(r.status == 400);
+  CHECK_THAT(r.body, Catch::Contains("4096 positions"));
 }
 
 TEST_CASE("the parameters vLLM clients send: n, echo, logprobs, penalties, seeds",
