@@ -153,15 +153,25 @@ std::vector<std::string> soak(const soak_server& s, const std::vector<std::strin
 }
 
 /// Once idle: per device, the ledger's weights and KV bytes and the device's mapped bytes
-/// (from /v2/status), which must be equal.
+/// (from /v2/status), which must be equal. The last answers reach the clients a moment
+/// before the last KV pool reports and batch ends reach the scheduler, so this waits for
+/// them (bounded: a ledger that never settles still fails).
 void ledger_equals_device(const soak_server& s, size_t devices) {
-  auto st = s.get("/v2/status");
-  INFO(st.dump());
+  nlohmann::json st;
   std::map<int64_t, int64_t> ledger, device;
-  for (auto& d : st["scheduler"]["devices"])
-    ledger[d["device"].get<int64_t>()] =
-        d["used-bytes"].get<int64_t>() + d["kv-bytes"].get<int64_t>();
-  for (auto& d : st["devices"]) device[d["device"].get<int64_t>()] = d["used-bytes"].get<int64_t>();
+  for (auto until = std::chrono::steady_clock::now() + 5s;;) {
+    st = s.get("/v2/status");
+    ledger.clear();
+    device.clear();
+    for (auto& d : st["scheduler"]["devices"])
+      ledger[d["device"].get<int64_t>()] =
+          d["used-bytes"].get<int64_t>() + d["kv-bytes"].get<int64_t>();
+    for (auto& d : st["devices"])
+      device[d["device"].get<int64_t>()] = d["used-bytes"].get<int64_t>();
+    if (ledger == device || std::chrono::steady_clock::now() > until) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  INFO(st.dump());
   // The models swapped: more than fit at once were served.
   int64_t evictions = 0;
   for (auto& m : st["scheduler"]["models"]) evictions += m["evictions"].get<int64_t>();
