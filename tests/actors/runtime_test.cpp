@@ -352,6 +352,9 @@ TEST_CASE("one deadline: a running request ends at it, a worker refuses a step t
   auto slow = runtime_fixture::toy("slow", 3, 1, 1);
   slow.toy_compute_ms = 10;
   REQUIRE(f.add(slow));
+  // Resident first: the deadline is for a running request, and a load on a loaded machine
+  // (a TSan build with both cores busy: CI) once took the whole 150 ms in the queue.
+  REQUIRE(f.infer(request("slow", {1, 2, 3}, 1)));
   // 200 steps of 10 ms cannot end within 100 ms and the 50 ms it is served late: the row
   // ends at the boundary after that with deadline_exceeded, long before its last step.
   auto r = request("slow", {1, 2, 3}, 200);
