@@ -1,8 +1,8 @@
 #pragma once
 
-// The shard worker's state and the pieces its two files share (internal to actors/):
-// shard_worker.cpp is the actor, worker_groups.cpp its tensor-parallel groups (joining
-// one again when a node returns) and its compute lanes.
+// The shard worker's state and the pieces its files share (internal to actors/):
+// shard_worker.cpp is the actor, shard_worker_step.cpp its step, worker_groups.cpp its
+// tensor-parallel groups (joining one again when a node returns) and its compute lanes.
 #include <chrono>
 #include <map>
 #include <memory>
@@ -81,6 +81,8 @@ bool same_shard(const shard_spec& a, const shard_spec& b);
 std::string group_name(const std::string& scope, const shard_spec& s);
 /// The shard is here but its cross-node group is new: joins it again (worker_groups.cpp).
 caf::result<shard_report> rejoin(worker_pointer self, const std::string& name, shard_spec s);
+/// Runs one step of a batch on the shard (shard_worker_step.cpp).
+caf::result<step_result> run_step(worker_pointer self, step_request& req);
 /// The compute lane `lane` (started on first use), or why there is none.
 caf::expected<lane_actor> compute_lane(worker_pointer self, int32_t lane);
 

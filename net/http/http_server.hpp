@@ -11,8 +11,9 @@
 #include "actors/interfaces.hpp"
 #include "text/text_directory.hpp"
 
-/// The HTTP API (KServe v2 / Triton REST conventions) on Boost.Beast, talking only to
-/// the frontend actor. Beast and Asio stay inside http_server.cpp.
+/// The HTTP API (KServe v2 / Triton REST conventions, OpenAI's and vLLM's routes) on
+/// Boost.Beast, talking to the frontend actor and the registry. Beast and Asio stay inside
+/// net/http's sources and its private http_server_impl.hpp.
 namespace computron::net {
 
 class metrics;

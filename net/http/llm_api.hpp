@@ -17,8 +17,6 @@
 /// 400 naming it, as unknown config keys are. No actors, no sockets: plain functions.
 namespace computron::net {
 
-/// The one range of max_tokens in every API.
-
 /// A prompt as text or as token ids.
 using prompt = std::variant<std::string, std::vector<int64_t>>;
 

@@ -1,0 +1,244 @@
+#include "actors/shard_worker_state.hpp"
+
+// The worker's step: one forward pass of a batch on the shard's compute lane, passed on to
+// the next stage (or answered by the sampling rank). Its own file, as the actor's other
+// handlers are about residency and groups.
+#include <algorithm>
+#include <chrono>
+#include <thread>
+#include <utility>
+
+#include <fmt/format.h>
+#include <caf/all.hpp>
+
+#include "common/error.hpp"
+#include "common/log.hpp"
+
+namespace computron::actors::worker_detail {
+
+caf::result<step_result> run_step(worker_pointer self, step_request& req) {
+  auto& st = self->state;
+  const int32_t index = st.opts.device_index;
+  auto i = st.shards.find(req.model);
+  if (i == st.shards.end())
+    return make_error(ec::unknown_model,
+                      "device " + std::to_string(index) + " holds no shard of model " + req.model);
+  auto& e = i->second;
+  if (req.stage != e.spec.pp_rank)
+    return make_error(ec::invalid_request, "step for stage " + std::to_string(req.stage) +
+                                               " reached device " + std::to_string(index) +
+                                               ", which holds stage " +
+                                               std::to_string(e.spec.pp_rank));
+  const bool last_stage = e.spec.pp_rank == e.spec.model.pp - 1;
+  const bool sampling_rank = last_stage && e.spec.tp_rank == 0;
+  const auto key = std::make_pair(req.model, req.batch_id);
+  // Its gpu-let: the lane and share the manager runs the model on here.
+  const auto at = static_cast<size_t>(req.stage);
+  const int32_t lane_index = at < req.lanes.size() ? req.lanes[at] : 0;
+  const int32_t share = at < req.shares.size() ? req.shares[at] : 100;
+  const auto partition = at < req.partitions.size() ? req.partitions[at] : std::vector<int32_t>{};
+  if (share < 1 || share > 100)
+    return make_error(ec::invalid_request, "a step's share of device " + std::to_string(index) +
+                                               " must be 1..100 percent, got " +
+                                               std::to_string(share));
+  auto lane = compute_lane(self, lane_index);
+  if (!lane) return lane.error();
+  // A model that moves to another lane (a re-plan) runs nothing there until what its
+  // old lane still holds of it (a batch's end_batch, say) is done: one caller at a
+  // time per program.
+  const int32_t previous_lane = e.lane;
+  e.lane = lane_index;
+  auto clock = st.gpulets;
+  const bool emulate = st.emulate_gpulets;
+  // A GPU's gpu-let computes on its green context's stream (the whole device on the
+  // default one); the lane's thread is told before each step, as a lane may change
+  // its share at a re-plan.
+  std::shared_ptr<const engine> streams;
+  if (st.dev->info().kind == gpu::device_kind::cuda)
+    if (auto k = st.engines.find(e.spec.model.kind); k != st.engines.end()) streams = k->second;
+  auto dev = st.dev;
+  std::shared_ptr<batch_ctx> ctx;
+  // Rows joining a running batch: their samplers go after that batch's.
+  std::shared_ptr<batch_ctx> into_ctx;
+  if (sampling_rank) {
+    auto& slot = st.batches[key];
+    if (!slot) slot = std::make_shared<batch_ctx>();
+    ctx = slot;
+    // A missing one is an error after the step ran (below), so that every rank of
+    // the stage still makes the step's collective calls.
+    if (req.join_into != 0)
+      if (auto j = st.batches.find(std::make_pair(req.model, req.join_into)); j != st.batches.end())
+        into_ctx = j->second;
+  }
+  auto program = e.program;
+  // The program uses the group: a rejoin may replace both while this step runs.
+  auto group = e.group;
+  auto w = e.weights;
+  auto in_use = e.in_use;
+  auto in = std::make_shared<step_request>(std::move(req));
+  auto out = std::make_shared<step_result>();
+  auto hidden_out = std::make_shared<tensor_payload>();
+  const auto received = std::chrono::steady_clock::now();
+  // Alone in its stage only: tensor-parallel ranks decide apart, and one that refused
+  // would leave the others waiting in the step's collectives (those rows still end
+  // at the step boundary after their limit).
+  const bool alone = e.spec.model.tp == 1;
+  lane_job job{[=]() -> caf::error {
+    auto t0 = std::chrono::steady_clock::now();
+    if (alone)
+      if (auto err = step_too_late(*in, received, t0, index)) return err;
+    // The lane is busy from here to the end of its wait (the partners' clock).
+    struct busy_span {
+      gpulet_clock* c;
+      int32_t lane;
+      ~busy_span() {
+        if (c) c->end(lane);
+      }
+    } busy{clock.get(), lane_index};
+    if (clock) clock->begin(lane_index);
+    if (streams) {
+      auto s = share < 100 ? dev->gpulet_stream(partition, static_cast<size_t>(lane_index))
+                           : caf::expected<void*>{nullptr};
+      if (!s) return s.error();
+      if (auto err = streams->use_stream(dev, *s)) return err;
+    }
+    const double waited0 = gpu::thread_wait_seconds();
+    (void)group;
+    // No eviction unmaps the shard until this step is done with it.
+    std::shared_lock<std::shared_timed_mutex> computing{*in_use};
+    auto state = w->state();
+    if (state != gpu::residency::resident && state != gpu::residency::loading)
+      return make_error(ec::not_resident, "model " + in->model + " is " + gpu::to_string(state) +
+                                              " on device " + std::to_string(index));
+    models::host_tensor h;
+    const models::host_tensor* hp = nullptr;
+    if (in->stage > 0) {
+      h = from_payload(in->hidden);
+      hp = &h;
+    }
+    auto r = program->run(*in, hp);
+    // What the KV pool holds now (after a last step dropped the batch's caches).
+    out->kv_devices.push_back(index);
+    out->kv_pool_bytes.push_back(program->kv_device_bytes());
+    if (!r) return r.error();
+    if (sampling_rank && in->partial_prefill()) {
+      // A chunk of a prefill that goes on: nothing to sample yet.
+    } else if (sampling_rank) {
+      if (in->step > 0 && !in->keep.empty()) {
+        // Finished rows left the batch: their samplers go with them.
+        std::vector<models::sampler> kept;
+        for (auto k : in->keep) {
+          if (k < 0 || static_cast<size_t>(k) >= ctx->samplers.size())
+            return make_error(ec::invalid_request, "keep row " + std::to_string(k) +
+                                                       " is outside the batch of " +
+                                                       std::to_string(ctx->samplers.size()));
+          kept.push_back(ctx->samplers[static_cast<size_t>(k)]);
+        }
+        ctx->samplers = std::move(kept);
+      }
+      auto tokens = sample_rows(*r, ctx->samplers, in->sampling, in->prompts, &out->logprobs,
+                                &out->prompt_logprobs);
+      if (!tokens) return tokens.error();
+      out->tokens = std::move(*tokens);
+    } else if (!last_stage) {
+      *hidden_out = to_payload(*r);
+    }
+    if (in->join_into != 0) {
+      if (auto err = program->join_batch(in->batch_id, in->join_into)) return err;
+      if (sampling_rank && !into_ctx)
+        return make_error(ec::invalid_request, "rows join batch " + std::to_string(in->join_into) +
+                                                   " of " + in->model + ", which device " +
+                                                   std::to_string(index) + " does not hold");
+      if (into_ctx)
+        into_ctx->samplers.insert(into_ctx->samplers.end(), ctx->samplers.begin(),
+                                  ctx->samplers.end());
+    }
+    // Compute only: time spent waiting for bytes still loading is the load's.
+    double compute_s = seconds_since(t0) - (gpu::thread_wait_seconds() - waited0);
+    out->partner_busy = clock->partner_fraction(lane_index);
+    if (emulate) {
+      // An emulated gpu-let takes what its share and its partners make it take.
+      double take = clock->seconds(lane_index, share, compute_s);
+      if (take > compute_s)
+        std::this_thread::sleep_for(std::chrono::duration<double>(take - compute_s));
+      compute_s = std::max(compute_s, take);
+    }
+    out->compute_ms = compute_s * 1e3;
+    return {};
+  }};
+  auto rp = self->make_response_promise<step_result>();
+  // A gpu-let's steps take longer by its share (and a busy partner); the slowest
+  // stage's share bounds the whole chain's.
+  int32_t slowest = 100;
+  for (auto x : in->shares) slowest = std::clamp(x, 1, slowest);
+  sched::gpulet_options go;
+  go.interference = st.opts.gpulet_interference;
+  auto timeout = slowest < 100
+                     ? std::chrono::duration_cast<std::chrono::milliseconds>(
+                           st.opts.step_timeout * sched::gpulet_seconds(go, 1.0, slowest, 1.0))
+                     : st.opts.step_timeout;
+  // A step on a loading shard also waits for its bytes (compute while loading).
+  auto lane_timeout =
+      w->state() == gpu::residency::loading ? timeout + st.opts.load_timeout : timeout;
+  auto target = *lane;
+  auto submit = [=]() mutable {
+    self->request(target, lane_timeout, run_atom_v, job)
+        .then(
+            [=](bool) mutable {
+              if (in->last || in->join_into != 0) self->state.batches.erase(key);
+              if (last_stage) {
+                rp.deliver(std::move(*out));
+                return;
+              }
+              auto next_stage = static_cast<size_t>(in->stage + 1);
+              if (in->route.size() <= next_stage) {
+                rp.deliver(make_error(ec::invalid_request,
+                                      "step route has no stage " + std::to_string(next_stage)));
+                return;
+              }
+              auto next = in->route[next_stage];
+              auto mine = out->compute_ms;
+              auto mine_busy = out->partner_busy;
+              auto mine_kv_devices = out->kv_devices;
+              auto mine_kv_bytes = out->kv_pool_bytes;
+              if (in->deadline_ms > 0)  // what is left of it for the stages after this
+                in->deadline_ms = std::max<int64_t>(
+                    1, in->deadline_ms - static_cast<int64_t>(seconds_since(received) * 1e3));
+              auto remaining = static_cast<int>(in->route.size() - next_stage);
+              in->stage += 1;
+              in->hidden = std::move(*hidden_out);
+              self->request(next, timeout * remaining, step_atom_v, std::move(*in))
+                  .then(
+                      [=](step_result& r) mutable {
+                        r.compute_ms += mine;
+                        r.partner_busy = std::max(r.partner_busy, mine_busy);
+                        r.kv_devices.insert(r.kv_devices.end(), mine_kv_devices.begin(),
+                                            mine_kv_devices.end());
+                        r.kv_pool_bytes.insert(r.kv_pool_bytes.end(), mine_kv_bytes.begin(),
+                                               mine_kv_bytes.end());
+                        rp.deliver(std::move(r));
+                      },
+                      [=](caf::error& err) mutable { rp.deliver(std::move(err)); });
+            },
+            [=](caf::error& err) mutable {
+              self->state.batches.erase(key);
+              rp.deliver(std::move(err));
+            });
+  };
+  if (previous_lane == lane_index) {
+    submit();
+    return rp;
+  }
+  auto old_lane = compute_lane(self, previous_lane);
+  if (!old_lane) {
+    submit();
+    return rp;
+  }
+  // The barrier: an empty job behind whatever the old lane still runs of it.
+  lane_job barrier{[]() -> caf::error { return {}; }};
+  self->request(*old_lane, lane_timeout, run_atom_v, std::move(barrier))
+      .then([=](bool) mutable { submit(); }, [=](caf::error&) mutable { submit(); });
+  return rp;
+}
+
+}  // namespace computron::actors::worker_detail
