@@ -5,9 +5,9 @@
 #include <string>
 #include <string_view>
 
-/// Text primitives the tokenizer is built from (internal to models/): UTF-8 walking and
-/// repair, the Unicode character classes and normalization forms of ICU, and regular
-/// expressions of PCRE2 with the semantics tokenizer.json's Oniguruma patterns expect.
+/// Text primitives the tokenizer is built from (and the HTTP server's UTF-8 check of a
+/// body): UTF-8 walking and repair, the Unicode character classes and normalization forms of ICU,
+/// and regular expressions of PCRE2 with the semantics tokenizer.json's Oniguruma patterns expect.
 namespace computron::text::unicode {
 
 /// Appends the UTF-8 form of code point `cp`.

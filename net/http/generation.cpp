@@ -156,14 +156,24 @@ void stream_text(gen_state& st, size_t row, bool all) {
   auto& r = st.rows[row];
   auto upto = all ? r.text.size() : st.stops.safe_prefix(r.text);
   const bool echo_now = !r.echo_sent && !r.echo.empty() && (all || upto > r.emitted);
-  if (upto <= r.emitted && !echo_now) return;
+  // Without a tokenizer there is no text: each token goes out as its id.
+  const bool ids_now = !st.tok && r.ids.size() > r.ids_sent;
+  if (upto <= r.emitted && !echo_now && !ids_now) return;
   send_role(st, row);
   auto lp = logprobs_json(st, r, r.logprobs_sent, r.logprobs.size());
   r.logprobs_sent = r.logprobs.size();
   auto text = r.text.substr(r.emitted, upto - r.emitted);
   if (echo_now) text = r.echo + text;
   r.echo_sent = true;
-  send_event(st, chunk_json(st, row, text, nullptr, std::move(lp)));
+  auto chunk = chunk_json(st, row, text, nullptr, std::move(lp));
+  if (st.g.return_token_ids && st.api != text_api::triton) {
+    auto& c = chunk["choices"][0];
+    c["token_ids"] =
+        std::vector<int64_t>(r.ids.begin() + static_cast<ptrdiff_t>(r.ids_sent), r.ids.end());
+    if (r.ids_sent == 0) c["prompt_token_ids"] = r.prompt;
+    r.ids_sent = r.ids.size();
+  }
+  send_event(st, chunk);
   r.emitted = upto;
 }
 
@@ -207,6 +217,10 @@ void finish_generation(caf::event_based_actor* self, gen_state& st) {
         c["message"] = json{{"role", "assistant"}, {"content", r.text}};
       else
         c["text"] = r.echo + r.text;
+      if (st.g.return_token_ids) {
+        c["prompt_token_ids"] = r.prompt;
+        c["token_ids"] = r.ids;
+      }
       choices.push_back(std::move(c));
     }
     st.reply(json_response(json{{"id", st.completion_id},
@@ -273,7 +287,8 @@ caf::behavior generation(caf::event_based_actor* self, std::shared_ptr<gen_state
   // tokens are decoded once.
   const bool watch = st.g.stream || !st.g.stop.empty();
   for (size_t i = 0; i < st.rows.size(); ++i) {
-    st.rows[i].decoder = std::make_unique<text::stream_decoder>(st.tok, st.g.skip_special_tokens);
+    if (st.tok)
+      st.rows[i].decoder = std::make_unique<text::stream_decoder>(st.tok, st.g.skip_special_tokens);
     actors::infer_request req;
     req.model = st.g.model;
     req.tokens = st.rows[i].prompt;
@@ -308,11 +323,12 @@ caf::behavior generation(caf::event_based_actor* self, std::shared_ptr<gen_state
               if (!r.stopped) {
                 auto grown_from = r.text.size();
                 if (!watch) {
-                  for (auto t : rep.tokens) r.text += r.decoder->push(t);
+                  if (r.decoder)
+                    for (auto t : rep.tokens) r.text += r.decoder->push(t);
                   r.ids = rep.tokens;
                   r.logprobs = std::move(rep.logprobs);
                 }
-                r.text += r.decoder->finish();
+                if (r.decoder) r.text += r.decoder->finish();
                 if (auto at = st.stops.find(r.text, grown_from)) {
                   r.text.resize(cut_at(st, r.text, *at));
                   r.stopped = true;
@@ -348,7 +364,7 @@ caf::behavior generation(caf::event_based_actor* self, std::shared_ptr<gen_state
         r.ids.push_back(token);
         if (st.g.sampling.logprobs >= 0) r.logprobs.push_back(std::move(lp));
         auto grown_from = r.text.size();
-        r.text += r.decoder->push(token);
+        if (r.decoder) r.text += r.decoder->push(token);
         if (auto at = st.stops.find(r.text, grown_from)) {
           r.text.resize(cut_at(st, r.text, *at));
           r.stopped = true;

@@ -51,6 +51,8 @@ struct gen_row {
   size_t logprobs_sent = 0;
   /// echo with logprobs: the prompt's, from its second token on.
   std::vector<actors::token_logprobs> prompt_logprobs;
+  /// Generated ids a streamed chunk carried already (return_token_ids).
+  size_t ids_sent = 0;
   /// Whether the chat stream's first chunk (the role) went out.
   bool role_sent = false;
 };
@@ -58,6 +60,7 @@ struct gen_row {
 struct gen_state {
   generation_request g;
   text_api api = text_api::openai;
+  /// Null for a model without a tokenizer: its rows answer token ids and no text.
   std::shared_ptr<const text::tokenizer> tok;
   /// The model's vocabulary: the tokenizer's EOS stops generation only inside it.
   int64_t vocab = 0;

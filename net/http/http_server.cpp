@@ -40,13 +40,9 @@ void http_server::impl::route(const request& req, responder reply, sse_opener op
     case route_id::model_card:
       return info_of(
           model,
-          [reply](actors::model_info& i) {
+          [reply, this](actors::model_info& i) {
             if (auto why = serving_error(i)) return reply(openai_error_response(why));
-            reply(make_json(http::status::ok, json{{"id", i.config.name},
-                                                   {"object", "model"},
-                                                   {"created", 0},
-                                                   {"owned_by", "computron"},
-                                                   {"max_model_len", i.max_positions}}));
+            reply(make_json(http::status::ok, model_card(i)));
           },
           [reply](const caf::error& e) { reply(openai_error_response(e)); });
     case route_id::live:
@@ -119,17 +115,12 @@ void http_server::impl::route(const request& req, responder reply, sse_opener op
     case route_id::models_list:
       return ask_openai<std::vector<actors::model_info>>(
           reply,
-          [](std::vector<actors::model_info>& ms) {
+          [this](std::vector<actors::model_info>& ms) {
             // Only models that can serve: a failed registration or a model out of reach
             // is in the repository index, with its reason, not here.
             json data = json::array();
             for (auto& i : ms)
-              if (!serving_error(i))
-                data.push_back(json{{"id", i.config.name},
-                                    {"object", "model"},
-                                    {"created", 0},
-                                    {"owned_by", "computron"},
-                                    {"max_model_len", i.max_positions}});
+              if (!serving_error(i)) data.push_back(model_card(i));
             return make_json(http::status::ok, json{{"object", "list"}, {"data", data}});
           },
           actors::list_atom_v);

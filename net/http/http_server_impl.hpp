@@ -114,6 +114,23 @@ struct http_server::impl {
     });
   }
 
+  /// When the server started (Unix seconds): every model card's `created`, as vLLM's
+  /// cards carry the time the server made them.
+  int64_t started = std::chrono::duration_cast<std::chrono::seconds>(
+                        std::chrono::system_clock::now().time_since_epoch())
+                        .count();
+
+  /// One model as /v1/models lists it.
+  json model_card(const actors::model_info& i) const {
+    return json{{"id", i.config.name},
+                {"object", "model"},
+                {"created", started},
+                {"owned_by", "computron"},
+                {"root", i.config.name},
+                {"parent", nullptr},
+                {"max_model_len", i.max_positions}};
+  }
+
   /// The largest max_tokens a body may ask for: the configured limit, else as many as an
   /// int32 holds (the model's context then refuses what it cannot hold, with its size).
   int64_t max_tokens_cap() const {

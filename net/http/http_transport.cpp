@@ -8,6 +8,8 @@
 #include <boost/beast/core.hpp>
 
 #include "common/log.hpp"
+#include "net/http/llm_api.hpp"
+#include "net/http/routes.hpp"
 
 namespace computron::net::transport {
 
@@ -68,9 +70,14 @@ class session : public std::enable_shared_from_this<session> {
     if (ec == http::error::body_limit) {
       keep_alive_ = false;
       linger_ = true;
-      return write(make_error_response(
-          http::status::payload_too_large,
-          "the body exceeds " + std::to_string(srv_.opts.max_body_bytes) + " bytes"));
+      auto message = "the body exceeds " + std::to_string(srv_.opts.max_body_bytes) + " bytes";
+      // The header is read by now: a /v1 route answers in OpenAI's shape, as its every
+      // other error does.
+      auto target = parser_->get().target();
+      if (openai_target(std::string_view{target.data(), target.size()}))
+        return write(replies::make_json(http::status::payload_too_large,
+                                        openai_error(413, message, "payload_too_large")));
+      return write(make_error_response(http::status::payload_too_large, message));
     }
     if (ec) {
       keep_alive_ = false;

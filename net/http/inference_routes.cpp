@@ -6,10 +6,10 @@ namespace computron::net {
 
 void http_server::impl::infer(const std::string& model, const std::string& body, responder reply,
                               gone_hook on_gone) {
-  auto j = json::parse(body, nullptr, false);
-  if (j.is_discarded())
-    return reply(make_error_response(http::status::bad_request,
-                                     "invalid_request: the body is not valid JSON"));
+  auto body_json = parse_json_body(body);
+  if (auto e = std::get_if<request_error>(&body_json))
+    return reply(make_error_response(http::status::bad_request, "invalid_request: " + e->message));
+  auto& j = std::get<json>(body_json);
   auto p = parse_infer_body(j, opts.max_batch_rows, max_tokens_cap());
   if (auto e = std::get_if<request_error>(&p))
     return reply(make_error_response(http::status::bad_request, "invalid_request: " + e->message));
@@ -79,8 +79,9 @@ void http_server::impl::text_request(text_api api, const std::string& model,
               ? openai_bad_request(e)
               : make_error_response(http::status::bad_request, "invalid_request: " + e.message));
   };
-  auto j = json::parse(body, nullptr, false);
-  if (j.is_discarded()) return bad({"the body is not valid JSON", ""});
+  auto body_json = parse_json_body(body);
+  if (auto e = std::get_if<request_error>(&body_json)) return bad(*e);
+  auto& j = std::get<json>(body_json);
   auto parsed = api == text_api::openai ? parse_completion(j, opts.max_batch_rows, max_tokens_cap())
                 : api == text_api::chat ? parse_chat(j, opts.max_batch_rows, max_tokens_cap())
                                         : parse_generate(j, model, stream, max_tokens_cap());
@@ -98,7 +99,7 @@ void http_server::impl::text_request(text_api api, const std::string& model,
       g->model,
       [=](actors::model_info& info) {
         if (auto why = serving_error(info)) return fail(why);
-        auto text = texts.of(info);
+        auto text = texts.for_request(info, api, *g);
         if (!text) return fail(text.error());
         auto st = std::make_shared<gen_state>();
         st->g = std::move(*g);
@@ -138,8 +139,9 @@ void http_server::impl::with_text(const std::string& model, OnOk ok, OnErr fail)
 
 void http_server::impl::tokenize(const std::string& body, bool forward, responder reply) {
   auto fail = [reply](const caf::error& e) { reply(openai_error_response(e)); };
-  auto j = json::parse(body, nullptr, false);
-  if (j.is_discarded()) return reply(openai_bad_request({"the body is not valid JSON", ""}));
+  auto body_json = parse_json_body(body);
+  if (auto e = std::get_if<request_error>(&body_json)) return reply(openai_bad_request(*e));
+  auto& j = std::get<json>(body_json);
   if (!forward) {
     auto d = parse_detokenize(j);
     if (auto e = std::get_if<request_error>(&d)) return reply(openai_bad_request(*e));

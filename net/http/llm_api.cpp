@@ -4,10 +4,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <set>
 
 #include "net/http/body_reader.hpp"
 #include "net/http/request_fields.hpp"
+#include "text/unicode.hpp"
 
 namespace computron::net {
 
@@ -17,6 +19,18 @@ using detail::reader;
 
 namespace detail {
 
+namespace {
+
+/// top_p in 0..1, as OpenAI's API states it. 0 is the nucleus's limit, the most likely
+/// token alone; the sampler takes (0, 1], so it gets the smallest mass above 0, which
+/// keeps exactly that token.
+void read_top_p(reader& r, double& out) {
+  r.number("top_p", out, 0, 1);
+  if (out == 0) out = std::numeric_limits<double>::min();
+}
+
+}  // namespace
+
 void read_generation(reader& r, generation_request& g, int64_t max_tokens) {
   if (r.find("max_tokens")) g.max_tokens_given = true;
   r.integer("max_tokens", g.max_tokens, 1, max_tokens);
@@ -25,7 +39,7 @@ void read_generation(reader& r, generation_request& g, int64_t max_tokens) {
   };
   for (auto key : {"temperature", "top_p", "top_k", "seed"}) named(key);
   r.number("temperature", g.sampling.temperature, 0, 100);
-  r.number("top_p", g.sampling.top_p, 1e-9, 1);
+  read_top_p(r, g.sampling.top_p);
   r.integer("top_k", g.sampling.top_k, -1, 1 << 30);
   if (g.sampling.top_k == -1) g.sampling.top_k = 0;  // vLLM's "off"
   int64_t seed = 0;
@@ -65,7 +79,8 @@ const std::set<std::string> openai_shared = {"model",
                                              "drop_late",
                                              "request_id",
                                              "truncate_prompt_tokens",
-                                             "add_special_tokens"};
+                                             "add_special_tokens",
+                                             "return_token_ids"};
 
 void read_openai(reader& r, generation_request& g, int64_t max_tokens) {
   auto model = r.find("model");
@@ -104,6 +119,7 @@ void read_openai(reader& r, generation_request& g, int64_t max_tokens) {
   r.boolean("ignore_eos", g.ignore_eos);
   r.boolean("include_stop_str_in_output", g.include_stop_str_in_output);
   r.boolean("skip_special_tokens", g.skip_special_tokens);
+  r.boolean("return_token_ids", g.return_token_ids);
   r.integer("min_tokens", g.sampling.min_tokens, 0, max_tokens);
   if (auto ids = r.find("stop_token_ids"); ids && !r.error) {
     if (!ids->is_array() || ids->size() > 64)
@@ -323,13 +339,27 @@ std::variant<infer_body, request_error> parse_infer_body(const json& j, uint32_t
     r.integer("seed", seed, 0, INT64_MAX);
     r.integer("deadline_ms", deadline, 0, 24 * 3600 * 1000);
     r.number("temperature", p.sampling.temperature, 0, 100);
-    r.number("top_p", p.sampling.top_p, 1e-9, 1);
+    detail::read_top_p(r, p.sampling.top_p);
     r.boolean("drop_late", p.drop_late);
     if (r.error) return *r.error;
     p.sampling.seed = static_cast<uint64_t>(seed);
     p.deadline_ms = static_cast<uint32_t>(deadline);
   }
   return p;
+}
+
+std::variant<json, request_error> parse_json_body(const std::string& body) {
+  if (!text::unicode::is_valid_utf8(body)) {
+    size_t at = 0;
+    while (at < body.size() && (static_cast<unsigned char>(body[at]) < 0x80 ||
+                                text::unicode::char_length(body, at) > 1))
+      at += text::unicode::char_length(body, at);
+    return request_error{
+        "the body is not valid UTF-8 (byte " + std::to_string(at) + "); JSON text must be", ""};
+  }
+  auto j = json::parse(body, nullptr, false);
+  if (j.is_discarded()) return request_error{"the body is not valid JSON", ""};
+  return j;
 }
 
 json openai_error(int http_status, const std::string& message, const std::string& code,

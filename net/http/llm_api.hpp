@@ -66,6 +66,9 @@ struct generation_request {
   /// Whether text prompts get the tokenizer's special tokens (BOS); unset: completions
   /// add them, chat does not (its template writes its own), as vLLM does.
   std::optional<bool> add_special_tokens;
+  /// vLLM's return_token_ids: each choice also lists its prompt's and its output's token
+  /// ids (always, for a model without a tokenizer, whose text stays empty).
+  bool return_token_ids = false;
   /// Fields the request sent that this server accepts and ignores (request_fields.hpp).
   std::vector<std::string> ignored;
   bool chat() const { return !messages.is_null(); }
@@ -76,6 +79,10 @@ struct request_error {
   std::string message;
   std::string param;
 };
+
+/// A request body as JSON, or why not: bytes that are not UTF-8 are named as such, with
+/// the offset of the first bad byte, rather than as "not valid JSON".
+std::variant<nlohmann::json, request_error> parse_json_body(const std::string& body);
 
 /// POST /v1/completions. Accepts model, prompt (text, list of texts, token ids, list of
 /// token-id lists), max_tokens (default 16), n, echo, logprobs (0..20), the sampling and

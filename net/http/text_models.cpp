@@ -11,15 +11,45 @@ namespace computron::net {
 
 using json = nlohmann::json;
 
+namespace {
+
+std::string no_tokenizer(const std::string& model) {
+  return "model " + model +
+         " has no tokenizer, so it takes token ids only (prompts of ids on /v1/completions, "
+         "or /v2/models/" +
+         model + "/infer); give the model a tokenizer for text (configs/README.md)";
+}
+
+}  // namespace
+
+caf::expected<std::shared_ptr<const model_text>> text_models::for_request(
+    const actors::model_info& i, text_api api, generation_request& g) {
+  if (!i.config.tokenizer.empty()) return of(i);
+  // No tokenizer: a completion of token ids is still served, as vLLM serves one with
+  // --skip-tokenizer-init. It answers ids; whatever needs text is refused by name.
+  std::string needs;
+  if (api != text_api::openai)
+    needs = api == text_api::chat ? "a chat" : "a text_input";
+  else if (g.echo)
+    needs = "echo";
+  else if (!g.stop.empty())
+    needs = "stop strings";
+  else if (g.sampling.logprobs >= 0)
+    needs = "logprobs";
+  else
+    for (auto& p : g.prompts)
+      if (std::holds_alternative<std::string>(p)) needs = "a text prompt";
+  if (!needs.empty())
+    return make_error(ec::invalid_request,
+                      no_tokenizer(i.config.name) + ": " + needs + " needs one");
+  g.return_token_ids = true;
+  static const auto ids_only = std::make_shared<const model_text>();
+  return ids_only;
+}
+
 caf::expected<std::shared_ptr<const model_text>> text_models::of(const actors::model_info& i) {
   const auto& path = i.config.tokenizer;
-  if (path.empty())
-    return make_error(ec::invalid_request,
-                      "model " + i.config.name +
-                          " has no tokenizer, so it takes token ids only: send them to "
-                          "/v2/models/" +
-                          i.config.name +
-                          "/infer, or give the model a tokenizer (configs/README.md)");
+  if (path.empty()) return make_error(ec::invalid_request, no_tokenizer(i.config.name));
   auto t = directory_->open(path);
   if (!t) return with_context(t.error(), "model " + i.config.name);
   return t;
@@ -117,7 +147,7 @@ caf::error prepare_rows(gen_state& st, const model_text& text, const actors::mod
     if (text.defaults.max_new_tokens)
       g.max_tokens = std::min(g.max_tokens, *text.defaults.max_new_tokens);
   }
-  if (!g.ignore_eos)
+  if (!g.ignore_eos && text.tok)
     for (auto id : text.tok->eos_ids())
       if (id < info.vocab) st.stop_ids.push_back(id);
   for (auto id : g.stop_token_ids)
@@ -161,7 +191,7 @@ replies::response detokenize_reply(const detokenize_body& req, const actors::mod
           {"token id " + std::to_string(id) + " is outside the vocabulary of " + info.config.name,
            "tokens"});
   return replies::make_json(boost::beast::http::status::ok,
-                            json{{"prompt", text.tok->decode(req.tokens)}});
+                            json{{"prompt", text.tok->decode(req.tokens, false)}});
 }
 
 }  // namespace computron::net

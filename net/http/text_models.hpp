@@ -30,6 +30,13 @@ class text_models {
   /// its files are unreadable (the reader's error, with the model named).
   caf::expected<std::shared_ptr<const model_text>> of(const actors::model_info& i);
 
+  /// The text files a text request of `api` needs. A model without a tokenizer still
+  /// serves a completion of token-id prompts: its text files then hold no tokenizer, and
+  /// `g` asks for token ids back (return_token_ids). What needs text (a chat, a text
+  /// prompt, echo, stop strings, logprobs) is a 400 naming it.
+  caf::expected<std::shared_ptr<const model_text>> for_request(const actors::model_info& i,
+                                                               text_api api, generation_request& g);
+
  private:
   std::shared_ptr<text::text_directory> directory_;
 };

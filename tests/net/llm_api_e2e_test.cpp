@@ -575,3 +575,105 @@ TEST_CASE(
   CHECK(m("computron_requests_total{model=\"toy\",outcome=\"ok\"}") == 2);
   CHECK(m("computron_e2e_request_latency_seconds_count{model=\"toy\"}") == 2);
 }
+
+TEST_CASE(
+    "small things a vLLM user trips on: top_p 0, a /v1 413, bad UTF-8, created, "
+    " token ids without a tokenizer",
+    "[net][e2e][strict]") {
+  server s;
+  // top_p 0 is the nucleus's limit, as OpenAI reads it: the most likely token alone, so
+  // two seeds give the same text as greedy does.
+  json greedy{{"model", "toy"}, {"prompt", "ab"}, {"max_tokens", 6}, {"temperature", 0}};
+  auto g = s.post("/v1/completions", greedy);
+  REQUIRE(g.status == 200);
+  for (int seed : {1, 2}) {
+    auto body = greedy;
+    body["temperature"] = 1.0;
+    body["top_p"] = 0;
+    body["seed"] = seed;
+    auto r = s.post("/v1/completions", body);
+    INFO(r.body);
+    REQUIRE(r.status == 200);
+    CHECK(json::parse(r.body)["choices"][0]["text"] == json::parse(g.body)["choices"][0]["text"]);
+  }
+  auto over = greedy;
+  over["top_p"] = 1.5;
+  CHECK_THAT(s.post("/v1/completions", over).body, Catch::Contains("0..1"));
+
+  // A body over the limit on /v1 is a 413 in OpenAI's shape; on /v2, KServe's.
+  std::string padding(1100000, 'x');
+  auto big = greedy;
+  big["user"] = padding;
+  auto r = s.post("/v1/completions", big);
+  CHECK(r.status == 413);
+  auto e = json::parse(r.body, nullptr, false);
+  INFO(r.body);
+  REQUIRE(e.contains("error"));
+  CHECK(e["error"]["type"] == "invalid_request_error");
+  CHECK_THAT(e["error"]["message"].get<std::string>(), Catch::Contains("exceeds"));
+  r = s.post("/v2/models/toy/generate", {{"text_input", padding}});
+  CHECK(r.status == 413);
+  CHECK(json::parse(r.body)["error"].is_string());
+
+  // Bytes that are not UTF-8 are named as such, with where.
+  auto c = std::move(net::http_client::connect("127.0.0.1", s.port, 5s).value());
+  std::string bad = R"({"model": "toy", "prompt": "a)" + std::string{"\xff"} + R"("})";
+  r = c->request("POST", "/v1/completions", bad, 10s).value();
+  CHECK(r.status == 400);
+  CHECK_THAT(r.body, Catch::Contains("not valid UTF-8 (byte 29)"));
+  r = c->request("POST", "/v1/completions", "{\"model\": ", 10s).value();
+  CHECK_THAT(r.body, Catch::Contains("not valid JSON"));
+
+  // Model cards carry when the server started, as vLLM's carry a time.
+  auto now = std::chrono::duration_cast<std::chrono::seconds>(
+                 std::chrono::system_clock::now().time_since_epoch())
+                 .count();
+  auto models = json::parse(c->request("GET", "/v1/models").value().body)["data"];
+  REQUIRE(models.size() == 3);
+  for (auto& m : models) {
+    CHECK(m["created"].get<int64_t>() > now - 600);
+    CHECK(m["created"].get<int64_t>() <= now);
+  }
+
+  // A model without a tokenizer serves a completion of token ids, answering ids (vLLM's
+  // --skip-tokenizer-init), whole and streamed alike; what needs text is refused by name.
+  json ids_only{{"model", "raw"}, {"prompt", {5, 6, 7}}, {"max_tokens", 4}, {"seed", 3}};
+  r = s.post("/v1/completions", ids_only);
+  INFO(r.body);
+  REQUIRE(r.status == 200);
+  auto whole = json::parse(r.body)["choices"][0];
+  CHECK(whole["text"] == "");
+  CHECK(whole["prompt_token_ids"] == json({5, 6, 7}));
+  REQUIRE(whole["token_ids"].size() == 4);
+  CHECK(json::parse(r.body)["usage"]["completion_tokens"] == 4);
+  auto streamed = ids_only;
+  streamed["stream"] = true;
+  r = s.post("/v1/completions", streamed);
+  REQUIRE(r.status == 200);
+  json joined = json::array();
+  for (auto& ev : events(r.body)) {
+    if (ev == "[DONE]") continue;
+    auto chunk = json::parse(ev);
+    for (auto& ch : chunk["choices"])
+      if (ch.contains("token_ids"))
+        for (auto& t : ch["token_ids"]) joined.push_back(t);
+  }
+  CHECK(joined == whole["token_ids"]);
+  for (auto [key, value] :
+       std::vector<std::pair<std::string, json>>{{"echo", true}, {"stop", "x"}, {"logprobs", 1}}) {
+    auto body = ids_only;
+    body[key] = value;
+    r = s.post("/v1/completions", body);
+    INFO(key);
+    CHECK(r.status == 400);
+    CHECK_THAT(r.body, Catch::Contains("no tokenizer"));
+  }
+  // With a tokenizer, return_token_ids lists the ids beside the text.
+  auto listed = greedy;
+  listed["return_token_ids"] = true;
+  r = s.post("/v1/completions", listed);
+  REQUIRE(r.status == 200);
+  auto choice = json::parse(r.body)["choices"][0];
+  CHECK(choice["token_ids"].size() == 6);
+  CHECK(choice["text"] == json::parse(g.body)["choices"][0]["text"]);
+}
