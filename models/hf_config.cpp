@@ -80,6 +80,25 @@ struct config_reader {
     return std::string{};
   }
 
+  /// A quantized checkpoint (AWQ, GPTQ, FP8, bitsandbytes, compressed-tensors ...) is
+  /// refused here, naming its method: its tensors are packed integers or FP8 with scales,
+  /// which would otherwise fail later as "missing tensor" or "not a valid safetensors".
+  caf::error unquantized() const {
+    for (const char* key : {"quantization_config", "compression_config"}) {
+      auto it = j.find(key);
+      if (it == j.end() || it->is_null()) continue;
+      std::string method = "an unnamed method";
+      if (it->is_object())
+        if (auto m = it->find("quant_method"); m != it->end() && m->is_string())
+          method = "'" + m->get<std::string>() + "'";
+      return bad(
+          fmt::format("{} names {}: quantized checkpoints are not supported yet; serve the model's "
+                      "float16, bfloat16 or float32 weights",
+                      key, method));
+    }
+    return {};
+  }
+
   /// The model_type and every string of `architectures`.
   caf::expected<std::pair<std::string, std::vector<std::string>>> identity() const {
     auto model_type = text("model_type", "");
@@ -98,6 +117,7 @@ caf::expected<config_reader> open_config(const std::string& folder) {
   if (!j) return std::move(j.error());
   config_reader r{path, std::move(*j)};
   if (!r.j.is_object()) return r.bad("not a JSON object");
+  if (auto e = r.unquantized()) return e;
   return r;
 }
 

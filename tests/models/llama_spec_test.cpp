@@ -142,6 +142,18 @@ TEST_CASE("what the Llama forward does not implement is refused naming the field
     edit_config(dir.path(), [](json& j) { j["num_key_value_heads"] = 3; });
     CHECK_THAT(refusal(dir.path()), Catch::Contains("4 query heads") && Catch::Contains("3 key"));
   }
+  SECTION("a quantized checkpoint, by its method") {
+    for (auto method : {"awq", "gptq", "fp8", "bitsandbytes", "compressed-tensors"}) {
+      edit_config(dir.path(), [&](json& j) {
+        j["quantization_config"] = {{"quant_method", method}, {"bits", 4}};
+      });
+      auto why = refusal(dir.path());
+      CHECK_THAT(why, Catch::Contains(std::string{"quantization_config names '"} + method + "'") &&
+                          Catch::Contains("not supported"));
+    }
+    edit_config(dir.path(), [](json& j) { j["quantization_config"] = nullptr; });
+    CHECK(read_hf_config(dir.path()));
+  }
   SECTION("only pytorch_model.bin") {
     std::filesystem::remove(dir.path() + "/model.safetensors");
     std::ofstream{dir.path() + "/pytorch_model.bin"} << "pickle";
