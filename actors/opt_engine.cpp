@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "actors/model_spec.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "gpu/collective.hpp"
@@ -26,40 +27,8 @@ struct decoder_shape {
   models::parallel_config par;
 };
 
-/// The model's shape: its own (a Hugging Face config.json's, as `arch` or OPT's `shape`)
-/// or a catalogue entry, of the family its kind names.
-caf::expected<models::decoder_spec> spec_of(const model_config& cfg) {
-  caf::expected<models::decoder_spec> s{models::decoder_spec{}};
-  if (!cfg.arch.empty()) {
-    auto j = nlohmann::json::parse(cfg.arch, nullptr, false);
-    s = models::spec_from_json(j);
-    if (s && s->name.empty()) s->name = cfg.spec.empty() ? cfg.name : cfg.spec;
-  } else if (cfg.shape.empty()) {
-    s = models::find_spec(cfg.spec);
-  } else {
-    if (cfg.shape.size() != 6)
-      return make_error(ec::invalid_configuration,
-                        "shape needs 6 numbers (hidden, layers, heads, ffn, vocab, max_positions)");
-    s = models::decoder_spec{cfg.spec.empty() ? cfg.name : cfg.spec,
-                             cfg.shape[0],
-                             cfg.shape[1],
-                             cfg.shape[2],
-                             cfg.shape[3],
-                             cfg.shape[4],
-                             cfg.shape[5]};
-  }
-  if (!s) return s;
-  if (cfg.kind != models::to_string(s->family))
-    return make_error(
-        ec::invalid_configuration,
-        fmt::format("'{}' is a {} shape, but the model's kind is '{}' (make it "
-                    "\"{}\")",
-                    s->name, models::to_string(s->family), cfg.kind, models::to_string(s->family)));
-  return s;
-}
-
 caf::expected<decoder_shape> shape_of(const model_config& cfg) {
-  auto spec = spec_of(cfg);
+  auto spec = decoder_spec_of(cfg);
   if (!spec) return spec.error();
   auto type = gpu::parse_weight_dtype(cfg.dtype);
   if (!type) return type.error();
@@ -205,12 +174,12 @@ class decoder_engine final : public engine {
   }
 
   int64_t vocab(const model_config& cfg) const override {
-    auto s = spec_of(cfg);
+    auto s = decoder_spec_of(cfg);
     return s ? s->vocab : 0;
   }
 
   int64_t max_positions(const model_config& cfg) const override {
-    auto s = spec_of(cfg);
+    auto s = decoder_spec_of(cfg);
     return s ? s->max_positions : 0;
   }
 

@@ -4,22 +4,100 @@
 #include <cmath>
 #include <cstdint>
 
+#include <filesystem>
+#include <optional>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "actors/model_spec.hpp"
 #include "common/error.hpp"
+#include "models/decoder_spec.hpp"
 #include "serve/repository.hpp"
 
 namespace computron::serve {
 
 caf::expected<serve_config> base_serve_config(const serve_overrides& o) {
+  auto repository = o.repository;
+  if (!o.model_dir.empty()) {
+    if (!repository.empty())
+      return make_error(ec::invalid_configuration,
+                        "MODEL_DIR and --repository both name what to serve: give one");
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(o.model_dir, ec))
+      return make_error(ec::invalid_configuration,
+                        o.model_dir +
+                            " is a file: serve takes a model's folder (config.json, "
+                            "safetensors, tokenizer files) or a repository of them; GGUF "
+                            "files are not served yet");
+    repository = o.model_dir;
+  }
   // --repository is served instead of the config's `repository`, its models beside the
   // config's inline ones; without --config it replaces the built-in models.
-  if (!o.config_path.empty()) return load_serve_config(o.config_path, o.repository);
+  if (!o.config_path.empty())
+    return load_serve_config(o.config_path, repository, o.served_model_name);
   auto cfg = default_serve_config();
-  if (!o.repository.empty()) {
+  cfg.served_name = o.served_model_name;
+  if (!repository.empty()) {
     cfg.models.clear();
-    if (auto err = add_repository(cfg, o.repository)) return err;
+    if (auto err = add_repository(cfg, repository)) return err;
   }
   return cfg;
 }
+
+namespace {
+
+/// vLLM's --dtype words in ours.
+std::optional<std::string> dtype_of(const std::string& v) {
+  if (v == "auto") return std::string{"auto"};
+  if (v == "half" || v == "float16") return std::string{"f16"};
+  if (v == "bfloat16") return std::string{"bf16"};
+  if (v == "float" || v == "float32") return std::string{"f32"};
+  return std::nullopt;
+}
+
+/// Caps the model's context at `n` positions; it cannot grow past its own.
+std::string cap_positions(actors::model_config& m, int64_t n) {
+  if (m.kind == "toy")
+    return "--max-model-len: model " + m.name + " is a toy model, whose context is fixed";
+  auto s = actors::decoder_spec_of(m);
+  if (!s) return "--max-model-len: model " + m.name + ": " + render(s.error());
+  if (n > s->max_positions)
+    return fmt::format("--max-model-len {} exceeds the {} positions of model {}", n,
+                       s->max_positions, m.name);
+  s->max_positions = n;
+  if (s->name.empty()) s->name = m.spec.empty() ? m.name : m.spec;
+  m.arch = models::to_json(*s).dump();
+  m.shape.clear();
+  return {};
+}
+
+/// vLLM's flags over every model served.
+std::string apply_model_flags(serve_config& cfg, const serve_overrides& o) {
+  if (!o.served_model_name.empty() && cfg.repository.empty())
+    return "--served-model-name names the model of a folder given to serve (serve MODEL_DIR), "
+           "and none is given";
+  std::optional<std::string> dtype;
+  if (!o.dtype.empty()) {
+    dtype = dtype_of(o.dtype);
+    if (!dtype)
+      return "--dtype takes auto, half, float16, bfloat16, float or float32, not '" + o.dtype + "'";
+  }
+  for (auto& m : cfg.models) {
+    if (dtype) m.dtype = *dtype;
+    if (o.tensor_parallel_size > 0 || o.pipeline_parallel_size > 0) {
+      if (o.tensor_parallel_size > 0) m.tp = o.tensor_parallel_size;
+      if (o.pipeline_parallel_size > 0) m.pp = o.pipeline_parallel_size;
+      // Devices listed for another tp x pp no longer fit: the registry places the model.
+      if (m.devices.size() != static_cast<size_t>(m.tp * m.pp)) m.devices.clear();
+    }
+    if (o.max_model_len > 0)
+      if (auto why = cap_positions(m, o.max_model_len); !why.empty()) return why;
+  }
+  return {};
+}
+
+}  // namespace
 
 std::string apply_overrides(serve_config& cfg, const serve_overrides& o) {
   if (o.capacity_mb > 0) {
@@ -48,7 +126,7 @@ std::string apply_overrides(serve_config& cfg, const serve_overrides& o) {
   }
   if (o.tls.enabled()) cfg.tls = o.tls;
   if (o.console_port >= -1) cfg.console_port = o.console_port;
-  return {};
+  return apply_model_flags(cfg, o);
 }
 
 }  // namespace computron::serve

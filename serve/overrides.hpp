@@ -35,6 +35,20 @@ struct serve_overrides {
   net::tls_options tls;
   /// Below -1: the config's console port.
   int console_port = -2;
+  // vLLM's `serve` flags, where they mean the same here.
+  /// The positional MODEL_DIR (`vllm serve ./model`): --repository by another name.
+  std::string model_dir;
+  /// --served-model-name: the name a one-model folder is served as.
+  std::string served_model_name;
+  /// --max-model-len: every model's context capped here (0: each model's own).
+  int64_t max_model_len = 0;
+  /// --tensor-parallel-size, --pipeline-parallel-size: every model's tp and pp (0: its
+  /// own).
+  int tensor_parallel_size = 0;
+  int pipeline_parallel_size = 0;
+  /// --dtype in vLLM's words (auto, half, float16, bfloat16, float, float32); empty: each
+  /// model's own.
+  std::string dtype;
 };
 
 /// The config the flags start from: the config file (or the built-in defaults) with the

@@ -29,11 +29,19 @@ bool has_tokenizer_files(const fs::path& f) {
   return fs::exists(f / "tokenizer.json") || fs::exists(f / "vocab.json");
 }
 
-/// One repository folder as a model, or the error that keeps it from being one.
-caf::expected<actors::model_config> read_folder(const fs::path& f, text::text_directory* texts) {
+std::string name_differs(const std::string& given, const std::string& name, const fs::path& f) {
+  return "name '" + given + "' differs from " +
+         (name == f.filename().string() ? std::string{"its folder's"}
+                                        : "the name it is served as ('" + name + "')");
+}
+
+/// One repository folder as the model `name` (its folder's name, or the name a one-model
+/// folder is served as), or the error that keeps it from being one.
+caf::expected<actors::model_config> read_folder(const fs::path& f, text::text_directory* texts,
+                                                const std::string& name) {
   auto cfg_path = f / "config.json";
   actors::model_config m;
-  m.name = f.filename().string();
+  m.name = name;
   if (models::is_hf_folder(f.string())) {
     // A Hugging Face folder as downloaded (OPT or the Llama family): its config.json
     // gives the shape and dtype; our settings, if any, sit beside it in computron.json.
@@ -77,15 +85,13 @@ caf::expected<actors::model_config> read_folder(const fs::path& f, text::text_di
       settings = *j;
     }
     if (auto e = read_model(settings, ours.string(), f, m)) return e;
-    if (m.name != f.filename().string())
-      return bad(ours.string(), "name '" + m.name + "' differs from its folder's");
+    if (m.name != name) return bad(ours.string(), name_differs(m.name, name, f));
     return m;
   }
   auto j = read_json_file(cfg_path);
   if (!j) return j.error();
   if (auto e = read_model(*j, cfg_path.string(), f, m)) return e;
-  if (m.name != f.filename().string())
-    return bad(cfg_path.string(), "name '" + m.name + "' differs from its folder's");
+  if (m.name != name) return bad(cfg_path.string(), name_differs(m.name, name, f));
   if (m.weights_path.empty() && fs::exists(f / "weights.safetensors"))
     m.weights_path = (f / "weights.safetensors").string();
   if (m.tokenizer.empty() && has_tokenizer_files(f)) m.tokenizer = f.string();
@@ -114,19 +120,25 @@ bool is_model_folder(const std::string& dir) {
   return fs::is_regular_file(fs::path{dir} / "config.json", ec);
 }
 
-caf::expected<std::vector<actors::repository_folder>> read_repository(const std::string& dir,
-                                                                      const std::string& only,
-                                                                      text::text_directory* texts) {
+caf::expected<std::vector<actors::repository_folder>> read_repository(
+    const std::string& dir, const std::string& only, text::text_directory* texts,
+    const std::string& served_name) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     return make_error(ec::io_error, "model repository " + dir + " is not a folder");
+  if (!served_name.empty() && !is_model_folder(dir))
+    return make_error(ec::invalid_configuration,
+                      "--served-model-name names the model of one folder (one that holds "
+                      "config.json), and " +
+                          dir + " is a repository of model folders, each served by its name");
   std::vector<fs::path> folders;
   if (is_model_folder(dir)) {
     // One model's folder given as the repository (as `vllm serve ./model` takes it): that
     // model alone, named after the folder. Its subfolders are never models of their own
     // (a Hugging Face download may carry some, e.g. original/).
     auto self = folder_path(dir);
-    if (only.empty() || only == self.filename().string()) folders.push_back(self);
+    auto name = served_name.empty() ? self.filename().string() : served_name;
+    if (only.empty() || only == name) folders.push_back(self);
   } else if (!only.empty()) {
     // A name is a folder name, never a path.
     if (only.find('/') == std::string::npos && only != "." && only != ".." &&
@@ -145,8 +157,8 @@ caf::expected<std::vector<actors::repository_folder>> read_repository(const std:
     // itself is served whatever its name.
     if (!single && f.filename().string().rfind('.', 0) == 0) continue;
     actors::repository_folder rf;
-    rf.name = f.filename().string();
-    auto m = read_folder(f, texts);
+    rf.name = single && !served_name.empty() ? served_name : f.filename().string();
+    auto m = read_folder(f, texts, rf.name);
     if (m)
       rf.config = std::move(*m);
     else
@@ -168,7 +180,7 @@ caf::expected<std::vector<actors::model_config>> load_repository(const std::stri
 }
 
 caf::error add_repository(serve_config& c, const std::string& dir) {
-  auto folders = read_repository(dir);
+  auto folders = read_repository(dir, {}, nullptr, c.served_name);
   if (!folders) return folders.error();
   for (auto& f : *folders)
     for (auto& m : c.models)

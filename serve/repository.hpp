@@ -23,19 +23,22 @@ bool is_model_folder(const std::string& dir);
 /// folder (or only the one named `only`; hidden ones never) comes back with its model or
 /// the error that names the folder and the problem. A `dir` that is itself a model folder
 /// (is_model_folder) is a repository of that one model, named after the folder; its
-/// subfolders are not read. `texts`: where a folder's tokenizer, chat template and
-/// generation defaults are opened (read again after a change on disk); null: the
-/// tokenizer is opened only for the vocabulary check. Error: `dir` is not a folder.
+/// subfolders are not read; `served_name`, when given, names that one model instead (a
+/// repository of several folders refuses it). `texts`: where a folder's tokenizer, chat template
+/// and generation defaults are opened (read again after a change on disk); null: the tokenizer is
+/// opened only for the vocabulary check. Error: `dir` is not a folder.
 caf::expected<std::vector<actors::repository_folder>> read_repository(
-    const std::string& dir, const std::string& only = {}, text::text_directory* texts = nullptr);
+    const std::string& dir, const std::string& only = {}, text::text_directory* texts = nullptr,
+    const std::string& served_name = {});
 
 /// read_repository, strict: the first folder that cannot be read is the error.
 caf::expected<std::vector<actors::model_config>> load_repository(const std::string& dir);
 
 /// Serves `dir` as the model repository: its readable folders join `c.models`, the
 /// others are logged (the repository index lists them with their reason), and the
-/// server gets model control over it. Errors: `dir` is not a folder; a folder named like
-/// a model already in `c.models`.
+/// server gets model control over it. A one-model folder is served as `c.served_name`
+/// where that is set. Errors: `dir` is not a folder; a folder named like a model already
+/// in `c.models`; a served name for a repository of several folders.
 caf::error add_repository(serve_config& c, const std::string& dir);
 
 }  // namespace computron::serve

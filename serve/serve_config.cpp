@@ -39,12 +39,14 @@ serve_config default_serve_config() {
 }
 
 caf::expected<serve_config> load_serve_config(const std::string& path,
-                                              const std::string& repository) {
+                                              const std::string& repository,
+                                              const std::string& served_name) {
   auto j = read_json_file(path);
   if (!j) return j.error();
   auto base = std::filesystem::path{path}.parent_path();
   auto c = default_serve_config();
   c.models.clear();
+  c.served_name = served_name;
   const std::string& w = path;
   caf::error e;
   if ((e = check_keys(*j, w,

@@ -36,6 +36,9 @@ struct serve_config {
   /// The model repository (`repository` key or --repository): loading a folder of it
   /// registers the model; empty: model control over the configured models only.
   std::string repository;
+  /// The name a one-model repository (a model folder) is served as (serve's
+  /// --served-model-name); empty: the folder's name.
+  std::string served_name;
 };
 
 /// Reads a JSON serve config (see configs/README.md); relative paths are resolved from
@@ -43,7 +46,8 @@ struct serve_config {
 /// `repository` (serve's --repository) is served instead of the file's `repository` key,
 /// its models beside the file's inline `models` (a name in both is an error).
 caf::expected<serve_config> load_serve_config(const std::string& path,
-                                              const std::string& repository = {});
+                                              const std::string& repository = {},
+                                              const std::string& served_name = {});
 
 /// The built-in defaults (configs/default.json has the same values, documented).
 serve_config default_serve_config();

@@ -82,8 +82,9 @@ int run_serve(serve_config cfg) {
   // request's path.
   auto texts = std::make_shared<text::text_directory>();
   if (!cfg.repository.empty())
-    cfg.runtime.registry.scan = [dir = cfg.repository, texts](const std::string& only) {
-      auto folders = read_repository(dir, only, texts.get());
+    cfg.runtime.registry.scan = [dir = cfg.repository, texts,
+                                 served = cfg.served_name](const std::string& only) {
+      auto folders = read_repository(dir, only, texts.get(), served);
       if (folders) return std::move(*folders);
       // The folder itself went away: one entry that says so.
       actors::repository_folder f;

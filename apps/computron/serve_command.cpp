@@ -57,6 +57,25 @@ const registration serve_command{
                       "/v2/health/* and /metrics (default: $COMPUTRON_API_KEY; none: open)");
        cmd.add_option("--nodes", f->nodes,
                       "serve with these nodes, host:port,... (`computron node` on each)");
+       // vLLM's serve flags, where they mean the same here.
+       cmd.add_option("model_dir", f->model_dir,
+                      "MODEL_DIR: a model's folder or a repository of them, as "
+                      "`vllm serve ./model` takes it (the same as --repository)");
+       cmd.add_option("--served-model-name", f->served_model_name,
+                      "the name a model folder given to serve is served as (default: the "
+                      "folder's name)");
+       cmd.add_option("--max-model-len", f->max_model_len,
+                      "every model's context, in positions (at most its own; default: its own)")
+           ->check(CLI::Range(int64_t{1}, int64_t{1} << 31));
+       cmd.add_option("--tensor-parallel-size,--tp", f->tensor_parallel_size,
+                      "every model's tensor-parallel degree (default: each model's tp)")
+           ->check(CLI::Range(1, 1024));
+       cmd.add_option("--pipeline-parallel-size,--pp", f->pipeline_parallel_size,
+                      "every model's pipeline stages (default: each model's pp)")
+           ->check(CLI::Range(1, 1024));
+       cmd.add_option("--dtype", f->dtype,
+                      "every model's weights: auto (the checkpoint's where the devices run it), "
+                      "half/float16 (CUDA), bfloat16, float/float32 (default: each model's)");
        add_tls_flags(cmd, f->tls);
        cmd.add_option("--console-port", f->console_port,
                       "console port on 127.0.0.1 (default 4242; 0 picks one; -1 turns it off)")

@@ -145,3 +145,64 @@ TEST_CASE("a Hugging Face folder of an unknown architecture is listed with the r
   CHECK_THAT(index.body, Catch::Contains("UNAVAILABLE") && Catch::Contains("gpt_neox") &&
                              Catch::Contains("GPTNeoXForCausalLM"));
 }
+
+TEST_CASE("vLLM's serve flags: a positional folder, its served name, context, parallelism, dtype",
+          "[net][e2e][hf][llama][cli]") {
+  test::temp_dir dir{"hf-vllm-flags"};
+  auto folder = dir.path() + "/tiny-llama";
+  test::write_tiny_llama_folder(folder, {});
+  auto serve = [&](std::vector<std::string> flags) {
+    std::vector<std::string> argv{"/usr/bin/timeout", "120", COMPUTRON_BINARY, "serve",
+                                  "--port",           "0",   "--console-port", "-1"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    return std::make_unique<child_process>(argv);
+  };
+  auto proc = serve({folder, "--served-model-name", "tiny", "--max-model-len", "64",
+                     "--tensor-parallel-size", "2", "--pipeline-parallel-size", "1", "--dtype",
+                     "float32", "--devices", "2"});
+  auto port = test::wait_for_port(*proc);
+  REQUIRE(port > 0);
+  auto c = std::move(net::http_client::connect("127.0.0.1", port, 5s).value());
+  auto models = c->request("GET", "/v1/models").value();
+  INFO(models.body);
+  auto data = json::parse(models.body)["data"];
+  REQUIRE(data.size() == 1);
+  CHECK(data[0]["id"] == "tiny");
+  CHECK(data[0]["max_model_len"] == 64);
+  auto meta = json::parse(c->request("GET", "/v2/models/tiny").value().body);
+  INFO(meta.dump());
+  CHECK(meta["parameters"]["tp"] == 2);
+  CHECK(meta["parameters"]["dtype"] == "f32");
+  // It answers under its served name, and 64 positions hold no more.
+  auto tokens = infer(*c, "tiny", 3);
+  CHECK(tokens.size() == 3);
+  json too_long{{"inputs",
+                 {{{"name", "input_ids"},
+                   {"datatype", "INT64"},
+                   {"shape", {1, 60}},
+                   {"data", std::vector<int64_t>(60, 5)}}}},
+                {"parameters", {{"max_tokens", 10}}}};
+  auto r = c->request("POST", "/v2/models/tiny/infer", too_long.dump()).value();
+  CHECK(r.status == 400);
+  // Unloaded and loaded again by the repository API, it keeps its served name.
+  CHECK(c->request("POST", "/v2/repository/models/tiny/unload").value().status == 200);
+  CHECK(c->request("POST", "/v2/repository/models/tiny/load").value().status == 200);
+  CHECK(infer(*c, "tiny", 3) == tokens);
+  proc.reset();
+
+  // What cannot mean the same is refused by name before listening.
+  auto refused = [&](const std::string& flags, const std::string& why) {
+    auto r = test::run("serve --port 0 --console-port -1 " + flags, true);
+    INFO(flags << ": " << r.all);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.all, Catch::Contains(why));
+  };
+  refused(folder + " --repository " + folder, "give one");
+  refused(folder + " --max-model-len 100000", "exceeds the");
+  refused(folder + " --dtype int8", "--dtype takes auto");
+  refused("--served-model-name x", "none is given");
+  std::ofstream{dir.path() + "/model.gguf"} << "GGUF";
+  refused(dir.path() + "/model.gguf", "GGUF");
+  test::write_tiny_llama_folder(dir.path() + "/repo/a", {});
+  refused(dir.path() + "/repo --served-model-name x", "each served by its name");
+}
