@@ -43,6 +43,7 @@ void finish_row(manager_pointer self, const batch_ptr& b, size_t r, const std::s
     tl.ttft_s = sched::seconds_between(q.arrival, q.first_token);
   tl.itl_s = std::move(q.itl_s);
   tl.e2e_s = sched::seconds_between(q.arrival, t);
+  tl.finish_reason = reason;
   tl.prompt_tokens = static_cast<int64_t>(q.preemptions > 0 ? q.prompt_len : q.req.tokens.size());
   rep.id = q.req.id;
   rep.model = b->model;

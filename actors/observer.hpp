@@ -32,6 +32,8 @@ struct request_timeline {
   double e2e_s = 0;
   int64_t prompt_tokens = 0;
   int64_t generation_tokens = 0;
+  /// Why it ended: "stop", "length" or "cancelled".
+  std::string finish_reason{};
 };
 
 class observer {

@@ -194,6 +194,82 @@ struct metrics::impl {
               "Seconds batches ran on the gpu-let, summed over its batches (a batch on "
               "several devices counts on the lane of each)")
           .Register(*reg);
+  // The same series under vLLM's names and label (model_name), so that dashboards and
+  // alerts built for vLLM read this server (docs/design/metrics.md of vLLM, v1 engine).
+  pm::Family<pm::Gauge>& v_running = pm::BuildGauge()
+                                         .Name("vllm:num_requests_running")
+                                         .Help("Number of requests in model execution batches")
+                                         .Register(*reg);
+  pm::Family<pm::Gauge>& v_waiting = pm::BuildGauge()
+                                         .Name("vllm:num_requests_waiting")
+                                         .Help("Number of requests waiting to be processed")
+                                         .Register(*reg);
+  pm::Family<pm::Gauge>& v_kv_usage =
+      pm::BuildGauge()
+          .Name("vllm:kv_cache_usage_perc")
+          .Help(
+              "KV-cache usage, 1 is 100 percent: of the device memory KV blocks may use "
+              "(what they hold plus what is free), the share they hold, on the model's "
+              "fullest device")
+          .Register(*reg);
+  pm::Family<pm::Counter>& v_preemptions = pm::BuildCounter()
+                                               .Name("vllm:num_preemptions_total")
+                                               .Help("Cumulative number of preemptions")
+                                               .Register(*reg);
+  pm::Family<pm::Counter>& v_prompt_tokens = pm::BuildCounter()
+                                                 .Name("vllm:prompt_tokens_total")
+                                                 .Help("Number of prefill tokens processed")
+                                                 .Register(*reg);
+  pm::Family<pm::Counter>& v_generation_tokens = pm::BuildCounter()
+                                                     .Name("vllm:generation_tokens_total")
+                                                     .Help("Number of generation tokens processed")
+                                                     .Register(*reg);
+  pm::Family<pm::Counter>& v_success = pm::BuildCounter()
+                                           .Name("vllm:request_success_total")
+                                           .Help("Count of successfully processed requests")
+                                           .Register(*reg);
+  pm::Family<pm::Histogram>& v_request_prompt =
+      pm::BuildHistogram()
+          .Name("vllm:request_prompt_tokens")
+          .Help("Number of prefill tokens processed, per request")
+          .Register(*reg);
+  pm::Family<pm::Histogram>& v_request_generation =
+      pm::BuildHistogram()
+          .Name("vllm:request_generation_tokens")
+          .Help("Number of generation tokens processed, per request")
+          .Register(*reg);
+  pm::Family<pm::Histogram>& v_ttft = pm::BuildHistogram()
+                                          .Name("vllm:time_to_first_token_seconds")
+                                          .Help("Histogram of time to first token in seconds")
+                                          .Register(*reg);
+  pm::Family<pm::Histogram>& v_itl = pm::BuildHistogram()
+                                         .Name("vllm:inter_token_latency_seconds")
+                                         .Help("Histogram of inter-token latency in seconds")
+                                         .Register(*reg);
+  pm::Family<pm::Histogram>& v_e2e = pm::BuildHistogram()
+                                         .Name("vllm:e2e_request_latency_seconds")
+                                         .Help("Histogram of end to end request latency in seconds")
+                                         .Register(*reg);
+  pm::Family<pm::Histogram>& v_queue =
+      pm::BuildHistogram()
+          .Name("vllm:request_queue_time_seconds")
+          .Help("Histogram of time spent in WAITING phase for request")
+          .Register(*reg);
+  pm::Family<pm::Histogram>& v_prefill =
+      pm::BuildHistogram()
+          .Name("vllm:request_prefill_time_seconds")
+          .Help(
+              "Histogram of time spent in PREFILL phase for request (from leaving the "
+              "queue to the first token, a swap's wait included)")
+          .Register(*reg);
+  pm::Family<pm::Histogram>& v_decode = pm::BuildHistogram()
+                                            .Name("vllm:request_decode_time_seconds")
+                                            .Help("Histogram of time spent in DECODE phase")
+                                            .Register(*reg);
+  /// Each model's devices (model_registered), and each device's KV use, for the usage gauge.
+  std::mutex kv_mtx;
+  std::map<std::string, std::vector<int32_t>> devices_of{};
+  std::map<int32_t, double> kv_share{};
   /// The share gauges now shown, by device and lane: a re-plan that drops a lane removes
   /// its gauge (its busy counter stays, as counters do).
   std::mutex gpulets_mtx;
@@ -202,6 +278,33 @@ struct metrics::impl {
   pm::Histogram& rows_hist =
       batch_rows.Add({}, pm::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64});
 };
+
+namespace {
+
+// vLLM's buckets, so dashboards built for it read ours.
+const pm::Histogram::BucketBoundaries ttft_b{0.001, 0.005, 0.01, 0.02,  0.04,  0.06,  0.08, 0.1,
+                                             0.25,  0.5,   0.75, 1.0,   2.5,   5.0,   7.5,  10.0,
+                                             20.0,  40.0,  80.0, 160.0, 640.0, 2560.0};
+const pm::Histogram::BucketBoundaries itl_b{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
+                                            0.3,  0.4,   0.5,  0.75,  1.0, 2.5,  5.0,
+                                            7.5,  10.0,  20.0, 40.0,  80.0};
+const pm::Histogram::BucketBoundaries e2e_b{0.3,  0.5,   0.8,   1.0,   1.5,   2.0,    2.5,
+                                            5.0,  10.0,  15.0,  20.0,  30.0,  40.0,   50.0,
+                                            60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+/// Token counts: 1, 2, 5, 10, 20, 50, ... as vLLM's (which stop at the model's context;
+/// these at 10^7, past any context served here).
+const pm::Histogram::BucketBoundaries tokens_b = [] {
+  pm::Histogram::BucketBoundaries b;
+  for (double m = 1; m <= 1e7; m *= 10)
+    for (double k : {1.0, 2.0, 5.0}) b.push_back(k * m);
+  return b;
+}();
+
+pm::Labels vllm_labels(const std::string& model) {
+  return {{"model_name", model}};
+}
+
+}  // namespace
 
 metrics::metrics() : impl_(std::make_unique<impl>()) {}
 
@@ -224,23 +327,15 @@ void metrics::request_done(const std::string& model, const std::string& outcome,
 
 void metrics::queue_depth(const std::string& model, size_t depth) {
   impl_->queue.Add({{"model", model}}).Set(static_cast<double>(depth));
+  impl_->v_waiting.Add(vllm_labels(model)).Set(static_cast<double>(depth));
 }
 
 void metrics::running_requests(const std::string& model, size_t rows) {
   impl_->running.Add({{"model", model}}).Set(static_cast<double>(rows));
+  impl_->v_running.Add(vllm_labels(model)).Set(static_cast<double>(rows));
 }
 
 void metrics::request_timeline(const std::string& model, const actors::request_timeline& t) {
-  // vLLM's buckets, so dashboards built for it read ours.
-  static const pm::Histogram::BucketBoundaries ttft_b{
-      0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
-      1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
-  static const pm::Histogram::BucketBoundaries itl_b{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
-                                                     0.3,  0.4,   0.5,  0.75,  1.0, 2.5,  5.0,
-                                                     7.5,  10.0,  20.0, 40.0,  80.0};
-  static const pm::Histogram::BucketBoundaries e2e_b{
-      0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
-      30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
   pm::Labels l{{"model", model}};
   if (t.ttft_s >= 0) impl_->ttft.Add(l, ttft_b).Observe(t.ttft_s);
   auto& itl = impl_->itl.Add(l, itl_b);
@@ -250,6 +345,24 @@ void metrics::request_timeline(const std::string& model, const actors::request_t
   impl_->swap_wait.Add(l, ttft_b).Observe(t.swap_s);
   impl_->prompt_tokens.Add(l).Increment(static_cast<double>(t.prompt_tokens));
   impl_->generation_tokens.Add(l).Increment(static_cast<double>(t.generation_tokens));
+  auto v = vllm_labels(model);
+  auto& i = *impl_;
+  if (t.ttft_s >= 0) {
+    i.v_ttft.Add(v, ttft_b).Observe(t.ttft_s);
+    i.v_prefill.Add(v, e2e_b).Observe(std::max(0.0, t.ttft_s - t.queue_s));
+    i.v_decode.Add(v, e2e_b).Observe(std::max(0.0, t.e2e_s - t.ttft_s));
+  }
+  auto& vitl = i.v_itl.Add(v, itl_b);
+  for (auto s : t.itl_s) vitl.Observe(s);
+  i.v_e2e.Add(v, e2e_b).Observe(t.e2e_s);
+  i.v_queue.Add(v, e2e_b).Observe(t.queue_s);
+  i.v_prompt_tokens.Add(v).Increment(static_cast<double>(t.prompt_tokens));
+  i.v_generation_tokens.Add(v).Increment(static_cast<double>(t.generation_tokens));
+  i.v_request_prompt.Add(v, tokens_b).Observe(static_cast<double>(t.prompt_tokens));
+  i.v_request_generation.Add(v, tokens_b).Observe(static_cast<double>(t.generation_tokens));
+  auto reason = t.finish_reason == "cancelled" ? std::string{"abort"} : t.finish_reason;
+  if (!reason.empty())
+    i.v_success.Add({{"model_name", model}, {"finished_reason", reason}}).Increment();
 }
 
 void metrics::http_response(const std::string& route, int status) {
@@ -290,6 +403,39 @@ void metrics::gpulets(const std::vector<std::vector<int32_t>>& partitions) {
 }
 
 void metrics::model_registered(const std::string& model, const std::vector<int32_t>& devices) {
+  // Every series of a model from its registration on, at 0: a dashboard's rate() and an
+  // alert on a counter need the series before its first event.
+  auto& i = *impl_;
+  pm::Labels l{{"model", model}};
+  i.preemptions.Add(l);
+  i.prefill_chunks.Add(l);
+  i.prefill_chunk_tokens.Add(l);
+  i.prompt_tokens.Add(l);
+  i.generation_tokens.Add(l);
+  i.queue.Add(l);
+  i.running.Add(l);
+  i.batches.Add(l);
+  auto v = vllm_labels(model);
+  i.v_running.Add(v);
+  i.v_waiting.Add(v);
+  i.v_kv_usage.Add(v);
+  i.v_preemptions.Add(v);
+  i.v_prompt_tokens.Add(v);
+  i.v_generation_tokens.Add(v);
+  for (auto reason : {"stop", "length", "abort"})
+    i.v_success.Add({{"model_name", model}, {"finished_reason", reason}});
+  i.v_request_prompt.Add(v, tokens_b);
+  i.v_request_generation.Add(v, tokens_b);
+  i.v_ttft.Add(v, ttft_b);
+  i.v_itl.Add(v, itl_b);
+  i.v_e2e.Add(v, e2e_b);
+  i.v_queue.Add(v, e2e_b);
+  i.v_prefill.Add(v, e2e_b);
+  i.v_decode.Add(v, e2e_b);
+  {
+    std::lock_guard<std::mutex> guard{i.kv_mtx};
+    i.devices_of[model] = devices;
+  }
   for (auto d : devices) {
     pm::Labels l{{"model", model}, {"device", std::to_string(d)}};
     impl_->model_loads.Add(l);
@@ -331,6 +477,7 @@ void metrics::device_usage(int32_t device, uint64_t used_bytes, uint64_t capacit
 
 void metrics::preempted(const std::string& model) {
   impl_->preemptions.Add({{"model", model}}).Increment();
+  impl_->v_preemptions.Add(vllm_labels(model)).Increment();
 }
 
 void metrics::prefill_chunk(const std::string& model, int64_t tokens) {
@@ -346,6 +493,17 @@ void metrics::kv_device(int32_t device, uint64_t kv_bytes, uint64_t free_bytes) 
   pm::Labels l{{"device", std::to_string(device)}};
   impl_->kv_used.Add(l).Set(static_cast<double>(kv_bytes));
   impl_->device_free.Add(l).Set(static_cast<double>(free_bytes));
+  // Each model's usage is its fullest device's: the one whose KV runs out first.
+  auto& i = *impl_;
+  std::lock_guard<std::mutex> guard{i.kv_mtx};
+  auto room = static_cast<double>(kv_bytes) + static_cast<double>(free_bytes);
+  i.kv_share[device] = room > 0 ? static_cast<double>(kv_bytes) / room : 0;
+  for (auto& [model, devices] : i.devices_of) {
+    double share = 0;
+    for (auto d : devices)
+      if (auto it = i.kv_share.find(d); it != i.kv_share.end()) share = std::max(share, it->second);
+    i.v_kv_usage.Add(vllm_labels(model)).Set(share);
+  }
 }
 
 void metrics::kv_model(const std::string& model, uint64_t blocks) {

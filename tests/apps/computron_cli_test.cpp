@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/child_process.hpp"
 #include "tests/support/run_binary.hpp"
 #include "tests/support/temp_files.hpp"
 
@@ -466,5 +467,66 @@ TEST_CASE("serve --capacity-mb sets the emulated devices' memory, and only their
   auto zero = run("serve --port 0 --capacity-mb 0", true);
   CHECK(zero.exit_code == 2);
   CHECK_THAT(zero.all, Catch::Contains("--capacity-mb"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("demo prints the summary the README promises, swaps included", "[cli][demo][docs]") {
+  // Three toy models, two with the built-in byte tokenizer, whose ids all fall inside the
+  // toy's vocabulary (text through /v1/completions), and one
+  // without (token ids through KServe infer), on devices that hold two at once: the mix
+  // swaps.
+  auto dir = computron::test::temp_path("demo");
+  std::filesystem::create_directories(dir);
+  nlohmann::json models = nlohmann::json::array();
+  for (int i = 0; i < 3; ++i) {
+    nlohmann::json m{{"name", std::string{"m"} + static_cast<char>('a' + i)},
+                     {"kind", "toy"},
+                     {"tp", 2},
+                     {"pp", 2},
+                     {"seed", i + 1},
+                     {"toy_shard_bytes", 1 << 20},
+                     {"toy_compute_ms", 2}};
+    if (i < 2) m["tokenizer"] = "bytes";
+    models.push_back(m);
+  }
+  nlohmann::json cfg{
+      {"devices", {{"kind", "emulated"}, {"count", 4}, {"capacity_mb", 2.5}, {"link_gbps", 1}}},
+      {"http", {{"host", "127.0.0.1"}, {"port", 0}}},
+      {"console_port", -1},
+      {"models", models}};
+  std::ofstream{dir + "/config.json"} << cfg.dump();
+  computron::child_process srv{std::vector<std::string>{"/usr/bin/timeout", "300", COMPUTRON_BINARY,
+                                                        "serve", "--config", dir + "/config.json"}};
+  auto port = computron::test::wait_for_port(srv);
+  REQUIRE(port > 0);
+  auto demo = run("demo --url http://127.0.0.1:" + std::to_string(port) +
+                      " --requests 30 --clients 3 --max-tokens 4 --seed 2",
+                  true);
+  INFO(demo.all);
+  REQUIRE(demo.exit_code == 0);
+  CHECK_THAT(demo.all, Catch::Contains("ok 30 of 30"));
+  // What the README's set-up section says the summary holds, each in the output.
+  std::ifstream in{std::string{COMPUTRON_SOURCE_DIR} + "/README.md"};
+  std::stringstream readme;
+  readme << in.rdbuf();
+  auto text = std::regex_replace(readme.str(), std::regex{"\\s+"}, " ");
+  auto at = text.find("prints a summary (");
+  REQUIRE(at != std::string::npos);
+  auto promised = text.substr(at, text.find(')', at) - at);
+  for (auto [phrase, shown] : std::vector<std::pair<std::string, std::string>>{
+           {"latency percentiles", "latency ms: p50"},
+           {"requests that waited for a swap", "requests that waited for a swap: "},
+           {"shard loads", "shard loads"},
+           {"evictions", "evictions"},
+           {"GB/s per device", "GB/s"}}) {
+    INFO(phrase);
+    CHECK_THAT(promised, Catch::Contains(phrase));
+    CHECK_THAT(demo.all, Catch::Contains(shown));
+  }
+  // Three models over room for two, 30 requests: some waited for a load.
+  std::smatch waited;
+  REQUIRE(std::regex_search(demo.all, waited,
+                            std::regex{"requests that waited for a swap: (\\d+) of 30"}));
+  CHECK(std::stoi(waited[1]) > 0);
   std::filesystem::remove_all(dir);
 }

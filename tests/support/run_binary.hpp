@@ -17,11 +17,9 @@ struct process_result {
   std::string all;  // stdout and, when asked for, stderr
 };
 
-/// Runs COMPUTRON_BINARY with `args` under `timeout` so no test can hang; stderr joins
-/// stdout when `with_stderr`, else it is dropped.
-inline process_result run(const std::string& args, bool with_stderr = false) {
-  std::string cmd = std::string{"COMPUTRON_LOG_LEVEL=warn timeout 120 "} + COMPUTRON_BINARY + " " +
-                    args + (with_stderr ? " 2>&1" : " 2>/dev/null");
+/// Runs a shell command line (bounded by the caller, e.g. with `timeout`) and reads its
+/// stdout.
+inline process_result run_command(const std::string& cmd) {
   process_result r;
   FILE* p = ::popen(cmd.c_str(), "r");
   REQUIRE(p != nullptr);
@@ -32,6 +30,13 @@ inline process_result run(const std::string& args, bool with_stderr = false) {
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   r.all = r.out;
   return r;
+}
+
+/// Runs COMPUTRON_BINARY with `args` under `timeout` so no test can hang; stderr joins
+/// stdout when `with_stderr`, else it is dropped.
+inline process_result run(const std::string& args, bool with_stderr = false) {
+  return run_command(std::string{"COMPUTRON_LOG_LEVEL=warn timeout 120 "} + COMPUTRON_BINARY +
+                     " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null"));
 }
 
 /// Reads the port from a serve process's "listening on http://127.0.0.1:PORT" line.
