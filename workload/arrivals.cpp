@@ -10,6 +10,7 @@
 #include <fmt/ranges.h>
 
 #include "common/error.hpp"
+#include "common/numbered_lines.hpp"
 
 namespace computron::workload {
 
@@ -143,14 +144,10 @@ caf::expected<schedule> generate(const gamma_workload& w) {
 
 caf::expected<schedule> parse_trace(std::istream& in, const std::string& source) {
   schedule s;
-  std::string line;
-  size_t line_no = 0;
-  auto fail = [&](const std::string& why) {
-    return bad(fmt::format("{} line {}: {}", source, line_no, why));
-  };
-  while (std::getline(in, line)) {
-    ++line_no;
-    auto text = trim(line);
+  numbered_lines lines{in, source};
+  auto fail = [&](const std::string& why) { return lines.fail(why); };
+  while (lines.next()) {
+    auto text = trim(lines.line());
     if (text.empty() || text[0] == '#') continue;
     std::vector<std::string> cols;
     std::stringstream ss{text};
@@ -174,7 +171,7 @@ caf::expected<schedule> parse_trace(std::istream& in, const std::string& source)
     if (it == s.models.end()) s.models.push_back(cols[1]);
     s.arrivals.push_back(a);
   }
-  if (in.bad()) return make_error(ec::io_error, "cannot read " + source);
+  if (auto err = lines.read_error()) return err;
   if (s.arrivals.empty()) return bad(source + " has no arrivals");
   std::stable_sort(s.arrivals.begin(), s.arrivals.end(),
                    [](const arrival& a, const arrival& b) { return a.time_s < b.time_s; });

@@ -230,6 +230,8 @@ int run_loadgen_cli(const loadgen_cli& cli) {
     if (!read) return usage(render(read.error()));
     rows = std::move(*read);
   }
+  auto dataset = dataset_of(cli);
+  if (!dataset) return usage(render(dataset.error()));
 
   // Only the models this run drives must be ready: a folder that failed elsewhere in the
   // server's repository does not hold the run up.
@@ -251,11 +253,22 @@ int run_loadgen_cli(const loadgen_cli& cli) {
     return usage(render(made.error()));
   }
   auto sched = std::move(*made);
-  auto completions = use_completions(cli, *served, sched);
-  if (!completions) return usage(render(completions.error()));
-  auto lengths = lengths_of(cli, *completions, std::move(rows));
+  auto api = api_of(cli, *served, sched);
+  if (!api) return usage(render(api.error()));
+  auto lengths = lengths_of(cli, api->has_value(), std::move(rows));
   if (!lengths) return usage(render(lengths.error()));
   net::assign_lengths(sched, *lengths, cli.seed);
+  // Text prompts are counted by the server before the first request: a prompt it cannot
+  // read (no chat template, too long for the context) stops the run here.
+  net::text_prompts texts;
+  if (*api) {
+    auto t = text_prompts_of(cli, *at, *served, sched, **api, *dataset);
+    if (!t) {
+      std::cerr << "computron loadgen: " << render(t.error()) << '\n';
+      return is(t.error(), ec::invalid_request) ? exit_usage : exit_unreachable;
+    }
+    texts = std::move(*t);
+  }
 
   progress_bar bar{sched.duration_s};
   std::function<void(const net::open_loop_progress&)> on_progress;
@@ -268,15 +281,16 @@ int run_loadgen_cli(const loadgen_cli& cli) {
                              sched.arrivals.size(), sched.models.size(), cli.url,
                              cli.num_prompts > 0 ? std::string{"all due at the start"}
                                                  : fmt::format("over {:.1f} s", sched.duration_s),
-                             *completions ? " (streamed completions)" : " (infer)",
+                             !*api                         ? " (infer)"
+                             : **api == net::llm_api::chat ? " (streamed chat completions)"
+                                                           : " (streamed completions)",
                              cli.max_concurrency > 0
                                  ? fmt::format(", at most {} in flight", cli.max_concurrency)
                                  : std::string{})
               << std::flush;
-  auto code = *completions
-                  ? run_llm_cli(cli, *at, *served, sched, described_text, std::move(on_progress),
-                                &interrupted)
-                  : run_infer(cli, *at, *served, sched, described_text, std::move(on_progress));
+  auto code = *api ? run_llm_cli(cli, *at, *served, sched, **api, std::move(texts), described_text,
+                                 std::move(on_progress), &interrupted)
+                   : run_infer(cli, *at, *served, sched, described_text, std::move(on_progress));
   std::signal(SIGINT, previous_int);
   std::signal(SIGTERM, previous_term);
   return code;

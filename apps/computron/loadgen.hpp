@@ -45,8 +45,13 @@ struct loadgen_cli {
 
   // The LLM mode (apps/computron/loadgen_llm.cpp).
   /// "auto" (completions when every model driven has a tokenizer, else infer),
-  /// "completions" (streamed /v1/completions) or "infer" (KServe infer, token ids).
+  /// "completions" (streamed /v1/completions), "chat" (streamed /v1/chat/completions) or
+  /// "infer" (KServe infer, token ids).
   std::string api = "auto";
+  /// vLLM's dataset flags: random (token ids), custom (JSONL of {"prompt"}) or sharegpt
+  /// (ShareGPT's JSON); empty: from the path's extension, random without a path.
+  std::string dataset_name;
+  std::string dataset_path;
   /// fixed, uniform:SPREAD or lognormal:SPREAD around --prompt-len and --max-tokens.
   std::string prompt_dist = "fixed";
   std::string output_dist = "fixed";

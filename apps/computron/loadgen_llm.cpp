@@ -35,8 +35,17 @@ bool has_tokenizer(const std::vector<net::served_model>& served, const std::stri
 void add_llm_flags(CLI::App& cmd, loadgen_cli& cli) {
   cmd.add_option("--api", cli.api,
                  "auto (completions when every model driven has a tokenizer), completions "
-                 "(streamed /v1/completions: TTFT, TPOT, ITL) or infer (KServe)")
+                 "(streamed /v1/completions: TTFT, TPOT, ITL), chat (streamed "
+                 "/v1/chat/completions, the prompt as one user message) or infer (KServe)")
       ->capture_default_str();
+  cmd.add_option("--dataset-name", cli.dataset_name,
+                 "random (token ids; chat: made text by the server's /detokenize), custom "
+                 "(JSONL, one {\"prompt\": ..., \"output_tokens\": N} a line) or sharegpt "
+                 "(ShareGPT's JSON: the first turn the prompt, the second's tokens the output); "
+                 "default: from --dataset-path's extension (.jsonl, .json)");
+  cmd.add_option("--dataset-path", cli.dataset_path,
+                 "local file of prompts, drawn in a --seed shuffled order and cycled; each "
+                 "counted by the server's /tokenize before the run");
   cmd.add_option("--prompt-dist", cli.prompt_dist,
                  "prompt lengths around --prompt-len: fixed, uniform:SPREAD (0..1) or "
                  "lognormal:CV")
@@ -63,8 +72,17 @@ void add_llm_flags(CLI::App& cmd, loadgen_cli& cli) {
 }
 
 std::string check_llm_flags(const loadgen_cli& cli) {
-  if (cli.api != "auto" && cli.api != "completions" && cli.api != "infer")
-    return "--api takes auto, completions or infer, not '" + cli.api + "'";
+  if (cli.api != "auto" && cli.api != "completions" && cli.api != "chat" && cli.api != "infer")
+    return "--api takes auto, completions, chat or infer, not '" + cli.api + "'";
+  auto dataset = net::dataset_kind_of(cli.dataset_name, cli.dataset_path);
+  if (!dataset) return render(dataset.error());
+  if (*dataset != net::dataset_kind::random) {
+    if (cli.api == "infer")
+      return "--api infer sends token ids: it takes no --dataset-path (use completions or chat)";
+    if (!cli.lengths_csv.empty() || cli.prompt_dist != "fixed" || cli.prompt_len_given)
+      return "--dataset-path gives the prompts: it takes no --lengths, --prompt-len or "
+             "--prompt-dist";
+  }
   if (auto d = net::parse_length_dist(cli.prompt_dist, cli.prompt_len, "--prompt-dist"); !d)
     return render(d.error());
   if (auto d = net::parse_length_dist(cli.output_dist, cli.max_tokens, "--output-dist"); !d)
@@ -98,19 +116,44 @@ caf::expected<std::vector<std::string>> models_named(const loadgen_cli& cli) {
   return std::vector<std::string>{};
 }
 
-caf::expected<bool> use_completions(const loadgen_cli& cli,
-                                    const std::vector<net::served_model>& served,
-                                    const workload::schedule& sched) {
-  if (cli.api == "infer") return false;
+caf::expected<std::vector<net::dataset_prompt>> dataset_of(const loadgen_cli& cli) {
+  auto kind = net::dataset_kind_of(cli.dataset_name, cli.dataset_path);
+  if (!kind) return kind.error();
+  if (*kind == net::dataset_kind::random) return std::vector<net::dataset_prompt>{};
+  return net::read_dataset(*kind, cli.dataset_path);
+}
+
+caf::expected<std::optional<net::llm_api>> api_of(const loadgen_cli& cli,
+                                                  const std::vector<net::served_model>& served,
+                                                  const workload::schedule& sched) {
+  using result = std::optional<net::llm_api>;
+  if (cli.api == "infer") return result{};
+  const auto api = cli.api == "chat" ? net::llm_api::chat : net::llm_api::completions;
+  const bool text = !cli.dataset_path.empty();
   for (auto& m : sched.models) {
     if (has_tokenizer(served, m)) continue;
-    if (cli.api == "auto") return false;
+    if (cli.api == "auto" && !text) return result{};
     return make_error(ec::invalid_request,
-                      "model " + m +
-                          " has no tokenizer, so /v1/completions cannot answer it: drive it "
-                          "with --api infer");
+                      "model " + m + " has no tokenizer, so /v1/" +
+                          (api == net::llm_api::chat ? "chat/completions" : "completions") +
+                          " cannot answer it" + (text ? " nor count a dataset's prompts" : "") +
+                          ": drive it with --api infer" + (text ? " and no --dataset-path" : ""));
   }
-  return true;
+  return result{api};
+}
+
+caf::expected<net::text_prompts> text_prompts_of(const loadgen_cli& cli,
+                                                 const net::server_address& at,
+                                                 const std::vector<net::served_model>& served,
+                                                 const workload::schedule& sched, net::llm_api api,
+                                                 const std::vector<net::dataset_prompt>& dataset) {
+  if (api == net::llm_api::completions && dataset.empty()) return net::text_prompts{};
+  net::text_prompt_options o;
+  o.server = at;
+  o.api = api;
+  o.seed = cli.seed;
+  o.timeout = std::chrono::milliseconds(static_cast<int64_t>(cli.timeout_s * 1000));
+  return net::make_text_prompts(sched, served, dataset, o);
 }
 
 caf::expected<net::length_source> lengths_of(const loadgen_cli& cli, bool completions,
@@ -142,13 +185,15 @@ std::string first_errors(const std::vector<workload::request_record>& records) {
 
 int run_llm_cli(const loadgen_cli& cli, const net::server_address& at,
                 const std::vector<net::served_model>& served, const workload::schedule& sched,
-                const std::string& described_json,
+                net::llm_api api, net::text_prompts texts, const std::string& described_json,
                 std::function<void(const net::open_loop_progress&)> on_progress,
                 const std::atomic<bool>* cancel) {
   net::llm_options o;
   o.server = at;
   if (cli.drop_late) o.deadline_ms = static_cast<uint32_t>(std::lround(cli.slo_s * 1000));
   o.seed = cli.seed;
+  o.api = api;
+  o.texts = std::move(texts.prompts);
   o.max_concurrency = in_flight_bound(cli);
   o.request_timeout = std::chrono::milliseconds(static_cast<int64_t>(cli.timeout_s * 1000));
   o.on_progress = std::move(on_progress);
@@ -163,8 +208,11 @@ int run_llm_cli(const loadgen_cli& cli, const net::server_address& at,
   net::llm_slo slo{cli.slo_ttft_ms / 1e3, cli.slo_tpot_ms / 1e3, cli.slo_s};
   auto summary = net::summarize_llm(sched.models, run->records, slo, *percentiles);
   summary.max_concurrency = static_cast<size_t>(cli.max_concurrency);
-  summary.clipped = run->clipped;
-  json extra{{"url", cli.url}, {"api", "completions"}, {"workload", json::parse(described_json)}};
+  summary.clipped = run->clipped + texts.clipped;
+  json extra{{"url", cli.url}, {"api", to_string(api)}, {"workload", json::parse(described_json)}};
+  if (auto kind = net::dataset_kind_of(cli.dataset_name, cli.dataset_path);
+      kind && *kind != net::dataset_kind::random)
+    extra["workload"]["dataset"] = {{"name", to_string(*kind)}, {"path", cli.dataset_path}};
   if (cancel && cancel->load()) extra["interrupted"] = true;
   if (cli.json)
     std::cout << net::llm_json(summary, run->devices, extra.dump()) << '\n';

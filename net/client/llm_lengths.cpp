@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "common/error.hpp"
+#include "common/numbered_lines.hpp"
 
 namespace computron::net {
 
@@ -107,14 +108,10 @@ int64_t draw_length(const length_dist& d, std::mt19937_64& rng) {
 caf::expected<std::vector<length_pair>> parse_length_pairs(std::istream& in,
                                                            const std::string& source) {
   std::vector<length_pair> out;
-  std::string line;
-  size_t line_no = 0;
-  auto fail = [&](const std::string& why) {
-    return bad(fmt::format("{} line {}: {}", source, line_no, why));
-  };
-  while (std::getline(in, line)) {
-    ++line_no;
-    auto text = trim(line);
+  numbered_lines lines{in, source};
+  auto fail = [&](const std::string& why) { return lines.fail(why); };
+  while (lines.next()) {
+    auto text = trim(lines.line());
     if (text.empty() || text[0] == '#') continue;
     if (out.empty() && std::isalpha(static_cast<unsigned char>(text[0]))) continue;  // header
     std::vector<std::string> cols;
@@ -130,7 +127,7 @@ caf::expected<std::vector<length_pair>> parse_length_pairs(std::istream& in,
       return fail("output_len '" + cols[1] + "' is not a whole number of at least 1");
     out.push_back(p);
   }
-  if (in.bad()) return make_error(ec::io_error, "cannot read " + source);
+  if (auto err = lines.read_error()) return err;
   if (out.empty()) return bad(source + " has no rows of prompt_len,output_len");
   return out;
 }

@@ -14,18 +14,38 @@ namespace {
 
 using json = nlohmann::json;
 
-}  // namespace
-
-std::string completion_body(const std::string& model, const std::vector<int64_t>& prompt,
-                            int64_t max_tokens, uint32_t deadline_ms) {
-  json body{{"model", model},           {"prompt", prompt},
-            {"max_tokens", max_tokens}, {"ignore_eos", true},
-            {"stream", true},           {"stream_options", {{"include_usage", true}}}};
+/// A streamed body around `body`'s model and prompt: exactly `max_tokens` out (ignore_eos),
+/// usage in the last chunk, a deadline when `deadline_ms` > 0.
+std::string streamed(json body, int64_t max_tokens, uint32_t deadline_ms) {
+  body["max_tokens"] = max_tokens;
+  body["ignore_eos"] = true;
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
   if (deadline_ms > 0) {
     body["deadline_ms"] = deadline_ms;
     body["drop_late"] = true;
   }
-  return body.dump();
+  // A dataset's text may hold invalid UTF-8: sent as the replacement character, not thrown.
+  return body.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+}  // namespace
+
+std::string completion_body(const std::string& model, const std::vector<int64_t>& prompt,
+                            int64_t max_tokens, uint32_t deadline_ms) {
+  return streamed(json{{"model", model}, {"prompt", prompt}}, max_tokens, deadline_ms);
+}
+
+std::string text_completion_body(const std::string& model, const std::string& prompt,
+                                 int64_t max_tokens, uint32_t deadline_ms) {
+  return streamed(json{{"model", model}, {"prompt", prompt}}, max_tokens, deadline_ms);
+}
+
+std::string chat_body(const std::string& model, const std::string& content, int64_t max_tokens,
+                      uint32_t deadline_ms) {
+  json messages = json::array({json{{"role", "user"}, {"content", content}}});
+  return streamed(json{{"model", model}, {"messages", std::move(messages)}}, max_tokens,
+                  deadline_ms);
 }
 
 stream_event parse_stream_event(std::string_view data) {
@@ -52,8 +72,12 @@ stream_event parse_stream_event(std::string_view data) {
   if (choices == j.end() || !choices->is_array()) return bad();
   for (auto& c : *choices) {
     if (!c.is_object()) return bad();
-    auto t = c.find("text");
-    if (t != c.end() && t->is_string() && !t->get<std::string>().empty()) e.text = true;
+    // A completion's text, or a chat chunk's delta.content.
+    const json* t = nullptr;
+    if (auto x = c.find("text"); x != c.end()) t = &*x;
+    if (auto d = c.find("delta"); d != c.end() && d->is_object())
+      if (auto x = d->find("content"); x != d->end()) t = &*x;
+    if (t && t->is_string() && !t->get_ref<const std::string&>().empty()) e.text = true;
   }
   if (auto u = j.find("usage"); u != j.end() && u->is_object()) {
     auto count = [&](const char* key) -> std::optional<int64_t> {
@@ -119,10 +143,14 @@ caf::expected<llm_run> run_llm_loadgen(const workload::schedule& s,
                            [&](const served_model& m) { return m.name == s.models[i]; });
     if (!of[i]->tokenizer)
       return make_error(ec::invalid_request,
-                        "model " + of[i]->name +
-                            " has no tokenizer, so /v1/completions cannot answer it: use "
-                            "--api infer");
+                        "model " + of[i]->name + " has no tokenizer, so /v1/" +
+                            (opts.api == llm_api::chat ? "chat/completions" : "completions") +
+                            " cannot answer it: use --api infer");
   }
+  if (!opts.texts.empty() && opts.texts.size() != s.arrivals.size())
+    return make_error(ec::invalid_request, "one text prompt per request is needed");
+  if (opts.api == llm_api::chat && opts.texts.empty() && !s.arrivals.empty())
+    return make_error(ec::invalid_request, "chat requests need text prompts");
   llm_run run;
   std::vector<timed_request> reqs;
   reqs.reserve(s.arrivals.size());
@@ -131,18 +159,28 @@ caf::expected<llm_run> run_llm_loadgen(const workload::schedule& s,
   for (size_t i = 0; i < s.arrivals.size(); ++i) {
     auto& a = s.arrivals[i];
     auto& m = *of[a.model];
-    int64_t prompt_len = a.prompt_len > 0 ? a.prompt_len : 16;
-    int64_t output_len = a.max_tokens > 0 ? a.max_tokens : 16;
-    if (fit_lengths(prompt_len, output_len, m.max_model_len)) ++run.clipped;
-    std::uniform_int_distribution<int64_t> token(0, m.vocab - 1);
-    std::vector<int64_t> ids(static_cast<size_t>(prompt_len));
-    for (auto& t : ids) t = token(rng);
     auto& rec = run.records[i];
     rec.model = m.name;
     rec.arrival_s = a.time_s;
-    rec.prompt_tokens = prompt_len;
-    timed_request req{a.time_s, "POST", "/v1/completions",
-                      completion_body(m.name, ids, output_len, opts.deadline_ms)};
+    std::string body;
+    if (!opts.texts.empty()) {
+      // Counted and fitted to the context by make_text_prompts.
+      auto& t = opts.texts[i];
+      rec.prompt_tokens = t.prompt_tokens;
+      body = opts.api == llm_api::chat
+                 ? chat_body(m.name, t.text, t.output_tokens, opts.deadline_ms)
+                 : text_completion_body(m.name, t.text, t.output_tokens, opts.deadline_ms);
+    } else {
+      int64_t prompt_len = a.prompt_len > 0 ? a.prompt_len : 16;
+      int64_t output_len = a.max_tokens > 0 ? a.max_tokens : 16;
+      if (fit_lengths(prompt_len, output_len, m.max_model_len)) ++run.clipped;
+      rec.prompt_tokens = prompt_len;
+      body = completion_body(m.name, random_token_ids(rng, m.vocab, prompt_len), output_len,
+                             opts.deadline_ms);
+    }
+    timed_request req{a.time_s, "POST",
+                      opts.api == llm_api::chat ? "/v1/chat/completions" : "/v1/completions",
+                      std::move(body)};
     req.stream = true;
     reqs.push_back(std::move(req));
   }

@@ -12,12 +12,14 @@
 #include <caf/expected.hpp>
 
 #include "net/client/llm_metrics.hpp"
+#include "net/client/llm_prompts.hpp"
 #include "net/client/loadgen.hpp"
 #include "net/client/open_loop.hpp"
 #include "workload/arrivals.hpp"
 
 /// `computron loadgen`'s LLM mode: each arrival a streamed OpenAI completion
-/// (`/v1/completions`, `"stream": true`) whose prompt is token ids of the arrival's length
+/// (`/v1/completions`) or chat completion (`/v1/chat/completions`), `"stream": true`, whose
+/// prompt is token ids of the arrival's length or a text (a dataset's, or made for chat)
 /// and whose output is exactly its max_tokens (`ignore_eos`), timed chunk by chunk.
 namespace computron::net {
 
@@ -27,6 +29,10 @@ struct llm_options {
   uint32_t deadline_ms = 0;
   /// Seeds the prompts' token ids.
   uint64_t seed = 1;
+  llm_api api = llm_api::completions;
+  /// Text prompts, one per arrival (make_text_prompts); empty: token-id prompts, which only
+  /// the completions route takes.
+  std::vector<text_prompt> texts;
   /// Requests in flight at most: a due request waits for one to finish (closed loop).
   size_t max_concurrency = 256;
   std::chrono::milliseconds request_timeout{300000};
@@ -47,11 +53,21 @@ struct llm_run {
 std::string completion_body(const std::string& model, const std::vector<int64_t>& prompt,
                             int64_t max_tokens, uint32_t deadline_ms);
 
-/// What one event of a completions stream says.
+/// The same with a text prompt.
+std::string text_completion_body(const std::string& model, const std::string& prompt,
+                                 int64_t max_tokens, uint32_t deadline_ms);
+
+/// The body of one streamed chat completion: `content` as the one user message, the rest as
+/// completion_body's.
+std::string chat_body(const std::string& model, const std::string& content, int64_t max_tokens,
+                      uint32_t deadline_ms);
+
+/// What one event of a completions or chat completions stream says.
 struct stream_event {
   /// "[DONE]": the stream's last event.
   bool done = false;
-  /// A choice carried text (an empty text is a choice's finish, not a token).
+  /// A choice carried text: a completion's `text` or a chat chunk's `delta.content` (an
+  /// empty one is a choice's role or finish, not a token).
   bool text = false;
   /// From the usage chunk.
   std::optional<int64_t> prompt_tokens;
@@ -87,9 +103,10 @@ struct stream_outcome {
 /// whose token counts are the usage chunk's (the chunks with text where it gave none).
 void settle(stream_record& rec, const stream_outcome& st, const timed_result& r);
 
-/// Runs a schedule against the server over /v1/completions. Every model of the schedule
-/// must be among `models` (unknown_model otherwise) and have a tokenizer (invalid_request
-/// otherwise), before anything is sent. Lengths come from the arrivals (0: 16 each).
+/// Runs a schedule against the server over /v1/completions or /v1/chat/completions. Every
+/// model of the schedule must be among `models` (unknown_model otherwise) and have a
+/// tokenizer (invalid_request otherwise), and chat needs a text per arrival, before
+/// anything is sent. Lengths come from the texts, else the arrivals (0: 16 each).
 caf::expected<llm_run> run_llm_loadgen(const workload::schedule& s,
                                        const std::vector<served_model>& models,
                                        const llm_options& opts);

@@ -273,6 +273,19 @@ TEST_CASE("loadgen waits for the models it drives only, and picks their API",
       run("loadgen --no-progress --url " + srv.url() + " --models raw --api completions", true);
   CHECK(forced.exit_code == 2);
   CHECK_THAT(forced.all, Catch::Contains("model raw has no tokenizer"));
+  // Chat needs a tokenizer, and a chat template, which the server's /tokenize finds
+  // missing before any request is sent.
+  auto chat_raw =
+      run("loadgen --no-progress --url " + srv.url() + " --models raw --api chat", true);
+  CHECK(chat_raw.exit_code == 2);
+  CHECK_THAT(chat_raw.all,
+             Catch::Contains("model raw has no tokenizer, so /v1/chat/completions cannot"));
+  auto chat_plain =
+      run("loadgen --no-progress --url " + srv.url() + " --models ta --api chat", true);
+  CHECK(chat_plain.exit_code == 2);
+  CHECK_THAT(chat_plain.all, Catch::Contains("model ta declares no chat template"));
+  CHECK_THAT(chat_plain.all, Catch::Contains("/tokenize refused"));
+  CHECK_THAT(chat_plain.all, !Catch::Contains("Serving Benchmark Result"));
   // Driving the folder that failed waits for it (boundedly) and says why it never came.
   auto broken =
       run("loadgen --no-progress --url " + srv.url() + " --models broken --wait-ready 0.5", true);
@@ -320,7 +333,33 @@ TEST_CASE("loadgen refuses bad LLM flags before asking the server", "[cli][loadg
   refuse("--prompt-len -3", "--prompt-len must be at least 1");
   refuse("--max-tokens 0", "--max-tokens must be at least 1");
   refuse("--num-prompts 5 --rates 1", "--num-prompts sends its requests at the start");
-  refuse("--api chat", "--api takes auto, completions or infer");
+  refuse("--api chats", "--api takes auto, completions, chat or infer, not 'chats'");
+  // Datasets: every fault named before the server is asked.
+  std::ofstream{dir + "/ok.jsonl"} << R"({"prompt": "hi"})"
+                                   << "\n";
+  std::ofstream{dir + "/broken.jsonl"} << R"({"prompt": "hi"})"
+                                       << "\n{\"prompt\": \n";
+  std::ofstream{dir + "/unnamed.jsonl"} << R"({"text": "hi"})"
+                                        << "\n";
+  std::ofstream{dir + "/empty.jsonl"} << "\n";
+  std::ofstream{dir + "/share.json"} << R"([{"conversations": "hi"}])";
+  std::ofstream{dir + "/prompts.txt"} << "hi\n";
+  refuse("--dataset-path " + dir + "/missing.jsonl", "cannot open dataset file");
+  refuse("--dataset-path " + dir + "/broken.jsonl", "broken.jsonl line 2: not JSON");
+  refuse("--dataset-name custom --dataset-path " + dir + "/unnamed.jsonl",
+         "unnamed.jsonl line 1: no \"prompt\"");
+  refuse("--dataset-path " + dir + "/empty.jsonl", "empty.jsonl holds no prompts");
+  refuse("--dataset-path " + dir + "/share.json",
+         "share.json entry 1: \"conversations\" is a string, not a list");
+  refuse("--dataset-name alpaca --dataset-path " + dir + "/ok.jsonl",
+         "--dataset-name takes random, custom or sharegpt, not 'alpaca'");
+  refuse("--dataset-path " + dir + "/prompts.txt", "name its shape with --dataset-name");
+  refuse("--dataset-name custom", "--dataset-name custom needs --dataset-path FILE");
+  refuse("--dataset-name random --dataset-path " + dir + "/ok.jsonl", "reads no --dataset-path");
+  refuse("--api infer --dataset-path " + dir + "/ok.jsonl", "--api infer sends token ids");
+  refuse("--dataset-path " + dir + "/ok.jsonl --lengths " + dir + "/bad.csv",
+         "--dataset-path gives the prompts");
+  refuse("--dataset-path " + dir + "/ok.jsonl --prompt-len 9", "--dataset-path gives the prompts");
   refuse("--metric-percentiles 50,0", "(0, 100]");
   refuse("--slo-ttft-ms -1", "--slo-ttft-ms must be 0 or more ms");
   refuse("--max-concurrency -1", "--max-concurrency must be 0 (no bound) or more");
