@@ -241,6 +241,14 @@ def chat(client, model, out):
     out["top_logprobs_alone"] = failure(res, **base, top_logprobs=2)
     out["bad_role"] = failure(res, **{**base, "messages": [{"role": "wizard", "content": "x"}]})
     out["tools"] = failure(res, **base, tools=[{"type": "function", "function": {"name": "f"}}])
+    # The fields OpenAI's API defines that change nothing here, as this client sends them
+    # (typed arguments), and vLLM's through extra_body: accepted; request_id names the answer.
+    out["extras"] = plain(res, ChatCompletion, "extras", **greedy, store=False,
+                          metadata={"team": "a"}, service_tier="auto", reasoning_effort="low",
+                          modalities=["text"], prompt_cache_key="k", safety_identifier="u1",
+                          extra_body={"priority": 1, "request_id": "req-42",
+                                      "truncate_prompt_tokens": -1})
+    out["beam"] = failure(res, **base, extra_body={"use_beam_search": True})
 
 
 def main():

@@ -372,4 +372,10 @@ TEST_CASE("the official OpenAI Python client: chat, streams, n, logprobs, stop, 
   check_error(out["bad_role"], "BadRequestError", 400, "messages");
   check_error(out["tools"], "BadRequestError", 400, "tools");
   CHECK_THAT(out["tools"]["server_message"].get<std::string>(), Catch::Contains("not supported"));
+  // OpenAI's and vLLM's extra fields: accepted, the answer unchanged, request_id its id;
+  // beam search refused by name.
+  check_reply(out["extras"], "chat.completion", 1);
+  CHECK(out["extras"]["id"] == "req-42");
+  CHECK(out["extras"]["choices"][0]["text"] == text);
+  check_error(out["beam"], "BadRequestError", 400, "use_beam_search");
 }
