@@ -205,4 +205,9 @@ TEST_CASE("vLLM's serve flags: a positional folder, its served name, context, pa
   refused(dir.path() + "/model.gguf", "GGUF");
   test::write_tiny_llama_folder(dir.path() + "/repo/a", {});
   refused(dir.path() + "/repo --served-model-name x", "each served by its name");
+  // `computron help serve` lists them.
+  auto help = test::run("help serve", true);
+  for (auto flag : {"MODEL_DIR", "--served-model-name", "--max-model-len", "--tensor-parallel-size",
+                    "--pipeline-parallel-size", "--dtype", "--host", "--port", "--api-key"})
+    CHECK_THAT(help.all, Catch::Contains(flag));
 }
