@@ -1,10 +1,5 @@
 #include "models/safetensors.hpp"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -64,24 +59,9 @@ const char* safetensors_dtype_name(gpu::dtype t) {
   return "U8";
 }
 
-safetensors_file::safetensors_file(safetensors_file&& other) noexcept {
-  *this = std::move(other);
-}
-
-safetensors_file& safetensors_file::operator=(safetensors_file&& other) noexcept {
-  if (this != &other) {
-    if (map_ != nullptr) ::munmap(map_, map_bytes_);
-    map_ = std::exchange(other.map_, nullptr);
-    map_bytes_ = std::exchange(other.map_bytes_, 0);
-    tensors_ = std::move(other.tensors_);
-    metadata_ = std::move(other.metadata_);
-  }
-  return *this;
-}
-
-safetensors_file::~safetensors_file() {
-  if (map_ != nullptr) ::munmap(map_, map_bytes_);
-}
+safetensors_file::safetensors_file(safetensors_file&&) noexcept = default;
+safetensors_file& safetensors_file::operator=(safetensors_file&&) noexcept = default;
+safetensors_file::~safetensors_file() = default;
 
 const safetensor* safetensors_file::find(std::string_view name) const {
   auto i = tensors_.find(name);
@@ -89,28 +69,15 @@ const safetensor* safetensors_file::find(std::string_view name) const {
 }
 
 caf::expected<safetensors_file> safetensors_file::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return make_error(ec::io_error, fmt::format("cannot open {}: {}", path, std::strerror(errno)));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return make_error(ec::io_error, fmt::format("{} is not a regular file", path));
-  }
-  auto file_bytes = static_cast<uint64_t>(st.st_size);
-  if (file_bytes < 8) {
-    ::close(fd);
+  auto map = mapped_file::open(path);
+  if (!map) return map.error();
+  auto file_bytes = map->size();
+  if (file_bytes < 8)
     return corrupt(path,
                    fmt::format("{} bytes, shorter than the 8-byte header length", file_bytes));
-  }
-  void* map = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (map == MAP_FAILED)
-    return make_error(ec::io_error, fmt::format("cannot map {}: {}", path, std::strerror(errno)));
   safetensors_file f;
-  f.map_ = map;
-  f.map_bytes_ = file_bytes;
-  auto* base = static_cast<const std::byte*>(map);
+  f.map_ = std::move(*map);
+  const auto* base = f.map_.data();
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<uint8_t>(base[i]);
   if (header_len > max_header_bytes || header_len > file_bytes - 8)

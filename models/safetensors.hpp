@@ -12,6 +12,7 @@
 #include <caf/expected.hpp>
 
 #include "gpu/weight_store.hpp"
+#include "models/mapped_file.hpp"
 
 /// Safetensors checkpoints (a little-endian u64 header length, a JSON header naming
 /// each tensor's dtype, shape and byte range, then the raw bytes). Read through mmap:
@@ -47,8 +48,7 @@ class safetensors_file {
 
  private:
   safetensors_file() = default;
-  void* map_ = nullptr;
-  uint64_t map_bytes_ = 0;
+  mapped_file map_;
   std::map<std::string, safetensor, std::less<>> tensors_;
   std::map<std::string, std::string> metadata_;
 };
