@@ -110,17 +110,27 @@ TEST_CASE("an eviction that a wedged step keeps out fails clearly and leaves the
   worker_fixture f{150ms};
   REQUIRE(f.ask<shard_report>(prepare_atom_v,
                               shard_spec{worker_fixture::toy("stuck", 2500), 0, 0, {}}));
-  REQUIRE(f.ask<transfer_report>(load_atom_v, std::string{"stuck"}));
   // The worker gives up on the step after 150 ms, while its lane still computes; the
-  // eviction comes at 500 ms (time for the lane to start it, even in a sanitizer build).
-  auto step = f.self->request(f.worker, 30s, step_atom_v, worker_fixture::prefill("stuck", 1));
-  std::this_thread::sleep_for(500ms);
-  auto evict = f.ask<transfer_report>(evict_atom_v, std::string{"stuck"});
-  REQUIRE_FALSE(evict);
+  // eviction comes at 500 ms. A lane that had not started the step by then (a loaded
+  // machine: CI run 11's sanitizer tree) lets the eviction through, rightly, and the step
+  // then finds its shard gone: a clean error. That round is tried again, a few times at
+  // most, until the eviction meets the step computing.
+  caf::expected<transfer_report> evict{caf::make_error(caf::sec::request_timeout)};
+  bool wedged = false;
+  for (int round = 0; round < 4 && !wedged; ++round) {
+    REQUIRE(f.ask<transfer_report>(load_atom_v, std::string{"stuck"}));
+    auto step = f.self->request(f.worker, 30s, step_atom_v,
+                                worker_fixture::prefill("stuck", 1 + static_cast<uint64_t>(round)));
+    std::this_thread::sleep_for(500ms);
+    evict = f.ask<transfer_report>(evict_atom_v, std::string{"stuck"});
+    std::move(step).receive([](step_result&) { FAIL_CHECK("the step outlived its timeout"); },
+                            [](caf::error&) {});
+    wedged = !evict;
+    if (!wedged) CHECK(f.dev->mapped_pages() == 0);
+  }
+  REQUIRE(wedged);
   CHECK(is(evict.error(), ec::unavailable));
   CHECK_THAT(render(evict.error()), Catch::Contains("still computes on device"));
-  std::move(step).receive([](step_result&) { FAIL_CHECK("the step outlived its timeout"); },
-                          [](caf::error&) {});
   CHECK(f.dev->mapped_pages() > 0);  // nothing unmapped under the step
   // Once the step is done, the same eviction goes through (bounded: 2.5 s of compute).
   caf::expected<transfer_report> done{caf::make_error(caf::sec::request_timeout)};
