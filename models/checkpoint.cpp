@@ -1,4 +1,5 @@
 #include "models/checkpoint.hpp"
+#include "models/gguf_model.hpp"
 
 #include <filesystem>
 #include <fstream>
@@ -66,6 +67,18 @@ caf::expected<checkpoint> checkpoint::open_files(const std::string& path) {
   checkpoint c;
   c.source_ = path;
   std::error_code ec;
+  if (is_gguf_file(path)) {
+    // Dequantized once into memory the checkpoint keeps, under Hugging Face's names.
+    auto g = read_gguf_tensors(path);
+    if (!g) return g.error();
+    c.gguf_ = *g;
+    for (auto& t : c.gguf_->tensors)
+      if (!c.tensors_.emplace(t.name, &t).second)
+        return make_error(ec::invalid_request,
+                          fmt::format("{}: two tensors are named '{}'", path, t.name));
+    c.dtype_ = gpu::dtype::f32;
+    return c;
+  }
   if (!fs::is_directory(path, ec)) {
     if (auto err = c.add_file(path)) return err;
     return c;

@@ -17,11 +17,14 @@
 /// Everything stays in the mmap'd files: filling a shard reads only its own slices.
 namespace computron::models {
 
+struct gguf_tensors;
+
 /// The tensors of one model, from one or several mapped safetensors files. Move-only.
 class checkpoint {
  public:
   /// Opens `path`: one safetensors file (our format, or a single-file Hugging Face
-  /// checkpoint), or a folder holding `model.safetensors.index.json` and the shards it
+  /// checkpoint), a GGUF file (dequantized to f32, under a Hugging Face folder's names), or
+  /// a folder holding `model.safetensors.index.json` and the shards it
   /// names, or `model.safetensors`. Names lose a `model.decoder.` or `decoder.` prefix (OPT,
   /// whose tied `lm_head.weight` is dropped: the head reads the token embedding) or a
   /// `model.` prefix (the Llama family, whose `lm_head.weight` stays). A folder with only
@@ -47,6 +50,8 @@ class checkpoint {
   bool opt_style_ = false;
   caf::error add_file(const std::string& path);
   std::vector<std::unique_ptr<safetensors_file>> files_;
+  /// A GGUF file's tensors, dequantized (models/gguf_model.hpp); null otherwise.
+  std::shared_ptr<const gguf_tensors> gguf_;
   std::map<std::string, const safetensor*, std::less<>> tensors_;
   gpu::dtype dtype_ = gpu::dtype::f32;
 };

@@ -12,7 +12,7 @@
 #include <caf/expected.hpp>
 
 #include "gpu/weight_store.hpp"
-#include "models/mapped_file.hpp"
+#include "common/mapped_file.hpp"
 
 /// Safetensors checkpoints (a little-endian u64 header length, a JSON header naming
 /// each tensor's dtype, shape and byte range, then the raw bytes). Read through mmap:

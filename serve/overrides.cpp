@@ -13,6 +13,7 @@
 #include "actors/model_spec.hpp"
 #include "common/error.hpp"
 #include "models/decoder_spec.hpp"
+#include "models/gguf_model.hpp"
 #include "serve/repository.hpp"
 
 namespace computron::serve {
@@ -24,12 +25,12 @@ caf::expected<serve_config> base_serve_config(const serve_overrides& o) {
       return make_error(ec::invalid_configuration,
                         "MODEL_DIR and --repository both name what to serve: give one");
     std::error_code ec;
-    if (std::filesystem::is_regular_file(o.model_dir, ec))
+    if (std::filesystem::is_regular_file(o.model_dir, ec) && !models::is_gguf_file(o.model_dir))
       return make_error(ec::invalid_configuration,
                         o.model_dir +
-                            " is a file: serve takes a model's folder (config.json, "
-                            "safetensors, tokenizer files) or a repository of them; GGUF "
-                            "files are not served yet");
+                            " is a file but not a GGUF file: serve takes a GGUF file, a "
+                            "model's folder (config.json, safetensors, tokenizer files) or a "
+                            "repository of them");
     repository = o.model_dir;
   }
   // --repository is served instead of the config's `repository`, its models beside the

@@ -14,6 +14,7 @@
 #include "common/log.hpp"
 #include "models/checkpoint.hpp"
 #include "models/decoder_spec.hpp"
+#include "models/gguf_model.hpp"
 #include "serve/json_fields.hpp"
 #include "serve/sections.hpp"
 #include "text/tokenizer.hpp"
@@ -33,6 +34,31 @@ std::string name_differs(const std::string& given, const std::string& name, cons
   return "name '" + given + "' differs from " +
          (name == f.filename().string() ? std::string{"its folder's"}
                                         : "the name it is served as ('" + name + "')");
+}
+
+/// A GGUF file as the model `name`: its shape, tokenizer and chat template come from the
+/// file, its weights are dequantized at registration (as "auto" dtype: the file's f32
+/// where the devices run it). Our settings for it would need a file of their own; the
+/// defaults apply.
+caf::expected<actors::model_config> read_gguf(const fs::path& f, text::text_directory* texts,
+                                              const std::string& name) {
+  auto g = models::read_gguf_config(f.string());
+  if (!g) return g.error();
+  actors::model_config m;
+  m.name = name;
+  m.kind = models::to_string(g->spec.family);
+  m.spec = g->spec.name;
+  m.arch = models::to_json(g->spec).dump();
+  m.checkpoint_dtype = g->dtype;
+  m.dtype = "auto";
+  m.weights_path = f.string();
+  m.tokenizer = f.string();
+  // Read here, off the request path, as a folder's tokenizer is.
+  if (texts) {
+    auto t = texts->open(m.tokenizer);
+    if (!t) return t.error();
+  }
+  return m;
 }
 
 /// One repository folder as the model `name` (its folder's name, or the name a one-model
@@ -124,8 +150,22 @@ caf::expected<std::vector<actors::repository_folder>> read_repository(
     const std::string& dir, const std::string& only, text::text_directory* texts,
     const std::string& served_name) {
   std::error_code ec;
+  if (models::is_gguf_file(dir)) {
+    // One GGUF file given as the repository: that model alone, named after the file.
+    auto self = folder_path(dir);
+    actors::repository_folder rf;
+    rf.name = served_name.empty() ? self.stem().string() : served_name;
+    if (!only.empty() && only != rf.name) return std::vector<actors::repository_folder>{};
+    auto m = read_gguf(self, texts, rf.name);
+    if (m)
+      rf.config = std::move(*m);
+    else
+      rf.error = std::move(m.error());
+    return std::vector<actors::repository_folder>{std::move(rf)};
+  }
   if (!fs::is_directory(dir, ec))
-    return make_error(ec::io_error, "model repository " + dir + " is not a folder");
+    return make_error(ec::io_error,
+                      "model repository " + dir + " is neither a folder nor a GGUF file");
   if (!served_name.empty() && !is_model_folder(dir))
     return make_error(ec::invalid_configuration,
                       "--served-model-name names the model of one folder (one that holds "
@@ -141,12 +181,18 @@ caf::expected<std::vector<actors::repository_folder>> read_repository(
     if (only.empty() || only == name) folders.push_back(self);
   } else if (!only.empty()) {
     // A name is a folder name, never a path.
-    if (only.find('/') == std::string::npos && only != "." && only != ".." &&
-        fs::is_directory(fs::path{dir} / only, ec))
-      folders.push_back(fs::path{dir} / only);
+    if (only.find('/') == std::string::npos && only != "." && only != "..") {
+      if (fs::is_directory(fs::path{dir} / only, ec))
+        folders.push_back(fs::path{dir} / only);
+      else if (models::is_gguf_file((fs::path{dir} / (only + ".gguf")).string()))
+        folders.push_back(fs::path{dir} / (only + ".gguf"));
+    }
   } else {
+    // Model folders, and GGUF files (each a model named after the file).
     for (auto& entry : fs::directory_iterator(dir, ec))
-      if (entry.is_directory(ec)) folders.push_back(entry.path());
+      if (entry.is_directory(ec) ||
+          (entry.path().extension() == ".gguf" && models::is_gguf_file(entry.path().string())))
+        folders.push_back(entry.path());
     if (ec) return make_error(ec::io_error, "cannot list " + dir + ": " + ec.message());
   }
   std::sort(folders.begin(), folders.end());
@@ -157,8 +203,11 @@ caf::expected<std::vector<actors::repository_folder>> read_repository(
     // itself is served whatever its name.
     if (!single && f.filename().string().rfind('.', 0) == 0) continue;
     actors::repository_folder rf;
-    rf.name = single && !served_name.empty() ? served_name : f.filename().string();
-    auto m = read_folder(f, texts, rf.name);
+    const bool gguf = !single && models::is_gguf_file(f.string());
+    rf.name = single && !served_name.empty() ? served_name
+              : gguf                         ? f.stem().string()
+                                             : f.filename().string();
+    auto m = gguf ? read_gguf(f, texts, rf.name) : read_folder(f, texts, rf.name);
     if (m)
       rf.config = std::move(*m);
     else

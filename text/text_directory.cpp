@@ -1,5 +1,7 @@
 #include "text/text_directory.hpp"
 
+#include <filesystem>
+
 #include "common/error.hpp"
 #include "common/log.hpp"
 
@@ -19,7 +21,12 @@ caf::expected<std::shared_ptr<const model_text>> text_directory::open(const std:
     auto t = tokenizer::open(path);
     if (!t) return t.error();
     text->tok = *t;
-    auto d = read_generation_defaults(path);
+    // A file (tokenizer.json, a GGUF file) takes generation_config.json from beside it.
+    std::error_code ec;
+    auto folder = std::filesystem::is_regular_file(path, ec)
+                      ? std::filesystem::path{path}.parent_path().string()
+                      : path;
+    auto d = read_generation_defaults(folder.empty() ? std::string{"."} : folder);
     if (!d) return d.error();
     text->defaults = *d;
     if (auto source = text->tok->chat_template()) {

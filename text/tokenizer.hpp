@@ -33,15 +33,37 @@ struct decode_state {
 };
 }  // namespace detail
 
+/// A tokenizer as a GGUF file's metadata carries it (tokenizer.ggml.*).
+struct vocabulary {
+  /// The file, for errors.
+  std::string source;
+  /// "gpt2": byte-level BPE (GPT-2, Llama 3, Qwen, SmolLM); "llama": SentencePiece BPE
+  /// with byte fallback (Llama 2, Mistral).
+  std::string model;
+  std::vector<std::string> tokens;
+  /// Per token: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte (empty:
+  /// all normal).
+  std::vector<int32_t> token_types;
+  /// "a b" pairs in rank order.
+  std::vector<std::string> merges;
+  std::optional<int64_t> bos, eos, pad, unk;
+  std::optional<bool> add_bos, add_eos;
+  std::optional<std::string> chat_template;
+};
+
+/// The tokenizer a GGUF file's metadata holds (tokenizer.ggml.*, tokenizer.chat_template).
+/// Errors name the file and the key.
+caf::expected<vocabulary> read_gguf_vocabulary(const std::string& path);
+
 /// A tokenizer: normalizer, pre-tokenizer, BPE model, post-processor and decoder, each as
 /// its file says. Immutable once made, so one instance serves every thread.
 class tokenizer {
  public:
   /// Reads a tokenizer from `path`: a folder holding `tokenizer.json` (with
   /// `tokenizer_config.json` and `generation_config.json` beside it when present), or
-  /// `vocab.json` + `merges.txt` (GPT-2's own names `encoder.json` + `vocab.bpe` too), or a
-  /// `tokenizer.json` file itself. A component the file names that is not implemented is
-  /// refused, naming it and the file; so is malformed JSON.
+  /// `vocab.json` + `merges.txt` (GPT-2's own names `encoder.json` + `vocab.bpe` too), a
+  /// `tokenizer.json` file itself, or a GGUF file (its metadata's vocabulary). A component the file
+  /// names that is not implemented is refused, naming it and the file; so is malformed JSON.
   static caf::expected<std::shared_ptr<const tokenizer>> open(const std::string& path);
 
   /// From a vocabulary (token string in GPT-2's byte-to-unicode alphabet -> id) and
@@ -56,6 +78,12 @@ class tokenizer {
   /// The built-in tokenizer of seeded models without files: OPT's four special tokens
   /// (ids 0..3) and the 256 bytes (ids 4..259), no merges.
   static std::shared_ptr<const tokenizer> bytes();
+
+  /// From a vocabulary as a GGUF file's metadata states it (tokenizer_vocabulary.cpp),
+  /// with the pipeline its model names, as transformers builds it from the same file.
+  /// Errors name the source: another model than gpt2 or llama, ids out of range, no
+  /// merges.
+  static caf::expected<std::shared_ptr<const tokenizer>> from_vocabulary(const vocabulary& v);
 
   /// The ids of `text`. Added and special tokens written in the text are matched as
   /// tokens (Hugging Face's default). `add_special_tokens`: the post-processor's tokens

@@ -313,10 +313,8 @@ caf::expected<std::vector<added_token>> added_tokens_of(const json& j, const fs:
 
 /// tokenizer.json. `legacy`: set when it names no pipeline at all (an old export), which
 /// then reads as GPT-2's byte-level one.
-caf::expected<std::unique_ptr<tokenizer_data>> read_tokenizer_json(const fs::path& tj,
-                                                                   bool& legacy) {
-  tokenizer_file f;
-  if (auto err = load(tj, f)) return err;
+caf::expected<std::unique_ptr<tokenizer_data>> build_tokenizer(const tokenizer_file& f,
+                                                               const fs::path& tj, bool& legacy) {
   const json& j = f.rest;
   auto model = j.find("model");
   if (model == j.end() || !model->is_object()) return bad_file(tj, "no 'model' object");
@@ -382,6 +380,13 @@ caf::expected<std::unique_ptr<tokenizer_data>> read_tokenizer_json(const fs::pat
   if (auto err = post_processor(part("post_processor"), d->prefix, d->suffix, tj)) return err;
   d->added = std::move(*added);
   return d;
+}
+
+caf::expected<std::unique_ptr<tokenizer_data>> read_tokenizer_json(const fs::path& tj,
+                                                                   bool& legacy) {
+  tokenizer_file f;
+  if (auto err = load(tj, f)) return err;
+  return build_tokenizer(f, tj, legacy);
 }
 
 /// GPT-2's own files: vocab.json + merges.txt, or encoder.json + vocab.bpe.
@@ -477,10 +482,46 @@ void apply_configs(tokenizer_data& d, const config& cfg, const std::vector<int64
 
 }  // namespace
 
+caf::expected<std::shared_ptr<const tokenizer>> detail::from_parts(const tokenizer_parts& p) {
+  try {
+    tokenizer_file f;
+    f.rest = p.rest;
+    f.has_vocab = true;
+    f.vocab = p.vocab;
+    f.merges = p.merges;
+    bool legacy = false;
+    auto d = build_tokenizer(f, fs::path{p.source}, legacy);
+    if (!d) return d.error();
+    config cfg;
+    cfg.present = true;
+    cfg.bos = p.bos;
+    cfg.eos = p.eos;
+    cfg.pad = p.pad;
+    cfg.unk = p.unk;
+    cfg.add_bos = p.add_bos;
+    cfg.add_eos = p.add_eos;
+    cfg.templates = p.templates;
+    apply_configs(**d, cfg, p.eos_ids, legacy);
+    detail::finish(**d, legacy);
+    return detail::tokenizer_builder::wrap(std::move(*d));
+  } catch (const std::exception& e) {
+    return make_error(ec::invalid_configuration, "tokenizer " + p.source + ": " + e.what());
+  }
+}
+
 caf::expected<std::shared_ptr<const tokenizer>> tokenizer::open(const std::string& path) {
   try {
     fs::path p{path};
     std::error_code err;
+    if (fs::is_regular_file(p, err)) {
+      std::ifstream in{p, std::ios::binary};
+      char magic[4] = {};
+      if (in.read(magic, 4) && std::string_view{magic, 4} == "GGUF") {
+        auto v = read_gguf_vocabulary(path);
+        if (!v) return v.error();
+        return from_vocabulary(*v);
+      }
+    }
     bool dir = fs::is_directory(p, err);
     fs::path tj = dir ? p / "tokenizer.json" : p;
     // The small files first: a mistake there is found before the large one is read.

@@ -10,13 +10,15 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "text/bpe.hpp"
 #include "text/tokenizer.hpp"
 #include "text/tokenizer_pipeline.hpp"
 #include "text/unicode.hpp"
 
 /// What a tokenizer is made of, shared by the files that build it and the ones that run it
-/// (internal to models/).
+/// (internal to text/).
 namespace computron::text::detail {
 
 /// A token of tokenizer.json's added_tokens (or one tokenizer_config.json names).
@@ -87,6 +89,26 @@ struct tokenizer_data {
   /// Fills `piece` and `flags` once the parts above are in place.
   void index_ids(bool legacy_specials);
 };
+
+/// A tokenizer as tokenizer.json and tokenizer_config.json would state it, from another
+/// source (a GGUF file's metadata): views into strings the caller keeps.
+struct tokenizer_parts {
+  std::string source;  // named in errors
+  /// tokenizer.json without model.vocab and model.merges.
+  nlohmann::json rest = nlohmann::json::object();
+  std::vector<std::pair<std::string_view, int64_t>> vocab;
+  std::vector<std::pair<std::string_view, std::string_view>> merges;
+  /// What tokenizer_config.json would say: special tokens by name, whether BOS/EOS go
+  /// around a text, the chat templates (name, source).
+  std::optional<std::string> bos, eos, pad, unk;
+  std::optional<bool> add_bos, add_eos;
+  std::vector<std::pair<std::string, std::string>> templates;
+  /// generation_config.json's eos_token_id.
+  std::vector<int64_t> eos_ids;
+};
+
+/// The tokenizer `p` describes, built as tokenizer::open builds one from its files.
+caf::expected<std::shared_ptr<const tokenizer>> from_parts(const tokenizer_parts& p);
 
 /// Makes tokenizers from their parts (tokenizer.cpp, tokenizer_files.cpp).
 struct tokenizer_builder {

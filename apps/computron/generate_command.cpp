@@ -13,6 +13,7 @@
 #include "apps/computron/command.hpp"
 #include "apps/computron/serve.hpp"
 #include "common/error.hpp"
+#include "models/gguf_model.hpp"
 
 namespace computron::app {
 
@@ -31,7 +32,7 @@ int run(generate_flags f) {
   // sibling is not this model's problem.
   auto name = std::filesystem::path{f.model_dir}.filename().string();
   auto repo =
-      is_model_folder(f.model_dir)
+      is_model_folder(f.model_dir) || models::is_gguf_file(f.model_dir)
           ? read_repository(f.model_dir)
           : read_repository(std::filesystem::path{f.model_dir}.parent_path().string(), name);
   if (!repo) {
@@ -67,7 +68,8 @@ const registration generate_command{
      [](CLI::App& cmd) -> command_run {
        auto f = std::make_shared<generate_flags>();
        f->devices.kind = "emulated";
-       cmd.add_option("--model-dir", f->model_dir, "a repository folder holding config.json")
+       cmd.add_option("--model-dir", f->model_dir,
+                      "a model folder holding config.json, or a GGUF file")
            ->required();
        cmd.add_option("--prompts", f->prompts, "JSON array of token-id arrays")->required();
        cmd.add_option("--max-tokens", f->max_tokens, "tokens to generate")->capture_default_str();

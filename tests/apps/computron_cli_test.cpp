@@ -266,7 +266,7 @@ TEST_CASE("serve refuses bad configs with a clear error before listening", "[cli
   // (the model control test serves such a repository).
   auto absent = run("serve --repository " + dir + "/no-repo --port 0", true);
   CHECK(absent.exit_code == 2);
-  CHECK_THAT(absent.all, Catch::Contains("is not a folder"));
+  CHECK_THAT(absent.all, Catch::Contains("is neither a folder nor a GGUF file"));
   std::system(("rm -rf " + dir).c_str());
 }
 

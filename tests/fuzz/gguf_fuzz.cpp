@@ -3,11 +3,11 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "models/gguf.hpp"
+#include "common/gguf.hpp"
 #include "tests/fuzz/memfile.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using namespace computron::models;
+  using namespace computron;
   static computron::fuzz::memfile file;
   auto path = file.write(data, size);
   if (path.empty()) return 0;

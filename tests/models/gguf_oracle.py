@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The gguf Python package (llama.cpp's own, pinned in scripts/python-requirements.txt) as
-the oracle for models/gguf (tests/models/gguf_test.cpp).
+the oracle for common/gguf (tests/models/gguf_test.cpp).
 
   gguf_oracle.py tiny OUT_DIR        writes tiny GGUF files with GGUFWriter (metadata of every
                                      type, tensors quantized by gguf.quants.quantize) and what

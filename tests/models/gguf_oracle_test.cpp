@@ -1,4 +1,4 @@
-// models/gguf against the gguf Python package, llama.cpp's own reader and writer
+// common/gguf against the gguf Python package, llama.cpp's own reader and writer
 // (tests/models/gguf_oracle.py in the venv scripts/setup makes): tiny files its GGUFWriter
 // writes (metadata of every type, tensors quantized by gguf.quants.quantize) and the real
 // SmolLM2-135M Q4_1 checkpoint; dequantized values must equal gguf.quants.dequantize's to the
@@ -17,13 +17,12 @@
 
 #include "common/child_process.hpp"
 #include "common/error.hpp"
-#include "models/gguf.hpp"
+#include "common/gguf.hpp"
 #include "tests/support/python.hpp"
 #include "tests/support/source_tree.hpp"
 #include "tests/support/temp_files.hpp"
 
 using namespace computron;
-using namespace computron::models;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 

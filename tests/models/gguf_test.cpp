@@ -1,4 +1,4 @@
-// models/gguf on GGUF files built here byte by byte: a valid one of each version, values
+// common/gguf on GGUF files built here byte by byte: a valid one of each version, values
 // dequantized by hand from ggml's block definitions, and one broken file per check the
 // reader makes, each refused with an error that says what and where. The gguf Python
 // package's own files are gguf_oracle_test.cpp's.
@@ -11,11 +11,10 @@
 #include <vector>
 
 #include "common/error.hpp"
-#include "models/gguf.hpp"
+#include "common/gguf.hpp"
 #include "tests/support/temp_files.hpp"
 
 using namespace computron;
-using namespace computron::models;
 
 namespace {
 
@@ -264,6 +263,12 @@ TEST_CASE("gguf maps types it cannot dequantize, and says so on dequantize", "[m
         "invalid_request: tensor 't' is Q6_K: not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1 "
         "are)");
   CHECK(gguf_type_name(4) == "type 4");
+
+  // A zero dimension: no bytes, nothing to write (the fuzzer's regression-empty-f32).
+  auto empty = open_bytes(one_tensor({0, 3}, 0, 0, ""));
+  REQUIRE(empty);
+  CHECK(empty->tensors().at(0).size_bytes == 0);
+  CHECK(dequantize(empty->tensors().at(0)).value().empty());
 
   // A caller's tensor whose bytes disagree with its dims is refused before any write.
   gguf_tensor bad{"b", 2, {64}, t.data, 18};

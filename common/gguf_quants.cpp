@@ -14,9 +14,9 @@
 #include <fmt/ranges.h>
 
 #include "common/error.hpp"
-#include "models/gguf.hpp"
+#include "common/gguf.hpp"
 
-namespace computron::models {
+namespace computron {
 
 namespace {
 
@@ -175,6 +175,9 @@ caf::error dequantize(const gguf_tensor& t, float* out) {
   if (auto err = check_dequantizable(t)) return err;
   if (t.size_bytes > 0 && out == nullptr) return bad_tensor(t, "has no output buffer");
   auto n = gguf_element_count(t);
+  // An empty tensor (a zero dimension) may have neither data nor buffer: memcpy would be
+  // handed null.
+  if (n == 0) return {};
   const std::byte* p = t.data;
   switch (t.type) {
     case type_f32:
@@ -220,4 +223,4 @@ caf::expected<std::vector<float>> dequantize(const gguf_tensor& t) {
   return out;
 }
 
-}  // namespace computron::models
+}  // namespace computron

@@ -8,7 +8,7 @@
 
 /// A checkpoint file mapped read-only, for the readers that hand out views of it
 /// (safetensors, GGUF) instead of copying gigabytes.
-namespace computron::models {
+namespace computron {
 
 /// A regular file mapped read-only (MAP_PRIVATE). Move-only; unmaps itself. Views into it
 /// stay valid across moves: the mapping never moves.
@@ -31,4 +31,4 @@ class mapped_file {
   uint64_t size_ = 0;
 };
 
-}  // namespace computron::models
+}  // namespace computron

@@ -11,14 +11,14 @@
 #include <caf/error.hpp>
 #include <caf/expected.hpp>
 
-#include "models/mapped_file.hpp"
+#include "common/mapped_file.hpp"
 
 /// GGUF checkpoints (llama.cpp's format, versions 2 and 3): a little-endian header, typed
 /// metadata key/values (the architecture's hyperparameters, the tokenizer's vocabulary),
 /// tensor infos, then the aligned tensor data. Read through mmap: tensors, strings and keys
 /// are views of the mapping, never a whole-file copy. Dequantizes the types a small model
 /// needs (F32, F16, BF16, Q8_0, Q4_0, Q4_1) to float exactly as ggml defines them.
-namespace computron::models {
+namespace computron {
 
 /// GGUF's metadata value types (their ids in the file are these values).
 enum class gguf_value_type : uint32_t {
@@ -145,4 +145,4 @@ uint64_t gguf_element_count(const gguf_tensor& t);
 caf::error dequantize(const gguf_tensor& t, float* out);
 caf::expected<std::vector<float>> dequantize(const gguf_tensor& t);
 
-}  // namespace computron::models
+}  // namespace computron

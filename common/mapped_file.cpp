@@ -1,4 +1,4 @@
-#include "models/mapped_file.hpp"
+#include "common/mapped_file.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -13,7 +13,7 @@
 
 #include "common/error.hpp"
 
-namespace computron::models {
+namespace computron {
 
 caf::expected<mapped_file> mapped_file::open(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -54,4 +54,4 @@ mapped_file::~mapped_file() {
   if (map_ != nullptr) ::munmap(map_, size_);
 }
 
-}  // namespace computron::models
+}  // namespace computron

@@ -1,4 +1,4 @@
-#include "models/gguf.hpp"
+#include "common/gguf.hpp"
 
 #include <cmath>
 #include <cstring>
@@ -9,7 +9,7 @@
 
 #include "common/error.hpp"
 
-namespace computron::models {
+namespace computron {
 
 namespace {
 
@@ -465,4 +465,4 @@ caf::expected<std::vector<float>> gguf_file::get_floats(std::string_view key) co
   return mismatch(key, v, "an array of floats");
 }
 
-}  // namespace computron::models
+}  // namespace computron

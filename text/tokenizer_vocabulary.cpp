@@ -1,0 +1,160 @@
+// tokenizer::from_vocabulary: a GGUF file's tokenizer (tokenizer.ggml.*) as the parts a
+// tokenizer.json and tokenizer_config.json would give, with the pipeline transformers'
+// GGUF converters build for the same file, so both encode a text to the same ids.
+#include <fmt/format.h>
+
+#include "common/error.hpp"
+#include "common/gguf.hpp"
+#include "text/tokenizer.hpp"
+#include "text/tokenizer_internal.hpp"
+
+namespace computron::text {
+
+namespace {
+
+using json = nlohmann::json;
+
+// GGUF's token types (llama.cpp's llama_token_type).
+constexpr int32_t type_unknown = 2, type_control = 3, type_user_defined = 4;
+
+caf::error bad(const vocabulary& v, const std::string& why) {
+  return make_error(ec::invalid_configuration, "tokenizer of " + v.source + ": " + why);
+}
+
+/// The pipeline around the BPE model: byte-level for "gpt2", SentencePiece's for "llama"
+/// (a space becomes U+2581, one is prepended, unknown bytes fall back to <0xNN> tokens).
+json pipeline(const vocabulary& v) {
+  json rest = json::object();
+  if (v.model == "gpt2") {
+    json byte_level{{"type", "ByteLevel"},
+                    {"add_prefix_space", false},
+                    {"trim_offsets", false},
+                    {"use_regex", true}};
+    rest["model"] = {{"type", "BPE"}};
+    rest["pre_tokenizer"] = byte_level;
+    rest["decoder"] = byte_level;
+    return rest;
+  }
+  rest["model"] = {{"type", "BPE"}, {"byte_fallback", true}, {"fuse_unk", true}};
+  if (v.unk) rest["model"]["unk_token"] = v.tokens[static_cast<size_t>(*v.unk)];
+  rest["normalizer"] = {
+      {"type", "Sequence"},
+      {"normalizers",
+       {{{"type", "Prepend"}, {"prepend", "\u2581"}},
+        {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}}}}};
+  rest["decoder"] = {{"type", "Sequence"},
+                     {"decoders",
+                      {{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
+                       {{"type", "ByteFallback"}},
+                       {{"type", "Fuse"}},
+                       {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}};
+  return rest;
+}
+
+}  // namespace
+
+caf::expected<std::shared_ptr<const tokenizer>> tokenizer::from_vocabulary(const vocabulary& v) {
+  if (v.model != "gpt2" && v.model != "llama")
+    return bad(v, fmt::format("tokenizer.ggml.model '{}' is not supported (gpt2: byte-level "
+                              "BPE, llama: SentencePiece BPE)",
+                              v.model));
+  if (v.tokens.empty()) return bad(v, "no tokens");
+  if (v.tokens.size() >= (1u << 24)) return bad(v, "more than 2^24 tokens");
+  if (!v.token_types.empty() && v.token_types.size() != v.tokens.size())
+    return bad(v,
+               fmt::format("{} token types for {} tokens", v.token_types.size(), v.tokens.size()));
+  if (v.merges.empty()) return bad(v, "no merges (a vocabulary of scores alone is not supported)");
+  const auto n = static_cast<int64_t>(v.tokens.size());
+  for (auto [id, what] : {std::pair{v.bos, "bos"}, std::pair{v.eos, "eos"},
+                          std::pair{v.pad, "padding"}, std::pair{v.unk, "unknown"}})
+    if (id && (*id < 0 || *id >= n))
+      return bad(v, fmt::format("the {} token id {} is outside the {} tokens", what, *id, n));
+  detail::tokenizer_parts p;
+  p.source = v.source;
+  p.rest = pipeline(v);
+  // Control and unknown tokens are special (never produced by BPE, left out when
+  // decoding); user-defined ones are added tokens matched in the text.
+  json added = json::array();
+  p.vocab.reserve(v.tokens.size());
+  for (int64_t id = 0; id < n; ++id) {
+    const auto& tok = v.tokens[static_cast<size_t>(id)];
+    p.vocab.emplace_back(tok, id);
+    auto type = v.token_types.empty() ? 1 : v.token_types[static_cast<size_t>(id)];
+    if (type == type_control || type == type_unknown || type == type_user_defined)
+      added.push_back({{"id", id},
+                       {"content", tok},
+                       {"special", type != type_user_defined},
+                       {"normalized", false}});
+  }
+  p.rest["added_tokens"] = std::move(added);
+  p.merges.reserve(v.merges.size());
+  for (size_t i = 0; i < v.merges.size(); ++i) {
+    std::string_view m = v.merges[i];
+    auto sp = m.find(' ');
+    if (sp == std::string_view::npos || sp == 0 || sp + 1 == m.size() ||
+        m.find(' ', sp + 1) != std::string_view::npos)
+      return bad(
+          v, fmt::format("merge {} ('{}') is not two symbols separated by one space", i + 1, m));
+    p.merges.emplace_back(m.substr(0, sp), m.substr(sp + 1));
+  }
+  auto name = [&](const std::optional<int64_t>& id) -> std::optional<std::string> {
+    if (!id) return std::nullopt;
+    return v.tokens[static_cast<size_t>(*id)];
+  };
+  p.bos = name(v.bos);
+  p.eos = name(v.eos);
+  p.pad = name(v.pad);
+  p.unk = name(v.unk);
+  p.add_bos = v.add_bos;
+  p.add_eos = v.add_eos;
+  if (v.chat_template) p.templates.emplace_back("default", *v.chat_template);
+  if (v.eos) p.eos_ids.push_back(*v.eos);
+  return detail::from_parts(p);
+}
+
+caf::expected<vocabulary> read_gguf_vocabulary(const std::string& path) {
+  auto f = gguf_file::open(path);
+  if (!f) return f.error();
+  vocabulary v;
+  v.source = path;
+  auto model = f->get_string("tokenizer.ggml.model");
+  if (!model) return with_context(model.error(), "tokenizer");
+  v.model = std::string{*model};
+  auto tokens = f->get_strings("tokenizer.ggml.tokens");
+  if (!tokens) return with_context(tokens.error(), "tokenizer");
+  v.tokens.assign(tokens->begin(), tokens->end());
+  if (f->find("tokenizer.ggml.token_type")) {
+    auto types = f->get_ints("tokenizer.ggml.token_type");
+    if (!types) return with_context(types.error(), "tokenizer");
+    for (auto t : *types) v.token_types.push_back(static_cast<int32_t>(t));
+  }
+  if (f->find("tokenizer.ggml.merges")) {
+    auto merges = f->get_strings("tokenizer.ggml.merges");
+    if (!merges) return with_context(merges.error(), "tokenizer");
+    v.merges.assign(merges->begin(), merges->end());
+  }
+  for (auto [key, slot] : {std::pair{"tokenizer.ggml.bos_token_id", &v.bos},
+                           std::pair{"tokenizer.ggml.eos_token_id", &v.eos},
+                           std::pair{"tokenizer.ggml.padding_token_id", &v.pad},
+                           std::pair{"tokenizer.ggml.unknown_token_id", &v.unk}})
+    if (f->find(key)) {
+      auto id = f->get_int(key);
+      if (!id) return with_context(id.error(), "tokenizer");
+      *slot = *id;
+    }
+  for (auto [key, slot] : {std::pair{"tokenizer.ggml.add_bos_token", &v.add_bos},
+                           std::pair{"tokenizer.ggml.add_eos_token", &v.add_eos}})
+    if (f->find(key)) {
+      auto b = f->get_bool(key);
+      if (!b) return with_context(b.error(), "tokenizer");
+      *slot = *b;
+    }
+  if (f->find("tokenizer.chat_template")) {
+    auto c = f->get_string("tokenizer.chat_template");
+    if (!c) return with_context(c.error(), "tokenizer");
+    v.chat_template = std::string{*c};
+  }
+  return v;
+}
+
+}  // namespace computron::text
