@@ -11,8 +11,8 @@
 #include <caf/error.hpp>
 #include <caf/expected.hpp>
 
-#include "gpu/weight_store.hpp"
 #include "common/mapped_file.hpp"
+#include "gpu/weight_store.hpp"
 
 /// Safetensors checkpoints (a little-endian u64 header length, a JSON header naming
 /// each tensor's dtype, shape and byte range, then the raw bytes). Read through mmap:

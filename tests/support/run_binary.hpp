@@ -35,8 +35,8 @@ inline process_result run_command(const std::string& cmd) {
 /// Runs COMPUTRON_BINARY with `args` under `timeout` so no test can hang; stderr joins
 /// stdout when `with_stderr`, else it is dropped.
 inline process_result run(const std::string& args, bool with_stderr = false) {
-  return run_command(std::string{"COMPUTRON_LOG_LEVEL=warn timeout 120 "} + COMPUTRON_BINARY +
-                     " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null"));
+  return run_command(std::string{"COMPUTRON_LOG_LEVEL=warn timeout 120 "} + COMPUTRON_BINARY + " " +
+                     args + (with_stderr ? " 2>&1" : " 2>/dev/null"));
 }
 
 /// Reads the port from a serve process's "listening on http://127.0.0.1:PORT" line.
