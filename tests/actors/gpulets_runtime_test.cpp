@@ -132,13 +132,15 @@ TEST_CASE("the planner's step costs leave out the slowdown busy partners caused"
           "[actors][gpulets]") {
   sched::gpulet_config g;
   g.partitions = {{50, 50}};
-  g.plan.interference = 3.0;
+  // A large factor, so that a profile with the slowdown counted in stands far from one
+  // without it, whatever a loaded machine adds to every step.
+  g.plan.interference = 6.0;
   lanes_runtime f{g};
   double slowest = 0;
   for (int i = 0; i < 3; ++i)
     for (auto& r : f.both()) slowest = std::max(slowest, r.compute_ms);
-  // Side by side, a step took up to three times its 80 ms alone at half the device...
-  CHECK(slowest >= 140);
+  // Side by side, a step took up to six times its 80 ms alone at half the device...
+  CHECK(slowest >= 240);
   caf::settings report;
   f.self->request(f.rt.manager, 10s, report_atom_v)
       .receive([&](caf::settings& s) { report = std::move(s); },
@@ -160,9 +162,10 @@ TEST_CASE("the planner's step costs leave out the slowdown busy partners caused"
     double ms = caf::get_or(*at, "fixed-ms", 0.0) + 2 * caf::get_or(*at, "per-token-ms", 0.0);
     INFO(caf::get_or(*m, "model", std::string{}) << ": " << ms << " ms at 50%");
     CHECK(ms >= 70);
-    // (Counted twice, the steps beside a busy partner would make it 200 ms or more; a
-    // loaded machine, or a sanitizer, adds some to every step: 144 ms in one ASan CI run.)
-    CHECK(ms <= 160);
+    // (Counted twice, the three steps beside a busy partner would make the mean 300 ms or
+    // more; a loaded machine, or a sanitizer, adds some to every step: 164 ms, where the
+    // factor was 3, in one ASan CI run beside other tests.)
+    CHECK(ms <= 240);
     ++seen;
   }
   CHECK(seen == 2);
