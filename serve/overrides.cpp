@@ -73,32 +73,38 @@ std::string cap_positions(actors::model_config& m, int64_t n) {
   return {};
 }
 
-/// vLLM's flags over every model served.
-std::string apply_model_flags(serve_config& cfg, const serve_overrides& o) {
+/// vLLM's flags in ours, kept in the config; over every model it serves now.
+std::string keep_model_flags(serve_config& cfg, const serve_overrides& o) {
   if (!o.served_model_name.empty() && cfg.repository.empty())
     return "--served-model-name names the model of a folder given to serve (serve MODEL_DIR), "
            "and none is given";
-  std::optional<std::string> dtype;
   if (!o.dtype.empty()) {
-    dtype = dtype_of(o.dtype);
+    auto dtype = dtype_of(o.dtype);
     if (!dtype)
       return "--dtype takes auto, half, float16, bfloat16, float or float32, not '" + o.dtype + "'";
+    cfg.flags.dtype = *dtype;
   }
-  for (auto& m : cfg.models) {
-    if (dtype) m.dtype = *dtype;
-    if (o.tensor_parallel_size > 0 || o.pipeline_parallel_size > 0) {
-      if (o.tensor_parallel_size > 0) m.tp = o.tensor_parallel_size;
-      if (o.pipeline_parallel_size > 0) m.pp = o.pipeline_parallel_size;
-      // Devices listed for another tp x pp no longer fit: the registry places the model.
-      if (m.devices.size() != static_cast<size_t>(m.tp * m.pp)) m.devices.clear();
-    }
-    if (o.max_model_len > 0)
-      if (auto why = cap_positions(m, o.max_model_len); !why.empty()) return why;
-  }
+  if (o.tensor_parallel_size > 0) cfg.flags.tp = o.tensor_parallel_size;
+  if (o.pipeline_parallel_size > 0) cfg.flags.pp = o.pipeline_parallel_size;
+  if (o.max_model_len > 0) cfg.flags.max_model_len = o.max_model_len;
+  for (auto& m : cfg.models)
+    if (auto why = apply_model_flags(m, cfg.flags); !why.empty()) return why;
   return {};
 }
 
 }  // namespace
+
+std::string apply_model_flags(actors::model_config& m, const model_flags& f) {
+  if (!f.dtype.empty()) m.dtype = f.dtype;
+  if (f.tp > 0 || f.pp > 0) {
+    if (f.tp > 0) m.tp = f.tp;
+    if (f.pp > 0) m.pp = f.pp;
+    // Devices listed for another tp x pp no longer fit: the registry places the model.
+    if (m.devices.size() != static_cast<size_t>(m.tp * m.pp)) m.devices.clear();
+  }
+  if (f.max_model_len > 0) return cap_positions(m, f.max_model_len);
+  return {};
+}
 
 std::string apply_overrides(serve_config& cfg, const serve_overrides& o) {
   if (o.capacity_mb > 0) {
@@ -127,7 +133,7 @@ std::string apply_overrides(serve_config& cfg, const serve_overrides& o) {
   }
   if (o.tls.enabled()) cfg.tls = o.tls;
   if (o.console_port >= -1) cfg.console_port = o.console_port;
-  return apply_model_flags(cfg, o);
+  return keep_model_flags(cfg, o);
 }
 
 }  // namespace computron::serve

@@ -55,6 +55,10 @@ struct serve_overrides {
 /// repository. Errors: the file's, or the repository's.
 caf::expected<serve_config> base_serve_config(const serve_overrides& o);
 
+/// `f` over one model (serve's models at start, and each folder the repository reads
+/// again later). Returns what does not fit the model, or empty.
+std::string apply_model_flags(actors::model_config& m, const model_flags& f);
+
 /// Applies the flags over `cfg`. Returns what is wrong, or empty: --capacity-mb sets the
 /// memory of this process's emulated devices only; --nodes must parse.
 std::string apply_overrides(serve_config& cfg, const serve_overrides& o);

@@ -14,6 +14,18 @@
 /// The serve config (configs/README.md): its file, the model repository and serve's flags.
 namespace computron::serve {
 
+/// vLLM's per-model serve flags, kept with the config so that a model the repository
+/// reads again (unloaded, then loaded through /v2/repository) gets them too.
+struct model_flags {
+  /// Ours: auto, f16, bf16 or f32; empty: each model's own.
+  std::string dtype;
+  /// Every model's tp and pp; 0: its own.
+  int tp = 0;
+  int pp = 0;
+  /// Every model's context capped here; 0: its own.
+  int64_t max_model_len = 0;
+};
+
 /// Everything a serve process runs with: the config file, then the repository's models,
 /// then command-line overrides.
 struct serve_config {
@@ -39,6 +51,8 @@ struct serve_config {
   /// The name a one-model repository (a model folder) is served as (serve's
   /// --served-model-name); empty: the folder's name.
   std::string served_name;
+  /// --dtype, --tensor/--pipeline-parallel-size and --max-model-len over every model.
+  model_flags flags;
 };
 
 /// Reads a JSON serve config (see configs/README.md); relative paths are resolved from

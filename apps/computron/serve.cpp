@@ -25,6 +25,7 @@
 #include "net/metrics.hpp"
 #include "net/recent_stats.hpp"
 #include "net/trace.hpp"
+#include "serve/overrides.hpp"
 
 namespace computron::app {
 
@@ -82,10 +83,17 @@ int run_serve(serve_config cfg) {
   // request's path.
   auto texts = std::make_shared<text::text_directory>();
   if (!cfg.repository.empty())
-    cfg.runtime.registry.scan = [dir = cfg.repository, texts,
-                                 served = cfg.served_name](const std::string& only) {
+    cfg.runtime.registry.scan = [dir = cfg.repository, texts, served = cfg.served_name,
+                                 flags = cfg.flags](const std::string& only) {
       auto folders = read_repository(dir, only, texts.get(), served);
-      if (folders) return std::move(*folders);
+      if (folders) {
+        // serve's model flags hold for a folder read again as for the first time.
+        for (auto& f : *folders)
+          if (!f.error)
+            if (auto why = serve::apply_model_flags(f.config, flags); !why.empty())
+              f.error = make_error(ec::invalid_configuration, why);
+        return std::move(*folders);
+      }
       // The folder itself went away: one entry that says so.
       actors::repository_folder f;
       f.name = only.empty() ? dir : only;

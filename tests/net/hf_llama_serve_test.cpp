@@ -189,6 +189,23 @@ TEST_CASE("vLLM's serve flags: a positional folder, its served name, context, pa
   CHECK(c->request("POST", "/v2/repository/models/tiny/unload").value().status == 200);
   CHECK(c->request("POST", "/v2/repository/models/tiny/load").value().status == 200);
   CHECK(infer(*c, "tiny", 3) == tokens);
+  // Unregistered and loaded again (its folder read from disk again), it keeps every flag
+  // too: tp, dtype, context.
+  auto gone = c->request("POST", "/v2/repository/models/tiny/unload",
+                         json{{"parameters", {{"unregister", true}}}}.dump())
+                  .value();
+  INFO(gone.body);
+  CHECK(gone.status == 200);
+  CHECK(c->request("POST", "/v2/repository/models/tiny/load").value().status == 200);
+  CHECK(infer(*c, "tiny", 3) == tokens);
+  meta = json::parse(c->request("GET", "/v2/models/tiny").value().body);
+  INFO(meta.dump());
+  CHECK(meta["parameters"]["tp"] == 2);
+  CHECK(meta["parameters"]["dtype"] == "f32");
+  data = json::parse(c->request("GET", "/v1/models").value().body)["data"];
+  REQUIRE(data.size() == 1);
+  CHECK(data[0]["max_model_len"] == 64);
+  CHECK(c->request("POST", "/v2/models/tiny/infer", too_long.dump()).value().status == 400);
   proc.reset();
 
   // What cannot mean the same is refused by name before listening.
