@@ -300,7 +300,7 @@ TEST_CASE("a cold request computes while its model loads and answers as a reside
     o.devices.kind = "emulated";
     o.devices.count = 2;
     o.devices.emulated_capacity_bytes = 40ull << 20;
-    o.devices.emulated_link_gbps = 0.04;  // 8 MiB: at least 210 ms
+    o.devices.emulated_link_gbps = 0.02;  // 8 MiB: at least 419 ms
     o.worker.chunk_bytes = 1 << 20;       // eight chunks: layers can start one by one
     o.manager.batching.batch_window = 0ms;
     o.scheduler.ledger.compute_while_loading = overlap;
@@ -335,12 +335,12 @@ TEST_CASE("a cold request computes while its model loads and answers as a reside
       CHECK(r.swapped == cold);
       if (!cold) continue;
       // Leased as soon as the copies were queued, long before the load could end (under
-      // half of it, with room for TSan's slowdown: queueing took 48 ms there once); or,
-      // without the overlap, only once all of it arrived.
+      // half of it, with room for a sanitizer's slowdown beside other tests: queueing took
+      // 48 ms under TSan once); or, without the overlap, only once all of it arrived.
       if (overlap)
-        CHECK(r.load_ms < 105);
+        CHECK(r.load_ms < 210);
       else
-        CHECK(r.load_ms >= 200);
+        CHECK(r.load_ms >= 400);
     }
     rt->shutdown();
   }

@@ -331,8 +331,10 @@ TEST_CASE("a frozen node is detected by the heartbeat and rejoins when it thaws"
   b.proc->signal(SIGCONT);
   INFO(r.body.dump());
   CHECK(r.status == 503);
-  // The configured connection timeout is 1 s (heartbeat every 200 ms).
-  CHECK(noticed < 2.0);
+  // The configured connection timeout is 1 s (heartbeat every 200 ms): noticed in about
+  // 1 s, well under the 2 minutes the step would otherwise wait (room left for a loaded
+  // machine).
+  CHECK(noticed < 5.0);
   CHECK(infer(c, "on_a").status == 200);
   CHECK(until_served(c, "on_b", 20s).status == 200);
   CHECK(node_online(status_of(c), b.address()));
