@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Chunked prefill of joiners (issue 30): on serve's defaults (three OPT-125M TP2 x PP2,
+# Chunked prefill of joiners (issue 30): on configs/opt-seeded.json (three OPT-125M TP2 x PP2,
 # emulated), model a only, an open-loop workload of mostly short prompts with long
 # outputs and now and then a long prompt (CSV rows drawn at random: 7 of 8 are 16 prompt
 # tokens and 128 output tokens, 1 of 8 is 1536 prompt tokens and 16 output tokens).

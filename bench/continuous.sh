@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Continuous batching (issue 30): on serve's defaults (three OPT-125M, TP2 x PP2, emulated),
+# Continuous batching (issue 30): on configs/opt-seeded.json (three OPT-125M, TP2 x PP2, emulated),
 # a short request (4 tokens) sent 0.6 s after two long ones (128 tokens, 0.3 s apart)
 # against the same short request alone; with batching.continuous on and off, each on a
 # fresh server, in one run. Prints the short request's times and their ratio.
@@ -23,7 +23,7 @@ long='{"model": "opt-125m-a", "prompt": [2, 100, 37, 5, 400, 12, 9, 81], "max_to
 short='{"model": "opt-125m-a", "prompt": [2, 7, 300, 44], "max_tokens": 4, "ignore_eos": true}'
 for continuous in true false; do
   sed "s/\"continuous\": true/\"continuous\": $continuous/; s/\"port\": 8000/\"port\": $port/" \
-    "$root/configs/default.json" >"$dir/config.json"
+    "$root/configs/opt-seeded.json" >"$dir/config.json"
   grep -q "\"continuous\": $continuous" "$dir/config.json"  # the toggle took
   "$bin" serve --config "$dir/config.json" >"$dir/serve-$continuous.log" 2>&1 &
   pid=$!

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# KV shared with the weights (issue 30): serve's defaults (four 192 MiB emulated devices,
+# KV shared with the weights (issue 30): configs/opt-seeded.json (four 192 MiB emulated devices,
 # three OPT-125M TP2 x PP2, two resident at once), the hot model a driven by a closed loop
 # of 8 long sequences (prompt 64, 448 generated: 32 KV blocks each per shard) while b sits
 # resident and idle. Shared budget (scheduler.kv_reserve_mb 0): a's KV takes the free room
@@ -19,7 +19,7 @@ pid=
 trap 'kill "$pid" 2>/dev/null || true; if [ -n "${KEEP:-}" ]; then echo "kept $dir" >&2; else rm -rf "$dir"; fi' EXIT
 run() {  # RESERVE_MB: prints output tokens/s
   sed "s/\"kv_in_ledger\": true/\"kv_in_ledger\": true, \"kv_reserve_mb\": $1/; s/\"port\": 8000/\"port\": $port/" \
-    "$root/configs/default.json" >"$dir/config.json"
+    "$root/configs/opt-seeded.json" >"$dir/config.json"
   grep -q "\"kv_reserve_mb\": $1" "$dir/config.json"  # the setting took
   "$bin" serve --config "$dir/config.json" >"$dir/serve-$1.log" 2>&1 &
   pid=$!

@@ -1,13 +1,13 @@
 # Shared by the bench scripts that run `computron serve` on a config derived from
-# configs/default.json: start a server, wait for it, stop it. Source it after setting
+# configs/opt-seeded.json (the seeded OPT-125M models they measure): start a server, wait for it, stop it. Source it after setting
 # root, bin, port and dir.
-#   serve_start LABEL SED_SCRIPT  (SED_SCRIPT edits default.json; the port is set here)
+#   serve_start LABEL SED_SCRIPT  (SED_SCRIPT edits opt-seeded.json; the port is set here)
 #   serve_config LABEL CONFIG     (a config file of its own, listening on $port)
 #   serve_stop
 bench_pid=
 
 serve_start() {  # LABEL SED_SCRIPT
-  sed "$2; s/\"port\": 8000/\"port\": $port/" "$root/configs/default.json" >"$dir/config-$1.json"
+  sed "$2; s/\"port\": 8000/\"port\": $port/" "$root/configs/opt-seeded.json" >"$dir/config-$1.json"
   serve_config "$1" "$dir/config-$1.json"
 }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Continuous against static batching on a mixed-length open-loop workload (issue 30):
-# serve's defaults (three OPT-125M TP2 x PP2 on four emulated devices), model a only,
+# configs/opt-seeded.json (three OPT-125M TP2 x PP2 on four emulated devices), model a only,
 # prompts and outputs lognormal around 64 tokens (CV 0.5), Poisson arrivals. First the
 # static server's capacity (a closed loop of 16), then both servers at 80% of it, each on
 # a fresh server, in one run: output tokens/s and p99 TTFT of each.
@@ -16,7 +16,7 @@ trap 'kill "$pid" 2>/dev/null || true; if [ -n "${KEEP:-}" ]; then echo "kept $d
 lengths=(--prompt-len 64 --max-tokens 64 --prompt-dist lognormal:0.5 --output-dist lognormal:0.5)
 start() {  # CONTINUOUS
   sed "s/\"continuous\": true/\"continuous\": $1/; s/\"port\": 8000/\"port\": $port/" \
-    "$root/configs/default.json" >"$dir/config.json"
+    "$root/configs/opt-seeded.json" >"$dir/config.json"
   grep -q "\"continuous\": $1" "$dir/config.json"  # the toggle took
   "$bin" serve --config "$dir/config.json" >"$dir/serve-$1.log" 2>&1 &
   pid=$!

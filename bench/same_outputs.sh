@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Two builds give the same completions (issue 33: the vocabulary-parallel layout changes no
-# output): each binary serves the built-in defaults' three OPT-125M models (bf16, TP2 x PP2,
+# output): each binary serves configs/opt-seeded.json's three OPT-125M models (bf16, TP2 x PP2,
 # seeds 1-3; the devices as large as the OLD build needs) and answers the same five
 # /v1/completions requests (greedy, temperature with top_p, top_k, n = 2, logprobs); the
 # texts and log-probabilities are compared.
@@ -14,7 +14,7 @@ pid=
 trap 'if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; fi; rm -rf "$dir"' EXIT
 
 answers() {  # BINARY PORT OUT
-  python3 - "$2" "$root/configs/default.json" >"$dir/config.json" <<'PY'
+  python3 - "$2" "$root/configs/opt-seeded.json" >"$dir/config.json" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[2]))
 c["http"]["port"] = int(sys.argv[1])

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Soak: `computron serve` on its built-in defaults (3 OPT-125M models TP2 x PP2 on 4
+# Soak: `computron serve` on configs/opt-seeded.json (3 OPT-125M models TP2 x PP2 on 4
 # emulated devices, of which 2 fit: requests swap) under an open-loop mixed load for
 # SECONDS, with bad requests interleaved (malformed JSON, unknown models, a wrong input
 # name, a body over the limit, wrong methods, a client that goes away mid-request). Records
@@ -20,7 +20,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$bin" serve --port 0 --console-port -1 >"$tmp/serve.out" 2>"$tmp/serve.err" &
+"$bin" serve --config "$(dirname "$0")/../configs/opt-seeded.json" --port 0 --console-port -1 >"$tmp/serve.out" 2>"$tmp/serve.err" &
 server=$!
 for _ in $(seq 1 600); do
   grep -q "listening on" "$tmp/serve.out" 2>/dev/null && break

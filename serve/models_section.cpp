@@ -3,6 +3,9 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include <fmt/format.h>
+
+#include "common/error.hpp"
 #include "common/log.hpp"
 #include "models/decoder_spec.hpp"
 #include "serve/json_fields.hpp"
@@ -82,14 +85,86 @@ caf::error read_model(const nlohmann::json& j, const std::string& where, const f
   return {};
 }
 
+caf::expected<std::string> python_package_file(const std::string& relative) {
+  std::string venv;
+  if (const char* d = std::getenv("COMPUTRON_VENV"); d && *d)
+    venv = d;
+  else if (const char* home = std::getenv("HOME"))
+    venv = std::string{home} + "/.cache/computron/venv";
+  const fs::path rel{relative};
+  if (relative.empty() || rel.is_absolute() || relative.find("..") != std::string::npos)
+    return make_error(ec::invalid_configuration,
+                      "python:" + relative +
+                          ": give a package's folder and a file in it, as "
+                          "python:PACKAGE/FILE");
+  std::error_code err;
+  // One interpreter's site-packages: lib/python3.X/ under the environment.
+  if (!venv.empty())
+    for (auto& lib : fs::directory_iterator(fs::path{venv} / "lib", err)) {
+      auto f = lib.path() / "site-packages" / rel;
+      if (fs::exists(f, err)) return f.string();
+    }
+  auto package = rel.begin()->string();
+  return make_error(
+      ec::invalid_configuration,
+      fmt::format("python:{}: not in the Python environment {} (scripts/setup "
+                  "installs the package {} there; $COMPUTRON_VENV names another)",
+                  relative, venv.empty() ? std::string{"(no $HOME)"} : venv, package));
+}
+
+namespace {
+
+/// An inline entry with `model`: the file or folder gives what the model is (its shape,
+/// weights, tokenizer and chat template); the entry's other keys, where given, how it is
+/// served.
+caf::error read_model_from(const nlohmann::json& j, const std::string& where, const fs::path& base,
+                           actors::model_config& m) {
+  std::string source;
+  if (auto e = read(j, "model", where, source)) return e;
+  for (auto key : {"kind", "spec", "seed", "weights", "toy_shard_bytes", "toy_compute_ms"})
+    if (j.contains(key))
+      return bad(where, fmt::format("{} comes from the model file {}: give one or the other", key,
+                                    source));
+  if (!j.contains("name")) return bad(where, "a model with `model` needs a `name` to serve it as");
+  auto rest = j;
+  rest.erase("model");
+  actors::model_config given;
+  if (auto e = read_model(rest, where, base, given)) return e;
+  std::string path = source;
+  if (source.rfind("python:", 0) == 0) {
+    auto f = python_package_file(source.substr(7));
+    if (!f) return bad(where, render(f.error()));
+    path = *f;
+  } else if (!fs::path{source}.is_absolute()) {
+    path = (base / source).string();
+  }
+  auto from = read_model_source(path, given.name);
+  if (!from) return bad(where, "model " + source + ": " + render(from.error()));
+  m = std::move(*from);
+  if (j.contains("dtype")) m.dtype = given.dtype;
+  if (j.contains("tp")) m.tp = given.tp;
+  if (j.contains("pp")) m.pp = given.pp;
+  if (j.contains("devices")) m.devices = given.devices;
+  if (j.contains("pinned")) m.pinned = given.pinned;
+  if (j.contains("priority")) m.priority = given.priority;
+  if (j.contains("slo_ms")) m.slo_ms = given.slo_ms;
+  if (j.contains("tokenizer")) m.tokenizer = given.tokenizer;
+  return {};
+}
+
+}  // namespace
+
 caf::error read_models(const nlohmann::json& file, const std::string& where, const fs::path& base,
                        const std::string& repository, serve_config& c) {
   if (auto ms = file.find("models"); ms != file.end()) {
     if (!ms->is_array()) return bad(where, "models must be an array");
     for (size_t i = 0; i < ms->size(); ++i) {
       actors::model_config m;
-      if (auto err = read_model((*ms)[i], where + " models[" + std::to_string(i) + "]", base, m))
-        return err;
+      const auto& entry = (*ms)[i];
+      auto at = where + " models[" + std::to_string(i) + "]";
+      auto err = entry.is_object() && entry.contains("model") ? read_model_from(entry, at, base, m)
+                                                              : read_model(entry, at, base, m);
+      if (err) return err;
       c.models.push_back(std::move(m));
     }
   }

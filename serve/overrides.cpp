@@ -37,12 +37,10 @@ caf::expected<serve_config> base_serve_config(const serve_overrides& o) {
   // config's inline ones; without --config it replaces the built-in models.
   if (!o.config_path.empty())
     return load_serve_config(o.config_path, repository, o.served_model_name);
-  auto cfg = default_serve_config();
+  if (repository.empty()) return default_serve_config();
+  auto cfg = default_settings();
   cfg.served_name = o.served_model_name;
-  if (!repository.empty()) {
-    cfg.models.clear();
-    if (auto err = add_repository(cfg, repository)) return err;
-  }
+  if (auto err = add_repository(cfg, repository)) return err;
   return cfg;
 }
 

@@ -217,6 +217,17 @@ caf::expected<std::vector<actors::repository_folder>> read_repository(
   return out;
 }
 
+caf::expected<actors::model_config> read_model_source(const std::string& path,
+                                                      const std::string& name,
+                                                      text::text_directory* texts) {
+  if (models::is_gguf_file(path)) return read_gguf(folder_path(path), texts, name);
+  if (is_model_folder(path)) return read_folder(folder_path(path), texts, name);
+  return make_error(ec::invalid_configuration,
+                    path +
+                        " is neither a GGUF file nor a model's folder (one that holds "
+                        "config.json)");
+}
+
 caf::expected<std::vector<actors::model_config>> load_repository(const std::string& dir) {
   auto folders = read_repository(dir);
   if (!folders) return folders.error();

@@ -31,6 +31,12 @@ caf::expected<std::vector<actors::repository_folder>> read_repository(
     const std::string& dir, const std::string& only = {}, text::text_directory* texts = nullptr,
     const std::string& served_name = {});
 
+/// One model from a GGUF file or a model folder (ours, or Hugging Face's), served as
+/// `name`: what read_repository makes of one entry. `texts` as there.
+caf::expected<actors::model_config> read_model_source(const std::string& path,
+                                                      const std::string& name,
+                                                      text::text_directory* texts = nullptr);
+
 /// read_repository, strict: the first folder that cannot be read is the error.
 caf::expected<std::vector<actors::model_config>> load_repository(const std::string& dir);
 

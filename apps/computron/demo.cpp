@@ -1,11 +1,14 @@
 // `computron demo`: a short mixed workload against a running server, and its summary.
 #include <algorithm>
+#include <atomic>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -64,30 +67,44 @@ int run_demo(const demo_options& o) {
   struct target {
     std::string name;
     int64_t vocab;
-    bool text;  // it has a tokenizer: text prompts through /v1/completions
+    bool text;        // it has a tokenizer: text prompts through /v1
+    bool checkpoint;  // real weights (a seeded model's words are noise)
+    // Chat until the model says it has no chat template (a 400), then completions.
+    std::atomic<bool> chat{true};
   };
-  std::vector<target> models;
+  std::vector<std::unique_ptr<target>> models;
   for (auto& m : json::parse(index->body)) {
     auto name = m["name"].get<std::string>();
     auto info = client->request("GET", "/v2/models/" + name);
     if (!info || info->status != 200) continue;
     auto p = json::parse(info->body)["parameters"];
-    models.push_back({name, p["vocab"].get<int64_t>(), p.value("tokenizer", false)});
+    auto t = std::make_unique<target>();
+    t->name = name;
+    t->vocab = p["vocab"].get<int64_t>();
+    t->text = p.value("tokenizer", false);
+    t->checkpoint = p.value("checkpoint", false);
+    models.push_back(std::move(t));
   }
   if (models.empty()) {
     std::cerr << "computron demo: the server has no models\n";
     return 1;
   }
   std::cout << fmt::format(
-      "computron demo: {} requests over {} models from {} clients, {} tokens each\n", o.requests,
-      models.size(), o.clients, o.max_tokens);
-  // Prompts for models with a tokenizer; the demo models' weights are random, so what
-  // comes back is noise, but it goes in and comes out as text (README).
-  static const std::vector<std::string> prompts = {
-      "The capital of France is", "Once upon a time",
-      "def fibonacci(n):", "Model-parallel swapping moves", "The quick brown fox"};
+      "computron demo: {} requests over {} models from {} clients, up to {} tokens each\n",
+      o.requests, models.size(), o.clients, o.max_tokens);
+  // Text models get chats and completions in turn; models without a tokenizer get token
+  // ids through KServe's infer.
+  static const std::vector<std::string> questions = {
+      "What is the capital of France?", "Write a haiku about the sea.",
+      "Name three primary colors.", "What does a GPU do? Answer in one sentence.",
+      "Give me one tip for learning to cook."};
+  static const std::vector<std::string> openings = {"The capital of France is", "Once upon a time",
+                                                    "def fibonacci(n):", "The quick brown fox",
+                                                    "Model-parallel swapping moves"};
   std::mutex mtx;
-  std::vector<std::string> samples;
+  // Answers by request index, so that the ones printed do not depend on which client
+  // finished first.
+  std::map<size_t, std::string> answers;
   std::vector<double> latencies;
   std::map<int, size_t> statuses;
   // Whether a request waited for its model's load is in the server's metrics (a text
@@ -103,42 +120,64 @@ int run_demo(const demo_options& o) {
         // Skewed mix: model k is picked with weight 1/(k+1), like the power-law workloads.
         std::vector<double> w;
         for (size_t k = 0; k < models.size(); ++k) w.push_back(1.0 / static_cast<double>(k + 1));
-        auto& m = models[std::discrete_distribution<size_t>(w.begin(), w.end())(rng)];
-        json body;
-        std::string target;
-        const auto& text = prompts[i % prompts.size()];
-        if (m.text) {
-          target = "/v1/completions";
-          body = {{"model", m.name},
-                  {"prompt", text},
-                  {"max_tokens", o.max_tokens},
-                  {"temperature", 0.8},
-                  {"seed", o.seed + i}};
-        } else {
-          json prompt = json::array();
-          for (int t = 0; t < 8; ++t)
-            prompt.push_back(std::uniform_int_distribution<int64_t>(0, m.vocab - 1)(rng));
-          target = "/v2/models/" + m.name + "/infer";
-          body = {{"inputs",
-                   {{{"name", "input_ids"},
-                     {"datatype", "INT64"},
-                     {"shape", {1, 8}},
-                     {"data", prompt}}}},
-                  {"parameters", {{"max_tokens", o.max_tokens}}}};
-        }
+        auto& m = *models[std::discrete_distribution<size_t>(w.begin(), w.end())(rng)];
+        // Sampled, seeded per request: the same seed gives the same answers.
+        json sampling{{"max_tokens", o.max_tokens},
+                      {"temperature", 0.7},
+                      {"top_p", 0.9},
+                      {"seed", o.seed + i}};
+        auto send = [&](bool chat) -> std::tuple<caf::expected<net::http_result>, std::string> {
+          json body = sampling;
+          body["model"] = m.name;
+          std::string target, shown;
+          if (m.text && chat) {
+            target = "/v1/chat/completions";
+            shown = questions[(i / 2) % questions.size()];
+            body["messages"] = json::array({{{"role", "user"}, {"content", shown}}});
+          } else if (m.text) {
+            target = "/v1/completions";
+            shown = openings[(i / 2) % openings.size()];
+            body["prompt"] = shown;
+          } else {
+            json prompt = json::array();
+            for (int t = 0; t < 8; ++t)
+              prompt.push_back(std::uniform_int_distribution<int64_t>(0, m.vocab - 1)(rng));
+            target = "/v2/models/" + m.name + "/infer";
+            body = {{"inputs",
+                     {{{"name", "input_ids"},
+                       {"datatype", "INT64"},
+                       {"shape", {1, 8}},
+                       {"data", prompt}}}},
+                    {"parameters", {{"max_tokens", o.max_tokens}}}};
+          }
+          if (!conn)
+            return {caf::expected<net::http_result>{make_error(ec::io_error, "no connection")},
+                    shown};
+          return {(*conn)->request("POST", target, body.dump(), 300s), shown};
+        };
         auto s = std::chrono::steady_clock::now();
-        auto r = conn ? (*conn)->request("POST", target, body.dump(), 300s)
-                      : caf::expected<net::http_result>{make_error(ec::io_error, "no connection")};
+        bool chat = m.text && i % 2 == 0 && m.chat.load();
+        auto [r, shown] = send(chat);
+        if (chat && r && r->status == 400 && r->body.find("chat template") != std::string::npos) {
+          m.chat = false;  // no chat template: completions from now on
+          chat = false;
+          std::tie(r, shown) = send(false);
+        }
         auto ms =
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s).count();
         std::lock_guard<std::mutex> guard{mtx};
         statuses[r ? r->status : 0]++;
         if (r && r->status == 200) {
           latencies.push_back(ms);
-          auto j = json::parse(r->body);
-          if (m.text && samples.size() < 3)
-            samples.push_back(fmt::format("  {}: \"{}\" -> \"{}\"", m.name, text,
-                                          j["choices"][0]["text"].get<std::string>()));
+          if (!m.text) continue;
+          auto j = json::parse(r->body, nullptr, false);
+          auto& choice = j["choices"][0];
+          auto text = chat ? choice["message"]["content"].get<std::string>()
+                           : choice["text"].get<std::string>();
+          answers[i] = fmt::format("  {} {} {} -> {}{}{}", m.name, chat ? "chat" : "completion",
+                                   json(shown).dump(), json(text).dump(),
+                                   choice.value("finish_reason", "") == "length" ? " ..." : "",
+                                   m.checkpoint ? "" : " (random weights)");
         } else {
           std::cerr << "request failed: " << (r ? r->body : render(r.error())) << '\n';
         }
@@ -159,9 +198,13 @@ int run_demo(const demo_options& o) {
     std::cout << fmt::format("  requests that waited for a swap: {:.0f} of {}\n", waited,
                              latencies.size());
   }
-  if (!samples.empty()) {
-    std::cout << "  sample completions (random weights: the words are noise):\n";
-    for (auto& line : samples) std::cout << line << '\n';
+  if (!answers.empty()) {
+    // The first few by request index: with the same seed, the same lines.
+    std::cout << fmt::format("  answers (the first {} text requests, seed {}):\n",
+                             std::min<size_t>(answers.size(), 6), o.seed);
+    size_t shown = 0;
+    for (auto& [i, line] : answers)
+      if (shown++ < 6) std::cout << line << '\n';
   }
   if (metrics && metrics->status == 200) {
     auto bytes = net::prometheus_sum(metrics->body, "computron_bytes_loaded_total", "device");

