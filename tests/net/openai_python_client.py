@@ -194,7 +194,7 @@ def completions(client, model, out):
     out["unsupported"] = failure(res, **base, best_of=2)
 
 
-def chat(client, model, out):
+def chat(client, model, out, eos_id=128009):
     res = client.chat.completions
     messages = [{"role": "system", "content": "You are terse."},
                 {"role": "user", "content": "Name a colour."}]
@@ -228,9 +228,10 @@ def chat(client, model, out):
     out["stopped"] = plain(res, ChatCompletion, "stopped", **one, stop=[stop])
     out["stopped_stream"] = streamed(res, ChatCompletionChunk, "stopped stream", **one,
                                      stop=stop)
-    # <|eot_id|> (128009) is one of the model's EOS ids: forced by logit_bias it ends the
-    # answer at once with "stop"; with vLLM's ignore_eos (extra_body) it runs to the length.
-    forced = {**greedy, "max_tokens": 3, "logit_bias": {"128009": 100}}
+    # An EOS id of the model (<|eot_id|>, 128009, for the tiny Llama; the caller names
+    # another): forced by logit_bias it ends the answer at once with "stop"; with vLLM's
+    # ignore_eos (extra_body) it runs to the length.
+    forced = {**greedy, "max_tokens": 3, "logit_bias": {str(eos_id): 100}}
     out["eos"] = plain(res, ChatCompletion, "eos", **forced)
     out["eos_ignored"] = plain(res, ChatCompletion, "eos ignored", **forced,
                                extra_body={"ignore_eos": True})
@@ -253,11 +254,15 @@ def chat(client, model, out):
 
 def main():
     url, model, mode = sys.argv[1:4]
+    eos_id = int(sys.argv[4]) if len(sys.argv) > 4 else 128009
     out = {"mode": mode, "openai_version": openai.__version__}
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
                                timeout=60)
-        {"completions": completions, "chat": chat}[mode](client, model, out)
+        if mode == "chat":
+            chat(client, model, out, eos_id)
+        else:
+            completions(client, model, out)
     except Exception:  # the C++ test prints it
         out["fatal"] = traceback.format_exc()
     out["schema_errors"] = schema_errors
