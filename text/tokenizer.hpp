@@ -40,6 +40,10 @@ struct vocabulary {
   /// "gpt2": byte-level BPE (GPT-2, Llama 3, Qwen, SmolLM); "llama": SentencePiece BPE
   /// with byte fallback (Llama 2, Mistral).
   std::string model;
+  /// tokenizer.ggml.pre, the pre-tokenizer llama.cpp's converter recognised (empty when the
+  /// file names none). "qwen2" (Qwen2, Qwen2.5, Qwen3) selects Qwen's; every other keeps
+  /// GPT-2's, as transformers' GGUF converters do for the other architectures.
+  std::string pre;
   std::vector<std::string> tokens;
   /// Per token: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte (empty:
   /// all normal).

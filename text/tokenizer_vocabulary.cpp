@@ -33,6 +33,24 @@ json pipeline(const vocabulary& v) {
     rest["model"] = {{"type", "BPE"}};
     rest["pre_tokenizer"] = byte_level;
     rest["decoder"] = byte_level;
+    if (v.pre == "qwen2") {
+      // Qwen's own tokenizer.json, which transformers' GGUF converter builds for qwen2 and
+      // qwen3 files too: NFC, then a regex that splits digits one by one and keeps
+      // punctuation with the word after it, then the bytes without GPT-2's regex.
+      auto bytes = byte_level;
+      bytes["use_regex"] = false;
+      rest["normalizer"] = {{"type", "NFC"}};
+      rest["pre_tokenizer"] = {
+          {"type", "Sequence"},
+          {"pretokenizers",
+           {{{"type", "Split"},
+             {"pattern",
+              {{"Regex",
+                R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"}}},
+             {"behavior", "Isolated"},
+             {"invert", false}},
+            bytes}}};
+    }
     return rest;
   }
   rest["model"] = {{"type", "BPE"}, {"byte_fallback", true}, {"fuse_unk", true}};
@@ -120,6 +138,11 @@ caf::expected<vocabulary> read_gguf_vocabulary(const std::string& path) {
   auto model = f->get_string("tokenizer.ggml.model");
   if (!model) return with_context(model.error(), "tokenizer");
   v.model = std::string{*model};
+  if (f->find("tokenizer.ggml.pre")) {
+    auto pre = f->get_string("tokenizer.ggml.pre");
+    if (!pre) return with_context(pre.error(), "tokenizer");
+    v.pre = std::string{*pre};
+  }
   auto tokens = f->get_strings("tokenizer.ggml.tokens");
   if (!tokens) return with_context(tokens.error(), "tokenizer");
   v.tokens.assign(tokens->begin(), tokens->end());

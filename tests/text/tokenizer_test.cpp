@@ -96,6 +96,31 @@ TEST_CASE("a hand-made vocabulary applies merges by rank and adds OPT's BOS",
   CHECK(t->encode("z") == std::vector<int64_t>{2, 3});
 }
 
+TEST_CASE("a GGUF vocabulary whose pre-tokenizer is qwen2 splits digits as Qwen's does",
+          "[models][tokenizer]") {
+  // GPT-2's regex keeps " 12" whole, so its merges apply; Qwen's (tokenizer.ggml.pre
+  // "qwen2", what transformers uses for every qwen2/qwen3 file) takes the space alone and
+  // each digit alone. tests/models/gguf_archs_oracle.py checks this against transformers.
+  text::vocabulary v;
+  v.source = "hand-made";
+  v.model = "gpt2";
+  v.tokens = {"\xC4\xA0", "1", "2",
+              "\xC4\xA0"
+              "1",
+              "\xC4\xA0"
+              "12"};  // Ġ is the space
+  v.merges = {"\xC4\xA0 1",
+              "\xC4\xA0"
+              "1 2"};
+  auto gpt2 = tokenizer::from_vocabulary(v);
+  REQUIRE(gpt2);
+  CHECK((*gpt2)->encode(" 12", false) == std::vector<int64_t>{4});
+  v.pre = "qwen2";
+  auto qwen = tokenizer::from_vocabulary(v);
+  REQUIRE(qwen);
+  CHECK((*qwen)->encode(" 12", false) == std::vector<int64_t>{0, 1, 2});
+}
+
 TEST_CASE("malformed merges are refused with their line", "[models][tokenizer]") {
   auto t = tokenizer::make({{"a", 0}}, {"a b", "abc"});
   REQUIRE_FALSE(t);
