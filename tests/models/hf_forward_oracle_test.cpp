@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -38,6 +39,7 @@
 #include "tests/support/python.hpp"
 #include "tests/support/source_tree.hpp"
 #include "tests/support/temp_files.hpp"
+#include "text/tokenizer.hpp"
 
 using namespace computron;
 using namespace computron::models;
@@ -382,4 +384,100 @@ TEST_CASE("transformers decodes SmolLM2's GGUF file as our forward does, 32 step
   auto dev = device_of(1ull << 30);
   auto ours = our_greedy(link, prompt, dev, 32);
   check_agrees("SmolLM2-135M-Instruct.Q4_1.gguf", ours, oracle.next(), logit_bound);
+}
+
+TEST_CASE(
+    "tiny GGUF files of llama, qwen2, qwen3 and Mistral, F32 and Q8_0, tokenize and decode as "
+    "transformers reads them",
+    "[.][hf_oracle][gguf][gguf_archs]") {
+  // tests/models/gguf_archs_oracle.py writes the files with the gguf package (random seeded
+  // weights; Q8_0 quantized by gguf.quants as llama.cpp's converter would; llama's q and k
+  // rows permuted as that converter does; a byte-level BPE tokenizer in the Qwen files, a
+  // SentencePiece one in the llama and Mistral files) and answers for each what
+  // transformers' AutoTokenizer and AutoModelForCausalLM (gguf_file=, float32) make of it.
+  // Per file: our tokenizer from the file encodes the texts and the prompt to transformers'
+  // ids; our forward from the file decodes transformers' prompt ids to its greedy tokens,
+  // with the first step's logits within logit_bound (both sides dequantize the same bytes
+  // to float32, so Q8_0 has the F32 bound).
+  //
+  // Mistral: transformers 5.17 refuses every Mistral GGUF file it recognises as one: a
+  // general.architecture "mistral" file (which our reader takes as llama) and a llama file
+  // named exactly "mistral" fail with KeyError: 'mistral' (no GGUF tokenizer converter) and
+  // NotImplementedError: Unknown gguf model_type: mistral in gguf-py (gguf 0.19 has no such
+  // architecture). Mistral 7B's real files are llama-architecture files named "Mistral ...",
+  // which it reads as Llama; those are compared directly ("mistral-*"), and the "mistral"
+  // architecture files ("mistral-arch-*", the same weights) against those files' answers.
+  auto python = test::venv_python();
+  {
+    INFO("no Python environment at " << test::venv_dir() << " (scripts/setup makes it)");
+    REQUIRE_FALSE(python.empty());
+  }
+  auto started = std::chrono::steady_clock::now();
+  scratch_dir dir{"gguf-archs"};
+  // Digits, punctuation before words, accents, CJK, an emoji (bytes outside the vocabulary),
+  // runs of spaces and a newline: where the byte-level and SentencePiece pipelines differ.
+  const std::vector<std::string> texts = {"Hello world",
+                                          "In 2024 there were 1234 foxes.",
+                                          " leading space",
+                                          "(hello) it's caf\xC3\xA9",
+                                          "two  spaces\tand tab\nnew line",
+                                          "x.hello 3.14",
+                                          "\xE4\xB8\xAD\xE6\x96\x87 \xF0\x9F\x98\x80",
+                                          "<|im_start|>user\nHi<|im_end|>"};
+  const std::string prompt = "The quick brown fox jumps over the lazy dog.";
+  auto texts_file = dir.path() + "/texts.json";
+  std::ofstream{texts_file} << json(texts).dump();
+  child_process script{{python, (here() / "gguf_archs_oracle.py").string(), "--out",
+                        dir.path() + "/files", "--texts", texts_file, "--prompt", prompt, "--steps",
+                        std::to_string(steps)}};
+  auto next_line = [&] {
+    auto line = script.read_line(std::chrono::seconds(300));
+    INFO("the script's stderr is above; exit status "
+         << (script.exited() ? std::to_string(script.exit_status()) : "(running)"));
+    REQUIRE(line);
+    return json::parse(*line);
+  };
+  auto files = next_line().at("files");
+  // Four architectures and the "mistral" one, each F32 and Q8_0.
+  REQUIRE(files.size() == 10);
+  std::map<std::string, json> answers;
+  auto dev = device_of(64ull << 20);
+  for (auto& f : files) {
+    auto name = f.at("name").get<std::string>();
+    auto path = f.at("path").get<std::string>();
+    INFO(name << " (" << f.at("arch").get<std::string>() << ", " << f.at("type").get<std::string>()
+              << ", tokenizer " << f.at("tokenizer").get<std::string>() << "): " << path);
+    auto theirs = next_line();
+    REQUIRE(theirs.at("name") == name);
+    answers[name] = theirs;
+    if (theirs.contains("refused")) {
+      auto refusal = theirs.at("refused").get<std::string>();
+      INFO("transformers refused it: " << refusal);
+      // Only the files whose refusal is known have a twin to stand in for their answer.
+      REQUIRE(f.at("twin").is_string());
+      auto twin = f.at("twin").get<std::string>();
+      REQUIRE(answers.count(twin) == 1);
+      REQUIRE_FALSE(answers[twin].contains("refused"));
+      WARN(name << ": transformers refused it (" << refusal << "); compared with " << twin);
+      theirs = answers[twin];
+    }
+    // The tokenizer the server would serve the file with.
+    auto tok = text::tokenizer::open(path);
+    INFO((tok ? std::string{} : render(tok.error())));
+    REQUIRE(tok);
+    auto encoded = theirs.at("encoded");
+    REQUIRE(encoded.size() == texts.size());
+    for (size_t i = 0; i < texts.size(); ++i) {
+      INFO("text " << json(texts[i]).dump());
+      CHECK((*tok)->encode(texts[i], false) == encoded[i].get<std::vector<int64_t>>());
+    }
+    auto prompt_ids = theirs.at("prompt").get<std::vector<int64_t>>();
+    CHECK((*tok)->encode(prompt, false) == prompt_ids);
+    // The forward, from transformers' prompt ids, so that a tokenizer difference does not
+    // also show here.
+    check_agrees(name, our_greedy(path, prompt_ids, dev), theirs, logit_bound);
+  }
+  WARN("the whole case took "
+       << std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()
+       << " s");
 }
