@@ -199,6 +199,10 @@ bool take_token(manager_pointer self, const batch_ptr& b, size_t r, size_t p, st
   }
   auto& stops = q.req.stop_ids;
   if (std::find(stops.begin(), stops.end(), token) != stops.end()) {
+    // The stop id was generated too: its log-probability comes last, as vLLM lists it
+    // (lm-eval's loglikelihood reads the one token after an echoed prompt).
+    if (q.req.sampling.logprobs >= 0 && p < res.logprobs.size())
+      b->logprobs[r].push_back(std::move(res.logprobs[p]));
     finish_row(self, b, r, "stop", token);
     return false;
   }

@@ -416,7 +416,8 @@ struct infer_reply {
   bool swapped = false;
   /// Why generation ended: "length" (max_tokens), "stop" (a stop id) or "cancelled".
   std::string finish_reason = "length";
-  /// One per token of `tokens` when the request asked for log-probabilities.
+  /// One per token of `tokens` when the request asked for log-probabilities, then the
+  /// stop id's when one ended the row (`stop_id`).
   std::vector<token_logprobs> logprobs;
   /// The stop id that ended the row ("stop"), -1 otherwise.
   int64_t stop_id = -1;

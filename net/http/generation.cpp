@@ -33,10 +33,13 @@ json utf8_bytes(const std::string& s) {
 json logprobs_json(const gen_state& st, const gen_row& r, size_t from, size_t to) {
   if (st.g.sampling.logprobs < 0) return nullptr;
   to = std::min(to, r.logprobs.size());
+  // The entries' ids: the generated ones, then the stop id (named by its token, as vLLM
+  // lists it, while the text leaves it out).
+  auto id_at = [&](size_t i) { return i < r.ids.size() ? r.ids[i] : r.stop_id; };
   if (st.api == text_api::chat) {
     json content = json::array();
     for (size_t i = from; i < to; ++i) {
-      auto text = token_text(st, r.ids[i]);
+      auto text = token_text(st, id_at(i));
       json top = json::array();
       auto& lp = r.logprobs[i];
       for (size_t k = 0; k < lp.top_ids.size() && k < lp.top_logprobs.size(); ++k) {
@@ -79,7 +82,7 @@ json logprobs_json(const gen_state& st, const gen_row& r, size_t from, size_t to
   if (!listed_prompt) offset = r.echo.size();
   for (size_t i = 0; i < from && i < r.ids.size(); ++i) offset += token_text(st, r.ids[i]).size();
   for (size_t i = from; i < to; ++i) {
-    auto text = token_text(st, r.ids[i]);
+    auto text = token_text(st, id_at(i));
     auto& lp = r.logprobs[i];
     tokens.push_back(text);
     values.push_back(lp.logprob);
@@ -327,7 +330,11 @@ caf::behavior generation(caf::event_based_actor* self, std::shared_ptr<gen_state
                     for (auto t : rep.tokens) r.text += r.decoder->push(t);
                   r.ids = rep.tokens;
                   r.logprobs = std::move(rep.logprobs);
+                } else if (rep.stop_id >= 0 && rep.logprobs.size() > rep.tokens.size()) {
+                  // Streamed tokens came one by one; the stop id's entry comes last.
+                  r.logprobs.push_back(std::move(rep.logprobs.back()));
                 }
+                if (rep.stop_id >= 0) r.stop_id = rep.stop_id;
                 if (r.decoder) r.text += r.decoder->finish();
                 if (auto at = st.stops.find(r.text, grown_from)) {
                   r.text.resize(cut_at(st, r.text, *at));

@@ -47,7 +47,10 @@ struct gen_row {
   /// Generated ids and their log-probabilities (when the request asked), and how many of
   /// them a streamed chunk carried already.
   std::vector<int64_t> ids;
+  /// One per id, then the stop id's (`stop_id`) when one ended the row.
   std::vector<actors::token_logprobs> logprobs;
+  /// The stop id that ended the row; -1: none.
+  int64_t stop_id = -1;
   size_t logprobs_sent = 0;
   /// echo with logprobs: the prompt's, from its second token on.
   std::vector<actors::token_logprobs> prompt_logprobs;

@@ -332,3 +332,67 @@ TEST_CASE("a model's text files are opened where it registers, not by its reques
   r = s.call("POST", "/tokenize", json{{"model", "chat"}, {"prompt", "Hello world"}}.dump());
   CHECK(r.status == 200);
 }
+
+TEST_CASE("a row that ends on a stop id lists its log-probability last, as lm-eval reads it",
+          "[net][e2e][chat][logprobs]") {
+  // lm-eval's loglikelihood request (local-completions): the prompt echoed with logprobs
+  // and one token generated; it sums the entries after the context and before the last.
+  // When that one token is an EOS id (forced here by logit_bias), its entry must still be
+  // there, or the last continuation token is dropped from the sum.
+  chat_server s;
+  for (bool stream : {false, true}) {
+    INFO("stream " << stream);
+    // (echo with logprobs is refused when streaming: the stream shows the generated one.)
+    json body{{"model", "chat"},  {"prompt", "Hello world"},
+              {"max_tokens", 1},  {"temperature", 0},
+              {"echo", !stream},  {"logprobs", 1},
+              {"stream", stream}, {"logit_bias", {{"128009", 100}}}};
+    auto r = s.call("POST", "/v1/completions", body.dump());
+    INFO(r.body);
+    REQUIRE(r.status == 200);
+    json tokens = json::array(), values = json::array();
+    std::string finish;
+    if (stream) {
+      for (auto& e : events(r.body)) {
+        if (e == "[DONE]") continue;
+        auto c = json::parse(e)["choices"];
+        if (c.empty()) continue;
+        if (c[0]["logprobs"].is_object())
+          for (size_t i = 0; i < c[0]["logprobs"]["tokens"].size(); ++i) {
+            tokens.push_back(c[0]["logprobs"]["tokens"][i]);
+            values.push_back(c[0]["logprobs"]["token_logprobs"][i]);
+          }
+        if (c[0]["finish_reason"].is_string()) finish = c[0]["finish_reason"];
+      }
+    } else {
+      auto j = json::parse(r.body);
+      CHECK(j["usage"]["completion_tokens"] == 1);
+      CHECK(j["usage"]["prompt_tokens"] == 3);
+      CHECK(j["choices"][0]["text"] == "Hello world");  // the EOS is not in the text
+      tokens = j["choices"][0]["logprobs"]["tokens"];
+      values = j["choices"][0]["logprobs"]["token_logprobs"];
+      finish = j["choices"][0]["finish_reason"];
+    }
+    CHECK(finish == "stop");
+    // <|begin_of_text|>, Hello, " world", then the EOS; streamed, the EOS alone.
+    const size_t n = stream ? 1 : 4;
+    REQUIRE(tokens.size() == n);
+    REQUIRE(values.size() == n);
+    if (!stream) CHECK(values[0].is_null());
+    CHECK(tokens[n - 1] == "<|eot_id|>");
+    // The model's own log-probability, before logit_bias (vLLM's raw logprobs).
+    CHECK(values[n - 1].get<double>() < 0);
+  }
+  // Chat lists it too: one entry per completion token.
+  json chat{{"model", "chat"},  {"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+            {"max_tokens", 3},  {"temperature", 0},
+            {"logprobs", true}, {"logit_bias", {{"128009", 100}}}};
+  auto r = s.call("POST", "/v1/chat/completions", chat.dump());
+  INFO(r.body);
+  REQUIRE(r.status == 200);
+  auto j = json::parse(r.body);
+  CHECK(j["choices"][0]["finish_reason"] == "stop");
+  CHECK(j["usage"]["completion_tokens"] == 1);
+  REQUIRE(j["choices"][0]["logprobs"]["content"].size() == 1);
+  CHECK(j["choices"][0]["logprobs"]["content"][0]["token"] == "<|eot_id|>");
+}

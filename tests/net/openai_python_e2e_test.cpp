@@ -139,10 +139,11 @@ std::vector<std::string> texts(const json& r) {
   return out;
 }
 
-/// Completions' logprobs of a one-choice reply: one entry per generated token, the tokens
-/// spell the text, at most `k` alternatives each. Greedy (`greedy`), the token is the best
-/// of its alternatives. The offsets are checked exactly where the text is ASCII, where
-/// bytes and characters agree: OpenAI counts characters, the server bytes.
+/// Completions' logprobs of a one-choice reply: one entry per generated token (the stop id
+/// that ended it included, as vLLM lists it and counts it), the tokens spell the text (the
+/// stop id's last entry aside), at most `k` alternatives each. Greedy (`greedy`), the token is the
+/// best of its alternatives. The offsets are checked exactly where the text is ASCII, where bytes
+/// and characters agree: OpenAI counts characters, the server bytes.
 void check_completion_logprobs(const json& reply, size_t k, bool greedy) {
   INFO(reply.dump());
   auto text = reply["choices"][0]["text"].get<std::string>();
@@ -174,12 +175,19 @@ void check_completion_logprobs(const json& reply, size_t k, bool greedy) {
     for (auto& [t, v] : top.items()) CHECK(v.get<double>() <= value + 1e-6);
   }
   CHECK(lp["text_offset"][0] == 0);
+  if (spelled != text && reply["choices"][0]["finish"] == "stop") {
+    // The stop id's entry, last: its token is not in the text.
+    auto last = lp["tokens"][count - 1].get<std::string>();
+    REQUIRE(spelled.size() >= last.size());
+    spelled.resize(spelled.size() - last.size());
+  }
   CHECK(spelled == text);
 }
 
-/// Chat's logprobs of a one-choice reply: one entry per generated token, its bytes its
-/// UTF-8, `k` alternatives from the most likely down; greedy (`greedy`), the token first
-/// among them. The tokens spell the text.
+/// Chat's logprobs of a one-choice reply: one entry per generated token (a stop id that
+/// ended it included), its bytes its UTF-8, `k` alternatives from the most likely down;
+/// greedy (`greedy`), the token first among them. The tokens spell the text, the stop id's
+/// last entry aside.
 void check_chat_logprobs(const json& reply, size_t k, bool greedy) {
   INFO(reply.dump());
   auto& content = reply["choices"][0]["logprobs"];
@@ -199,6 +207,11 @@ void check_chat_logprobs(const json& reply, size_t k, bool greedy) {
     if (!greedy) continue;
     CHECK(t["top"][0]["token"] == t["token"]);
     CHECK(t["top"][0]["logprob"].get<double>() == Approx(t["logprob"].get<double>()));
+  }
+  if (spelled != reply["choices"][0]["text"] && reply["choices"][0]["finish"] == "stop") {
+    auto last = content.back()["token"].get<std::string>();
+    REQUIRE(spelled.size() >= last.size());
+    spelled.resize(spelled.size() - last.size());
   }
   CHECK(spelled == reply["choices"][0]["text"]);
 }
