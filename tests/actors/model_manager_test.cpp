@@ -188,7 +188,7 @@ TEST_CASE(
       std::all_of(f.script.joins.begin(), f.script.joins.end(), [](uint64_t j) { return j == 0; }));
 }
 
-TEST_CASE("any of several stop ids ends a row; log-probabilities travel with the tokens",
+TEST_CASE("any of several stop ids ends a row, log-probabilities travel with the tokens",
           "[actors][manager]") {
   manager_fixture f;
   infer_request a;
@@ -214,9 +214,11 @@ TEST_CASE("any of several stop ids ends a row; log-probabilities travel with the
   CHECK(got[0].tokens == std::vector<int64_t>{7, 8});
   CHECK(got[0].finish_reason == "stop");
   CHECK(got[0].stop_id == 9);
-  REQUIRE(got[0].logprobs.size() == 2);
+  // One per token, then the stop id's (9), which ended the row.
+  REQUIRE(got[0].logprobs.size() == 3);
   CHECK(got[0].logprobs[0].logprob == Approx(-0.07));
   CHECK(got[0].logprobs[1].top_ids == std::vector<int64_t>{8});
+  CHECK(got[0].logprobs[2].top_ids == std::vector<int64_t>{9});
   CHECK(got[1].tokens == std::vector<int64_t>{7, 8});
   CHECK(got[1].logprobs.empty());
   // The settings travel with the prefill only; the decode steps carry none.

@@ -101,7 +101,7 @@ std::string one_tensor(std::vector<uint64_t> dims, uint32_t type, uint64_t offse
 
 }  // namespace
 
-TEST_CASE("gguf versions 2 and 3 read; a moved file keeps its views", "[models][gguf]") {
+TEST_CASE("gguf versions 2 and 3 read, a moved file keeps its views", "[models][gguf]") {
   for (uint32_t version : {2u, 3u}) {
     auto f = open_bytes(valid_file(version));
     REQUIRE(f);

@@ -122,7 +122,7 @@ TEST_CASE("rope scaling: linear divides, llama3 splits the band in three", "[lla
   CHECK_THROWS(rope_inv_freq(128, 500000, {{"rope_type", "yarn"}, {"factor", 4.0}}));
 }
 
-TEST_CASE("a model with zero projections passes the embedding; the MLP is down(silu(gate) * up)",
+TEST_CASE("a model with zero projections passes the embedding, the MLP is down(silu(gate) * up)",
           "[llama_reference]") {
   auto c = parse_llama_config(hand_config("llama", 4, 1, 1, 4));
   auto w = blank_weights(c);

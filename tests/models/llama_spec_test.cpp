@@ -74,7 +74,7 @@ TEST_CASE("config.json of every Llama-family model type reads into its shape", "
   }
 }
 
-TEST_CASE("a sliding window caps a model's positions; rope scaling is read", "[llama]") {
+TEST_CASE("a sliding window caps a model's positions, rope scaling is read", "[llama]") {
   test::temp_dir dir;
   test::tiny_llama_options o;
   o.model_type = "mistral";

@@ -53,7 +53,7 @@ std::vector<std::string> events(const std::string& body) {
 
 }  // namespace
 
-TEST_CASE("the official OpenAI client chats with a Llama folder; the oracle checks the prompt",
+TEST_CASE("the official OpenAI client chats with a Llama folder, the oracle checks the prompt",
           "[net][e2e][openai][npm][chat]") {
   auto module = test::npm_package("openai");
   INFO("the npm package openai is missing under " << test::npm_dir() << ": run scripts/setup");
@@ -299,7 +299,7 @@ TEST_CASE("the bodies vllm bench serve sends, tokenize, detokenize, the model ca
   CHECK(id1.get<std::string>().size() == 5 + 32);
 }
 
-TEST_CASE("with an API key, /v1 and /v2 answer 401 without the key; health and metrics stay open",
+TEST_CASE("with an API key, /v1 and /v2 answer 401 without the key, health and metrics stay open",
           "[net][e2e][chat]") {
   chat_server s{{"--api-key", "sesame"}};
   auto r = s.call("GET", "/v1/models");

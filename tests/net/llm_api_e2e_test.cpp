@@ -544,7 +544,7 @@ TEST_CASE("a request that asks for drop_late is refused at its turn when it woul
 
 TEST_CASE(
     "the series LLM operators chart: time to first token, inter-token latency, tokens, "
-    "responses by code; a stop string is a success",
+    "responses by code, a stop string is a success",
     "[net][e2e][metrics]") {
   server s;
   auto m = [&](const std::string& series) { return s.metric(series); };

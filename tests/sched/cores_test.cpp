@@ -73,7 +73,7 @@ TEST_CASE("residency: without compute while loading, leases wait for the whole l
   CHECK(granted(e, 1, true));
 }
 
-TEST_CASE("residency: a drain holds new leases; the drained model comes back for them", "[cores]") {
+TEST_CASE("residency: a drain holds new leases, the drained model comes back for them", "[cores]") {
   residency_fixture f;
   f.core->acquire(f.a, 1, f.t);
   f.core->load_started(f.a, f.t);
@@ -291,7 +291,7 @@ TEST_CASE("dispatch: a pipeline keeps pp batches in flight on its devices", "[co
   CHECK(e.formed.size() == 1);
 }
 
-TEST_CASE("dispatch: the window arms a tick; the tick forms the batch", "[cores]") {
+TEST_CASE("dispatch: the window arms a tick, the tick forms the batch", "[cores]") {
   dispatch_fixture f{5ms, 4};
   auto e = f.d->admit(f.x, 1, f.t, 0);
   CHECK(e.formed.empty());
@@ -323,7 +323,7 @@ TEST_CASE("dispatch: a batch leased on a loading model waits for its overlap sta
   CHECK(e.started.size() == 1);
 }
 
-TEST_CASE("dispatch: rows cancelled or expired before the start fail; an empty batch ends",
+TEST_CASE("dispatch: rows cancelled or expired before the start fail, an empty batch ends",
           "[cores]") {
   dispatch_fixture f;
   auto e = f.d->admit(f.x, 1, f.t, 50);
@@ -359,7 +359,7 @@ TEST_CASE("dispatch: a lease refused ends the batch and lets the next one form",
   CHECK_FALSE(f.d->queues().resident(f.x));
 }
 
-TEST_CASE("dispatch: a full queue refuses; a request past its deadline fails in the queue",
+TEST_CASE("dispatch: a full queue refuses, a request past its deadline fails in the queue",
           "[cores]") {
   batching_options o;
   o.max_queue = 1;

@@ -162,7 +162,7 @@ struct kv_dispatch_fixture {
 
 }  // namespace
 
-TEST_CASE("kv: a batch's first step waits for its rows' blocks; rows that do not fit go back",
+TEST_CASE("kv: a batch's first step waits for its rows' blocks, rows that do not fit go back",
           "[cores][kv]") {
   kv_dispatch_fixture f;
   // Prompts of 20 and 40 tokens, 8 steps each.
@@ -207,7 +207,7 @@ TEST_CASE("kv: a batch's first step waits for its rows' blocks; rows that do not
 }
 
 TEST_CASE(
-    "kv: rows grow into new blocks at step boundaries; joiners join only where they fit; "
+    "kv: rows grow into new blocks at step boundaries, joiners join only where they fit, "
     "short of room, the youngest rows are preempted with their progress",
     "[cores][kv]") {
   kv_dispatch_fixture f;

@@ -121,7 +121,7 @@ TEST_CASE("concurrent wants of a loading model start one load", "[sched][ledger]
   CHECK(f.l->device(0).transfers == 0);
 }
 
-TEST_CASE("a leased model is never evicted; its drain holds new leases until the load ran",
+TEST_CASE("a leased model is never evicted, its drain holds new leases until the load ran",
           "[sched][ledger]") {
   ledger_fixture f;
   auto a = f.add("a", 60 * mb), b = f.add("b", 60 * mb);

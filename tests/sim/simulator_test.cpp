@@ -305,7 +305,7 @@ TEST_CASE(
 
 TEST_CASE(
     "short of KV room with nothing to evict, the youngest rows are preempted and "
-    "recomputed; every request still succeeds",
+    "recomputed, every request still succeeds",
     "[sim][kv]") {
   auto cfg = kv_pressure();
   cfg.models[1].pinned = true;  // b stays: 50 blocks is all a's batches get
