@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <caf/expected.hpp>
@@ -48,12 +49,25 @@ struct vocabulary {
   /// Per token: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte (empty:
   /// all normal).
   std::vector<int32_t> token_types;
-  /// "a b" pairs in rank order.
+  /// "a b" pairs in rank order (empty: a SentencePiece vocabulary builds them from
+  /// `scores`, merges_from_scores).
   std::vector<std::string> merges;
+  /// tokenizer.ggml.scores: per token, SentencePiece's score (higher merges first).
+  std::vector<float> scores;
   std::optional<int64_t> bos, eos, pad, unk;
   std::optional<bool> add_bos, add_eos;
   std::optional<std::string> chat_template;
 };
+
+/// The merges of a SentencePiece BPE vocabulary that has scores and no merges (llama.cpp
+/// writes Llama 2's, Mistral's and TinyLlama's files so), in rank order, as transformers'
+/// GGUF loader derives them (GGUFTokenizerSkeleton): every split of a piece into two
+/// pieces of the vocabulary is a merge; merges go by the merged piece's score, highest
+/// first, then by the piece's place in the vocabulary, then by the parts' scores (left,
+/// then right), highest first, then by where the split falls. Pieces split at UTF-8
+/// character boundaries. Views into `v.tokens`; none unless `v.scores` holds one score
+/// per token.
+std::vector<std::pair<std::string_view, std::string_view>> merges_from_scores(const vocabulary& v);
 
 /// The tokenizer a GGUF file's metadata holds (tokenizer.ggml.*, tokenizer.chat_template).
 /// Errors name the file and the key.
@@ -85,8 +99,9 @@ class tokenizer {
 
   /// From a vocabulary as a GGUF file's metadata states it (tokenizer_vocabulary.cpp),
   /// with the pipeline its model names, as transformers builds it from the same file.
-  /// Errors name the source: another model than gpt2 or llama, ids out of range, no
-  /// merges.
+  /// A llama vocabulary without merges takes merges_from_scores. Errors name the source:
+  /// another model than gpt2 or llama, ids out of range, no merges (and, for llama, no
+  /// scores either).
   static caf::expected<std::shared_ptr<const tokenizer>> from_vocabulary(const vocabulary& v);
 
   /// The ids of `text`. Added and special tokens written in the text are matched as

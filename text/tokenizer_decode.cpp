@@ -265,9 +265,12 @@ caf::expected<decoder_chain> decoder_chain::parse(const json& j) {
       auto cp = one_char(str_or(d, "content", " "), "decoder Strip: content");
       if (!cp) return cp.error();
       r.strip_cp = *cp;
+      // Any non-negative integer: a parsed file holds unsigned ones, but the pipelines
+      // built in code (a GGUF file's, tokenizer_vocabulary.cpp) hold signed ones, and a
+      // Strip that read those as 0 kept SentencePiece's leading space when decoding.
       auto num = [&](const char* key) -> int64_t {
         auto f = d.find(key);
-        return f != d.end() && f->is_number_unsigned() ? f->get<int64_t>() : 0;
+        return f != d.end() && f->is_number_integer() ? std::max<int64_t>(f->get<int64_t>(), 0) : 0;
       };
       r.start = static_cast<size_t>(std::min<int64_t>(num("start"), 1 << 20));
       r.stop = static_cast<size_t>(std::min<int64_t>(num("stop"), 1 << 20));

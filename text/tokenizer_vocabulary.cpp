@@ -1,6 +1,11 @@
 // tokenizer::from_vocabulary: a GGUF file's tokenizer (tokenizer.ggml.*) as the parts a
 // tokenizer.json and tokenizer_config.json would give, with the pipeline transformers'
 // GGUF converters build for the same file, so both encode a text to the same ids.
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+#include <unordered_map>
+
 #include <fmt/format.h>
 
 #include "common/error.hpp"
@@ -71,6 +76,58 @@ json pipeline(const vocabulary& v) {
 
 }  // namespace
 
+std::vector<std::pair<std::string_view, std::string_view>> merges_from_scores(const vocabulary& v) {
+  if (v.scores.size() != v.tokens.size()) return {};  // from_vocabulary names this
+  // transformers keys the scores by piece (a dict): a piece listed twice keeps its first
+  // place and takes its last score. The same here, so that even such a file agrees.
+  struct piece_info {
+    size_t first;
+    float score;
+  };
+  std::unordered_map<std::string_view, piece_info> pieces;
+  pieces.reserve(v.tokens.size());
+  for (size_t i = 0; i < v.tokens.size(); ++i) {
+    auto [it, fresh] = pieces.try_emplace(v.tokens[i], piece_info{i, v.scores[i]});
+    if (!fresh) it->second.score = v.scores[i];
+  }
+  struct candidate {
+    std::string_view left, right;
+    float score, left_score, right_score;
+    size_t piece;  // the merged piece's place, which orders equal scores
+  };
+  // Two hash lookups per character boundary of each piece, so Llama 2's 32k pieces take
+  // milliseconds (transformers' own loop tests membership in the token list, a scan of
+  // the whole vocabulary per split).
+  std::vector<candidate> found;
+  for (size_t i = 0; i < v.tokens.size(); ++i) {
+    std::string_view piece = v.tokens[i];
+    const auto& self = pieces.find(piece)->second;
+    if (self.first != i) continue;  // listed before: its merges are there already
+    for (size_t k = 1; k < piece.size(); ++k) {
+      // Python splits a str between characters, never inside one's UTF-8 bytes.
+      if ((static_cast<unsigned char>(piece[k]) & 0xC0) == 0x80) continue;
+      auto l = pieces.find(piece.substr(0, k));
+      if (l == pieces.end()) continue;
+      auto r = pieces.find(piece.substr(k));
+      if (r == pieces.end()) continue;
+      found.push_back(
+          {piece.substr(0, k), piece.substr(k), self.score, l->second.score, r->second.score, i});
+    }
+  }
+  // transformers sorts each piece's splits by the parts' scores, highest first, then all
+  // of them by the merged piece's score, highest first; both sorts are stable, so ties
+  // keep the vocabulary's order and, within a piece, the split's position. One stable
+  // sort on the combined key gives the same order.
+  std::stable_sort(found.begin(), found.end(), [](const candidate& a, const candidate& b) {
+    return std::tie(b.score, a.piece, b.left_score, b.right_score) <
+           std::tie(a.score, b.piece, a.left_score, a.right_score);
+  });
+  std::vector<std::pair<std::string_view, std::string_view>> merges;
+  merges.reserve(found.size());
+  for (auto& c : found) merges.emplace_back(c.left, c.right);
+  return merges;
+}
+
 caf::expected<std::shared_ptr<const tokenizer>> tokenizer::from_vocabulary(const vocabulary& v) {
   if (v.model != "gpt2" && v.model != "llama")
     return bad(v, fmt::format("tokenizer.ggml.model '{}' is not supported (gpt2: byte-level "
@@ -81,7 +138,23 @@ caf::expected<std::shared_ptr<const tokenizer>> tokenizer::from_vocabulary(const
   if (!v.token_types.empty() && v.token_types.size() != v.tokens.size())
     return bad(v,
                fmt::format("{} token types for {} tokens", v.token_types.size(), v.tokens.size()));
-  if (v.merges.empty()) return bad(v, "no merges (a vocabulary of scores alone is not supported)");
+  // Without merges, a SentencePiece vocabulary has them built from its scores, as
+  // transformers does (llama.cpp's converter writes Llama 2's and Mistral's files so). A
+  // byte-level one always comes with its merges (llama.cpp writes them): without, refused.
+  const bool derive = v.merges.empty();
+  if (derive) {
+    if (v.model != "llama") return bad(v, "no merges (tokenizer.ggml.merges)");
+    if (v.scores.empty())
+      return bad(v,
+                 "neither merges (tokenizer.ggml.merges) nor scores to build them from "
+                 "(tokenizer.ggml.scores)");
+    if (v.scores.size() != v.tokens.size())
+      return bad(v, fmt::format("{} scores for {} tokens", v.scores.size(), v.tokens.size()));
+    // A NaN compares neither way, so the merges would have no order.
+    for (size_t i = 0; i < v.scores.size(); ++i)
+      if (std::isnan(v.scores[i]))
+        return bad(v, fmt::format("the score of token {} ('{}') is not a number", i, v.tokens[i]));
+  }
   const auto n = static_cast<int64_t>(v.tokens.size());
   for (auto [id, what] : {std::pair{v.bos, "bos"}, std::pair{v.eos, "eos"},
                           std::pair{v.pad, "padding"}, std::pair{v.unk, "unknown"}})
@@ -105,6 +178,7 @@ caf::expected<std::shared_ptr<const tokenizer>> tokenizer::from_vocabulary(const
                        {"normalized", false}});
   }
   p.rest["added_tokens"] = std::move(added);
+  if (derive) p.merges = merges_from_scores(v);
   p.merges.reserve(v.merges.size());
   for (size_t i = 0; i < v.merges.size(); ++i) {
     std::string_view m = v.merges[i];
@@ -155,6 +229,11 @@ caf::expected<vocabulary> read_gguf_vocabulary(const std::string& path) {
     auto merges = f->get_strings("tokenizer.ggml.merges");
     if (!merges) return with_context(merges.error(), "tokenizer");
     v.merges.assign(merges->begin(), merges->end());
+  }
+  if (f->find("tokenizer.ggml.scores")) {
+    auto scores = f->get_floats("tokenizer.ggml.scores");
+    if (!scores) return with_context(scores.error(), "tokenizer");
+    v.scores = std::move(*scores);
   }
   for (auto [key, slot] : {std::pair{"tokenizer.ggml.bos_token_id", &v.bos},
                            std::pair{"tokenizer.ggml.eos_token_id", &v.eos},

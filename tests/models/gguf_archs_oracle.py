@@ -9,7 +9,8 @@ gguf.quants.quantize, 1-D norms and biases kept in F32, as llama.cpp's converter
 each with a tokenizer in its metadata (tokenizer.ggml.*) trained here on a fixed corpus:
 byte-level BPE ("gpt2", as Qwen's files carry) or SentencePiece BPE ("llama": tokens,
 scores, token types, byte tokens <0xNN>, as Llama 2's and Mistral's files carry; merges are
-written too, because Computron's tokenizer does not yet build them from the scores). A
+written too: a file without them, whose merges both sides build from the scores, is
+tests/text/gguf_tokenizer_oracle.py's --write-spm). A
 llama-architecture file's q and k rows go through llama.cpp's converter's permutation, so a
 reader that does not undo it is caught.
 

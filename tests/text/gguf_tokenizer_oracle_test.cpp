@@ -2,7 +2,10 @@
 // file (its GGUF converters), over SmolLM2-135M-Instruct's file: the ids of a corpus, their
 // text, and the chat template rendered as apply_chat_template renders it. The vocabulary
 // comes from the `gguf` package here, so this checks the tokenizer alone; serving the file
-// reads it with common/gguf. Hidden ([.]): ctest runs it (label oracle).
+// reads it with common/gguf. And a SentencePiece file of scores without merges, as
+// llama.cpp writes Llama 2's and Mistral's, which the oracle writes with the `gguf`
+// package: both sides build the merges from the scores. Hidden ([.]): ctest runs them
+// (label oracle).
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
@@ -90,4 +93,61 @@ TEST_CASE("a GGUF file's tokenizer encodes and renders as transformers' from the
   auto rendered = (*tmpl)->render(context);
   REQUIRE(rendered);
   CHECK(*rendered == o["chat"].get<std::string>());
+}
+
+TEST_CASE("a SentencePiece GGUF file of scores and no merges encodes as transformers' from it",
+          "[.][gguf_spm_oracle]") {
+  auto python = test::venv_python();
+  INFO("the venv under " << test::venv_dir() << " lacks python: run scripts/setup");
+  REQUIRE(!python.empty());
+  auto script = test::source_file("tests/text/gguf_tokenizer_oracle.py");
+  REQUIRE(!script.empty());
+  // Words of the vocabulary's training text and others, digits, punctuation, runs of
+  // spaces, accents it was trained on and ones it falls back to bytes for, an emoji (four
+  // byte tokens), and texts that start with a space or are empty.
+  json corpus{{"texts",
+               {"Hello world", "The quick brown fox jumps over the lazy dog.", " leading space",
+                "two  spaces\tand a tab", "In 2024 there were 1234 foxes, 3.14 of them!",
+                "caf\xC3\xA9s na\xC3\xAFve r\xC3\xA9sum\xC3\xA9",
+                "\xC3\xBC"
+                "ber Stra\xC3\x9F"
+                "e",
+                "emoji \xF0\x9F\x98\x80 end", "(hello) [world] {fox}: isn't it?", "",
+                "theres thefox hellohello"}}};
+  test::temp_dir dir{"gguf-spm"};
+  auto gguf = dir.path() + "/spm.gguf", in = dir.path() + "/corpus.json",
+       out = dir.path() + "/oracle.json";
+  std::ofstream{in} << corpus.dump();
+  auto cmd = "timeout 300 " + python + " " + script + " --write-spm " + gguf + " " + in + " " +
+             out + " > " + out + ".log 2>&1";
+  INFO(cmd);
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  auto o = json::parse(std::ifstream{out});
+  // The file as serving reads it (common/gguf): scores, no merges.
+  auto voc = text::read_gguf_vocabulary(gguf);
+  INFO((voc ? std::string{} : render(voc.error())));
+  REQUIRE(voc);
+  CHECK(o["vocabulary"]["merges"].is_null());
+  CHECK(voc->merges.empty());
+  REQUIRE(voc->scores.size() == voc->tokens.size());
+  CHECK(voc->scores == o["vocabulary"]["scores"].get<std::vector<float>>());
+  auto t = text::tokenizer::from_vocabulary(*voc);
+  INFO((t ? std::string{} : render(t.error())));
+  REQUIRE(t);
+  auto& tok = **t;
+  REQUIRE(o["encoded"].size() == corpus["texts"].size());
+  for (size_t i = 0; i < corpus["texts"].size(); ++i) {
+    auto text = corpus["texts"][i].get<std::string>();
+    INFO(json(text).dump());
+    auto want = o["encoded"][i].get<std::vector<int64_t>>();
+    CHECK(tok.encode(text, false) == want);
+    CHECK(tok.decode(want, false) == o["decoded"][i].get<std::string>());
+  }
+  // The corpus reaches merged pieces and byte fallback, or the check above proves little.
+  auto fox = tok.token_id(
+      "\xE2\x96\x81"
+      "fox");
+  REQUIRE(fox);
+  CHECK(tok.encode("the fox", false).back() == *fox);
+  CHECK(tok.encode("\xF0\x9F\x98\x80", false).size() == 5);  // ▁ and four bytes
 }

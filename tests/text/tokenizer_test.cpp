@@ -121,6 +121,76 @@ TEST_CASE("a GGUF vocabulary whose pre-tokenizer is qwen2 splits digits as Qwen'
   CHECK((*qwen)->encode(" 12", false) == std::vector<int64_t>{0, 1, 2});
 }
 
+namespace {
+
+/// A SentencePiece vocabulary as llama.cpp writes Llama 2's: tokens, types and scores, no
+/// merges. "abc" splits two ways, "bc" and "ca" score the same.
+text::vocabulary spm_scores_only() {
+  text::vocabulary v;
+  v.source = "hand-made";
+  v.model = "llama";
+  const std::string sp = "\xE2\x96\x81";  // ▁, SentencePiece's space
+  v.tokens = {"<unk>", "<s>", "</s>", sp, "a", "b", "c", "ab", "bc", sp + "a", "abc", "ca"};
+  v.token_types = {2, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+  v.scores = {0, 0, 0, -100, -101, -102, -103, -2, -1, -3, -4, -1};
+  v.bos = 1;
+  v.eos = 2;
+  v.unk = 0;
+  return v;
+}
+
+std::vector<std::string> joined(
+    const std::vector<std::pair<std::string_view, std::string_view>>& m) {
+  std::vector<std::string> out;
+  for (auto& [a, b] : m) out.push_back(std::string{a} + " " + std::string{b});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a SentencePiece vocabulary of scores alone builds its merges as transformers does",
+          "[models][tokenizer]") {
+  auto v = spm_scores_only();
+  // By the merged piece's score, highest first; "ca" ties "bc" and comes after it in the
+  // vocabulary; "abc"'s two splits go by their parts' scores ("ab" outscores "a"), not by
+  // where they split. tests/text/gguf_tokenizer_oracle_test.cpp checks a bigger one
+  // against transformers.
+  CHECK(joined(text::merges_from_scores(v)) ==
+        std::vector<std::string>{"b c", "c a", "a b", "\xE2\x96\x81 a", "ab c", "a bc"});
+  auto t = tokenizer::from_vocabulary(v);
+  INFO((t ? std::string{} : render(t.error())));
+  REQUIRE(t);
+  // "▁abc": "b c" first, then "▁ a"; "▁a bc" is no merge.
+  CHECK((*t)->encode("abc", false) == std::vector<int64_t>{9, 8});
+  CHECK((*t)->encode("cab", false) == std::vector<int64_t>{3, 11, 5});
+  CHECK((*t)->encode("ab", false) == std::vector<int64_t>{3, 7});
+  CHECK((*t)->decode({9, 8}) == "abc");
+
+  // "ab" above "bc" now: "a b" first, then "ab c", so "abc" is one token.
+  std::swap(v.scores[7], v.scores[8]);
+  CHECK(joined(text::merges_from_scores(v)) ==
+        std::vector<std::string>{"a b", "c a", "b c", "\xE2\x96\x81 a", "ab c", "a bc"});
+  auto swapped = tokenizer::from_vocabulary(v);
+  REQUIRE(swapped);
+  CHECK((*swapped)->encode("abc", false) == std::vector<int64_t>{3, 10});
+}
+
+TEST_CASE("a SentencePiece vocabulary without merges or scores is refused naming both keys",
+          "[models][tokenizer]") {
+  auto v = spm_scores_only();
+  v.scores.clear();
+  auto t = tokenizer::from_vocabulary(v);
+  REQUIRE_FALSE(t);
+  auto why = render(t.error());
+  CHECK(why.find("tokenizer.ggml.merges") != std::string::npos);
+  CHECK(why.find("tokenizer.ggml.scores") != std::string::npos);
+  CHECK(why.find("hand-made") != std::string::npos);
+  v.scores = {0, 1};
+  auto short_scores = tokenizer::from_vocabulary(v);
+  REQUIRE_FALSE(short_scores);
+  CHECK(render(short_scores.error()).find("2 scores for 12 tokens") != std::string::npos);
+}
+
 TEST_CASE("malformed merges are refused with their line", "[models][tokenizer]") {
   auto t = tokenizer::make({{"a", 0}}, {"a b", "abc"});
   REQUIRE_FALSE(t);
