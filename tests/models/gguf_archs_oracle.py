@@ -44,12 +44,15 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The BPE training the GGUF tokenizer oracle uses too.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "text"))
 # transformers' GGUF loader shows a tqdm bar per file ("Converting and de-quantizing GGUF
 # tensors"); tqdm reads this before the import below brings transformers in.
 os.environ.setdefault("TQDM_DISABLE", "1")
 import hf_forward_oracle  # noqa: E402  (sets HF_HUB_OFFLINE before transformers is imported)
 
 import gguf  # noqa: E402
+from bpe_training import train_merges  # noqa: E402
 import numpy as np  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
@@ -115,36 +118,6 @@ def bytes_to_unicode():
             cs.append(256 + n)
             n += 1
     return dict(zip(bs, map(chr, cs)))
-
-
-def train_merges(words, count):
-    """Plain BPE: `count` merges of the most frequent adjacent pair (ties: the smallest)."""
-    seqs = {}
-    for w in words:
-        seqs[tuple(w)] = seqs.get(tuple(w), 0) + 1
-    merges = []
-    for _ in range(count):
-        pairs = {}
-        for s, n in seqs.items():
-            for a, b in zip(s, s[1:]):
-                pairs[(a, b)] = pairs.get((a, b), 0) + n
-        if not pairs:
-            break
-        best = min(pairs, key=lambda p: (-pairs[p], p))
-        merges.append(best)
-        merged = {}
-        for s, n in seqs.items():
-            out, i = [], 0
-            while i < len(s):
-                if i + 1 < len(s) and (s[i], s[i + 1]) == best:
-                    out.append(s[i] + s[i + 1])
-                    i += 2
-                else:
-                    out.append(s[i])
-                    i += 1
-            merged[tuple(out)] = merged.get(tuple(out), 0) + n
-        seqs = merged
-    return merges
 
 
 def gpt2_vocabulary():

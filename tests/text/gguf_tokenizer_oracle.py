@@ -21,6 +21,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import gguf  # noqa: E402
+from bpe_training import train_merges  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 # What the --write-spm vocabulary is trained on: words, digits and punctuation, and accents
@@ -32,36 +33,6 @@ TRAINING_TEXT = (
     "She said: it's the end, isn't it? We'll see what they've done. "
     "caf\u00e9 na\u00efve r\u00e9sum\u00e9 caf\u00e9s - accents too. (hello) [world] {fox} "
 )
-
-
-def train_merges(words, count):
-    """Plain BPE: `count` merges of the most frequent adjacent pair (ties: the smallest)."""
-    seqs = {}
-    for w in words:
-        seqs[tuple(w)] = seqs.get(tuple(w), 0) + 1
-    merges = []
-    for _ in range(count):
-        pairs = {}
-        for s, n in seqs.items():
-            for a, b in zip(s, s[1:]):
-                pairs[(a, b)] = pairs.get((a, b), 0) + n
-        if not pairs:
-            break
-        best = min(pairs, key=lambda p: (-pairs[p], p))
-        merges.append(best)
-        merged = {}
-        for s, n in seqs.items():
-            out, i = [], 0
-            while i < len(s):
-                if i + 1 < len(s) and (s[i], s[i + 1]) == best:
-                    out.append(s[i] + s[i + 1])
-                    i += 2
-                else:
-                    out.append(s[i])
-                    i += 1
-            merged[tuple(out)] = merged.get(tuple(out), 0) + n
-        seqs = merged
-    return merges
 
 
 def write_spm(path):
