@@ -59,7 +59,7 @@ const registration serve_command{
                       "serve with these nodes, host:port,... (`computron node` on each)");
        // vLLM's serve flags, where they mean the same here.
        cmd.add_option("model_dir", f->model_dir,
-                      "MODEL_DIR: a model's folder or a repository of them, as "
+                      "MODEL_DIR: a model's folder, a GGUF file or a repository of them, as "
                       "`vllm serve ./model` takes it (the same as --repository)");
        cmd.add_option("--served-model-name", f->served_model_name,
                       "the name a model folder given to serve is served as (default: the "
