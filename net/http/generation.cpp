@@ -138,8 +138,12 @@ void open_stream(gen_state& st) {
   st.sse = st.open_sse();
 }
 
-void send_event(gen_state& st, const json& j) {
+void send_event(gen_state& st, json j) {
   open_stream(st);
+  // vLLM's continuous usage: only with include_usage, on every chunk of a choice.
+  if (st.g.stream_usage && st.g.stream_usage_every_chunk && j.contains("choices") &&
+      !j.contains("usage"))
+    j["usage"] = usage_json(st);
   st.sse->send(j.dump(-1, ' ', false, json::error_handler_t::replace));
 }
 

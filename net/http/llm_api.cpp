@@ -162,7 +162,7 @@ void read_openai(reader& r, generation_request& g, int64_t max_tokens) {
       reader s{*so, "stream_options."};
       s.only({"include_usage", "continuous_usage_stats"});
       s.boolean("include_usage", g.stream_usage);
-      s.only_value("continuous_usage_stats", false, "is not supported");
+      s.boolean("continuous_usage_stats", g.stream_usage_every_chunk);
       if (s.error) r.error = s.error;
     }
   }

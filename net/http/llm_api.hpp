@@ -47,6 +47,9 @@ struct generation_request {
   bool stream = false;
   /// OpenAI's stream_options.include_usage: a last chunk with the counts.
   bool stream_usage = false;
+  /// vLLM's stream_options.continuous_usage_stats (with include_usage): every chunk
+  /// carries the counts so far, as guidellm asks to time tokens by.
+  bool stream_usage_every_chunk = false;
   uint32_t deadline_ms = 0;
   /// Refused rather than answered late (infer_request::drop_late).
   bool drop_late = false;

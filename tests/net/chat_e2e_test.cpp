@@ -161,6 +161,36 @@ TEST_CASE("the bodies vllm bench serve sends, tokenize, detokenize, the model ca
   ev = events(r.body);
   CHECK(ev.back() == "[DONE]");
   CHECK(json::parse(ev[ev.size() - 2])["usage"]["completion_tokens"] == 4);
+  // guidellm's completions payload: stop null, and vLLM's continuous usage, which puts the
+  // counts so far on every chunk (it counts tokens by them).
+  json guidellm{{"model", "chat"},
+                {"prompt", "The quick brown fox"},
+                {"max_tokens", 4},
+                {"stop", nullptr},
+                {"ignore_eos", true},
+                {"stream", true},
+                {"stream_options", {{"include_usage", true}, {"continuous_usage_stats", true}}}};
+  r = s.call("POST", "/v1/completions", guidellm.dump());
+  INFO(r.body);
+  REQUIRE(r.status == 200);
+  ev = events(r.body);
+  REQUIRE(ev.size() >= 3);
+  CHECK(ev.back() == "[DONE]");
+  int64_t last_seen = 0;
+  for (size_t i = 0; i + 1 < ev.size(); ++i) {
+    auto c = json::parse(ev[i]);
+    REQUIRE(c.contains("usage"));
+    auto done = c["usage"]["completion_tokens"].get<int64_t>();
+    CHECK(done >= last_seen);  // counts only grow, chunk by chunk
+    CHECK(c["usage"]["total_tokens"] == c["usage"]["prompt_tokens"].get<int64_t>() + done);
+    last_seen = done;
+  }
+  CHECK(last_seen == 4);
+  // Without include_usage there is no usage anywhere, as vLLM does it.
+  guidellm["stream_options"] = {{"continuous_usage_stats", true}};
+  r = s.call("POST", "/v1/completions", guidellm.dump());
+  REQUIRE(r.status == 200);
+  CHECK(r.body.find("\"usage\"") == std::string::npos);
 
   // Completions with parameters whose effect is certain on any weights.
   auto post = [&](json body) {
