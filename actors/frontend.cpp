@@ -101,6 +101,9 @@ frontend_actor::behavior_type frontend(frontend_pointer self, serving_actor back
       [=](info_atom a, std::string& m) {
         return self->delegate(self->state.backend, a, std::move(m));
       },
+      [=](describe_atom a, std::string& m) {
+        return self->delegate(self->state.backend, a, std::move(m));
+      },
       [=](load_atom a, std::string& m) {
         return self->delegate(self->state.backend, a, std::move(m));
       },

@@ -127,6 +127,11 @@ using serving_actor = caf::typed_actor<
     caf::replies_to<list_atom>::with<std::vector<model_info>>,
     /// One model by name.
     caf::replies_to<info_atom, std::string>::with<model_info>,
+    /// One model as registered, without asking the swap scheduler where it stands: its
+    /// config, vocabulary and context, and the state the manager itself lists (registering,
+    /// failed), else unknown. What a tokenizer lookup needs: the text routes read their
+    /// files from it, so a busy or distant scheduler never delays them.
+    caf::replies_to<describe_atom, std::string>::with<model_info>,
     /// Makes a model resident now.
     caf::replies_to<load_atom, std::string>::with<model_info>,
     /// Evicts a model now.

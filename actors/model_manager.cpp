@@ -390,6 +390,13 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
         with_info(self, name, rp);
         return rp;
       },
+      [=](describe_atom, std::string& name) -> caf::result<model_info> {
+        auto& st = self->state;
+        if (auto l = st.listed.find(name); l != st.listed.end()) return l->second;
+        auto i = st.models.find(name);
+        if (i == st.models.end()) return unknown_model_error(name);
+        return info_of(st.queues(), i->second, nullptr);
+      },
       [=](load_atom, std::string& name) -> caf::result<model_info> {
         auto& st = self->state;
         if (auto i = st.models.find(name); i == st.models.end() || i->second.unregistering)

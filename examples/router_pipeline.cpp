@@ -67,6 +67,11 @@ serving_actor::behavior_type router(serving_actor::stateful_pointer<router_state
         if (!m) return m.error();
         return self->delegate(caf::actor_cast<serving_actor>(*m), a, std::move(model));
       },
+      [=](describe_atom a, std::string& model) -> caf::result<model_info> {
+        auto m = find(model);
+        if (!m) return m.error();
+        return self->delegate(caf::actor_cast<serving_actor>(*m), a, std::move(model));
+      },
       [=](load_atom a, std::string& model) -> caf::result<model_info> {
         auto m = find(model);
         if (!m) return m.error();

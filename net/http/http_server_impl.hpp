@@ -137,37 +137,40 @@ struct http_server::impl {
     return opts.max_tokens > 0 ? opts.max_tokens : std::numeric_limits<int32_t>::max();
   }
 
+  /// What info_of asks the frontend for: the model with its residency (the index's
+  /// routes), or as registered (the text routes, which need only its files and sizes and
+  /// so never wait on the swap scheduler; a model the scheduler cannot serve is refused
+  /// by its generation request, with the scheduler's reason).
+  enum class lookup : uint8_t { with_residency, as_registered };
+
   /// One model as the index lists it: as the frontend knows it, else (a name the manager
   /// does not know) as the registry reads its folder, where there is a registry. The
   /// registry reads folders on its own thread, so only unknown names go there.
   template <class OnOk, class OnErr>
-  void info_of(const std::string& model, OnOk ok, OnErr on_err) {
+  void info_of(const std::string& model, OnOk ok, OnErr on_err,
+               lookup how = lookup::with_residency) {
     auto timeout = caf::timespan{opts.request_timeout};
     auto fe = frontend;
     auto repo = registry;
     sys.spawn([=](caf::event_based_actor* self) {
-      self->request(fe, timeout, actors::info_atom_v, model)
-          .then(
-              [=](actors::model_info& i) {
-                self->quit();
-                ok(i);
-              },
-              [=](caf::error& e) {
-                if (!repo || !is(e, ec::unknown_model)) {
-                  self->quit();
-                  return on_err(e);
-                }
-                self->request(repo, timeout, actors::info_atom_v, model)
-                    .then(
-                        [=](actors::model_info& i) {
-                          self->quit();
-                          ok(i);
-                        },
-                        [=](caf::error& e2) {
-                          self->quit();
-                          on_err(e2);
-                        });
-              });
+      auto found = [=](actors::model_info& i) {
+        self->quit();
+        ok(i);
+      };
+      auto not_found = [=](caf::error& e) {
+        if (!repo || !is(e, ec::unknown_model)) {
+          self->quit();
+          return on_err(e);
+        }
+        self->request(repo, timeout, actors::info_atom_v, model).then(found, [=](caf::error& e2) {
+          self->quit();
+          on_err(e2);
+        });
+      };
+      if (how == lookup::as_registered)
+        self->request(fe, timeout, actors::describe_atom_v, model).then(found, not_found);
+      else
+        self->request(fe, timeout, actors::info_atom_v, model).then(found, not_found);
     });
   }
 

@@ -93,8 +93,9 @@ void http_server::impl::text_request(text_api api, const std::string& model,
   auto fail = [api, reply](const caf::error& e) {
     reply(api == text_api::triton ? error_response(e) : openai_error_response(e));
   };
-  // The model as the index lists it: one that cannot serve answers with the reason
-  // before its tokenizer is looked at.
+  // The model as registered (the swap scheduler is not asked): one that failed or is
+  // registering answers with the reason before its tokenizer is looked at; one the
+  // scheduler cannot serve now is refused by the generation request, with its reason.
   info_of(
       g->model,
       [=](actors::model_info& info) {
@@ -121,7 +122,7 @@ void http_server::impl::text_request(text_api api, const std::string& model,
         if (auto err = prepare_rows(*st, **text, info, limit)) return fail(err);
         on_gone(exit_on_gone(sys.spawn(generation, st, fe, timeout)));
       },
-      [=](const caf::error& e) { fail(e); });
+      [=](const caf::error& e) { fail(e); }, lookup::as_registered);
 }
 
 template <class OnOk, class OnErr>
@@ -134,7 +135,7 @@ void http_server::impl::with_text(const std::string& model, OnOk ok, OnErr fail)
         if (!text) return fail(text.error());
         ok(info, **text);
       },
-      [=](const caf::error& e) { fail(e); });
+      [=](const caf::error& e) { fail(e); }, lookup::as_registered);
 }
 
 void http_server::impl::tokenize(const std::string& body, bool forward, responder reply) {

@@ -358,6 +358,36 @@ TEST_CASE("a failed registration stays listed with its reason until registered a
   CHECK_FALSE(bad_info->reason.empty());
 }
 
+TEST_CASE("a model's description needs no swap scheduler, its info does", "[actors][manager]") {
+  // The text routes find a model's tokenizer through describe: a scheduler that is busy,
+  // distant or gone must not hold that up. Here it is gone.
+  manager_fixture f;
+  auto fe = spawn_frontend(f.sys, caf::actor_cast<serving_actor>(f.manager), {}).value();
+  caf::anon_send_exit(f.scheduler, caf::exit_reason::user_shutdown);
+  f.sched.run();
+  auto info = f.ask<model_info>(f.manager, info_atom_v, std::string{"m"});
+  CHECK_FALSE(info);
+  for (auto via : {caf::actor_cast<serving_actor>(f.manager), fe}) {
+    auto d = f.ask<model_info>(via, describe_atom_v, std::string{"m"});
+    REQUIRE(d);
+    CHECK(d->config.name == "m");
+    CHECK(d->state == model_lifecycle::unknown);
+    CHECK(is(f.ask<model_info>(via, describe_atom_v, std::string{"nope"}).error(),
+             ec::unknown_model));
+  }
+  // A name the manager lists (here a failed registration) is described as listed.
+  model_config b;
+  b.name = "broken";
+  b.kind = "toy";
+  b.devices = {0};
+  f.script.failing_prepare.insert("broken");
+  f.ask<model_info>(f.registry, register_atom_v, b);
+  auto broken = f.ask<model_info>(f.manager, describe_atom_v, std::string{"broken"});
+  REQUIRE(broken);
+  CHECK(broken->state == model_lifecycle::failed);
+  caf::anon_send_exit(fe, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("unregister evicts, frees every worker's shard and frees the name",
           "[actors][manager][control]") {
   manager_fixture f;
