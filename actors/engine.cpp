@@ -354,7 +354,8 @@ bool dtype_runs_on(const std::string& dtype, const std::vector<gpu::device_kind>
   return true;
 }
 
-model_config resolve_dtype(model_config cfg, const std::vector<gpu::device_kind>& device_kinds) {
+model_config resolve_dtype(model_config cfg, const std::vector<gpu::device_kind>& device_kinds,
+                           bool quiet) {
   if (cfg.dtype != "auto") return cfg;
   std::vector<gpu::device_kind> placed;
   for (auto d : cfg.devices)
@@ -364,11 +365,12 @@ model_config resolve_dtype(model_config cfg, const std::vector<gpu::device_kind>
   auto want = cfg.checkpoint_dtype.empty() ? std::string{"bf16"} : cfg.checkpoint_dtype;
   if (dtype_runs_on(want, placed)) {
     cfg.dtype = want;
-    log::info("model {}: serving in {}, the checkpoint's dtype", cfg.name, want);
+    if (!quiet) log::info("model {}: serving in {}, the checkpoint's dtype", cfg.name, want);
   } else {
     cfg.dtype = "bf16";
-    log::info("model {}: the checkpoint is {}, which its {} devices cannot run; serving in bf16",
-              cfg.name, want, placed.empty() ? "" : gpu::to_string(placed.front()));
+    if (!quiet)
+      log::info("model {}: the checkpoint is {}, which its {} devices cannot run; serving in bf16",
+                cfg.name, want, placed.empty() ? "" : gpu::to_string(placed.front()));
   }
   return cfg;
 }

@@ -150,7 +150,10 @@ bool dtype_runs_on(const std::string& dtype, const std::vector<gpu::device_kind>
 /// Settles what a config leaves to its placement: dtype "auto" becomes the checkpoint's
 /// dtype (cfg.checkpoint_dtype) where every placed device runs it, else bf16, and the log
 /// says which and why. Other configs are returned unchanged.
-model_config resolve_dtype(model_config cfg, const std::vector<gpu::device_kind>& device_kinds);
+/// `quiet`: no log line (serve sizes its devices from the resolved layouts before the
+/// registry resolves and logs the same).
+model_config resolve_dtype(model_config cfg, const std::vector<gpu::device_kind>& device_kinds,
+                           bool quiet = false);
 
 /// Runs a model without actors: every shard on its device, stages in order, tensor-
 /// parallel ranks in threads. The reference the served outputs are compared with

@@ -40,6 +40,9 @@ caf::expected<serve_config> base_serve_config(const serve_overrides& o) {
   if (repository.empty()) return default_serve_config();
   auto cfg = default_settings();
   cfg.served_name = o.served_model_name;
+  // The built-in devices are sized for the embedded default; the models given are served
+  // on devices that hold them (unless --capacity-mb says otherwise).
+  cfg.size_devices_to_models = true;
   if (auto err = add_repository(cfg, repository)) return err;
   return cfg;
 }
@@ -118,6 +121,7 @@ std::string apply_overrides(serve_config& cfg, const serve_overrides& o) {
              "(give each `computron node` --capacity-mb)";
     cfg.runtime.devices.emulated_capacity_bytes =
         static_cast<uint64_t>(std::llround(o.capacity_mb * 1048576.0));
+    cfg.size_devices_to_models = false;
   }
   if (!o.host.empty()) cfg.http.host = o.host;
   if (o.port >= 0) cfg.http.port = static_cast<uint16_t>(o.port);

@@ -53,6 +53,9 @@ struct serve_config {
   std::string served_name;
   /// --dtype, --tensor/--pipeline-parallel-size and --max-model-len over every model.
   model_flags flags;
+  /// serve MODEL_DIR without a config file or --capacity-mb: the emulated devices are
+  /// sized to the models given (serve/device_sizing.hpp) instead of the built-in ones.
+  bool size_devices_to_models = false;
 };
 
 /// Reads a JSON serve config (see configs/README.md); relative paths are resolved from

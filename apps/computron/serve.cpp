@@ -25,6 +25,7 @@
 #include "net/metrics.hpp"
 #include "net/recent_stats.hpp"
 #include "net/trace.hpp"
+#include "serve/device_sizing.hpp"
 #include "serve/overrides.hpp"
 
 namespace computron::app {
@@ -100,6 +101,12 @@ int run_serve(serve_config cfg) {
       f.error = folders.error();
       return std::vector<actors::repository_folder>{f};
     };
+  if (auto sized = serve::size_devices_to_models(cfg, actors::all_engines()); !sized) {
+    std::cerr << "computron serve: " << render(sized.error()) << '\n';
+    return 1;
+  } else if (!sized->empty()) {
+    log::info("{}", *sized);
+  }
   net::cluster_config sys_cfg{cfg.tls};
   caf::actor_system sys{sys_cfg};
   caf::expected<actors::runtime> rt = caf::error{};

