@@ -14,6 +14,7 @@
 #include "actors/model_manager_state.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "common/prefill_window.hpp"
 
 namespace computron::actors::manager_detail {
 
@@ -354,15 +355,9 @@ void join_rows(manager_pointer self, const batch_ptr& b, const sched::join_plan&
     req.sampling.push_back(b->rows[r].req.sampling);
   }
   const auto pp = st.models.at(b->model).cfg.pp;
-  // Row i computes its tokens [n_i - left - chunk, n_i - left) (step_request), all of
-  // them without chunks.
   int64_t tokens = 0;
-  for (auto& p : req.prompts) {
-    auto n = static_cast<int64_t>(p.size());
-    tokens += plan.chunk == 0 ? n
-                              : std::max<int64_t>(0, n - plan.left) -
-                                    std::max<int64_t>(0, n - plan.left - plan.chunk);
-  }
+  for (auto& p : req.prompts)
+    tokens += prefill_window(static_cast<int64_t>(p.size()), plan.chunk, plan.left).tokens();
   set_deadline(self, b, req, tokens);
   set_kv_blocks(self, b, req);
   if (plan.chunk > 0) st.opts.obs->prefill_chunk(b->model, tokens);

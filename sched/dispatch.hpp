@@ -69,8 +69,8 @@ struct formed_batch {
 /// Requests joining a running batch (continuous batching): the driver prefills them as
 /// batch `id` and appends that to batch `into` (whose next step then runs them all).
 /// A chunked prefill (`chunk` > 0; batching_options::prefill_chunk) comes as one plan per
-/// step boundary, all of one `id` and `rows`: each computes up to `chunk` tokens of every
-/// prompt, `left` tokens of each being left for later chunks (step_request's
+/// step boundary, all of one `id` and `rows`: each computes every prompt's
+/// prefill_window(n, chunk, left) (common/prefill_window.hpp; step_request's
 /// prefill_chunk and prefill_left). A partial chunk (`left` > 0) joins nothing: the
 /// batch's next step runs its own rows after it. The last (`left` 0) joins.
 struct join_plan {

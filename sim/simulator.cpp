@@ -9,6 +9,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "common/prefill_window.hpp"
 #include "sched/dispatch.hpp"
 #include "sched/residency.hpp"
 #include "sim/sim_records.hpp"
@@ -520,12 +521,9 @@ class simulator {
     // The joiners' prefill, as its own step (the manager's join_rows), whole or a chunk.
     auto& plan = joins.front();
     int64_t prompt_tokens = 0;
-    for (auto& row : plan.rows) {
-      const auto n = requests_[row.key].prompt_len;
-      prompt_tokens += plan.chunk == 0 ? n
-                                       : std::max<int64_t>(0, n - plan.left) -
-                                             std::max<int64_t>(0, n - plan.left - plan.chunk);
-    }
+    for (auto& row : plan.rows)
+      prompt_tokens +=
+          prefill_window(requests_[row.key].prompt_len, plan.chunk, plan.left).tokens();
     // The joiners left the queue at their first chunk.
     if (bb.chunking != plan.id) bb.joining_since = now_;
     if (plan.partial()) {
