@@ -15,6 +15,7 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/prefill_window.hpp"
+#include "sched/step_rows.hpp"
 
 namespace computron::actors::manager_detail {
 
@@ -406,6 +407,32 @@ void join_rows(manager_pointer self, const batch_ptr& b, const sched::join_plan&
             });
 }
 
+/// Row `r` was preempted: its request goes back to the queue to be recomputed, what it
+/// generated becoming part of its prompt (sched::recompute_budget, the dispatch core's
+/// rule for its queued row), and its answer will start with what it generated so far.
+void requeue(manager_pointer self, const batch_ptr& b, size_t r) {
+  auto& st = self->state;
+  auto& q = b->rows[r];
+  auto& out = b->outputs[r];
+  const auto generated = static_cast<int64_t>(out.size());
+  if (q.preemptions++ == 0) {
+    q.prompt_len = q.req.tokens.size();
+    q.prior_prompt_logprobs = std::move(b->prompt_logprobs[r]);
+  }
+  auto budget = sched::recompute_budget(
+      {static_cast<int64_t>(q.req.tokens.size()), q.req.max_tokens, q.req.sampling.min_tokens},
+      generated);
+  q.req.tokens.insert(q.req.tokens.end(), out.begin(), out.end());
+  q.req.max_tokens = budget.max_tokens;
+  q.req.sampling.min_tokens = budget.min_tokens;
+  q.joined = false;
+  q.prior_outputs.insert(q.prior_outputs.end(), out.begin(), out.end());
+  q.prior_logprobs.insert(q.prior_logprobs.end(), b->logprobs[r].begin(), b->logprobs[r].end());
+  st.batch_of.erase(q.req.id);
+  st.opts.obs->preempted(b->model);
+  st.waiting.emplace(q.key, std::move(q));
+}
+
 }  // namespace
 
 /// Runs step `step` of the rows in b->sent; `keep` says which rows of the previous step
@@ -484,32 +511,21 @@ void at_step_boundary(manager_pointer self, const batch_ptr& b, sched::dispatch_
   auto& st = self->state;
   // Rows that leave here: preempted ones go back to the queue to be recomputed, with what
   // they generated as part of their prompt; ones that can never fit fail.
-  std::set<uint64_t> leaving;
-  for (auto& p : e.preempted)
-    if (p.batch == b->id)
-      for (auto& row : p.rows) leaving.insert(row.key);
-  std::vector<sched::row_failure> failed;
-  for (auto& f : e.failures)
-    if (f.batch == b->id) {
-      failed.push_back(f);
-      leaving.insert(f.row.key);
-    }
-  if (!leaving.empty()) {
+  auto leavers = sched::leavers_at(e, b->id);
+  if (!leavers.empty()) {
     std::vector<size_t> stay;
     std::vector<int32_t> keep;
     for (size_t i = 0; i < b->sent.size(); ++i) {
       auto r = b->sent[i];
       auto& q = b->rows[r];
-      if (leaving.count(q.key) == 0) {
+      if (!leavers.leaves(q.key)) {
         stay.push_back(r);
         if (i < b->boundary_keep.size()) keep.push_back(b->boundary_keep[i]);
         continue;
       }
-      auto f = std::find_if(failed.begin(), failed.end(),
-                            [&](const sched::row_failure& x) { return x.row.key == q.key; });
-      if (f != failed.end()) {
+      if (auto f = leavers.failed.find(q.key); f != leavers.failed.end()) {
         if (b->running > 0) set_running(self, b, b->running - 1);
-        reply_error(self, q, row_error(self, *f, q));
+        reply_error(self, q, row_error(self, f->second, q));
         continue;
       }
       // Its client withdrew it meanwhile (or has what it wants): it ends here, not after a
@@ -518,43 +534,30 @@ void at_step_boundary(manager_pointer self, const batch_ptr& b, sched::dispatch_
         finish_row(self, b, r, b->completed.count(q.req.id) > 0 ? "stop" : "cancelled");
         continue;
       }
-      // Recompute: the prompt grows by what it generated, max_tokens shrinks by as much
-      // (and min_tokens, which counts generated tokens).
-      if (q.preemptions++ == 0) {
-        q.prompt_len = q.req.tokens.size();
-        q.prior_prompt_logprobs = std::move(b->prompt_logprobs[r]);
-      }
-      q.req.tokens.insert(q.req.tokens.end(), b->outputs[r].begin(), b->outputs[r].end());
-      q.req.max_tokens -= static_cast<int64_t>(b->outputs[r].size());
-      q.req.sampling.min_tokens = std::max<int64_t>(
-          0, q.req.sampling.min_tokens - static_cast<int64_t>(b->outputs[r].size()));
-      q.joined = false;
-      q.prior_outputs.insert(q.prior_outputs.end(), b->outputs[r].begin(), b->outputs[r].end());
-      q.prior_logprobs.insert(q.prior_logprobs.end(), b->logprobs[r].begin(), b->logprobs[r].end());
-      st.batch_of.erase(q.req.id);
-      st.opts.obs->preempted(b->model);
-      st.waiting.emplace(q.key, std::move(q));
+      requeue(self, b, r);
     }
     b->boundary_keep = std::move(keep);
     compact(b, stay);
     set_running(self, b, b->sent.size());
   }
   auto joins = std::move(e.joins);
-  const bool go = std::find(e.steps.begin(), e.steps.end(), b->id) != e.steps.end();
-  // Waiting for a KV ask: its answer continues the batch (ask_kv).
-  const bool waits = !go && std::any_of(e.kv_asks.begin(), e.kv_asks.end(),
-                                        [&](auto& a) { return a.batch == b->id; });
-  if (waits) st.at_boundary[b->id] = b;
+  auto next = sched::next_at_boundary(e, b->id, !b->sent.empty() || !joins.empty());
+  if (next == sched::boundary_next::wait) st.at_boundary[b->id] = b;
   carry_out(self, std::move(e));
-  if (waits) return;
-  if (b->sent.empty() && joins.empty()) {
-    finish_batch(self, b, nullptr);
-    return;
-  }
-  if (!go) {
-    auto err = make_error(ec::invalid_state, "a step boundary neither stepped nor waited");
-    finish_batch(self, b, &err);
-    return;
+  switch (next) {
+    case sched::boundary_next::wait:
+      return;
+    case sched::boundary_next::end:
+      finish_batch(self, b, nullptr);
+      return;
+    case sched::boundary_next::stuck: {
+      auto why = sched::boundary_stuck();
+      auto err = make_error(why.code, why.reason);
+      finish_batch(self, b, &err);
+      return;
+    }
+    case sched::boundary_next::step:
+      break;
   }
   auto step = b->boundary_step;
   auto previous = b->boundary_previous;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "sched/kv_blocks.hpp"
+#include "sched/step_rows.hpp"
 
 namespace computron::sched {
 
@@ -348,9 +349,9 @@ void dispatcher::kv_continue(batch_id id, batch_state& b, uint64_t ceiling, time
       auto done = b.steps_run[key];
       b.steps_run.erase(key);
       b.leaving += kv_need(row, done);
-      // Recomputed later: what it generated becomes part of its prompt.
-      row.prompt_tokens = std::max<int64_t>(1, row.prompt_tokens) + done;
-      row.steps = std::max<int64_t>(1, row.steps - done);
+      // Recomputed later: what it generated becomes part of its prompt (the manager
+      // rewrites its request by the same rule).
+      row = recompute_row(std::move(row), done);
       if (kv_need(row, row.steps) > ceiling)
         out.failures.push_back({model, row, row_end::no_kv_room, id});
       else

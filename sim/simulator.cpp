@@ -12,6 +12,7 @@
 #include "common/prefill_window.hpp"
 #include "sched/dispatch.hpp"
 #include "sched/residency.hpp"
+#include "sched/step_rows.hpp"
 #include "sim/sim_records.hpp"
 
 namespace computron::sim {
@@ -443,10 +444,7 @@ class simulator {
       return;
     }
     if (b.rows.empty()) {
-      auto compute_s = b.compute_s;
-      auto steps = b.steps;
-      batches_.erase(it);
-      carry_out(disp_->batch_done(id, now_, true, compute_s, steps));
+      end_batch(id, false);
       return;
     }
     // After a join's prefill the batch decodes (the manager's join_rows); the next
@@ -460,6 +458,22 @@ class simulator {
     boundary(id, disp_->step_boundary(id, going, now_));
   }
 
+  /// A running batch ends: its rows are all answered, or with `stuck` (a step boundary that
+  /// neither stepped nor waited, sched::boundary_stuck) its rows still running fail as the
+  /// manager fails them: invalid_state, which the HTTP layer answers with 409.
+  void end_batch(sched::batch_id id, bool stuck) {
+    auto it = batches_.find(id);
+    if (it == batches_.end()) return;
+    auto compute_s = it->second.compute_s;
+    auto steps = it->second.steps;
+    if (stuck) {
+      for (auto& r : it->second.rows) fail(r.key, 409, "http_409");
+      for (auto& r : it->second.joining) fail(r.key, 409, "http_409");
+    }
+    batches_.erase(it);
+    carry_out(disp_->batch_done(id, now_, !stuck, compute_s, steps));
+  }
+
   /// A step boundary's decisions for batch `id`: preempted rows go back to the queue (the
   /// dispatch core requeued them with their progress), rows that can never fit fail, the
   /// next step runs now, or after a KV ask's answer.
@@ -470,25 +484,22 @@ class simulator {
       return;
     }
     auto& b = it->second;
-    std::set<uint64_t> leaving;
-    for (auto& p : e.preempted)
-      if (p.batch == id)
-        for (auto& row : p.rows) {
-          ++preemptions_;
-          leaving.insert(row.key);
-          requests_[row.key].prompt_len = row.prompt_tokens;
-          requests_[row.key].max_tokens = row.steps;
-        }
-    for (auto& f : e.failures)
-      if (f.batch == id) leaving.insert(f.row.key);
-    if (!leaving.empty()) {
+    // The rows that leave: preempted ones requeued as the core rewrote them (the request's
+    // prompt and max_tokens are the queued row's), failed ones answered by carry_out.
+    auto leavers = sched::leavers_at(e, id);
+    for (auto& [key, row] : leavers.preempted) {
+      ++preemptions_;
+      requests_[key].prompt_len = row.prompt_tokens;
+      requests_[key].max_tokens = row.steps;
+    }
+    if (!leavers.empty()) {
       batch kept = b;
       kept.rows.clear();
       kept.taken.clear();
       kept.left.clear();
       kept.joined.clear();
       for (size_t i = 0; i < b.rows.size(); ++i) {
-        if (leaving.count(b.rows[i].key) > 0) continue;
+        if (leavers.leaves(b.rows[i].key)) continue;
         kept.rows.push_back(b.rows[i]);
         kept.taken.push_back(b.taken[i]);
         kept.left.push_back(b.left[i]);
@@ -497,23 +508,17 @@ class simulator {
       b = std::move(kept);
     }
     auto joins = std::move(e.joins);
-    const bool go = std::find(e.steps.begin(), e.steps.end(), id) != e.steps.end();
-    // Waiting for a KV ask: its answer continues the batch, here at once when the core
-    // answers at once (so it must know first that the batch waits).
-    const bool waits = !go && std::any_of(e.kv_asks.begin(), e.kv_asks.end(),
-                                          [&](auto& a) { return a.batch == id; });
-    if (waits) at_boundary_.insert(id);
+    // Here the residency core answers a KV ask at once: the batch must be known to wait
+    // before the ask is carried out.
+    auto next = sched::next_at_boundary(e, id, !b.rows.empty() || !joins.empty());
+    if (next == sched::boundary_next::wait) at_boundary_.insert(id);
     carry_out(std::move(e));
-    if (waits) return;
-    auto& bb = batches_.at(id);
-    if (bb.rows.empty() && joins.empty()) {
-      auto compute_s = bb.compute_s;
-      auto steps = bb.steps;
-      batches_.erase(id);
-      carry_out(disp_->batch_done(id, now_, true, compute_s, steps));
+    if (next == sched::boundary_next::wait) return;
+    if (next != sched::boundary_next::step) {
+      end_batch(id, next == sched::boundary_next::stuck);
       return;
     }
-    if (!go) return;  // cannot be: a batch with rows either steps or waits
+    auto& bb = batches_.at(id);
     if (joins.empty()) {
       push(run_step(bb, now_, static_cast<int64_t>(bb.rows.size())), event_kind::step_done, id);
       return;
