@@ -9,7 +9,6 @@
 #include <set>
 #include <unordered_map>
 
-#include "common/prefill_window.hpp"
 #include "sched/dispatch.hpp"
 #include "sched/residency.hpp"
 #include "sched/step_rows.hpp"
@@ -198,12 +197,8 @@ class simulator {
       b.taken.assign(b.rows.size(), b.dispatched);
       b.joined.assign(b.rows.size(), false);
       b.left.clear();
-      int64_t prompt_tokens = 0;
-      for (auto& row : b.rows) {
-        b.left.push_back(requests_[row.key].max_tokens);
-        prompt_tokens += requests_[row.key].prompt_len;
-      }
-      push(run_step(b, s.start, prompt_tokens), event_kind::step_done, s.id);
+      for (auto& row : b.rows) b.left.push_back(requests_[row.key].max_tokens);
+      push(run_step(b, s.start, s.plan.tokens()), event_kind::step_done, s.id);
     }
     for (auto& f : e.formed) {
       batch b;
@@ -525,10 +520,7 @@ class simulator {
     }
     // The joiners' prefill, as its own step (the manager's join_rows), whole or a chunk.
     auto& plan = joins.front();
-    int64_t prompt_tokens = 0;
-    for (auto& row : plan.rows)
-      prompt_tokens +=
-          prefill_window(requests_[row.key].prompt_len, plan.chunk, plan.left).tokens();
+    const auto tokens = plan.step.tokens();
     // The joiners left the queue at their first chunk.
     if (bb.chunking != plan.id) bb.joining_since = now_;
     if (plan.partial()) {
@@ -538,7 +530,7 @@ class simulator {
       bb.chunking = 0;
       bb.joining = std::move(plan.rows);
     }
-    push(run_step(bb, now_, prompt_tokens), event_kind::step_done, id);
+    push(run_step(bb, now_, tokens), event_kind::step_done, id);
   }
 
   const sim_config& cfg_;
