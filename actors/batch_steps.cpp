@@ -113,10 +113,10 @@ bool check_tokens(manager_pointer self, const batch_ptr& b, const step_result& r
 }
 
 /// The one place a step's request takes what the dispatch core's plan decided: the batch id
-/// it runs under, the join and the chunk, the KV blocks the pools may take, and the prompts
-/// of `rows` (indices into b->rows, in the plan's order: a row cancelled in the queue is
-/// not among them). Returns the tokens the step computes (its deadline's and the step
-/// fit's figure).
+/// it runs under, the join and the chunk, the KV blocks the pools may take, and per row of
+/// `rows` (indices into b->rows, in the plan's order: a row cancelled in the queue is not
+/// among them) its prompt or its last token. Returns the tokens the step computes (its
+/// deadline's and the step fit's figure).
 int64_t request_from_plan(const batch_ptr& b, const sched::step_plan& plan,
                           const std::vector<size_t>& rows, step_request& req) {
   req.model = b->model;
@@ -128,12 +128,18 @@ int64_t request_from_plan(const batch_ptr& b, const sched::step_plan& plan,
   int64_t tokens = 0;
   for (auto r : rows) {
     auto& q = b->rows[r];
-    // The sampling rank keeps each row's sampler from the prefill on: the settings (bias
-    // and stop lists included) travel once, not with every decode step.
-    req.prompts.push_back(q.req.tokens);
-    req.sampling.push_back(q.req.sampling);
-    for (auto& p : plan.rows)
-      if (p.key == q.key) tokens += p.scheduled;
+    auto p = std::find_if(plan.rows.begin(), plan.rows.end(),
+                          [&](const sched::planned_row& x) { return x.key == q.key; });
+    if (p != plan.rows.end() && !p->decoding()) {
+      // The sampling rank keeps each row's sampler from the prefill on: the settings
+      // (bias and stop lists included) travel once, not with every decode step.
+      req.prompts.push_back(q.req.tokens);
+      req.sampling.push_back(q.req.sampling);
+      tokens += p->scheduled;
+    } else {
+      req.tokens.push_back(b->outputs[r].back());
+      ++tokens;
+    }
   }
   return tokens;
 }
@@ -270,6 +276,10 @@ void join_rows(manager_pointer self, const batch_ptr& b, const sched::join_plan&
                 if (take_token(self, b, joined[j], j, res, true)) {
                   going.push_back(joined[j]);
                   keep.push_back(static_cast<int32_t>(previous + j));
+                  // It decodes in the batch's next step, whose plan the boundary gave.
+                  for (auto& e : plan.rows)
+                    if (e.key == b->rows[joined[j]].key)
+                      b->next.rows.push_back(sched::decode_row(e, 1));
                 }
               b->sent = std::move(going);
               set_running(self, b, b->sent.size());
@@ -291,18 +301,11 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vecto
   auto& m = st.models.at(b->model);
   const auto pp = static_cast<size_t>(m.cfg.pp);
   step_request req;
-  // The first step's tokens are its plan's (the prompts); a decode step computes one per
-  // row.
-  int64_t tokens = 0;
-  if (plan) {
-    tokens = request_from_plan(b, *plan, b->sent, req);
-  } else {
-    req.model = b->model;
-    req.batch_id = b->id;
-    for (auto r : b->sent) req.tokens.push_back(b->outputs[r].back());
-    tokens = static_cast<int64_t>(req.tokens.size());
-    set_kv_blocks(self, b, req);
-  }
+  // The first step's plan came with its start; a decode step's with its boundary (and the
+  // joiners that went on). A join's step may have come between: the pools' bound is the
+  // ledger's now.
+  const auto tokens = request_from_plan(b, plan ? *plan : b->next, b->sent, req);
+  if (!plan) set_kv_blocks(self, b, req);
   req.step = static_cast<int32_t>(step);
   // The last step is the one no row can outlive (rows only ever finish earlier, and none
   // joins a batch whose caches are gone).
@@ -386,6 +389,8 @@ void at_step_boundary(manager_pointer self, const batch_ptr& b, sched::dispatch_
   }
   auto joins = std::move(e.joins);
   auto next = sched::next_at_boundary(e, b->id, !b->sent.empty() || !joins.empty());
+  for (auto& p : e.plans)
+    if (p.batch == b->id) b->next = std::move(p);
   if (next == sched::boundary_next::wait) st.at_boundary[b->id] = b;
   carry_out(self, std::move(e));
   switch (next) {

@@ -99,6 +99,9 @@ struct batch {
   /// under which the workers cache them until the last chunk joins them to this batch.
   std::vector<size_t> pending{};
   sched::batch_id pending_id = 0;
+  /// The plan of its next decode step: the dispatch core's from the last step boundary,
+  /// with the joiners that went on after their prefill.
+  sched::step_plan next{};
 };
 
 using batch_ptr = std::shared_ptr<batch>;
