@@ -29,8 +29,10 @@ enum class step_mode : uint8_t {
   mixed,
 };
 
+/// The mode's name, for logs and traces.
 const char* to_string(step_mode m);
 
+/// One row of a step.
 struct planned_row {
   /// The driver's key of the request (queued_entry::key).
   uint64_t key = 0;
@@ -47,6 +49,7 @@ struct planned_row {
   bool decoding() const { return computed >= prompt_tokens; }
 };
 
+/// One forward step of a batch.
 struct step_plan {
   /// The batch id the workers run the step under: the batch's own, or a join's (its rows
   /// are cached under it until they join `into`).

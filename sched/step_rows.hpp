@@ -42,6 +42,7 @@ struct boundary_leavers {
   bool leaves(uint64_t key) const { return preempted.count(key) > 0 || failed.count(key) > 0; }
   bool empty() const { return preempted.empty() && failed.empty(); }
 };
+/// Batch `id`'s leavers among the effects of a step boundary.
 boundary_leavers leavers_at(const dispatch_effects& e, batch_id id);
 
 /// What a batch does after a step boundary once its leavers left.
@@ -66,6 +67,7 @@ boundary_next next_at_boundary(const dispatch_effects& e, batch_id id, bool rows
 /// hears batch_done(ok = false).
 refusal boundary_stuck();
 
+/// The decision's name, for logs and tests.
 const char* to_string(boundary_next n);
 
 }  // namespace computron::sched

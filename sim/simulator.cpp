@@ -399,39 +399,27 @@ class simulator {
       // A chunk of the joiners' prompts: the running rows' step comes next (the
       // manager's join_rows).
       b.chunk_step = false;
-      push(run_step(b, now_, static_cast<int64_t>(b.rows.size())), event_kind::step_done, id);
+      push(run_step(b, now_, b.next.tokens()), event_kind::step_done, id);
       return;
     }
     const bool join_step = !b.joining.empty();
+    const auto joiners = std::move(b.joining);
+    b.joining.clear();
     if (join_step) {
-      for (auto& row : b.joining) {
+      for (auto& row : joiners) {
         b.rows.push_back(row);
         b.taken.push_back(b.joining_since);
         b.left.push_back(requests_[row.key].max_tokens - 1);
         b.joined.push_back(true);
       }
-      b.joining.clear();
     } else {
       for (auto& l : b.left) --l;
     }
-    std::vector<sched::queued_entry> rows;
-    std::vector<time_point> taken;
-    std::vector<int64_t> left;
-    std::vector<bool> joined;
-    for (size_t i = 0; i < b.rows.size(); ++i) {
-      if (b.left[i] <= 0) {
-        answer(b, i);
-        continue;
-      }
-      rows.push_back(b.rows[i]);
-      taken.push_back(b.taken[i]);
-      left.push_back(b.left[i]);
-      joined.push_back(b.joined[i]);
-    }
-    b.rows = std::move(rows);
-    b.taken = std::move(taken);
-    b.left = std::move(left);
-    b.joined = std::move(joined);
+    b.keep_rows([&](size_t i) {
+      if (b.left[i] > 0) return true;
+      answer(b, i);
+      return false;
+    });
     // With every row done the batch ends, unless a chunked join under way is to join it
     // (the manager's run_step): its boundary then runs the rest of the join at once.
     if (b.rows.empty() && b.chunking != 0) {
@@ -442,10 +430,13 @@ class simulator {
       end_batch(id, false);
       return;
     }
-    // After a join's prefill the batch decodes (the manager's join_rows); the next
-    // boundary may take more.
+    // After a join's prefill the batch decodes (the manager's join_rows), the joiners that
+    // went on in its plan; the next boundary may take more.
     if (join_step) {
-      push(run_step(b, now_, static_cast<int64_t>(b.rows.size())), event_kind::step_done, id);
+      for (auto& row : joiners)
+        if (std::any_of(b.rows.begin(), b.rows.end(), [&](auto& r) { return r.key == row.key; }))
+          b.next.rows.push_back(sched::decode_row(row, 1));
+      push(run_step(b, now_, b.next.tokens()), event_kind::step_done, id);
       return;
     }
     std::vector<uint64_t> going;
@@ -487,25 +478,13 @@ class simulator {
       requests_[key].prompt_len = row.prompt_tokens;
       requests_[key].max_tokens = row.steps;
     }
-    if (!leavers.empty()) {
-      batch kept = b;
-      kept.rows.clear();
-      kept.taken.clear();
-      kept.left.clear();
-      kept.joined.clear();
-      for (size_t i = 0; i < b.rows.size(); ++i) {
-        if (leavers.leaves(b.rows[i].key)) continue;
-        kept.rows.push_back(b.rows[i]);
-        kept.taken.push_back(b.taken[i]);
-        kept.left.push_back(b.left[i]);
-        kept.joined.push_back(b.joined[i]);
-      }
-      b = std::move(kept);
-    }
+    b.keep_rows([&](size_t i) { return !leavers.leaves(b.rows[i].key); });
     auto joins = std::move(e.joins);
     // Here the residency core answers a KV ask at once: the batch must be known to wait
     // before the ask is carried out.
     auto next = sched::next_at_boundary(e, id, !b.rows.empty() || !joins.empty());
+    for (auto& p : e.plans)
+      if (p.batch == id) b.next = std::move(p);
     if (next == sched::boundary_next::wait) at_boundary_.insert(id);
     carry_out(std::move(e));
     if (next == sched::boundary_next::wait) return;
@@ -515,7 +494,7 @@ class simulator {
     }
     auto& bb = batches_.at(id);
     if (joins.empty()) {
-      push(run_step(bb, now_, static_cast<int64_t>(bb.rows.size())), event_kind::step_done, id);
+      push(run_step(bb, now_, bb.next.tokens()), event_kind::step_done, id);
       return;
     }
     // The joiners' prefill, as its own step (the manager's join_rows), whole or a chunk.
