@@ -1,10 +1,11 @@
 // The manager's batches step by step: each step's fan-out to the first stage of every
-// tensor-parallel rank and the join of their results, rows that finish (length, a stop
-// id, cancellation), and the end of a batch (its model, devices and caches released).
-// The manager's dispatch and run passes (model_manager.cpp) start batches here.
+// tensor-parallel rank and the join of their results, the step boundary (sched/step_rows:
+// rows leave, join, or are preempted; the batch steps, waits for KV, ends or is stuck), and
+// the end of a batch (its model, devices and caches released). Its rows' answers are
+// batch_rows.cpp's. The manager's dispatch and run passes (model_manager.cpp) start
+// batches here.
 #include <algorithm>
 #include <functional>
-#include <set>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -14,76 +15,9 @@
 #include "actors/model_manager_state.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "sched/step_rows.hpp"
 
 namespace computron::actors::manager_detail {
-
-void reply_error(manager_pointer self, queued_request& q, const caf::error& err) {
-  self->state.batch_of.erase(q.req.id);
-  auto outcome = is(err, ec::deadline_exceeded) ? "deadline_exceeded"
-                 : is(err, ec::cancelled)       ? "cancelled"
-                                                : "error";
-  // Counted before the answer leaves: a client that reads the metrics next sees it.
-  self->state.opts.obs->request_done(q.req.model, outcome,
-                                     sched::seconds_between(q.arrival, now(self)));
-  q.rp.deliver(err);
-}
-
-/// Answers one row: its tokens so far and why it ended.
-void finish_row(manager_pointer self, const batch_ptr& b, size_t r, const std::string& reason,
-                int64_t stop_id = -1) {
-  auto& st = self->state;
-  auto& q = b->rows[r];
-  st.batch_of.erase(q.req.id);
-  auto t = now(self);
-  infer_reply rep;
-  request_timeline tl;
-  tl.queue_s = sched::seconds_between(q.arrival, q.taken);
-  tl.swap_s = q.joined ? 0 : b->load_ms / 1e3;
-  if (q.first_token != sched::time_point{})
-    tl.ttft_s = sched::seconds_between(q.arrival, q.first_token);
-  tl.itl_s = std::move(q.itl_s);
-  tl.e2e_s = sched::seconds_between(q.arrival, t);
-  tl.finish_reason = reason;
-  tl.prompt_tokens = static_cast<int64_t>(q.preemptions > 0 ? q.prompt_len : q.req.tokens.size());
-  rep.id = q.req.id;
-  rep.model = b->model;
-  // A row recomputed after a preemption answers what it generated before, then since.
-  rep.tokens = std::move(q.prior_outputs);
-  rep.logprobs = std::move(q.prior_logprobs);
-  if (r < b->outputs.size())
-    rep.tokens.insert(rep.tokens.end(), b->outputs[r].begin(), b->outputs[r].end());
-  if (r < b->logprobs.size())
-    rep.logprobs.insert(rep.logprobs.end(), b->logprobs[r].begin(), b->logprobs[r].end());
-  tl.generation_tokens = static_cast<int64_t>(rep.tokens.size());
-  if (q.preemptions > 0)
-    rep.prompt_logprobs = std::move(q.prior_prompt_logprobs);
-  else if (r < b->prompt_logprobs.size())
-    rep.prompt_logprobs = std::move(b->prompt_logprobs[r]);
-  rep.queue_ms = sched::seconds_between(q.arrival, q.taken) * 1e3;
-  rep.load_ms = q.joined ? 0 : b->load_ms;
-  rep.compute_ms = b->compute_ms;
-  rep.total_ms = sched::seconds_between(q.arrival, t) * 1e3;
-  rep.batch_size = q.batch_rows;
-  rep.swapped = b->swapped && !q.joined;
-  rep.finish_reason = reason;
-  rep.stop_id = stop_id;
-  // Counted before the answer leaves: a client that reads the metrics next sees it (and
-  // no longer running).
-  if (b->running > 0) set_running(self, b, b->running - 1);
-  if (reason != "cancelled") ++st.models.at(b->model).served;
-  st.opts.obs->request_done(b->model, reason == "cancelled" ? "cancelled" : "ok",
-                            sched::seconds_between(q.arrival, t));
-  st.opts.obs->request_timeline(b->model, tl);
-  q.rp.deliver(std::move(rep));
-}
-
-void set_running(manager_pointer self, const batch_ptr& b, size_t rows) {
-  auto& n = self->state.running[b->model];
-  n = n + rows - std::min(n, b->running);
-  b->running = rows;
-  b->peak_rows = std::max(b->peak_rows, rows);
-  self->state.opts.obs->running_requests(b->model, n);
-}
 
 /// Ends a batch: on error every row still running fails with it; either way the model,
 /// its devices and (where the last step did not) the workers' caches are released.
@@ -178,77 +112,36 @@ bool check_tokens(manager_pointer self, const batch_ptr& b, const step_result& r
   return false;
 }
 
-/// Row `r`'s token from position `p` of a step's result: the row goes on (true), or is
-/// answered now and leaves the batch (cancelled, a stop id, max_tokens), so no decode step
-/// is spent on a row that is done.
-bool take_token(manager_pointer self, const batch_ptr& b, size_t r, size_t p, step_result& res,
-                bool prefill) {
-  auto& q = b->rows[r];
-  auto token = res.tokens[p];
-  auto t = now(self);
-  if (q.first_token == sched::time_point{})
-    q.first_token = t;
-  else
-    q.itl_s.push_back(sched::seconds_between(q.last_token, t));
-  q.last_token = t;
-  if (prefill && p < res.prompt_logprobs.size())
-    b->prompt_logprobs[r] = std::move(res.prompt_logprobs[p]);
-  if (b->cancelled.count(q.req.id) > 0) {
-    finish_row(self, b, r, b->completed.count(q.req.id) > 0 ? "stop" : "cancelled");
-    return false;
+/// The one place a step's request takes what the dispatch core's plan decided: the batch id
+/// it runs under, the join and the chunk, the KV blocks the pools may take, and per row of
+/// `rows` (indices into b->rows, in the plan's order: a row cancelled in the queue is not
+/// among them) its prompt or its last token. Returns the tokens the step computes (its
+/// deadline's and the step fit's figure).
+int64_t request_from_plan(const batch_ptr& b, const sched::step_plan& plan,
+                          const std::vector<size_t>& rows, step_request& req) {
+  req.model = b->model;
+  req.batch_id = plan.batch;
+  req.join_into = plan.into;
+  req.prefill_chunk = plan.chunk;
+  req.prefill_left = plan.left;
+  req.kv_blocks = static_cast<int64_t>(plan.kv_blocks);
+  int64_t tokens = 0;
+  for (auto r : rows) {
+    auto& q = b->rows[r];
+    auto p = std::find_if(plan.rows.begin(), plan.rows.end(),
+                          [&](const sched::planned_row& x) { return x.key == q.key; });
+    if (p != plan.rows.end() && !p->decoding()) {
+      // The sampling rank keeps each row's sampler from the prefill on: the settings
+      // (bias and stop lists included) travel once, not with every decode step.
+      req.prompts.push_back(q.req.tokens);
+      req.sampling.push_back(q.req.sampling);
+      tokens += p->scheduled;
+    } else {
+      req.tokens.push_back(b->outputs[r].back());
+      ++tokens;
+    }
   }
-  auto& stops = q.req.stop_ids;
-  if (std::find(stops.begin(), stops.end(), token) != stops.end()) {
-    // The stop id was generated too: its log-probability comes last, as vLLM lists it
-    // (lm-eval's loglikelihood reads the one token after an echoed prompt).
-    if (q.req.sampling.logprobs >= 0 && p < res.logprobs.size())
-      b->logprobs[r].push_back(std::move(res.logprobs[p]));
-    finish_row(self, b, r, "stop", token);
-    return false;
-  }
-  b->outputs[r].push_back(token);
-  token_logprobs lp;
-  if (q.req.sampling.logprobs >= 0 && p < res.logprobs.size()) {
-    lp = std::move(res.logprobs[p]);
-    b->logprobs[r].push_back(lp);
-  }
-  if (q.req.stream)
-    self->send(q.req.stream, token_atom_v, q.req.id, q.req.stream_row, token, std::move(lp));
-  if (static_cast<int64_t>(b->outputs[r].size()) >= q.req.max_tokens) {
-    finish_row(self, b, r, "length");
-    return false;
-  }
-  return true;
-}
-
-/// Keeps only the rows in `going` (indices into b->rows, in the workers' order) and those
-/// of a chunked prefill under way: a batch that lives on as rows leave and join
-/// (continuous batching) holds its live rows only, and b->sent numbers them 0..n-1 again.
-void compact(const batch_ptr& b, const std::vector<size_t>& going) {
-  std::vector<queued_request> rows;
-  std::vector<std::vector<int64_t>> outputs;
-  std::vector<std::vector<token_logprobs>> logprobs, prompt_logprobs;
-  std::set<uint64_t> cancelled, completed;
-  auto all = going;
-  all.insert(all.end(), b->pending.begin(), b->pending.end());
-  for (auto r : all) {
-    auto id = b->rows[r].req.id;
-    if (b->cancelled.count(id) > 0) cancelled.insert(id);
-    if (b->completed.count(id) > 0) completed.insert(id);
-    rows.push_back(std::move(b->rows[r]));
-    outputs.push_back(std::move(b->outputs[r]));
-    logprobs.push_back(std::move(b->logprobs[r]));
-    prompt_logprobs.push_back(std::move(b->prompt_logprobs[r]));
-  }
-  b->rows = std::move(rows);
-  b->outputs = std::move(outputs);
-  b->logprobs = std::move(logprobs);
-  b->prompt_logprobs = std::move(prompt_logprobs);
-  b->cancelled = std::move(cancelled);
-  b->completed = std::move(completed);
-  b->sent.resize(going.size());
-  for (size_t i = 0; i < b->sent.size(); ++i) b->sent[i] = i;
-  for (size_t i = 0; i < b->pending.size(); ++i) b->pending[i] = going.size() + i;
+  return tokens;
 }
 
 /// Carries the rows' one deadline to the workers (step_request::deadline_ms): the time
@@ -345,26 +238,9 @@ void join_rows(manager_pointer self, const batch_ptr& b, const sched::join_plan&
     return;
   }
   step_request req;
-  req.model = b->model;
-  req.batch_id = plan.id;
-  req.prefill_chunk = plan.chunk;
-  req.prefill_left = plan.left;
-  for (auto r : joined) {
-    req.prompts.push_back(b->rows[r].req.tokens);
-    req.sampling.push_back(b->rows[r].req.sampling);
-  }
+  const auto tokens = request_from_plan(b, plan.step, joined, req);
   const auto pp = st.models.at(b->model).cfg.pp;
-  // Row i computes its tokens [n_i - left - chunk, n_i - left) (step_request), all of
-  // them without chunks.
-  int64_t tokens = 0;
-  for (auto& p : req.prompts) {
-    auto n = static_cast<int64_t>(p.size());
-    tokens += plan.chunk == 0 ? n
-                              : std::max<int64_t>(0, n - plan.left) -
-                                    std::max<int64_t>(0, n - plan.left - plan.chunk);
-  }
   set_deadline(self, b, req, tokens);
-  set_kv_blocks(self, b, req);
   if (plan.chunk > 0) st.opts.obs->prefill_chunk(b->model, tokens);
   if (plan.partial()) {
     // A chunk of their prompts, then the running rows' next step: they wait for a chunk,
@@ -380,10 +256,10 @@ void join_rows(manager_pointer self, const batch_ptr& b, const sched::join_plan&
               });
     return;
   }
-  // The rows join now (an error fails them with the others, as running rows); the join's
-  // id stays until it succeeds, so that a failure ends its caches on every stage.
+  // The rows join now (an error fails them with the others, as running rows; the plan
+  // joins them into b); the join's id stays until it succeeds, so that a failure ends its
+  // caches on every stage.
   b->pending.clear();
-  req.join_into = b->id;
   // An error from here on fails the joined rows with the others.
   auto going = b->sent;
   b->sent.insert(b->sent.end(), joined.begin(), joined.end());
@@ -400,6 +276,10 @@ void join_rows(manager_pointer self, const batch_ptr& b, const sched::join_plan&
                 if (take_token(self, b, joined[j], j, res, true)) {
                   going.push_back(joined[j]);
                   keep.push_back(static_cast<int32_t>(previous + j));
+                  // It decodes in the batch's next step, whose plan the boundary gave.
+                  for (auto& e : plan.rows)
+                    if (e.key == b->rows[joined[j]].key)
+                      b->next.rows.push_back(sched::decode_row(e, 1));
                 }
               b->sent = std::move(going);
               set_running(self, b, b->sent.size());
@@ -415,13 +295,17 @@ void join_rows(manager_pointer self, const batch_ptr& b, const sched::join_plan&
 
 /// Runs step `step` of the rows in b->sent; `keep` says which rows of the previous step
 /// they are (empty: all).
-void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vector<int32_t> keep) {
+void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vector<int32_t> keep,
+              const sched::step_plan* plan) {
   auto& st = self->state;
   auto& m = st.models.at(b->model);
   const auto pp = static_cast<size_t>(m.cfg.pp);
   step_request req;
-  req.model = b->model;
-  req.batch_id = b->id;
+  // The first step's plan came with its start; a decode step's with its boundary (and the
+  // joiners that went on). A join's step may have come between: the pools' bound is the
+  // ledger's now.
+  const auto tokens = request_from_plan(b, plan ? *plan : b->next, b->sent, req);
+  if (!plan) set_kv_blocks(self, b, req);
   req.step = static_cast<int32_t>(step);
   // The last step is the one no row can outlive (rows only ever finish earlier, and none
   // joins a batch whose caches are gone).
@@ -433,22 +317,7 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vecto
   b->caches_dropped = req.last;
   ++b->steps;
   req.keep = std::move(keep);
-  for (auto r : b->sent) {
-    if (step == 0) {
-      // The sampling rank keeps each row's sampler from the prefill on: the settings
-      // (bias and stop lists included) travel once, not with every decode step.
-      req.prompts.push_back(b->rows[r].req.tokens);
-      req.sampling.push_back(b->rows[r].req.sampling);
-    } else {
-      req.tokens.push_back(b->outputs[r].back());
-    }
-  }
-  // Tokens the step computes: the prompts at a prefill, a token per row after.
-  int64_t tokens = 0;
-  for (auto& p : req.prompts) tokens += static_cast<int64_t>(p.size());
-  if (step > 0) tokens = static_cast<int64_t>(req.tokens.size());
   set_deadline(self, b, req, tokens);
-  set_kv_blocks(self, b, req);
   const bool loading = step == 0 && b->loading;
   auto timeout = st.opts.step_timeout * static_cast<int>(pp);
   if (step == 0 && b->loading)  // it also waits for the load under way
@@ -489,32 +358,21 @@ void at_step_boundary(manager_pointer self, const batch_ptr& b, sched::dispatch_
   auto& st = self->state;
   // Rows that leave here: preempted ones go back to the queue to be recomputed, with what
   // they generated as part of their prompt; ones that can never fit fail.
-  std::set<uint64_t> leaving;
-  for (auto& p : e.preempted)
-    if (p.batch == b->id)
-      for (auto& row : p.rows) leaving.insert(row.key);
-  std::vector<sched::row_failure> failed;
-  for (auto& f : e.failures)
-    if (f.batch == b->id) {
-      failed.push_back(f);
-      leaving.insert(f.row.key);
-    }
-  if (!leaving.empty()) {
+  auto leavers = sched::leavers_at(e, b->id);
+  if (!leavers.empty()) {
     std::vector<size_t> stay;
     std::vector<int32_t> keep;
     for (size_t i = 0; i < b->sent.size(); ++i) {
       auto r = b->sent[i];
       auto& q = b->rows[r];
-      if (leaving.count(q.key) == 0) {
+      if (!leavers.leaves(q.key)) {
         stay.push_back(r);
         if (i < b->boundary_keep.size()) keep.push_back(b->boundary_keep[i]);
         continue;
       }
-      auto f = std::find_if(failed.begin(), failed.end(),
-                            [&](const sched::row_failure& x) { return x.row.key == q.key; });
-      if (f != failed.end()) {
+      if (auto f = leavers.failed.find(q.key); f != leavers.failed.end()) {
         if (b->running > 0) set_running(self, b, b->running - 1);
-        reply_error(self, q, row_error(self, *f, q));
+        reply_error(self, q, row_error(self, f->second, q));
         continue;
       }
       // Its client withdrew it meanwhile (or has what it wants): it ends here, not after a
@@ -523,43 +381,32 @@ void at_step_boundary(manager_pointer self, const batch_ptr& b, sched::dispatch_
         finish_row(self, b, r, b->completed.count(q.req.id) > 0 ? "stop" : "cancelled");
         continue;
       }
-      // Recompute: the prompt grows by what it generated, max_tokens shrinks by as much
-      // (and min_tokens, which counts generated tokens).
-      if (q.preemptions++ == 0) {
-        q.prompt_len = q.req.tokens.size();
-        q.prior_prompt_logprobs = std::move(b->prompt_logprobs[r]);
-      }
-      q.req.tokens.insert(q.req.tokens.end(), b->outputs[r].begin(), b->outputs[r].end());
-      q.req.max_tokens -= static_cast<int64_t>(b->outputs[r].size());
-      q.req.sampling.min_tokens = std::max<int64_t>(
-          0, q.req.sampling.min_tokens - static_cast<int64_t>(b->outputs[r].size()));
-      q.joined = false;
-      q.prior_outputs.insert(q.prior_outputs.end(), b->outputs[r].begin(), b->outputs[r].end());
-      q.prior_logprobs.insert(q.prior_logprobs.end(), b->logprobs[r].begin(), b->logprobs[r].end());
-      st.batch_of.erase(q.req.id);
-      st.opts.obs->preempted(b->model);
-      st.waiting.emplace(q.key, std::move(q));
+      requeue(self, b, r);
     }
     b->boundary_keep = std::move(keep);
     compact(b, stay);
     set_running(self, b, b->sent.size());
   }
   auto joins = std::move(e.joins);
-  const bool go = std::find(e.steps.begin(), e.steps.end(), b->id) != e.steps.end();
-  // Waiting for a KV ask: its answer continues the batch (ask_kv).
-  const bool waits = !go && std::any_of(e.kv_asks.begin(), e.kv_asks.end(),
-                                        [&](auto& a) { return a.batch == b->id; });
-  if (waits) st.at_boundary[b->id] = b;
+  auto next = sched::next_at_boundary(e, b->id, !b->sent.empty() || !joins.empty());
+  for (auto& p : e.plans)
+    if (p.batch == b->id) b->next = std::move(p);
+  if (next == sched::boundary_next::wait) st.at_boundary[b->id] = b;
   carry_out(self, std::move(e));
-  if (waits) return;
-  if (b->sent.empty() && joins.empty()) {
-    finish_batch(self, b, nullptr);
-    return;
-  }
-  if (!go) {
-    auto err = make_error(ec::invalid_state, "a step boundary neither stepped nor waited");
-    finish_batch(self, b, &err);
-    return;
+  switch (next) {
+    case sched::boundary_next::wait:
+      return;
+    case sched::boundary_next::end:
+      finish_batch(self, b, nullptr);
+      return;
+    case sched::boundary_next::stuck: {
+      auto why = sched::boundary_stuck();
+      auto err = make_error(why.code, why.reason);
+      finish_batch(self, b, &err);
+      return;
+    }
+    case sched::boundary_next::step:
+      break;
   }
   auto step = b->boundary_step;
   auto previous = b->boundary_previous;

@@ -99,6 +99,9 @@ struct batch {
   /// under which the workers cache them until the last chunk joins them to this batch.
   std::vector<size_t> pending{};
   sched::batch_id pending_id = 0;
+  /// The plan of its next decode step: the dispatch core's from the last step boundary,
+  /// with the joiners that went on after their prefill.
+  sched::step_plan next{};
 };
 
 using batch_ptr = std::shared_ptr<batch>;
@@ -186,11 +189,25 @@ void reply_error(manager_pointer self, queued_request& q, const caf::error& err)
 void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* err);
 /// The batch runs `rows` rows now: the model's running count and gauge follow.
 void set_running(manager_pointer self, const batch_ptr& b, size_t rows);
+/// A batch's rows (batch_rows.cpp). Answers row `r`: its tokens so far and why it ended.
+void finish_row(manager_pointer self, const batch_ptr& b, size_t r, const std::string& reason,
+                int64_t stop_id = -1);
+/// Row `r`'s token from position `p` of a step's result: it goes on (true), or is answered
+/// and leaves the batch.
+bool take_token(manager_pointer self, const batch_ptr& b, size_t r, size_t p, step_result& res,
+                bool prefill);
+/// Keeps only the rows in `going` (indices into b->rows, in the workers' order) and those
+/// of a chunked prefill under way.
+void compact(const batch_ptr& b, const std::vector<size_t>& going);
+/// Row `r` was preempted: its request goes back to the queue to be recomputed.
+void requeue(manager_pointer self, const batch_ptr& b, size_t r);
 /// Continues b at a step boundary with what the dispatch core decided there (preemptions,
 /// joins, and whether the next step runs now or waits for KV; batch_steps.cpp).
 void at_step_boundary(manager_pointer self, const batch_ptr& b, sched::dispatch_effects e);
 /// Runs step `step` of the rows in b->sent; `keep` says which rows of the previous step
-/// they are (empty: all).
-void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vector<int32_t> keep);
+/// they are (empty: all). `plan`: the dispatch core's plan of the step (a batch's first
+/// step); none: a decode step of every row in b->sent.
+void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vector<int32_t> keep,
+              const sched::step_plan* plan = nullptr);
 
 }  // namespace computron::actors::manager_detail

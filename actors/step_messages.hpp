@@ -110,7 +110,7 @@ struct step_request {
   /// steps go between them instead of waiting for a whole long prompt): `prompts` are the
   /// whole prompts on every chunk, `prefill_chunk` > 0 is the most tokens of a prompt this
   /// step computes and `prefill_left` the tokens of each prompt left for later chunks. Row
-  /// i computes its tokens [max(0, n_i - left - chunk), max(0, n_i - left)): the prompts
+  /// i computes the tokens of its prefill_window (common/prefill_window.hpp): the prompts
   /// end together, in the chunk with `prefill_left` 0, whose logits are sampled (earlier
   /// chunks answer no tokens and no logits). `prefill_chunk` 0: the whole prompt at once.
   int32_t prefill_chunk = 0;

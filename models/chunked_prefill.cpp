@@ -9,6 +9,7 @@
 
 #include <algorithm>
 
+#include "common/prefill_window.hpp"
 #include "models/decoder_stage.hpp"
 #include "models/decoder_stage_impl.hpp"
 
@@ -57,13 +58,15 @@ caf::expected<host_tensor> decoder_stage::prefill_chunk(
       return bad(
           fmt::format("a prefill chunk of {} prompts with a cache of {} rows", b, c.rows.size()));
   }
-  // Each row's tokens [begin, end) in this chunk; a later chunk starts where the cache ends.
+  // Each row's tokens [begin, end) in this chunk (the scheduler's window, common/
+  // prefill_window.hpp); a later chunk starts where the cache ends.
   std::vector<int64_t> begin, end, added;
   int64_t t = 0;
   for (int64_t i = 0; i < b; ++i) {
-    const auto n = static_cast<int64_t>(prompts[static_cast<size_t>(i)].size());
-    begin.push_back(std::max<int64_t>(0, n - left - chunk));
-    end.push_back(std::max<int64_t>(0, n - left));
+    const auto w =
+        prefill_window(static_cast<int64_t>(prompts[static_cast<size_t>(i)].size()), chunk, left);
+    begin.push_back(w.begin);
+    end.push_back(w.end);
     added.push_back(end.back() - begin.back());
     t = std::max(t, added.back());
     const auto held = fresh ? 0 : c.rows[static_cast<size_t>(i)].length;

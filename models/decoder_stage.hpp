@@ -152,9 +152,9 @@ class decoder_stage {
 
   /// One step of a chunked prefill (models/chunked_prefill.cpp): the batch's prompts are
   /// computed over several steps, so that a running batch's decode steps go between them.
-  /// `prompts` are the whole prompts on every chunk; row i computes its tokens
-  /// [max(0, n_i - left - chunk), max(0, n_i - left)) (n_i its prompt's length), so the
-  /// prompts end together in the chunk with `left` 0. The first chunk (every row starts at
+  /// `prompts` are the whole prompts on every chunk; row i computes the tokens of its
+  /// prefill_window(n_i, chunk, left) (common/prefill_window.hpp), so the prompts end
+  /// together in the chunk with `left` 0. The first chunk (every row starts at
   /// token 0; first_prefill_chunk) starts the batch afresh, as prefill does: one row per
   /// prompt, some of which may compute no token yet. A later chunk extends the rows, each
   /// of which must hold exactly the tokens before its chunk. The step's columns are

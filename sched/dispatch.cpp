@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "sched/kv_blocks.hpp"
+#include "sched/step_rows.hpp"
 
 namespace computron::sched {
 
@@ -107,7 +108,9 @@ void dispatcher::run_pass(time_point now, dispatch_effects& out) {
     b.units = m.units;
     b.going.clear();
     for (auto& e : live) b.going.push_back(e.key);
-    out.started.push_back({id, b.model, std::move(live), start});
+    auto plan = prefill_plan(id, live);
+    plan.kv_blocks = kv_held_by(b.model);
+    out.started.push_back({id, b.model, std::move(live), start, std::move(plan)});
   }
   runnable_ = std::move(still);
   // A model whose whole batch expired can take its next batch now.
@@ -232,9 +235,12 @@ dispatch_effects dispatcher::step_boundary(batch_id id, const std::vector<uint64
   std::unordered_map<uint64_t, int64_t> steps_run;
   for (auto k : going) steps_run[k] = b.steps_run[k] + 1;
   b.leaving = 0;
+  b.left_rows.clear();
   for (auto& [k, n] : b.steps_run)
-    if (steps_run.count(k) == 0)
+    if (steps_run.count(k) == 0) {
+      b.left_rows.push_back(k);
       if (auto* e = row_of(b, k)) b.leaving += kv_need(*e, n);
+    }
   b.steps_run = std::move(steps_run);
   b.going = going;
   // Only the rows going on matter from here (a long-lived batch must not collect them).
@@ -348,9 +354,10 @@ void dispatcher::kv_continue(batch_id id, batch_state& b, uint64_t ceiling, time
       auto done = b.steps_run[key];
       b.steps_run.erase(key);
       b.leaving += kv_need(row, done);
-      // Recomputed later: what it generated becomes part of its prompt.
-      row.prompt_tokens = std::max<int64_t>(1, row.prompt_tokens) + done;
-      row.steps = std::max<int64_t>(1, row.steps - done);
+      b.left_rows.push_back(key);
+      // Recomputed later: what it generated becomes part of its prompt (the manager
+      // rewrites its request by the same rule).
+      row = recompute_row(std::move(row), done);
       if (kv_need(row, row.steps) > ceiling)
         out.failures.push_back({model, row, row_end::no_kv_room, id});
       else
@@ -387,7 +394,17 @@ void dispatcher::kv_continue(batch_id id, batch_state& b, uint64_t ceiling, time
     if (b.kv_held > 2 * want + b.leaving) kv_trim(b, want + b.leaving, out);
   }
   plan_joins(id, b, std::move(joiners), out);
-  if (!b.going.empty() || !out.joins.empty()) out.steps.push_back(id);
+  if (!b.going.empty() || !out.joins.empty()) {
+    out.steps.push_back(id);
+    step_plan next;
+    next.batch = id;
+    for (auto k : b.going)
+      if (auto* e = row_of(b, k)) next.rows.push_back(decode_row(*e, b.steps_run[k]));
+    next.finished = b.left_rows;
+    std::sort(next.finished.begin(), next.finished.end());
+    next.kv_blocks = kv_held_by(model);
+    out.plans.push_back(std::move(next));
+  }
 }
 
 void dispatcher::plan_joins(batch_id id, batch_state& b, std::vector<queued_entry> joiners,
@@ -401,7 +418,17 @@ void dispatcher::plan_joins(batch_id id, batch_state& b, std::vector<queued_entr
       b.rows.push_back(e);
       b.steps_run[e.key] = 1;
     }
-    out.joins.push_back({id, jid, model, std::move(rows), static_cast<int32_t>(c), 0});
+    auto step = join_step_plan(jid, id, rows, static_cast<int32_t>(c), 0);
+    step.kv_blocks = kv_held_by(model);
+    out.joins.push_back({id, jid, model, std::move(rows), static_cast<int32_t>(c), 0, step});
+  };
+  // A chunk that leaves `left` tokens of every prompt: its rows join nothing yet.
+  auto chunk_of = [&](batch_id jid, const std::vector<queued_entry>& rows, int64_t n,
+                      int64_t left) {
+    const auto c = static_cast<int32_t>(n), l = static_cast<int32_t>(left);
+    auto step = join_step_plan(jid, id, rows, c, l);
+    step.kv_blocks = kv_held_by(model);
+    out.joins.push_back({id, jid, model, rows, c, l, std::move(step)});
   };
   if (b.chunking) {
     // The next chunk; with no row running nothing stalls, so the rest goes at once.
@@ -409,8 +436,7 @@ void dispatcher::plan_joins(batch_id id, batch_state& b, std::vector<queued_entr
     const auto n = b.going.empty() ? c.left : std::min(chunk, c.left);
     c.left -= n;
     if (c.left > 0) {
-      out.joins.push_back(
-          {id, c.id, model, c.rows, static_cast<int32_t>(n), static_cast<int32_t>(c.left)});
+      chunk_of(c.id, c.rows, n, c.left);
       return;
     }
     auto done = std::move(c);
@@ -430,8 +456,7 @@ void dispatcher::plan_joins(batch_id id, batch_state& b, std::vector<queued_entr
     // what the others leave of the longest.
     auto left = (longest - 1) / chunk * chunk;
     b.chunking = batch_state::chunked_join{next_batch_++, std::move(joiners), left};
-    out.joins.push_back({id, b.chunking->id, model, b.chunking->rows,
-                         static_cast<int32_t>(longest - left), static_cast<int32_t>(left)});
+    chunk_of(b.chunking->id, b.chunking->rows, longest - left, left);
     return;
   }
   join(next_batch_++, std::move(joiners), 0);

@@ -12,6 +12,7 @@
 #include "sched/batching.hpp"
 #include "sched/clock.hpp"
 #include "sched/gpulets.hpp"
+#include "sched/step_plan.hpp"
 
 /// The dispatch core: queues and batch formation (the batcher), leases asked for and
 /// granted, the runnable list, the device gate, armed ticks and when a batch leased on a
@@ -21,9 +22,6 @@
 /// ticks and carry out what comes back. Every rule about when a batch forms, starts,
 /// expires or ends lives here once.
 namespace computron::sched {
-
-/// A batch the core formed; the driver keeps its requests under the same number.
-using batch_id = uint64_t;
 
 /// Why a request ends before its batch runs.
 enum class row_end : uint8_t {
@@ -69,8 +67,8 @@ struct formed_batch {
 /// Requests joining a running batch (continuous batching): the driver prefills them as
 /// batch `id` and appends that to batch `into` (whose next step then runs them all).
 /// A chunked prefill (`chunk` > 0; batching_options::prefill_chunk) comes as one plan per
-/// step boundary, all of one `id` and `rows`: each computes up to `chunk` tokens of every
-/// prompt, `left` tokens of each being left for later chunks (step_request's
+/// step boundary, all of one `id` and `rows`: each computes every prompt's
+/// prefill_window(n, chunk, left) (common/prefill_window.hpp; step_request's
 /// prefill_chunk and prefill_left). A partial chunk (`left` > 0) joins nothing: the
 /// batch's next step runs its own rows after it. The last (`left` 0) joins.
 struct join_plan {
@@ -80,6 +78,8 @@ struct join_plan {
   std::vector<queued_entry> rows;
   int32_t chunk = 0;
   int32_t left = 0;
+  /// The join's step: each row's window of its prompt (the tokens the step computes).
+  step_plan step{};
 
   bool partial() const { return chunk > 0 && left > 0; }
 };
@@ -91,6 +91,8 @@ struct started_batch {
   std::vector<queued_entry> rows;
   /// When it starts computing: now, or its lease's time when that lies ahead.
   time_point start{};
+  /// Its first step: the prefill of its rows' prompts.
+  step_plan plan{};
 };
 
 /// A batch asks the residency core for KV blocks (sched::residency::kv_reserve): `want`
@@ -149,6 +151,10 @@ struct dispatch_effects {
   /// batch with joins runs it after their prefill). A batch missing here waits for its
   /// KV ask; one with no row left ends (the driver calls batch_done).
   std::vector<batch_id> steps{};
+  /// The next step of each batch in `steps`, in its order: a decode step of the rows that
+  /// go on, and the rows that left at the boundary. A join's rows that its step leaves
+  /// going decode in it too (the driver appends them: their prefill's tokens decide).
+  std::vector<step_plan> plans{};
   /// Times to call tick at (each a little after the instant a pass is due, so that the
   /// pass finds the window closed whatever the timer's granularity).
   std::vector<time_point> ticks;
@@ -296,6 +302,8 @@ class dispatcher {
     /// Blocks of rows that left at this boundary (finished or preempted): the workers free
     /// them with the next step's keep list, after a join's prefill, which cannot use them.
     uint64_t leaving = 0;
+    /// The keys of those rows (the next step's plan lists them as finished).
+    std::vector<uint64_t> left_rows{};
     /// Joiners whose prompts are computed in chunks (join_plan): their batch id, and the
     /// tokens of each prompt the chunks so far left. No other join starts meanwhile.
     struct chunked_join {

@@ -54,6 +54,27 @@ struct batch {
   /// running rows' step follows it; and the chunked prefill under way, since when.
   bool chunk_step = false;
   sched::batch_id chunking = 0;
+  /// Keeps the rows for which `keep(i)` holds, with their entries in the per-row lists
+  /// (`keep` may still read row i: the lists change after the last call).
+  template <class F>
+  void keep_rows(F keep) {
+    batch kept;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (!keep(i)) continue;
+      kept.rows.push_back(rows[i]);
+      kept.taken.push_back(taken[i]);
+      kept.left.push_back(left[i]);
+      kept.joined.push_back(joined[i]);
+    }
+    rows = std::move(kept.rows);
+    taken = std::move(kept.taken);
+    left = std::move(kept.left);
+    joined = std::move(kept.joined);
+  }
+
+  /// The plan of its next decode step (the dispatch core's from the last boundary, with
+  /// the joiners that went on after their prefill): what the step costs.
+  sched::step_plan next{};
 };
 
 /// A load's bytes in flight, per pipeline stage: they flow from `from` and the stage's

@@ -11,6 +11,7 @@
 
 #include "sched/dispatch.hpp"
 #include "sched/residency.hpp"
+#include "sched/step_rows.hpp"
 #include "sim/sim_records.hpp"
 
 namespace computron::sim {
@@ -196,12 +197,8 @@ class simulator {
       b.taken.assign(b.rows.size(), b.dispatched);
       b.joined.assign(b.rows.size(), false);
       b.left.clear();
-      int64_t prompt_tokens = 0;
-      for (auto& row : b.rows) {
-        b.left.push_back(requests_[row.key].max_tokens);
-        prompt_tokens += requests_[row.key].prompt_len;
-      }
-      push(run_step(b, s.start, prompt_tokens), event_kind::step_done, s.id);
+      for (auto& row : b.rows) b.left.push_back(requests_[row.key].max_tokens);
+      push(run_step(b, s.start, s.plan.tokens()), event_kind::step_done, s.id);
     }
     for (auto& f : e.formed) {
       batch b;
@@ -402,39 +399,27 @@ class simulator {
       // A chunk of the joiners' prompts: the running rows' step comes next (the
       // manager's join_rows).
       b.chunk_step = false;
-      push(run_step(b, now_, static_cast<int64_t>(b.rows.size())), event_kind::step_done, id);
+      push(run_step(b, now_, b.next.tokens()), event_kind::step_done, id);
       return;
     }
     const bool join_step = !b.joining.empty();
+    const auto joiners = std::move(b.joining);
+    b.joining.clear();
     if (join_step) {
-      for (auto& row : b.joining) {
+      for (auto& row : joiners) {
         b.rows.push_back(row);
         b.taken.push_back(b.joining_since);
         b.left.push_back(requests_[row.key].max_tokens - 1);
         b.joined.push_back(true);
       }
-      b.joining.clear();
     } else {
       for (auto& l : b.left) --l;
     }
-    std::vector<sched::queued_entry> rows;
-    std::vector<time_point> taken;
-    std::vector<int64_t> left;
-    std::vector<bool> joined;
-    for (size_t i = 0; i < b.rows.size(); ++i) {
-      if (b.left[i] <= 0) {
-        answer(b, i);
-        continue;
-      }
-      rows.push_back(b.rows[i]);
-      taken.push_back(b.taken[i]);
-      left.push_back(b.left[i]);
-      joined.push_back(b.joined[i]);
-    }
-    b.rows = std::move(rows);
-    b.taken = std::move(taken);
-    b.left = std::move(left);
-    b.joined = std::move(joined);
+    b.keep_rows([&](size_t i) {
+      if (b.left[i] > 0) return true;
+      answer(b, i);
+      return false;
+    });
     // With every row done the batch ends, unless a chunked join under way is to join it
     // (the manager's run_step): its boundary then runs the rest of the join at once.
     if (b.rows.empty() && b.chunking != 0) {
@@ -442,21 +427,37 @@ class simulator {
       return;
     }
     if (b.rows.empty()) {
-      auto compute_s = b.compute_s;
-      auto steps = b.steps;
-      batches_.erase(it);
-      carry_out(disp_->batch_done(id, now_, true, compute_s, steps));
+      end_batch(id, false);
       return;
     }
-    // After a join's prefill the batch decodes (the manager's join_rows); the next
-    // boundary may take more.
+    // After a join's prefill the batch decodes (the manager's join_rows), the joiners that
+    // went on in its plan; the next boundary may take more.
     if (join_step) {
-      push(run_step(b, now_, static_cast<int64_t>(b.rows.size())), event_kind::step_done, id);
+      for (auto& row : joiners)
+        if (std::any_of(b.rows.begin(), b.rows.end(), [&](auto& r) { return r.key == row.key; }))
+          b.next.rows.push_back(sched::decode_row(row, 1));
+      push(run_step(b, now_, b.next.tokens()), event_kind::step_done, id);
       return;
     }
     std::vector<uint64_t> going;
     for (auto& row : b.rows) going.push_back(row.key);
     boundary(id, disp_->step_boundary(id, going, now_));
+  }
+
+  /// A running batch ends: its rows are all answered, or with `stuck` (a step boundary that
+  /// neither stepped nor waited, sched::boundary_stuck) its rows still running fail as the
+  /// manager fails them: invalid_state, which the HTTP layer answers with 409.
+  void end_batch(sched::batch_id id, bool stuck) {
+    auto it = batches_.find(id);
+    if (it == batches_.end()) return;
+    auto compute_s = it->second.compute_s;
+    auto steps = it->second.steps;
+    if (stuck) {
+      for (auto& r : it->second.rows) fail(r.key, 409, "http_409");
+      for (auto& r : it->second.joining) fail(r.key, 409, "http_409");
+    }
+    batches_.erase(it);
+    carry_out(disp_->batch_done(id, now_, !stuck, compute_s, steps));
   }
 
   /// A step boundary's decisions for batch `id`: preempted rows go back to the queue (the
@@ -469,63 +470,36 @@ class simulator {
       return;
     }
     auto& b = it->second;
-    std::set<uint64_t> leaving;
-    for (auto& p : e.preempted)
-      if (p.batch == id)
-        for (auto& row : p.rows) {
-          ++preemptions_;
-          leaving.insert(row.key);
-          requests_[row.key].prompt_len = row.prompt_tokens;
-          requests_[row.key].max_tokens = row.steps;
-        }
-    for (auto& f : e.failures)
-      if (f.batch == id) leaving.insert(f.row.key);
-    if (!leaving.empty()) {
-      batch kept = b;
-      kept.rows.clear();
-      kept.taken.clear();
-      kept.left.clear();
-      kept.joined.clear();
-      for (size_t i = 0; i < b.rows.size(); ++i) {
-        if (leaving.count(b.rows[i].key) > 0) continue;
-        kept.rows.push_back(b.rows[i]);
-        kept.taken.push_back(b.taken[i]);
-        kept.left.push_back(b.left[i]);
-        kept.joined.push_back(b.joined[i]);
-      }
-      b = std::move(kept);
+    // The rows that leave: preempted ones requeued as the core rewrote them (the request's
+    // prompt and max_tokens are the queued row's), failed ones answered by carry_out.
+    auto leavers = sched::leavers_at(e, id);
+    for (auto& [key, row] : leavers.preempted) {
+      ++preemptions_;
+      requests_[key].prompt_len = row.prompt_tokens;
+      requests_[key].max_tokens = row.steps;
     }
+    b.keep_rows([&](size_t i) { return !leavers.leaves(b.rows[i].key); });
     auto joins = std::move(e.joins);
-    const bool go = std::find(e.steps.begin(), e.steps.end(), id) != e.steps.end();
-    // Waiting for a KV ask: its answer continues the batch, here at once when the core
-    // answers at once (so it must know first that the batch waits).
-    const bool waits = !go && std::any_of(e.kv_asks.begin(), e.kv_asks.end(),
-                                          [&](auto& a) { return a.batch == id; });
-    if (waits) at_boundary_.insert(id);
+    // Here the residency core answers a KV ask at once: the batch must be known to wait
+    // before the ask is carried out.
+    auto next = sched::next_at_boundary(e, id, !b.rows.empty() || !joins.empty());
+    for (auto& p : e.plans)
+      if (p.batch == id) b.next = std::move(p);
+    if (next == sched::boundary_next::wait) at_boundary_.insert(id);
     carry_out(std::move(e));
-    if (waits) return;
-    auto& bb = batches_.at(id);
-    if (bb.rows.empty() && joins.empty()) {
-      auto compute_s = bb.compute_s;
-      auto steps = bb.steps;
-      batches_.erase(id);
-      carry_out(disp_->batch_done(id, now_, true, compute_s, steps));
+    if (next == sched::boundary_next::wait) return;
+    if (next != sched::boundary_next::step) {
+      end_batch(id, next == sched::boundary_next::stuck);
       return;
     }
-    if (!go) return;  // cannot be: a batch with rows either steps or waits
+    auto& bb = batches_.at(id);
     if (joins.empty()) {
-      push(run_step(bb, now_, static_cast<int64_t>(bb.rows.size())), event_kind::step_done, id);
+      push(run_step(bb, now_, bb.next.tokens()), event_kind::step_done, id);
       return;
     }
     // The joiners' prefill, as its own step (the manager's join_rows), whole or a chunk.
     auto& plan = joins.front();
-    int64_t prompt_tokens = 0;
-    for (auto& row : plan.rows) {
-      const auto n = requests_[row.key].prompt_len;
-      prompt_tokens += plan.chunk == 0 ? n
-                                       : std::max<int64_t>(0, n - plan.left) -
-                                             std::max<int64_t>(0, n - plan.left - plan.chunk);
-    }
+    const auto tokens = plan.step.tokens();
     // The joiners left the queue at their first chunk.
     if (bb.chunking != plan.id) bb.joining_since = now_;
     if (plan.partial()) {
@@ -535,7 +509,7 @@ class simulator {
       bb.chunking = 0;
       bb.joining = std::move(plan.rows);
     }
-    push(run_step(bb, now_, prompt_tokens), event_kind::step_done, id);
+    push(run_step(bb, now_, tokens), event_kind::step_done, id);
   }
 
   const sim_config& cfg_;

@@ -3,6 +3,7 @@
 // where chunks cannot serve, and the joiners' KV blocks held from the first chunk on.
 #include <catch2/catch.hpp>
 
+#include "common/prefill_window.hpp"
 #include "sched/dispatch.hpp"
 #include "sched/kv_blocks.hpp"
 
@@ -40,9 +41,9 @@ struct chunk_fixture {
   }
 };
 
-/// Tokens row `n` long computes in `p` (step_request's rule).
+/// Tokens row `n` long computes in `p` (the one window rule).
 int64_t computed(int64_t n, const join_plan& p) {
-  return std::max<int64_t>(0, n - p.left) - std::max<int64_t>(0, n - p.left - p.chunk);
+  return prefill_window(n, p.chunk, p.left).tokens();
 }
 
 }  // namespace
@@ -175,4 +176,32 @@ TEST_CASE("chunked prefill: the joiners' KV blocks are held from the first chunk
   }
   CHECK(e.joins[0].left == 0);
   CHECK(e.joins[0].rows.at(0).key == 2);
+}
+
+TEST_CASE("chunked prefill: the chunk windows of a prompt tile it, and prompts end together",
+          "[chunked]") {
+  // Chunks of 4 leaving 8, 4 and 0 of prompts of 10 and 3 tokens.
+  CHECK(prefill_window(10, 4, 8).begin == 0);
+  CHECK(prefill_window(10, 4, 8).end == 2);
+  CHECK(prefill_window(10, 4, 4).begin == 2);
+  CHECK(prefill_window(10, 4, 4).end == 6);
+  CHECK(prefill_window(10, 4, 0).begin == 6);
+  CHECK(prefill_window(10, 4, 0).end == 10);
+  CHECK(prefill_window(3, 4, 8).tokens() == 0);
+  CHECK(prefill_window(3, 4, 4).tokens() == 0);
+  CHECK(prefill_window(3, 4, 0).begin == 0);
+  CHECK(prefill_window(3, 4, 0).end == 3);
+  // Without chunks the whole prompt, whatever is said to be left.
+  CHECK(prefill_window(10, 0, 0).tokens() == 10);
+  // Any chunk size: consecutive windows meet, and cover the prompt once.
+  for (int64_t n : {1, 7, 16, 33})
+    for (int64_t c : {1, 4, 16}) {
+      int64_t at = 0;
+      for (int64_t left = (n - 1) / c * c + c; left >= 0; left -= c) {
+        auto w = prefill_window(n, c, left);
+        CHECK(w.begin == at);
+        at = w.end;
+      }
+      CHECK(at == n);
+    }
 }

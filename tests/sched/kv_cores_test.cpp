@@ -248,6 +248,11 @@ TEST_CASE(
   CHECK(p.prompt_tokens == 17);
   CHECK(p.steps == 38);
   CHECK(std::find(e.steps.begin(), e.steps.end(), id) != e.steps.end());
+  // The next step's plan: row 1 alone, row 2 among the rows that left.
+  REQUIRE(e.plans.size() == 1);
+  CHECK(e.plans[0].finished == std::vector<uint64_t>{2});
+  REQUIRE(e.plans[0].rows.size() == 1);
+  CHECK(e.plans[0].rows[0].key == 1);
   CHECK(f.d->queues().queued(f.k) == 2);
   // Row 1 fits its two blocks (18 tokens); the queued ones ask to join, and only they
   // wait on the answer.
