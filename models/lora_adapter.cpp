@@ -168,6 +168,13 @@ caf::expected<lora_adapter> read_lora_adapter(const std::string& folder, const d
   auto targets = lora_targets(*config, base);
   if (!targets) return context(targets.error());
 
+  // Older PEFT (and safe_serialization=False) wrote a pickle, which is code, not data.
+  std::error_code ignored;
+  if (!fs::exists(fs::path(folder) / "adapter_model.safetensors", ignored) &&
+      fs::exists(fs::path(folder) / "adapter_model.bin", ignored))
+    return context(make_error(ec::invalid_configuration,
+                              "adapter_model.bin (a pickle) is not read: save the adapter as "
+                              "adapter_model.safetensors, as PEFT saves by default"));
   auto file = safetensors_file::open((fs::path(folder) / "adapter_model.safetensors").string());
   if (!file) return context(file.error());
 

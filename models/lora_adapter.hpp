@@ -146,9 +146,6 @@ struct lora_site {
   int64_t layer = 0;
   std::string proj;
   bool operator==(const lora_site& o) const { return layer == o.layer && proj == o.proj; }
-  bool operator<(const lora_site& o) const {
-    return layer != o.layer ? layer < o.layer : proj < o.proj;
-  }
 };
 
 /// The supported projections of `base` that PEFT would adapt under `config` (its

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdio>
+#include <fstream>
 #include <functional>
 
 #include "common/error.hpp"
@@ -143,4 +144,11 @@ TEST_CASE("adapter_model.safetensors refusals name the tensor and what is wrong"
   auto got = read_lora_adapter(f.dir->path(), base);
   REQUIRE_FALSE(got);
   CHECK(is(got.error(), ec::io_error));
+  CHECK_THAT(render(got.error()), Catch::Contains("adapter_model.safetensors"));
+  // A pickle beside it is named as such, not read.
+  std::ofstream(f.dir->path() + "/adapter_model.bin") << "not read";
+  got = read_lora_adapter(f.dir->path(), base);
+  REQUIRE_FALSE(got);
+  CHECK(is(got.error(), ec::invalid_configuration));
+  CHECK_THAT(render(got.error()), Catch::Contains("adapter_model.bin (a pickle) is not read"));
 }
