@@ -3,6 +3,7 @@
 // before it is read, and what changes the adapter's output but is not implemented is
 // refused here, naming the field.
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <regex>
 
@@ -61,11 +62,69 @@ caf::error names_or_regex(const json& j, const char* key, std::vector<std::strin
   return {};
 }
 
+/// Limits on a pattern an adapter brings: libstdc++ compiles recursively (about 20000
+/// nested groups overflow the stack) and copies a group once per counted repetition
+/// (`(a{100}){100}` is 10^4 copies), so both are bounded before compiling.
+constexpr size_t max_pattern_chars = 512;
+constexpr uint64_t max_repetition_product = 64;
+
+/// The product of the upper bounds of the counted repetitions (`{m}`, `{m,n}`, `{m,}`) of
+/// `pattern`, outside character classes and escapes: a bound on how many times any part
+/// is copied. Saturates past max_repetition_product.
+uint64_t repetition_product(const std::string& pattern) {
+  uint64_t product = 1;
+  bool in_class = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    char ch = pattern[i];
+    if (ch == '\\') {
+      ++i;
+    } else if (in_class) {
+      in_class = ch != ']';
+    } else if (ch == '[') {
+      in_class = true;
+    } else if (ch == '{') {
+      // {m}, {m,} or {m,n}: the automaton holds max(m, n) copies of the repeated part.
+      uint64_t bound = 0, number = 0;
+      size_t j = i + 1;
+      for (; j < pattern.size(); ++j) {
+        auto d = static_cast<unsigned char>(pattern[j]);
+        if (std::isdigit(d)) {
+          number = std::min<uint64_t>(number * 10 + (d - '0'), max_repetition_product + 1);
+        } else if (d == ',') {
+          bound = std::max(bound, number);
+          number = 0;
+        } else {
+          break;
+        }
+      }
+      bound = std::max(bound, number);
+      if (j < pattern.size() && pattern[j] == '}')
+        product = std::min(product * std::max<uint64_t>(bound, 1), max_repetition_product + 1);
+    }
+  }
+  return product;
+}
+
 /// PEFT's regular expressions are Python's; std::regex's ECMAScript grammar reads the
-/// ones adapters use (alternation, classes, .*), and refuses named groups and lookbehind.
+/// ones adapters use (alternation, classes, .*, lookahead), and refuses named groups and
+/// lookbehind. Matching runs in libstdc++'s polynomial mode: its default backtracking
+/// takes exponential time on a pattern such as `(.*)*x` (a hung reader for one crafted
+/// adapter), the polynomial one is linear in the path per automaton state and refuses
+/// backreferences, which no target list needs.
 caf::expected<std::regex> compile(const std::string& pattern, const char* field) {
+  if (pattern.size() > max_pattern_chars)
+    return bad(fmt::format("{} is a regular expression of {} characters (at most {} are read)",
+                           field, pattern.size(), max_pattern_chars));
+  if (repetition_product(pattern) > max_repetition_product)
+    return bad(fmt::format("{} '{}' repeats a part more than {} times ({{m,n}} counts)", field,
+                           pattern, max_repetition_product));
+#if defined(__GLIBCXX__)
+  constexpr auto flags = std::regex::ECMAScript | std::regex_constants::__polynomial;
+#else
+  constexpr auto flags = std::regex::ECMAScript;
+#endif
   try {
-    return std::regex(pattern, std::regex::ECMAScript);
+    return std::regex(pattern, flags);
   } catch (const std::regex_error& e) {
     return bad(fmt::format("{} '{}' is not a regular expression this reader understands: {}", field,
                            pattern, e.what()));

@@ -207,7 +207,7 @@ TEST_CASE(
   using sites = std::vector<std::pair<int64_t, std::string>>;
   {
     auto f = make_folder(base, 2, 2);
-    f.config["target_modules"] = R"(model\.layers\.1\.self_attn\.(q|v)_proj)";
+    f.config["target_modules"] = R"(model\.layers\.[1]{1,2}\.self_attn\.(q|v)_proj)";
     keep(f, {{1, "q_proj"}, {1, "v_proj"}});
     f.write();
     auto got = read_lora_adapter(f.dir->path(), base);

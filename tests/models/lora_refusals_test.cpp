@@ -47,6 +47,12 @@ TEST_CASE("adapter_config.json refusals name their field", "[models][lora]") {
        "'c_attn', which is no projection of lora-llama"},
       {"target_modules", "(?<=self_attn\\.)q_proj", "target_modules '(?<=self_attn\\.)q_proj'"},
       {"exclude_modules", "(?P<x>q)", "exclude_modules"},
+      // Matching runs in polynomial time, which has no backreferences: `(.*)*x` would
+      // otherwise backtrack for hours on one path.
+      {"target_modules", "(q)\\1_proj", "target_modules '(q)\\1_proj' is not a regular"},
+      {"target_modules", std::string(600, 'a'), "a regular expression of 600 characters"},
+      {"exclude_modules", "(q{8}){9}_proj", "repeats a part more than 64 times"},
+      {"target_modules", "(q{8,65})_proj", "repeats a part more than 64 times"},
   };
   for (auto& e : edits) {
     auto f = make_folder(base, 4, 8, {"q_proj"});
