@@ -276,10 +276,6 @@ std::shared_ptr<const engine> make_decoder_engine() {
   return std::make_shared<decoder_engine>();
 }
 
-std::shared_ptr<const engine> make_opt_engine() {
-  return make_decoder_engine();
-}
-
 engine_registry all_engines() {
   auto r = torch_free_engines();
   // One engine for every decoder family: the shape says which block runs.

@@ -11,8 +11,6 @@ namespace computron::actors {
 
 /// models/decoder_stage shards of any family with KV caches per batch.
 std::shared_ptr<const engine> make_decoder_engine();
-/// The same engine, under OPT's name.
-std::shared_ptr<const engine> make_opt_engine();
 
 /// torch_free_engines() plus "opt" and "llama".
 engine_registry all_engines();

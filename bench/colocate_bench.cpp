@@ -218,7 +218,7 @@ caf::expected<colocate_result> run_colocate_bench(const colocate_options& o) {
     if (auto err = m.shard->load()) return err;
     if (auto err = m.shard->wait_loaded(std::chrono::minutes{10})) return err;
     m.group = gpu::make_solo_collective();
-    auto stage = models::opt_stage::create(*spec, {1, 1}, {0, 0}, *m.shard, *m.group);
+    auto stage = models::decoder_stage::create(*spec, {1, 1}, {0, 0}, *m.shard, *m.group);
     if (!stage) return std::move(stage.error());
     m.stage = std::move(*stage);
     m.prompts.resize(static_cast<size_t>(o.batch));

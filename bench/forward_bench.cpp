@@ -77,7 +77,7 @@ caf::expected<forward_bench_result> run_forward_bench(const forward_bench_option
   r.load_seconds = since(t0);
 
   auto solo = gpu::make_solo_collective();
-  auto stage = models::opt_stage::create(*spec, {1, 1}, {0, 0}, **shard, *solo);
+  auto stage = models::decoder_stage::create(*spec, {1, 1}, {0, 0}, **shard, *solo);
   if (!stage) return std::move(stage.error());
   // Zero-copy: what the forward reads is the weight store's device copy itself.
   auto base = (*shard)->device_data();

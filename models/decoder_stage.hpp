@@ -196,9 +196,6 @@ class decoder_stage {
 bool first_prefill_chunk(const std::vector<std::vector<int64_t>>& prompts, int64_t left,
                          int64_t chunk);
 
-/// OPT's name for the stage, kept for callers that only know OPT.
-using opt_stage = decoder_stage;
-
 struct generate_options {
   int64_t max_tokens = 1;
   sampling_params sampling;

@@ -7,7 +7,8 @@
 #include "net/http/body_reader.hpp"
 #include "net/http/request_fields.hpp"
 
-// OpenAI's chat body and vLLM's tokenize and detokenize bodies (declared in net/http/llm_api.hpp).
+// OpenAI's chat body and vLLM's tokenize and detokenize bodies, declared in
+// net/http/llm_api.hpp with the other parsers (those are in llm_api.cpp).
 namespace computron::net {
 
 using json = nlohmann::json;

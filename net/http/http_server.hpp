@@ -13,7 +13,8 @@
 
 /// The HTTP API (KServe v2 / Triton REST conventions, OpenAI's and vLLM's routes) on
 /// Boost.Beast, talking to the frontend actor and the registry. Beast and Asio stay inside
-/// net/http's sources and its private http_server_impl.hpp.
+/// net/http's sources and its private headers (http_server_impl.hpp, http_transport.hpp,
+/// replies.hpp), so code that includes this header never compiles them.
 namespace computron::net {
 
 class metrics;

@@ -12,9 +12,11 @@
 
 #include "actors/messages.hpp"
 
-/// The request bodies of the text APIs (OpenAI's /v1/completions, Triton's generate
-/// extension) and of KServe's infer, read strictly: an unknown or misspelt field is a
-/// 400 naming it, as unknown config keys are. No actors, no sockets: plain functions.
+/// The request bodies of the text APIs (OpenAI's /v1/completions and /v1/chat/completions,
+/// vLLM's /tokenize and /detokenize, Triton's generate extension) and of KServe's infer,
+/// read strictly: an unknown or misspelt field is a 400 naming it, as unknown config keys
+/// are; and OpenAI's error body. No actors, no sockets: plain functions (the chat,
+/// tokenize and detokenize parsers in chat_api.cpp, the rest in llm_api.cpp).
 namespace computron::net {
 
 /// A prompt as text or as token ids.

@@ -3,7 +3,9 @@
 // The HTTP server's replies (internal to net/): errors as KServe and OpenAI bodies with
 // their status codes, model metadata and Triton's states, the merged status. Pure
 // functions of what the actors answered; the server's routes (net/http/http_server.cpp,
-// inference_routes.cpp) and the generation actor (generation.cpp) use them.
+// inference_routes.cpp), its transport's own refusals (http_transport.cpp), the text
+// routes' tokenizer replies (text_models.cpp) and the generation actor (generation.cpp)
+// use them.
 #include <functional>
 #include <string>
 #include <utility>

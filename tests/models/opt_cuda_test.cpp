@@ -10,7 +10,7 @@
 #include "common/error.hpp"
 #include "gpu/backends.hpp"
 #include "gpu/emulated_device.hpp"
-#include "models/opt_model.hpp"
+#include "models/decoder_stage.hpp"
 #include "models/weights.hpp"
 
 using namespace computron;
@@ -43,7 +43,7 @@ gpu::device_ptr cpu_device() {
 struct single {
   std::unique_ptr<gpu::weight_shard> shard;
   std::unique_ptr<gpu::collective> group;
-  std::unique_ptr<opt_stage> stage;
+  std::unique_ptr<decoder_stage> stage;
 
   single(const opt_spec& spec, gpu::dtype type, gpu::device_ptr dev) {
     auto table = shard_layout(spec, type, {1, 1}, {0, 0});
@@ -54,7 +54,7 @@ struct single {
     REQUIRE_FALSE(fill_seeded(spec, {1, 1}, {0, 0}, shard->table(), shard->host_data(), 7));
     load();
     group = gpu::make_solo_collective();
-    auto st = opt_stage::create(spec, {1, 1}, {0, 0}, *shard, *group);
+    auto st = decoder_stage::create(spec, {1, 1}, {0, 0}, *shard, *group);
     REQUIRE(st);
     stage = std::move(*st);
   }
@@ -190,13 +190,13 @@ TEST_CASE("KV blocks in the GPU's arena: a join, a leave and a block boundary eq
     auto held = std::make_shared<gpu::device_allocation>(std::move(*a));
     return kv_memory{held->data(), held};
   };
-  auto arena = opt_stage::create(spec, {1, 1}, {0, 0}, *on_gpu.shard, *on_gpu.group, kv);
+  auto arena = decoder_stage::create(spec, {1, 1}, {0, 0}, *on_gpu.shard, *on_gpu.group, kv);
   REQUIRE(arena);
   const auto weights = dev->used_bytes();
   uint64_t most = 0;
   // Rows of 6 and 3 tokens decode 12 steps (the first crosses 16 positions), a row of 2
   // joins, all decode 4 more, the middle one leaves, the others decode once more.
-  auto run = [&](opt_stage& stage) {
+  auto run = [&](decoder_stage& stage) {
     kv_cache batch, join;
     REQUIRE(stage.prefill({prompts[0], prompts[1]}, nullptr, batch));
     for (int64_t s = 0; s < 12; ++s) REQUIRE(stage.decode({5 + s, 6 + s}, nullptr, batch));

@@ -12,8 +12,8 @@
 
 #include "common/error.hpp"
 #include "gpu/emulated_device.hpp"
+#include "models/decoder_stage.hpp"
 #include "models/gloo_collective.hpp"
-#include "models/opt_model.hpp"
 #include "models/weights.hpp"
 #include "tests/support/sharded_model.hpp"
 
@@ -44,7 +44,7 @@ struct sharded_model : test::sharded_model {
 };
 
 host_tensor logits_of(sharded_model& m) {
-  return m.on_all_ranks([](std::vector<opt_stage*> c) { return prefill_logits(c, prompts); });
+  return m.on_all_ranks([](std::vector<decoder_stage*> c) { return prefill_logits(c, prompts); });
 }
 
 }  // namespace
@@ -74,10 +74,12 @@ TEST_CASE("a vocabulary tp does not divide splits with padding and equals the un
   const std::vector<std::vector<int64_t>> odd = {{2, 100, 37, 508, 400, 12}, {2, 507, 300}, {2, 9}};
   auto run = [&](parallel_config par) {
     test::sharded_model m{spec, gpu::dtype::f32, par, test::seeded_filler(spec, 3)};
-    auto logits = m.on_all_ranks([&](std::vector<opt_stage*> c) { return prefill_logits(c, odd); });
+    auto logits =
+        m.on_all_ranks([&](std::vector<decoder_stage*> c) { return prefill_logits(c, odd); });
     generate_options g;
     g.max_tokens = 6;
-    auto tokens = m.on_all_ranks([&](std::vector<opt_stage*> c) { return generate(c, odd, g); });
+    auto tokens =
+        m.on_all_ranks([&](std::vector<decoder_stage*> c) { return generate(c, odd, g); });
     return std::pair{logits, tokens};
   };
   auto [want, want_tokens] = run({1, 1});
@@ -108,7 +110,7 @@ TEST_CASE("the candidates head gives the best ids of the gathered logits at ever
       DYNAMIC_SECTION("k=" << k << " tp=" << par.tp << " pp=" << par.pp) {
         test::sharded_model m{spec, gpu::dtype::bf16, par, test::seeded_filler(spec, 5)};
         auto steps = m.on_all_ranks(
-            [&](std::vector<opt_stage*> c) -> caf::expected<std::vector<std::vector<int64_t>>> {
+            [&](std::vector<decoder_stage*> c) -> caf::expected<std::vector<std::vector<int64_t>>> {
               // Two caches per stage: the same batch through both heads, step by step.
               std::vector<kv_cache> by_logits(c.size()), by_top(c.size());
               std::vector<std::vector<int64_t>> out;
@@ -209,7 +211,7 @@ TEST_CASE("decoding with the KV cache equals full recomputation for 8 tokens", "
       generate_options g;
       g.max_tokens = 8;
       auto cached =
-          m.on_all_ranks([&](std::vector<opt_stage*> c) { return generate(c, prompts, g); });
+          m.on_all_ranks([&](std::vector<decoder_stage*> c) { return generate(c, prompts, g); });
       REQUIRE(cached.size() == prompts.size());
       // Recompute: prefill prompt + the first k generated tokens, the greedy pick must
       // be token k, for every k.
@@ -218,8 +220,8 @@ TEST_CASE("decoding with the KV cache equals full recomputation for 8 tokens", "
         for (size_t i = 0; i < longer.size(); ++i)
           longer[i].insert(longer[i].end(), cached[i].begin(),
                            cached[i].begin() + static_cast<ptrdiff_t>(k));
-        auto logits =
-            m.on_all_ranks([&](std::vector<opt_stage*> c) { return prefill_logits(c, longer); });
+        auto logits = m.on_all_ranks(
+            [&](std::vector<decoder_stage*> c) { return prefill_logits(c, longer); });
         auto f = logits.to_floats();
         auto vocab = logits.shape[1];
         for (size_t i = 0; i < longer.size(); ++i) {
@@ -277,7 +279,7 @@ TEST_CASE("a forward can start while later layers are still loading",
   REQUIRE(shard);
   REQUIRE_FALSE(fill_seeded(spec, {1, 1}, {0, 0}, (*shard)->table(), (*shard)->host_data(), 1));
   auto solo = gpu::make_solo_collective();
-  auto stage = opt_stage::create(spec, {1, 1}, {0, 0}, **shard, *solo);
+  auto stage = decoder_stage::create(spec, {1, 1}, {0, 0}, **shard, *solo);
   REQUIRE(stage);
   REQUIRE_FALSE((*shard)->load({64ull << 10}));
   REQUIRE((*shard)->state() == gpu::residency::loading);
@@ -330,18 +332,18 @@ TEST_CASE("a stage refuses weights, groups and dtypes that do not fit",
     return std::move(*s);
   };
   auto f16 = make_shard(gpu::dtype::f16, {1, 1}, {0, 0});
-  auto half = opt_stage::create(spec, {1, 1}, {0, 0}, *f16, *solo);
+  auto half = decoder_stage::create(spec, {1, 1}, {0, 0}, *f16, *solo);
   REQUIRE_FALSE(half);
   CHECK(is(half.error(), ec::invalid_configuration));
   CHECK_THAT(render(half.error()), Catch::Contains("fp16 needs a CUDA device"));
   auto tp2 = make_shard(gpu::dtype::f32, {2, 1}, {0, 0});
-  CHECK_THAT(render(opt_stage::create(spec, {2, 1}, {0, 0}, *tp2, *solo).error()),
+  CHECK_THAT(render(decoder_stage::create(spec, {2, 1}, {0, 0}, *tp2, *solo).error()),
              Catch::Contains("collective is rank 0 of 1"));
   auto full = make_shard(gpu::dtype::f32, {1, 1}, {0, 0});
-  CHECK_THAT(render(opt_stage::create(spec, {1, 2}, {0, 0}, *full, *solo).error()),
+  CHECK_THAT(render(decoder_stage::create(spec, {1, 2}, {0, 0}, *full, *solo).error()),
              Catch::Contains("weight shard has"));
   auto other = *find_spec("opt-mini");
-  CHECK_FALSE(opt_stage::create(other, {1, 1}, {0, 0}, *full, *solo));
+  CHECK_FALSE(decoder_stage::create(other, {1, 1}, {0, 0}, *full, *solo));
 }
 
 TEST_CASE("a row that leaves the cache leaves the others' decode unchanged", "[models][decode]") {
