@@ -13,10 +13,9 @@ bin="$root/build/apps/computron/computron"
 secs=${1:-40}
 rate=${2:-1.5}
 port=18797
-dir=$(mktemp -d)
 # shellcheck source=bench/lib.sh
 source "$root/bench/lib.sh"
-trap 'serve_stop; if [ -n "${KEEP:-}" ]; then echo "kept $dir" >&2; else rm -rf "$dir"; fi' EXIT
+bench_scratch
 {
   echo "prompt_len,output_len"
   for _ in 1 2 3 4 5 6 7; do echo "16,128"; done

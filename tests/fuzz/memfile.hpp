@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 /// Fuzz inputs as files without touching a disk: a memfd, named by its /proc path, for
@@ -58,5 +59,21 @@ class scratch_dir {
  private:
   std::string path_;
 };
+
+/// Writes one input as two files of `dir` (a folder's two parts, such as a config and a
+/// weights index): bytes 0-1 give the length of `first` (modulo what is left), the rest
+/// is `second`. False for an input too short to split.
+inline bool write_two_files(const std::string& dir, const uint8_t* data, size_t size,
+                            const std::string& first, const std::string& second) {
+  if (size < 2) return false;
+  size_t first_len = (data[0] | (size_t{data[1]} << 8)) % (size - 1);
+  auto put = [&](const std::string& name, const uint8_t* p, size_t n) {
+    std::ofstream out{dir + "/" + name, std::ios::binary | std::ios::trunc};
+    out.write(reinterpret_cast<const char*>(p), static_cast<std::streamsize>(n));
+  };
+  put(first, data + 2, first_len);
+  put(second, data + 2 + first_len, size - 2 - first_len);
+  return true;
+}
 
 }  // namespace computron::fuzz
