@@ -126,12 +126,10 @@ std::optional<std::vector<model_id>> ledger::kv_victims(model_id id, uint64_t bl
   std::vector<model_id> free_ones;
   for (model_id o = 0; o < models_.size(); ++o) {
     auto& other = models_[o];
-    if (o != id && other.state == model_state::resident && !other.pinned && other.leases == 0 &&
-        !other.draining)
-      free_ones.push_back(o);
+    if (may_evict_for(o, id) && other.leases == 0 && !other.draining) free_ones.push_back(o);
   }
   if (!cover(free_ones, short_bytes, now, victims)) return std::nullopt;
-  return victims;
+  return with_adapters(victims);
 }
 
 void ledger::begin_kv_evictions(const std::vector<model_id>& victims) {

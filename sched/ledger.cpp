@@ -113,14 +113,30 @@ std::optional<model_id> ledger::add(const std::string& name, const placement& p,
       return i->second;
     return fail(ec::invalid_state, "model " + name + " is registered with another placement");
   }
+  std::optional<model_id> base;
+  if (!p.base.empty()) {
+    base = find(p.base);
+    if (!base)
+      return fail(ec::unknown_model,
+                  "adapter " + name + " names base model " + p.base + ", which is not registered");
+    auto& b = models_[*base];
+    if (b.base)
+      return fail(ec::invalid_configuration, "adapter " + name + " names " + p.base +
+                                                 " as its base, which is an adapter itself");
+    if (b.where.devices != p.devices)
+      return fail(ec::invalid_configuration,
+                  "adapter " + name + " must be placed on its base " + p.base + "'s devices");
+  }
   model_entry m;
   m.name = name;
   m.where = p;
   m.pinned = p.pinned;
+  m.base = base;
   for (auto b : p.bytes) m.total_bytes += b;
   auto id = static_cast<model_id>(models_.size());
   models_.push_back(std::move(m));
   by_name_.emplace(name, id);
+  if (base) models_[*base].adapters.push_back(id);
   return id;
 }
 
@@ -174,14 +190,17 @@ acquire_result ledger::acquire(model_id id, time_point now) {
     m.prefetched = false;
     ++m.prefetch_hits;
   }
-  if (m.state == model_state::resident && !m.draining) {
-    ++m.leases;
-    m.last_used = now;
+  // An adapter computes only with its base: a base that is not there (yet) is loaded
+  // first, by the adapter's own pending load (pump).
+  const bool base_ready =
+      !m.base || models_[*m.base].state == model_state::resident ||
+      (models_[*m.base].state == model_state::loading && models_[*m.base].computable);
+  if (m.state == model_state::resident && !m.draining && base_ready) {
+    grant(id, now);
     return acquire_result::granted;
   }
-  if (m.state == model_state::loading && m.computable) {
-    ++m.leases;
-    m.last_used = now;
+  if (m.state == model_state::loading && m.computable && base_ready) {
+    grant(id, now);
     return acquire_result::granted;
   }
   if (m.state == model_state::resident) {  // draining: wait for the verdict
@@ -196,6 +215,11 @@ void ledger::grant(model_id id, time_point now) {
   auto& m = models_[id];
   ++m.leases;
   m.last_used = now;
+  // An adapter's lease holds its base: no pass evicts the base under its rows.
+  if (m.base) {
+    ++models_[*m.base].leases;
+    models_[*m.base].last_used = now;
+  }
 }
 
 bool ledger::release(model_id id, time_point now, bool* last) {
@@ -203,6 +227,13 @@ bool ledger::release(model_id id, time_point now, bool* last) {
   if (m.leases == 0) return false;
   --m.leases;
   m.last_used = now;
+  if (m.base) {
+    bool base_last = false;
+    release(*m.base, now, &base_last);
+    // The base's last lease ended with it: a pass may evict it now.
+    if (last) *last = m.leases == 0 || base_last;
+    return true;
+  }
   if (last) *last = m.leases == 0;
   // No batch runs and none holds blocks: its pools dropped their caches, so what they last
   // reported (a cancelled batch sends no report) counts no more.
@@ -246,15 +277,25 @@ std::optional<refusal> ledger::set_policy(const std::string& name) {
   return std::nullopt;
 }
 
-std::optional<refusal> ledger::begin_unload(model_id id, bool* start_evict) {
+std::optional<refusal> ledger::begin_unload(model_id id, bool* start_evict,
+                                            std::vector<model_id>* with) {
   auto& m = models_[id];
   *start_evict = false;
+  for (auto a : m.adapters)
+    if (models_[a].state == model_state::loading)
+      return refusal{ec::invalid_state, "adapter " + models_[a].name + " of " + m.name +
+                                            " is loading; retry when it is resident"};
   if (m.state == model_state::offloaded || m.state == model_state::evicting) return std::nullopt;
   if (m.leases > 0)
     return refusal{ec::invalid_state, "model " + m.name + " has " + std::to_string(m.leases) +
                                           " batches in flight; retry when they end"};
   if (m.state == model_state::loading)
     return refusal{ec::invalid_state, "model " + m.name + " is loading; retry when it is resident"};
+  for (auto a : m.adapters)
+    if (models_[a].state == model_state::resident) {
+      begin_evict(a);
+      if (with) with->push_back(a);
+    }
   begin_evict(id);
   *start_evict = true;
   return std::nullopt;
@@ -353,6 +394,15 @@ std::optional<refusal> ledger::remove(model_id id) {
                        (m.state != model_state::offloaded ? std::string{"still on its devices"}
                                                           : std::string{"in use"}) +
                        ": unload it and let its requests finish first"};
+  std::string registered;
+  for (auto a : m.adapters) registered += (registered.empty() ? "" : ", ") + models_[a].name;
+  if (!registered.empty())
+    return refusal{ec::invalid_state, "model " + m.name + " is the base of adapters " + registered +
+                                          ": unregister them first"};
+  if (m.base) {
+    auto& siblings = models_[*m.base].adapters;
+    siblings.erase(std::remove(siblings.begin(), siblings.end(), id), siblings.end());
+  }
   by_name_.erase(m.name);
   m.removed = true;
   m.pinned = false;
@@ -419,9 +469,14 @@ std::string ledger::never_fits(model_id id) const {
       if (&other != &m && other.pinned && other.state != model_state::offloaded)
         for (size_t k = 0; k < other.where.devices.size(); ++k)
           if (static_cast<size_t>(other.where.devices[k]) == d) pinned += other.where.bytes[k];
-    if (m.where.bytes[i] + pinned > devices_[d].slot.usable_bytes)
-      return "model " + m.name + " needs " + std::to_string(m.where.bytes[i]) +
-             " bytes on device " + std::to_string(d) + ", which has " +
+    // An adapter is resident only beside its base.
+    auto need = m.where.bytes[i] + (m.base ? models_[*m.base].where.bytes[i] : 0);
+    if (m.base && models_[*m.base].pinned && models_[*m.base].state != model_state::offloaded)
+      pinned -= std::min(pinned, models_[*m.base].where.bytes[i]);
+    if (need + pinned > devices_[d].slot.usable_bytes)
+      return "model " + m.name + " needs " + std::to_string(need) +
+             (m.base ? " bytes with its base " + models_[*m.base].name : std::string{" bytes"}) +
+             " on device " + std::to_string(d) + ", which has " +
              std::to_string(devices_[d].slot.usable_bytes) + " usable bytes" +
              (pinned > 0 ? " of which pinned models hold " + std::to_string(pinned) : "");
   }
@@ -457,7 +512,7 @@ bool ledger::cover(const std::vector<model_id>& candidates, std::map<size_t, int
     double slowest = 0;
     for (size_t k = 0; k < other.where.devices.size(); ++k) {
       auto d = static_cast<size_t>(other.where.devices[k]);
-      if (short_bytes.count(d) > 0) freed += other.where.bytes[k];
+      if (short_bytes.count(d) > 0) freed += bytes_with_adapters(other, k);
       auto gbps = link_gbps(d);
       slowest = std::max(slowest, static_cast<double>(other.where.bytes[k]) / (gbps * 1e9));
     }
@@ -467,20 +522,74 @@ bool ledger::cover(const std::vector<model_id>& candidates, std::map<size_t, int
         {other.name, freed, idle, slowest, other.demand.rate(now), other.where.priority});
     ids.push_back(o);
   }
+  auto chosen = [&](model_id o) {
+    return std::find(victims.begin(), victims.end(), o) != victims.end();
+  };
   for (auto i : policy_->order(cands)) {
     auto& v = models_[ids[i]];
+    // An adapter whose base went already went with it.
+    if (v.base && chosen(*v.base)) continue;
     bool helps = false;
     for (size_t k = 0; k < v.where.devices.size(); ++k) {
       auto it = short_bytes.find(static_cast<size_t>(v.where.devices[k]));
       if (it != short_bytes.end() && it->second > 0) {
         helps = true;
-        it->second -= static_cast<int64_t>(v.where.bytes[k]);
+        // A base takes its resident adapters along, less those chosen before it.
+        auto freed = bytes_with_adapters(v, k);
+        for (auto a : v.adapters)
+          if (models_[a].state == model_state::resident && chosen(a))
+            freed -= models_[a].where.bytes[k];
+        it->second -= static_cast<int64_t>(freed);
       }
     }
     if (helps) victims.push_back(ids[i]);
     if (covered()) return true;
   }
   return covered();
+}
+
+bool ledger::may_evict_for(model_id o, model_id id) const {
+  auto& other = models_[o];
+  if (o == id || other.state != model_state::resident || other.pinned) return false;
+  if (models_[id].base && *models_[id].base == o) return false;
+  for (auto a : other.adapters) {
+    auto& ad = models_[a];
+    if (ad.state == model_state::loading || ad.state == model_state::evicting ||
+        (ad.queued && ad.wanted))
+      return false;
+  }
+  return true;
+}
+
+uint64_t ledger::bytes_with_adapters(const model_entry& o, size_t k) const {
+  auto bytes = o.where.bytes[k];
+  for (auto a : o.adapters)
+    if (models_[a].state == model_state::resident) bytes += models_[a].where.bytes[k];
+  return bytes;
+}
+
+std::vector<model_id> ledger::with_adapters(const std::vector<model_id>& victims) const {
+  std::vector<model_id> out;
+  auto add = [&](model_id o) {
+    if (std::find(out.begin(), out.end(), o) == out.end()) out.push_back(o);
+  };
+  for (auto v : victims) {
+    for (auto a : models_[v].adapters)
+      if (models_[a].state == model_state::resident) add(a);
+    add(v);
+  }
+  return out;
+}
+
+std::vector<model_id> ledger::drop_waiting_adapters(model_id base) {
+  std::vector<model_id> out;
+  for (auto a : models_[base].adapters) {
+    auto& ad = models_[a];
+    if (!ad.wanted) continue;
+    ad.wanted = false;
+    out.push_back(a);
+  }
+  return out;
 }
 
 ledger::room ledger::make_room(model_id id, time_point now, decisions& out) {
@@ -505,15 +614,13 @@ ledger::room ledger::make_room(model_id id, time_point now, decisions& out) {
     std::vector<model_id> ids;
     for (model_id o = 0; o < models_.size(); ++o) {
       auto& other = models_[o];
-      if (o != id && other.state == model_state::resident && !other.pinned &&
-          (other.leases > 0) == leased)
-        ids.push_back(o);
+      if (may_evict_for(o, id) && (other.leases > 0) == leased) ids.push_back(o);
     }
     return ids;
   };
   std::vector<model_id> victims;
   if (cover(resident_others(false), short_bytes, now, victims)) {
-    for (auto v : victims) {
+    for (auto v : with_adapters(victims)) {
       begin_evict(v);
       out.evictions.push_back(v);
     }
@@ -544,16 +651,21 @@ decisions ledger::pump(time_point now) {
       m.queued = false;
       continue;
     }
-    if (lost_device(m) >= 0) {
+    // A refused base refuses the adapters that wait for it.
+    auto refuse = [&](refusal why) {
       m.queued = false;
       m.wanted = false;
-      out.refused.push_back({id, {ec::unavailable, unavailable_reason(id)}});
+      for (auto a : drop_waiting_adapters(id))
+        out.refused.push_back(
+            {a, {why.code, "its base " + m.name + " cannot load: " + why.reason}});
+      out.refused.push_back({id, std::move(why)});
+    };
+    if (lost_device(m) >= 0) {
+      refuse({ec::unavailable, unavailable_reason(id)});
       continue;
     }
     if (auto why = never_fits(id); !why.empty()) {
-      m.queued = false;
-      m.wanted = false;
-      out.refused.push_back({id, {ec::out_of_device_memory, std::move(why)}});
+      refuse({ec::out_of_device_memory, std::move(why)});
       continue;
     }
     if (m.retry_at && now < *m.retry_at) {
@@ -563,6 +675,21 @@ decisions ledger::pump(time_point now) {
       continue;
     }
     m.retry_at.reset();
+    if (m.base) {
+      // An adapter loads beside its base: the base first (asked for here, so it queues
+      // behind this pass's head), then the adapter, at a later pass.
+      auto& b = models_[*m.base];
+      if (b.state != model_state::resident && b.state != model_state::loading) {
+        if (b.state == model_state::offloaded && !want(*m.base)) {
+          m.queued = false;
+          m.wanted = false;
+          out.refused.push_back({id, {ec::unavailable, unavailable_reason(*m.base)}});
+          continue;
+        }
+        still.push_back(id);
+        continue;
+      }
+    }
     bool blocked = m.state == model_state::evicting;
     for (auto d : m.where.devices)
       blocked = blocked || reserved[static_cast<size_t>(d)] ||
@@ -576,6 +703,9 @@ decisions ledger::pump(time_point now) {
     still.push_back(id);
   }
   pending_ = std::move(still);
+  // A base that drains holds its adapters' new leases too (theirs would lease it).
+  for (auto& m : models_)
+    if (m.base && models_[*m.base].draining) m.draining = true;
   for (model_id id = 0; id < models_.size(); ++id) {
     auto& m = models_[id];
     if (!m.draining && m.held > 0) {

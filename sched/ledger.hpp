@@ -46,6 +46,12 @@ struct placement {
   /// Bytes of one KV block on each shard (models::kv_block_bytes), parallel to `devices`;
   /// empty: the model keeps no KV in the ledger (it caches nothing, or not in blocks).
   std::vector<uint64_t> kv_block_bytes{};
+  /// A LoRA adapter's: the model it adapts (registered before it, on the same devices in
+  /// the same order). An adapter runs only on its resident base: a lease on it leases the
+  /// base too, its load waits for the base's (which it asks for), and evicting the base
+  /// evicts it (S-LoRA's unified pool: adapters are residents sized by their real rank,
+  /// beside whole models and KV, with no region reserved for them). Empty: a whole model.
+  std::string base{};
 };
 
 /// What keeps a placement from ever fitting, even with every other model evicted: the
@@ -113,6 +119,9 @@ struct model_entry {
   /// Unregistered: its name is free again and its id is never used again (ids stay
   /// dense, so the entry stays, offloaded and unpinned).
   bool removed = false;
+  /// An adapter's base (placement::base), and a base's registered adapters.
+  std::optional<model_id> base;
+  std::vector<model_id> adapters;
 };
 
 struct device_account {
@@ -198,7 +207,9 @@ class ledger {
                                       refusal* why);
 
   /// Registers a model; the same name with the same placement is the same model.
-  /// Refusals: a malformed placement, an unknown device, another placement under the name.
+  /// Refusals: a malformed placement, an unknown device, another placement under the name;
+  /// for an adapter (placement::base), a base that is not registered or is an adapter
+  /// itself, and devices other than the base's.
   /// (Whether it can ever fit is check_fits's decision, asked before.)
   std::optional<model_id> add(const std::string& name, const placement& p, refusal* why);
 
@@ -245,8 +256,10 @@ class ledger {
   std::optional<refusal> set_policy(const std::string& name);
 
   /// An explicit unload: refused while leased or loading; otherwise, if resident, its
-  /// eviction starts (returns true: carry it out).
-  std::optional<refusal> begin_unload(model_id id, bool* start_evict);
+  /// eviction starts (returns true: carry it out), with its resident adapters' before it
+  /// (appended to `with`: carry them out too).
+  std::optional<refusal> begin_unload(model_id id, bool* start_evict,
+                                      std::vector<model_id>* with = nullptr);
 
   /// Every shard of a loading model has its copies queued: with compute_while_loading,
   /// it may be leased from now on (returns true: grant the lease requests waiting for
@@ -266,7 +279,8 @@ class ledger {
   /// offloaded; loads again once all devices are back.
   void forget(model_id id);
   /// Unregisters an offloaded model with no leases and no load waiting; refused
-  /// (invalid_state) otherwise. Its name may be registered again, with any placement.
+  /// (invalid_state) otherwise, and for a base whose adapters are still registered. Its
+  /// name may be registered again, with any placement.
   std::optional<refusal> remove(model_id id);
   /// A device reported its largest free block (after a transfer).
   void note_largest_free(size_t device, uint64_t bytes);
@@ -299,6 +313,9 @@ class ledger {
   std::optional<std::vector<model_id>> kv_victims(model_id id, uint64_t blocks,
                                                   time_point now) const;
   void begin_kv_evictions(const std::vector<model_id>& victims);
+  /// The adapters of `base` that wait for a load (wanted), which a refusal of the base's
+  /// load refuses too: they no longer wait (their waiters fail with it).
+  std::vector<model_id> drop_waiting_adapters(model_id base);
   /// The most blocks `id` could hold with every other unpinned model evicted: a sequence
   /// that needs more can never run there.
   uint64_t kv_ceiling(model_id id) const;
@@ -338,6 +355,14 @@ class ledger {
   /// returns whether it is.
   bool cover(const std::vector<model_id>& candidates, std::map<size_t, int64_t>& short_bytes,
              time_point now, std::vector<model_id>& victims) const;
+  /// Whether `o` may be a victim of a pass that makes room for `id` (lease-free or not is
+  /// the caller's filter): resident, unpinned, not `id` nor `id`'s base, and not a base
+  /// one of whose adapters is loading, evicting or waiting for a load.
+  bool may_evict_for(model_id o, model_id id) const;
+  /// Shard k's bytes of `o` with those of its resident adapters (which go with it).
+  uint64_t bytes_with_adapters(const model_entry& o, size_t k) const;
+  /// `victims` with each base's resident adapters before it, once each.
+  std::vector<model_id> with_adapters(const std::vector<model_id>& victims) const;
   /// The prefetch pass (ledger_options::prefetch), at the end of pump.
   void prefetch(time_point now, decisions& out);
   int32_t lost_device(const model_entry& m) const;

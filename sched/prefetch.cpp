@@ -20,7 +20,10 @@ void ledger::prefetch(time_point now, decisions& out) {
       for (auto d : m.where.devices) busy[static_cast<size_t>(d)] = true;
   for (model_id id = 0; id < models_.size(); ++id) {
     auto& m = models_[id];
-    if (m.removed || m.state != model_state::offloaded || m.queued || lost_device(m) >= 0) continue;
+    // Adapters are not prefetched: their loads are a millisecond's copy, and one would
+    // have to bring its base along.
+    if (m.removed || m.base || m.state != model_state::offloaded || m.queued || lost_device(m) >= 0)
+      continue;
     bool idle = true;
     for (auto d : m.where.devices) idle = idle && !busy[static_cast<size_t>(d)];
     auto rate = m.demand.rate(now);
@@ -44,8 +47,8 @@ void ledger::prefetch(time_point now, decisions& out) {
       std::vector<model_id> allowed;
       for (model_id o = 0; o < models_.size(); ++o) {
         auto& other = models_[o];
-        if (o != id && other.state == model_state::resident && !other.pinned && other.leases == 0 &&
-            !other.draining && other.where.priority <= m.where.priority &&
+        if (may_evict_for(o, id) && other.leases == 0 && !other.draining &&
+            other.where.priority <= m.where.priority &&
             other.demand.rate(now) * prefetch_margin < rate)
           allowed.push_back(o);
       }
@@ -60,7 +63,7 @@ void ledger::prefetch(time_point now, decisions& out) {
     }
     // Room first: the load waits in the queue, as a requested one would, until the
     // evictions are done.
-    for (auto v : victims) {
+    for (auto v : with_adapters(victims)) {
       begin_evict(v);
       out.evictions.push_back(v);
     }

@@ -162,11 +162,13 @@ residency_effects residency::unload(model_id id, waiter_id w, time_point) {
     return out;
   }
   bool start = false;
-  if (auto why = ledger_->begin_unload(id, &start)) {
+  std::vector<model_id> adapters;
+  if (auto why = ledger_->begin_unload(id, &start, &adapters)) {
     out.failures.push_back({w, id, std::move(*why)});
     return out;
   }
   of(id).evictions.push_back(w);
+  out.evictions.insert(out.evictions.end(), adapters.begin(), adapters.end());
   if (start) out.evictions.push_back(id);
   return out;
 }
@@ -206,13 +208,23 @@ residency_effects residency::load_failed(model_id id, const refusal& why, time_p
   out.discards.push_back(id);
   ledger_->load_failed(id);
   auto& w = of(id);
-  const bool waited_for = !w.leases.empty() || !w.loads.empty();
+  bool waited_for = !w.leases.empty() || !w.loads.empty();
+  // A base loads for its adapters' requests too.
+  for (auto a : ledger_->model(id).adapters)
+    waited_for = waited_for || !of(a).leases.empty() || !of(a).loads.empty();
   // A device short of pages that the ledger counted as free: room that comes back by
   // itself. The requests wait for it (their deadlines still bound them); a model that
   // can never fit is refused by the pass with the sizes, as before.
   if (!(why.code == ec::out_of_device_memory && waited_for && ledger_->retry_later(id, now))) {
     fail_all(id, &waiters::leases, why, out);
     fail_all(id, &waiters::loads, why, out);
+    // Adapters waiting for this base cannot load either.
+    for (auto a : ledger_->drop_waiting_adapters(id)) {
+      refusal base_why{why.code,
+                       "its base " + ledger_->model(id).name + " failed to load: " + why.reason};
+      fail_all(a, &waiters::leases, base_why, out);
+      fail_all(a, &waiters::loads, base_why, out);
+    }
   }
   pump(now, out);
   return out;
