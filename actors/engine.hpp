@@ -8,6 +8,7 @@
 #include <caf/expected.hpp>
 
 #include "actors/messages.hpp"
+#include "common/error.hpp"
 #include "gpu/collective.hpp"
 #include "gpu/weight_store.hpp"
 #include "models/decoder_stage.hpp"
@@ -39,6 +40,19 @@ class shard_program {
   /// then runs them all; `from` is gone. Continuous batching: requests join a running
   /// batch at a step boundary. Stateless programs have nothing to join.
   virtual caf::error join_batch(uint64_t from, uint64_t into) { return {}; }
+
+  /// Makes LoRA adapter `name` (its shard for this program's shard, as the engine laid it
+  /// out and filled it) available to the rows that name it (step_request::adapters). The
+  /// program keeps `weights` alive while bound; the same shard again is a no-op, another
+  /// one under the name replaces it (the old one's rows fail clearly, none reads freed
+  /// memory). Errors: kinds without adapters, a shard that is not an adapter of this one.
+  virtual caf::error bind_adapter(const std::string& name,
+                                  std::shared_ptr<gpu::weight_shard> weights) {
+    return make_error(ec::invalid_request, "this model kind runs no LoRA adapters (" + name + ")");
+  }
+
+  /// Forgets adapter `name` (unregistered); unknown names are ignored.
+  virtual void unbind_adapter(const std::string& name) {}
 };
 
 /// A model kind.

@@ -74,6 +74,12 @@ struct model_config {
   /// Its latency objective for one request, milliseconds (0: none): what automatic
   /// gpu-lets size its share for (sched::plan_gpulets).
   int64_t slo_ms = 0;
+  /// A LoRA adapter's: the registered model it adapts; `weights_path` is then its PEFT
+  /// folder (adapter_config.json, adapter_model.safetensors), or nothing for a toy base.
+  /// The registry gives it the base's kind, shape, dtype, split and devices: it is a
+  /// resident of the same ledger beside its base (sched::placement::base). Empty: a whole
+  /// model.
+  std::string base;
 };
 
 /// model_config's fields, listed once: the members in order (fields) and, at the same
@@ -86,7 +92,7 @@ struct config_field {
   /// name only when every such field is equal (same_weights).
   bool shapes_weights;
 };
-inline constexpr std::array<config_field, 18> model_config_fields{{
+inline constexpr std::array<config_field, 19> model_config_fields{{
     {"name", false},
     {"kind", true},
     {"spec", true},
@@ -105,13 +111,14 @@ inline constexpr std::array<config_field, 18> model_config_fields{{
     {"priority", false},
     {"tokenizer", false},
     {"slo_ms", false},
+    {"base", true},
 }};
 
 template <class Config>
 auto fields(Config& x) {
   return std::tie(x.name, x.kind, x.spec, x.shape, x.arch, x.dtype, x.checkpoint_dtype, x.tp, x.pp,
                   x.devices, x.seed, x.weights_path, x.toy_shard_bytes, x.toy_compute_ms, x.pinned,
-                  x.priority, x.tokenizer, x.slo_ms);
+                  x.priority, x.tokenizer, x.slo_ms, x.base);
 }
 static_assert(std::tuple_size_v<decltype(fields(std::declval<model_config&>()))> ==
                   model_config_fields.size(),
@@ -232,12 +239,14 @@ struct model_placement {
   /// Bytes of one KV block on each shard (engine::kv_block_bytes); empty: its KV is not
   /// counted in blocks (an engine that caches nothing, or not in blocks).
   std::vector<uint64_t> kv_block_bytes{};
+  /// A LoRA adapter's base (model_config::base); empty: a whole model.
+  std::string base{};
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, model_placement& x) {
   return f(caf::meta::type_name("model_placement"), x.model, x.devices, x.bytes, x.pinned,
-           x.priority, x.kv_block_bytes);
+           x.priority, x.kv_block_bytes, x.base);
 }
 
 /// Permission to run batches on a resident model until release.

@@ -317,6 +317,13 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
         auto i = st.models.find(req.model);
         if (i == st.models.end() || i->second.unregistering) return not_serving(self, req.model);
         auto& m = i->second;
+        // Adapters are residents of the ledger (they load beside their base and go with
+        // it), but their rows do not run yet: that is the forward with adapters per row
+        // and batches of the base that mix them (issue 47).
+        if (!m.cfg.base.empty())
+          return make_error(ec::invalid_request, "model " + req.model + " is a LoRA adapter of " +
+                                                     m.cfg.base +
+                                                     ", and requests cannot name adapters yet");
         if (auto err = check_request(m, req, st.opts.max_tokens_limit)) return err;
         auto t = now(self);
         auto key = st.next_key++;

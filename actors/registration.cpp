@@ -126,12 +126,55 @@ static std::vector<uint64_t> shard_bytes(const registry_state& st, const model_c
 
 static void register_placed(registry_pointer self, model_config requested, registered_fn done);
 
+/// A LoRA adapter's config as registered: its base's kind, shape, dtype, split and devices
+/// (it runs inside the base's forward, on the base's devices), its own name, folder, seed
+/// and toy size, and how it is served (pinning, priority, SLO; the base's tokenizer unless
+/// it names one). Errors: a base that is not registered (being registered: unavailable,
+/// retry), an adapter as a base, devices other than the base's.
+static caf::expected<model_config> adapter_config(const registry_state& st,
+                                                  const model_config& requested) {
+  auto b = st.registered.find(requested.base);
+  if (b == st.registered.end()) {
+    if (st.registering.count(requested.base) > 0)
+      return make_error(ec::unavailable, "adapter " + requested.name + ": its base " +
+                                             requested.base + " is being registered");
+    return make_error(ec::unknown_model, "adapter " + requested.name + " names base model " +
+                                             requested.base + ", which is not registered");
+  }
+  const auto& base = b->second;
+  if (!base.base.empty())
+    return make_error(ec::invalid_configuration, "adapter " + requested.name + " names " +
+                                                     requested.base +
+                                                     " as its base, which is an adapter itself");
+  if (!requested.devices.empty() && requested.devices != base.devices)
+    return make_error(ec::invalid_configuration, "adapter " + requested.name +
+                                                     " runs on its base " + requested.base +
+                                                     "'s devices; leave its devices out");
+  auto cfg = base;
+  cfg.name = requested.name;
+  cfg.base = requested.base;
+  cfg.weights_path = requested.weights_path;
+  cfg.checkpoint_dtype.clear();
+  cfg.seed = requested.seed;
+  cfg.toy_shard_bytes = requested.toy_shard_bytes;
+  cfg.pinned = requested.pinned;
+  cfg.priority = requested.priority;
+  if (!requested.tokenizer.empty()) cfg.tokenizer = requested.tokenizer;
+  if (requested.slo_ms > 0) cfg.slo_ms = requested.slo_ms;
+  return cfg;
+}
+
 /// Registers `requested`: placed by the scheduler's rule when it names no devices
 /// (sched::spread_placement over what the registered models' shards take of each
 /// device), validated, refused with the sizes when it can never fit its devices,
 /// prepared on every worker, placed with the scheduler, then handed to the manager;
 /// listed as failed with the reason when any step fails.
 void register_model(registry_pointer self, model_config requested, registered_fn done) {
+  if (!requested.base.empty()) {
+    auto cfg = adapter_config(self->state, requested);
+    if (!cfg) return done(std::move(cfg.error()));
+    return register_placed(self, std::move(*cfg), std::move(done));
+  }
   if (!requested.devices.empty() || requested.tp < 1 || requested.pp < 1 ||
       int64_t{requested.tp} * requested.pp > 65536)
     return register_placed(self, std::move(requested), std::move(done));
@@ -233,9 +276,10 @@ static void register_placed(registry_pointer self, model_config requested, regis
     prepare_shards(
         self, cfg, all_stages,
         [=](std::vector<shard_report> reports) mutable {
-          model_placement p{cfg.name, cfg.devices, {}, cfg.pinned, cfg.priority, {}};
+          model_placement p{cfg.name, cfg.devices, {}, cfg.pinned, cfg.priority, {}, cfg.base};
           for (auto& r : reports) p.bytes.push_back(r.bytes);
-          if (self->state.opts.kv_in_ledger) {
+          // An adapter's rows keep their KV in its base's blocks.
+          if (self->state.opts.kv_in_ledger && cfg.base.empty()) {
             auto& eng = *self->state.engines.at(cfg.kind);
             for (size_t pos = 0; pos < cfg.devices.size(); ++pos) {
               auto b = eng.kv_block_bytes(shard_spec{
@@ -300,6 +344,7 @@ void rejoin_groups(registry_pointer self, const std::vector<int32_t>& devs) {
   auto& st = self->state;
   std::set<int32_t> back(devs.begin(), devs.end());
   for (auto& [name, cfg] : st.registered) {
+    if (!cfg.base.empty()) continue;  // an adapter has no group of its own
     const auto tp = static_cast<size_t>(cfg.tp);
     std::vector<size_t> stages;
     for (auto k : split_stages(st, cfg)) {
@@ -335,6 +380,12 @@ caf::result<model_info> unregister_model(registry_pointer self, const std::strin
   auto i = st.registered.find(name);
   if (i == st.registered.end())
     return make_error(ec::unknown_model, "no model named '" + name + "'");
+  std::string adapters;
+  for (auto& [other, c] : st.registered)
+    if (c.base == name) adapters += (adapters.empty() ? "" : ", ") + other;
+  if (!adapters.empty())
+    return make_error(ec::invalid_state, "model " + name + " is the base of adapters " + adapters +
+                                             ": unregister them first");
   auto cfg = i->second;
   st.unregistering.insert(name);
   auto rp = self->make_response_promise<model_info>();

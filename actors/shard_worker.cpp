@@ -105,6 +105,8 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
           if (!w) return w.error();
           entry->weights = std::shared_ptr<gpu::weight_shard>(std::move(*w));
           if (auto err = eng->fill(s, *entry->weights)) return err;
+          // A LoRA adapter is bytes for its base's forward: no group, no program of its own.
+          if (!s.model.base.empty()) return {};
           auto g = remote_group ? groups->join(s.group_address, group, s.tp_rank, s.model.tp,
                                                bind_host, peer_timeout)
                                 : gpu::join_local_group(group, s.tp_rank, s.model.tp, peer_timeout);
@@ -266,6 +268,18 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
         if (i == st.shards.end()) return false;
         auto entry = std::make_shared<shard_entry>(std::move(i->second));
         st.shards.erase(i);
+        // An adapter: its base's program lets go of it, on the lane that runs the program.
+        if (auto b = st.shards.find(entry->spec.model.base);
+            !entry->spec.model.base.empty() && b != st.shards.end() && b->second.program)
+          if (auto lane = compute_lane(self, b->second.lane)) {
+            auto program = b->second.program;
+            lane_job unbind{[=]() -> caf::error {
+              program->unbind_adapter(model);
+              return {};
+            }};
+            self->request(*lane, st.opts.step_timeout, run_atom_v, std::move(unbind))
+                .then([](bool) {}, [](caf::error&) {});
+          }
         for (auto b = st.batches.begin(); b != st.batches.end();)
           b = b->first.first == model ? st.batches.erase(b) : std::next(b);
         // Behind any copy in flight, on the copy lane: the device copy goes, then the
@@ -298,7 +312,7 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
         auto& st = self->state;
         st.batches.erase(std::make_pair(model, batch_id));
         auto i = st.shards.find(model);
-        if (i == st.shards.end()) return;
+        if (i == st.shards.end() || !i->second.program) return;
         auto program = i->second.program;
         lane_job job{[=]() -> caf::error {
           program->end_batch(batch_id);

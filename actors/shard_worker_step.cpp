@@ -24,11 +24,28 @@ caf::result<step_result> run_step(worker_pointer self, step_request& req) {
     return make_error(ec::unknown_model,
                       "device " + std::to_string(index) + " holds no shard of model " + req.model);
   auto& e = i->second;
+  if (!e.program)
+    return make_error(ec::invalid_request, "device " + std::to_string(index) + " holds " +
+                                               req.model + " as an adapter of " +
+                                               e.spec.model.base + ": it runs in its base's steps");
   if (req.stage != e.spec.pp_rank)
     return make_error(ec::invalid_request, "step for stage " + std::to_string(req.stage) +
                                                " reached device " + std::to_string(index) +
                                                ", which holds stage " +
                                                std::to_string(e.spec.pp_rank));
+  // The rows' LoRA adapters: shards of this device beside the model's, which the batch's
+  // leases keep resident (or loading) while it runs.
+  std::vector<std::pair<std::string, shard_entry>> adapters;
+  for (auto& name : req.adapters) {
+    if (name.empty() ||
+        std::any_of(adapters.begin(), adapters.end(), [&](auto& a) { return a.first == name; }))
+      continue;
+    auto a = st.shards.find(name);
+    if (a == st.shards.end() || a->second.spec.model.base != req.model)
+      return make_error(ec::invalid_request, "device " + std::to_string(index) +
+                                                 " holds no adapter " + name + " of " + req.model);
+    adapters.emplace_back(name, a->second);
+  }
   const bool last_stage = e.spec.pp_rank == e.spec.model.pp - 1;
   const bool sampling_rank = last_stage && e.spec.tp_rank == 0;
   const auto key = std::make_pair(req.model, req.batch_id);
@@ -104,12 +121,21 @@ caf::result<step_result> run_step(worker_pointer self, step_request& req) {
     }
     const double waited0 = gpu::thread_wait_seconds();
     (void)group;
-    // No eviction unmaps the shard until this step is done with it.
+    // No eviction unmaps the shard, nor its rows' adapters, until this step is done.
     std::shared_lock<std::shared_timed_mutex> computing{*in_use};
     auto state = w->state();
     if (state != gpu::residency::resident && state != gpu::residency::loading)
       return make_error(ec::not_resident, "model " + in->model + " is " + gpu::to_string(state) +
                                               " on device " + std::to_string(index));
+    std::vector<std::shared_lock<std::shared_timed_mutex>> adapters_in_use;
+    for (auto& [name, a] : adapters) {
+      adapters_in_use.emplace_back(*a.in_use);
+      auto s = a.weights->state();
+      if (s != gpu::residency::resident && s != gpu::residency::loading)
+        return make_error(ec::not_resident, "adapter " + name + " is " + gpu::to_string(s) +
+                                                " on device " + std::to_string(index));
+      if (auto err = program->bind_adapter(name, a.weights)) return err;
+    }
     models::host_tensor h;
     const models::host_tensor* hp = nullptr;
     if (in->stage > 0) {

@@ -134,6 +134,11 @@ struct step_request {
   std::vector<int32_t> lanes{};
   std::vector<int32_t> shares{};
   std::vector<std::vector<int32_t>> partitions{};
+  /// LoRA adapters (models/lora_adapter.hpp): step 0 (a first chunk, or rows joining),
+  /// the adapter each row runs with, named as registered ("": the base alone), which
+  /// every stage holds beside the model's shard. The rows keep theirs for the batch's
+  /// later steps. Empty: every row runs the base alone.
+  std::vector<std::string> adapters{};
 
   bool partial_prefill() const { return prefill_chunk > 0 && prefill_left > 0; }
 };
@@ -143,7 +148,7 @@ typename Inspector::result_type inspect(Inspector& f, step_request& x) {
   return f(caf::meta::type_name("step_request"), x.model, x.batch_id, x.step, x.stage, x.prompts,
            x.tokens, x.sampling, x.hidden, x.last, x.route, x.keep, x.join_into, x.prefill_chunk,
            x.prefill_left, x.deadline_ms, x.expected_ms, x.kv_blocks, x.lanes, x.shares,
-           x.partitions);
+           x.partitions, x.adapters);
 }
 
 /// The tokens a step produced (rank 0 of the last stage; other ranks answer empty).

@@ -339,7 +339,7 @@ swap_scheduler_actor::behavior_type swap_scheduler(sched_pointer self,
   return {
       [=](register_atom, model_placement& p) -> caf::result<bool> {
         auto& l = self->state.core->ledger();
-        sched::placement where{p.devices, p.bytes, p.pinned, p.priority, p.kv_block_bytes};
+        sched::placement where{p.devices, p.bytes, p.pinned, p.priority, p.kv_block_bytes, p.base};
         // A model larger than its devices is refused here, not at every request.
         std::vector<uint64_t> usable;
         for (size_t d = 0; d < l.device_count(); ++d)

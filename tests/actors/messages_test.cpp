@@ -36,6 +36,7 @@ model_config every_field_set() {
   m.pinned = true;
   m.priority = -3;
   m.tokenizer = "bytes";
+  m.base = "b";
   return m;
 }
 
@@ -81,6 +82,7 @@ TEST_CASE("same_weights compares the fields that decide a shard's bytes, and onl
       [](model_config& c) { c.weights_path = "/v"; },
       [](model_config& c) { c.toy_shard_bytes = 1; },
       [](model_config& c) { c.toy_compute_ms = 3; },
+      [](model_config& c) { c.base = "other-base"; },
   };
   size_t weights_fields = 0;
   for (auto& f : model_config_fields) weights_fields += f.shapes_weights ? 1 : 0;

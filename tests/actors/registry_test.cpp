@@ -121,3 +121,70 @@ TEST_CASE("the manager serves only what it was handed, once", "[actors][registry
   REQUIRE(f.ask<model_info>(f.manager, retire_atom_v, std::string{"m"}, false));
   CHECK(served(f).tokens.size() == 1);
 }
+
+TEST_CASE("a LoRA adapter registers beside its base, loads after it and goes with it",
+          "[actors][registry][adapters]") {
+  manager_fixture f;
+  model_config a;
+  a.name = "m-lora";
+  a.base = "m";
+  a.toy_shard_bytes = 4096;
+  // Its base must be registered, whole, and it runs on the base's devices.
+  auto orphan = a;
+  orphan.base = "nope";
+  auto refused = f.ask<model_info>(f.registry, register_atom_v, orphan);
+  REQUIRE_FALSE(refused);
+  CHECK(is(refused.error(), ec::unknown_model));
+  CHECK_THAT(render(refused.error()), Catch::Contains("names base model nope"));
+  auto elsewhere = a;
+  elsewhere.devices = {1};
+  refused = f.ask<model_info>(f.registry, register_atom_v, elsewhere);
+  REQUIRE_FALSE(refused);
+  CHECK(is(refused.error(), ec::invalid_configuration));
+  auto got = f.ask<model_info>(f.registry, register_atom_v, a);
+  REQUIRE(got);
+  // It took the base's kind and devices.
+  CHECK(got->config.kind == "toy");
+  CHECK(got->config.devices == std::vector<int32_t>{0});
+  CHECK(got->config.base == "m");
+  auto nested = a;
+  nested.name = "m-lora-2";
+  nested.base = "m-lora";
+  refused = f.ask<model_info>(f.registry, register_atom_v, nested);
+  REQUIRE_FALSE(refused);
+  CHECK_THAT(render(refused.error()), Catch::Contains("an adapter itself"));
+  // Loading the adapter loads its base first.
+  auto loaded = f.ask<model_info>(f.manager, load_atom_v, std::string{"m-lora"});
+  REQUIRE(loaded);
+  CHECK(f.script.loads["m"] + f.script.begins["m"] >= 1);
+  CHECK(f.script.loads["m-lora"] + f.script.begins["m-lora"] >= 1);
+  auto base = f.ask<model_info>(f.manager, info_atom_v, std::string{"m"});
+  REQUIRE(base);
+  CHECK(base->state == model_lifecycle::resident);
+  auto adapter = f.ask<model_info>(f.manager, info_atom_v, std::string{"m-lora"});
+  REQUIRE(adapter);
+  CHECK(adapter->state == model_lifecycle::resident);
+  // Requests cannot name it yet: a clear refusal, and the base still serves.
+  infer_request r;
+  r.model = "m-lora";
+  r.tokens = {1, 2, 3};
+  auto no = f.ask<infer_reply>(f.manager, infer_atom_v, r);
+  REQUIRE_FALSE(no);
+  CHECK(is(no.error(), ec::invalid_request));
+  CHECK_THAT(render(no.error()), Catch::Contains("LoRA adapter of m"));
+  CHECK(served(f).tokens.size() == 1);
+  // Evicting the base takes the adapter along.
+  REQUIRE(f.ask<model_info>(f.manager, unload_atom_v, std::string{"m"}));
+  CHECK(f.script.evictions["m-lora"] == 1);
+  CHECK(f.script.evictions["m"] == 1);
+  adapter = f.ask<model_info>(f.manager, info_atom_v, std::string{"m-lora"});
+  REQUIRE(adapter);
+  CHECK(adapter->state == model_lifecycle::offloaded);
+  // The base cannot be unregistered under its adapter; the adapter, then the base, can.
+  auto kept = f.ask<model_info>(f.registry, unregister_atom_v, std::string{"m"});
+  REQUIRE_FALSE(kept);
+  CHECK(is(kept.error(), ec::invalid_state));
+  CHECK_THAT(render(kept.error()), Catch::Contains("base of adapters m-lora"));
+  REQUIRE(f.ask<model_info>(f.registry, unregister_atom_v, std::string{"m-lora"}));
+  REQUIRE(f.ask<model_info>(f.registry, unregister_atom_v, std::string{"m"}));
+}
