@@ -45,11 +45,7 @@ node_actor::behavior_type node(node_actor::stateful_pointer<node_state> self,
             [=](caf::error e, size_t) mutable { rp.deliver(std::move(e)); }, report_atom_v);
         return rp;
       },
-      [=](workers_atom) {
-        std::vector<caf::actor> out;
-        for (auto& w : self->state.workers) out.push_back(caf::actor_cast<caf::actor>(w));
-        return out;
-      },
+      [=](workers_atom) { return self->state.workers; },
   };
 }
 
@@ -58,6 +54,7 @@ node_actor::behavior_type node(node_actor::stateful_pointer<node_state> self,
 system_config::system_config() {
   add_message_types<caf::id_block::computron_atoms>();
   add_message_types<caf::id_block::computron_messages>();
+  add_message_types<caf::id_block::computron_handles>();
   register_errors(*this);
 }
 
