@@ -399,7 +399,8 @@ class transfer_log final : public observer {
 inline int http_status_of(const caf::error& e) {
   // As net/http/replies.cpp maps them (the simulator speaks HTTP statuses).
   if (is(e, ec::overloaded)) return 429;
-  if (is(e, ec::deadline_exceeded) || is(e, ec::unavailable) || is(e, ec::out_of_device_memory))
+  if (is(e, ec::deadline_exceeded) || is(e, ec::unavailable) || is(e, ec::out_of_device_memory) ||
+      is(e, ec::not_resident))
     return 503;
   return 500;
 }
