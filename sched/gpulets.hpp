@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "sched/clock.hpp"
 #include "sched/step_fit.hpp"
 
 namespace computron::sched {
@@ -109,8 +110,9 @@ struct gpulet_config {
 
 /// Checks a gpu-let config against `devices` devices: shares allowed and summing to at
 /// most 100, at most plan.max_per_device lanes per device, a partition per device at most,
-/// a positive re-plan interval. What is wrong, naming the field and value; empty when fine.
-std::string check_gpulet_config(const gpulet_config& c, size_t devices);
+/// a positive re-plan interval. What is wrong (invalid_configuration, naming the field and
+/// value); none when fine.
+std::optional<refusal> check_gpulet_config(const gpulet_config& c, size_t devices);
 
 /// Seconds a step takes on a gpu-let of `share` percent that takes `whole_s` on the
 /// whole device, while partners on its device were busy for `partner_busy` of its time:
@@ -221,9 +223,9 @@ gpulet_plan temporal_plan(const std::vector<gpulet_model>& models, const gpulet_
 std::vector<std::string> plan_changes(const gpulet_plan& from, const gpulet_plan& to);
 
 /// Validates options and models (device indices in range, shares in (0,100], rates and
-/// SLOs finite and >= 0, cost has an entry, ...): what is wrong, naming the field and
-/// value; empty when fine.
-std::string check_gpulet_inputs(const std::vector<gpulet_model>& models,
-                                const gpulet_options& opts);
+/// SLOs finite and >= 0, cost has an entry, ...): what is wrong (invalid_configuration,
+/// naming the field and value); none when fine.
+std::optional<refusal> check_gpulet_inputs(const std::vector<gpulet_model>& models,
+                                           const gpulet_options& opts);
 
 }  // namespace computron::sched

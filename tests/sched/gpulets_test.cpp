@@ -302,7 +302,7 @@ TEST_CASE("gpulets: partitions use allowed shares, fill the device, and do not d
       m.cost = costs(m.cost[100], next(0.2, 1));
       ms.push_back(m);
     }
-    REQUIRE(check_gpulet_inputs(ms, o).empty());
+    REQUIRE_FALSE(check_gpulet_inputs(ms, o));
     auto p = plan_gpulets(ms, o);
     REQUIRE(p.partitions.size() == static_cast<size_t>(o.device_count));
     for (auto& part : p.partitions) {
@@ -374,10 +374,12 @@ TEST_CASE("gpulets: check_gpulet_inputs names the bad field and its value", "[gp
   gpulet_options o = options(2);
   std::vector<gpulet_model> ok{model("a", {0}, 5, 0.1, {0.005, 0}),
                                model("b", {0, 1}, 5, 0.1, {0.005, 0})};
-  CHECK(check_gpulet_inputs(ok, o).empty());
-  auto has = [](const std::string& why, const std::string& what) {
-    INFO(why);
-    return why.find(what) != std::string::npos;
+  CHECK_FALSE(check_gpulet_inputs(ok, o));
+  auto has = [](const std::optional<refusal>& why, const std::string& what) {
+    if (!why) return false;
+    INFO(why->reason);
+    return why->code == computron::ec::invalid_configuration &&
+           why->reason.find(what) != std::string::npos;
   };
   auto bad = ok;
   bad[1].devices = {0, 2};
