@@ -163,8 +163,6 @@ caf::expected<runtime> start_runtime(caf::actor_system& sys, runtime_options opt
   if (!devs) return devs.error();
   rt.devices = std::move(*devs);
   if (auto err = prepare_gpulets(rt.devices, opts.manager.gpulets)) return err;
-  // An emulated gpu-let slows as the dispatch core's planner predicts.
-  opts.worker.gpulet_interference = opts.manager.gpulets.plan.interference;
   auto n = spawn_node(sys, rt.devices, engines, opts.worker);
   if (!n) return n.error();
   rt.node = std::move(*n);

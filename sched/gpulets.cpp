@@ -137,6 +137,13 @@ double gpulet_seconds(const gpulet_options& opts, double whole_s, int32_t share,
   return whole_s * 100.0 / s * interference_slowdown(opts, partner_busy);
 }
 
+std::chrono::milliseconds gpulet_timeout(const gpulet_options& opts,
+                                         std::chrono::milliseconds whole, int32_t share) {
+  if (share >= 100) return whole;
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+      whole * gpulet_seconds(opts, 1.0, share, 1.0));
+}
+
 std::optional<refusal> check_gpulet_config(const gpulet_config& c, size_t devices) {
   auto bad = [](std::string why) { return refusal{ec::invalid_configuration, std::move(why)}; };
   for (auto x : c.plan.shares)

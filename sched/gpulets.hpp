@@ -6,6 +6,7 @@
 // and KV stay on its devices; a gpu-let is only a compute lane on one of them. Also the
 // cost, latency and interference model the plan rests on, so that the simulator and the
 // runtime predict with the same rules. Plain code: explicit inputs, no clock, no chance.
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -120,6 +121,14 @@ std::optional<refusal> check_gpulet_config(const gpulet_config& c, size_t device
 /// the simulator charges (a GPU's green contexts do it by themselves).
 double gpulet_seconds(const gpulet_options& opts, double whole_s, int32_t share,
                       double partner_busy);
+
+/// How long to wait for a step on a gpu-let of `share` percent that the whole device
+/// finishes within `whole`: gpulet_seconds with its partners busy all along, the longest
+/// it may take. A whole device (share 100) waits `whole`. The one rule for the manager's
+/// wait for a step and the worker's for its lane, with the plan's factor (step_request
+/// carries it to the workers).
+std::chrono::milliseconds gpulet_timeout(const gpulet_options& opts,
+                                         std::chrono::milliseconds whole, int32_t share);
 
 /// The allowed gpu-let sizes, ascending, without duplicates, with the whole device (100).
 std::vector<int32_t> allowed_shares(const gpulet_options& opts);

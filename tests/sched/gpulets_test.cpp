@@ -127,6 +127,22 @@ TEST_CASE("gpulets: the lane model waits one cycle, then a round", "[gpulets]") 
   CHECK(interference_slowdown(o, 3) == Approx(1.15));
 }
 
+TEST_CASE("gpulets: a step's wait on a gpu-let is scaled by its share and the plan's factor",
+          "[gpulets]") {
+  // The manager's wait for a step and the worker's for its lane both come from here.
+  gpulet_options o;
+  o.interference = 1.3;
+  using std::chrono::milliseconds;
+  CHECK(gpulet_timeout(o, milliseconds{1000}, 100) == milliseconds{1000});
+  CHECK(gpulet_timeout(o, milliseconds{1000}, 50) == milliseconds{2600});
+  CHECK(gpulet_timeout(o, milliseconds{1000}, 25) == milliseconds{5200});
+  o.interference = 1;
+  CHECK(gpulet_timeout(o, milliseconds{1000}, 50) == milliseconds{2000});
+  // What an emulated lane waits out, by the same factor: partners busy half the time.
+  o.interference = 1.3;
+  CHECK(gpulet_seconds(o, 0.1, 50, 0.5) == Approx(0.1 * 2 * 1.15));
+}
+
 TEST_CASE("gpulets: the smallest share is monotone in rate and minimal", "[gpulets]") {
   gpulet_options o = options(1);
   auto m = model("m", {0}, 0, 0.2, {0.004, 0.0005});
