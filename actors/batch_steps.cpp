@@ -56,9 +56,8 @@ void send_step(manager_pointer self, const batch_ptr& b, step_request req,
   const auto pp = static_cast<size_t>(m.cfg.pp);
   const auto step = req.step;
   // A gpu-let's steps take longer by its share (and busy partners): so may the answer.
-  if (auto share = st.disp->run_share(m.index); share < 100)
-    timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
-        timeout * sched::gpulet_seconds(st.disp->gpulets().plan, 1.0, share, 1.0));
+  timeout = sched::gpulet_timeout(st.disp->gpulets().plan, timeout, st.disp->run_share(m.index));
+  req.interference = st.disp->gpulets().plan.interference;
   auto j = make_join<step_result>(
       tp,
       [=](std::vector<step_result> results) {

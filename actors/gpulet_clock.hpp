@@ -20,8 +20,6 @@ class gpulet_clock {
  public:
   using clock = std::chrono::steady_clock;
 
-  explicit gpulet_clock(sched::gpulet_options opts) : opts_(opts) {}
-
   /// Lane `lane` starts a job.
   void begin(int32_t lane) {
     std::lock_guard<std::mutex> g{mtx_};
@@ -32,10 +30,11 @@ class gpulet_clock {
   }
 
   /// The lane's job computed for `whole_s` seconds at the whole device's speed: the
-  /// seconds a gpu-let of `share` takes for it with the partners' busy time meanwhile.
-  /// The lane waits out the difference before end().
-  double seconds(int32_t lane, int32_t share, double whole_s) {
-    return sched::gpulet_seconds(opts_, whole_s, share, partner_fraction(lane));
+  /// seconds a gpu-let of `share` takes for it with the partners' busy time meanwhile,
+  /// by the plan's interference factor (each step carries it). The lane waits out the
+  /// difference before end().
+  double seconds(int32_t lane, int32_t share, double whole_s, const sched::gpulet_options& plan) {
+    return sched::gpulet_seconds(plan, whole_s, share, partner_fraction(lane));
   }
 
   /// The fraction of the lane's job so far during which its partners were busy (0..1).
@@ -74,7 +73,6 @@ class gpulet_clock {
     return s;
   }
 
-  sched::gpulet_options opts_;
   std::mutex mtx_;
   std::map<int32_t, lane_use> lanes_;
 };

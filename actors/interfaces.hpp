@@ -69,7 +69,7 @@ using shard_worker_actor = caf::typed_actor<
 using worker_guard_actor = shard_worker_actor::extend<
     /// The node came back: relay to this worker from now on, once the shards held before
     /// are prepared on it again. Replies true when it is serving again.
-    caf::replies_to<rebind_atom, caf::actor>::with<bool>>;
+    caf::replies_to<rebind_atom, shard_worker_actor>::with<bool>>;
 
 /// Owns device-memory decisions: residency per model, bytes per device, victims.
 using swap_scheduler_actor = caf::typed_actor<
@@ -203,8 +203,8 @@ using frontend_actor = serving_actor;
 using node_actor = caf::typed_actor<
     /// Every device of this node.
     caf::replies_to<devices_atom>::with<std::vector<device_report>>,
-    /// The shard workers, in device order (as caf::actor; cast to shard_worker_actor).
-    caf::replies_to<workers_atom>::with<std::vector<caf::actor>>>::
+    /// The shard workers, in device order.
+    caf::replies_to<workers_atom>::with<std::vector<shard_worker_actor>>>::
     extend_with<status_reporter_actor>;
 
 /// What an operator's console attaches to: the controller's serving stack and its
@@ -237,3 +237,11 @@ using node_link_actor = caf::typed_actor<
 }  // namespace computron::actors
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(computron::actors::lane_job)
+
+/// The handles that travel as message elements (a node's workers cross the network to the
+/// controller): CAF 0.17 serializes a typed handle only under a registered name, and a
+/// vector only when it is listed too. system_config adds this block.
+CAF_BEGIN_TYPE_ID_BLOCK(computron_handles, caf::id_block::computron_messages::end)
+CAF_ADD_TYPE_ID(computron_handles, (computron::actors::shard_worker_actor))
+CAF_ADD_TYPE_ID(computron_handles, (std::vector<computron::actors::shard_worker_actor>))
+CAF_END_TYPE_ID_BLOCK(computron_handles)

@@ -45,11 +45,7 @@ node_actor::behavior_type node(node_actor::stateful_pointer<node_state> self,
             [=](caf::error e, size_t) mutable { rp.deliver(std::move(e)); }, report_atom_v);
         return rp;
       },
-      [=](workers_atom) {
-        std::vector<caf::actor> out;
-        for (auto& w : self->state.workers) out.push_back(caf::actor_cast<caf::actor>(w));
-        return out;
-      },
+      [=](workers_atom) { return self->state.workers; },
   };
 }
 
@@ -58,6 +54,7 @@ node_actor::behavior_type node(node_actor::stateful_pointer<node_state> self,
 system_config::system_config() {
   add_message_types<caf::id_block::computron_atoms>();
   add_message_types<caf::id_block::computron_messages>();
+  add_message_types<caf::id_block::computron_handles>();
   register_errors(*this);
 }
 
@@ -166,8 +163,6 @@ caf::expected<runtime> start_runtime(caf::actor_system& sys, runtime_options opt
   if (!devs) return devs.error();
   rt.devices = std::move(*devs);
   if (auto err = prepare_gpulets(rt.devices, opts.manager.gpulets)) return err;
-  // An emulated gpu-let slows as the dispatch core's planner predicts.
-  opts.worker.gpulet_interference = opts.manager.gpulets.plan.interference;
   auto n = spawn_node(sys, rt.devices, engines, opts.worker);
   if (!n) return n.error();
   rt.node = std::move(*n);

@@ -10,23 +10,54 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 
+namespace computron::actors::registry_detail {
+
+/// A scan's folders, as its reader hands them to the registry (in this process only).
+struct scanned_folders {
+  std::vector<repository_folder> folders;
+};
+
+}  // namespace computron::actors::registry_detail
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(computron::actors::registry_detail::scanned_folders)
+
 namespace computron::actors {
 
 namespace registry_detail {
 
 namespace {
 
-/// Folders from the scan, never throwing (a scan that throws is one unreadable folder).
-std::vector<repository_folder> scan(registry_pointer self, const std::string& only) {
-  if (!self->state.opts.scan) return {};
-  try {
-    return self->state.opts.scan(only);
-  } catch (const std::exception& e) {
-    repository_folder f;
-    f.name = only.empty() ? "?" : only;
-    f.error = make_error(ec::io_error, std::string{"cannot read the repository: "} + e.what());
-    return {f};
-  }
+/// One unreadable folder: what a scan that fails reports (`only`, or "?" for all).
+std::vector<repository_folder> unreadable(const std::string& only, const std::string& why) {
+  repository_folder f;
+  f.name = only.empty() ? "?" : only;
+  f.error = make_error(ec::io_error, "cannot read the repository: " + why);
+  return {f};
+}
+
+/// Reads the repository once, on a thread of its own (the reads block), and quits.
+caf::behavior folder_reader(caf::event_based_actor* self, repository_scan read, std::string only) {
+  return {[=](caf::get_atom) {
+    self->quit();
+    try {
+      return scanned_folders{read(only)};
+    } catch (const std::exception& e) {
+      return scanned_folders{unreadable(only, e.what())};
+    }
+  }};
+}
+
+/// Folders from the scan (all, or `only`), handed to `then` on the registry's thread when
+/// the read is done. The read runs on a detached reader, not here: a slow file system
+/// does not keep the registry from hearing a node's loss (lost_atom) meanwhile.
+void scan(registry_pointer self, const std::string& only,
+          std::function<void(std::vector<repository_folder>)> then) {
+  auto& st = self->state;
+  if (!st.opts.scan) return then({});
+  auto reader = self->template spawn<caf::detached>(folder_reader, st.opts.scan, only);
+  self->request(reader, st.opts.timeout, caf::get_atom_v)
+      .then([=](scanned_folders& s) { then(std::move(s.folders)); },
+            [=](caf::error& e) { then(unreadable(only, render(e))); });
 }
 
 /// A folder that is not registered, as the index lists it. One that cannot be read must be
@@ -59,13 +90,14 @@ void register_and_load(registry_pointer self, model_config cfg,
 /// no such folder, the read error when it cannot be read.
 void from_folder(registry_pointer self, const std::string& name,
                  caf::typed_response_promise<model_info> rp, caf::error missing) {
-  auto folders = scan(self, name);
-  if (folders.empty())
-    rp.deliver(std::move(missing));
-  else if (folders.front().error)
-    rp.deliver(folders.front().error);
-  else
-    register_and_load(self, folders.front().config, std::move(rp));
+  scan(self, name, [=](std::vector<repository_folder> folders) mutable {
+    if (folders.empty())
+      rp.deliver(std::move(missing));
+    else if (folders.front().error)
+      rp.deliver(folders.front().error);
+    else
+      register_and_load(self, folders.front().config, std::move(rp));
+  });
 }
 
 }  // namespace
@@ -109,15 +141,17 @@ registry_actor::behavior_type registry(registry_pointer self, registry_state ini
                 [=](std::vector<model_info>& ms) mutable {
                   // Registered models (and failed registrations) as the manager has them;
                   // every other folder as it reads now.
-                  std::map<std::string, model_info> all;
-                  for (auto& m : ms) all.emplace(m.config.name, std::move(m));
-                  for (auto& f : scan(self, {})) {
-                    if (all.count(f.name) > 0) continue;
-                    all.emplace(f.name, folder_info(f));
-                  }
-                  std::vector<model_info> out;
-                  for (auto& [name, i] : all) out.push_back(std::move(i));
-                  rp.deliver(std::move(out));
+                  scan(self, {}, [=](std::vector<repository_folder> folders) mutable {
+                    std::map<std::string, model_info> all;
+                    for (auto& m : ms) all.emplace(m.config.name, m);
+                    for (auto& f : folders) {
+                      if (all.count(f.name) > 0) continue;
+                      all.emplace(f.name, folder_info(f));
+                    }
+                    std::vector<model_info> out;
+                    for (auto& [name, i] : all) out.push_back(std::move(i));
+                    rp.deliver(std::move(out));
+                  });
                 },
                 [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
         return rp;
@@ -132,11 +166,12 @@ registry_actor::behavior_type registry(registry_pointer self, registry_state ini
                       return;
                     }
                     // Not registered: its folder, if there is one, says why.
-                    auto folders = scan(self, name);
-                    if (folders.empty())
-                      rp.deliver(std::move(e));
-                    else
-                      rp.deliver(folder_info(folders.front()));
+                    scan(self, name, [=](std::vector<repository_folder> folders) mutable {
+                      if (folders.empty())
+                        rp.deliver(e);
+                      else
+                        rp.deliver(folder_info(folders.front()));
+                    });
                   });
         return rp;
       },
@@ -194,8 +229,9 @@ caf::expected<registry_actor> spawn_registry(caf::actor_system& sys,
   init.workers = std::move(workers);
   init.scheduler = std::move(scheduler);
   init.manager = std::move(manager);
-  // Detached where it reads folders: those reads block, and must not hold one of CAF's
-  // scheduler threads. Without a repository it never blocks.
+  // Detached where it has a repository, as registering a folder's model may read files;
+  // the folder scans themselves run on readers of their own (scan), so that the registry
+  // hears a node's loss while a slow read goes on.
   if (init.opts.scan) return sys.spawn<caf::detached>(registry_detail::registry, std::move(init));
   return sys.spawn(registry_detail::registry, std::move(init));
 }

@@ -26,7 +26,7 @@ struct repository_folder {
 
 /// Reads the repository's folders: all of them (`only` empty), or the one named `only`
 /// (none if it does not exist). Hidden folders are never models. Blocking file reads:
-/// the registry runs on its own thread.
+/// each scan runs on a detached reader of its own, never on the registry's thread.
 using repository_scan = std::function<std::vector<repository_folder>(const std::string& only)>;
 
 struct registry_options {
@@ -50,8 +50,8 @@ struct registry_options {
 };
 
 /// Spawns the registry over `workers` (index = global device index), the scheduler that
-/// places models and the manager that serves them. Detached where it has a repository to
-/// scan (folder reads block).
+/// places models and the manager that serves them. Detached where it has a repository
+/// (registering a folder's model may read files); the scans run on readers of their own.
 /// Errors: no workers, a missing scheduler or manager, timeouts that are not positive.
 caf::expected<registry_actor> spawn_registry(caf::actor_system& sys,
                                              std::vector<shard_worker_actor> workers,

@@ -49,12 +49,8 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
   // Two lanes: a load never waits behind a forward pass, nor a forward behind a load.
   st.copy_lane = self->template spawn<caf::detached + caf::linked>(lane_behavior);
   st.compute_lanes.push_back(self->template spawn<caf::detached + caf::linked>(lane_behavior));
-  {
-    sched::gpulet_options go;
-    go.interference = st.opts.gpulet_interference;
-    st.gpulets = std::make_shared<gpulet_clock>(go);
-    st.emulate_gpulets = st.dev->info().kind == gpu::device_kind::emulated;
-  }
+  st.gpulets = std::make_shared<gpulet_clock>();
+  st.emulate_gpulets = st.dev->info().kind == gpu::device_kind::emulated;
   const int32_t index = st.opts.device_index;
   auto missing = [=](const std::string& model) {
     return make_error(ec::unknown_model,

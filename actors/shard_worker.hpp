@@ -34,10 +34,6 @@ struct shard_worker_options {
   /// Longest one forward step of one stage may take, and how long a tensor-parallel
   /// rank waits for its peers.
   std::chrono::milliseconds step_timeout{std::chrono::minutes(2)};
-  /// Gpu-lets on an emulated device: how much a busy lane slows while another of the
-  /// device's lanes is busy too (sched::gpulet_options::interference; a GPU's lanes slow
-  /// each other by themselves).
-  double gpulet_interference = sched::gpulet_options{}.interference;
 };
 
 /// Compute lanes a worker runs at most (gpu-lets of its device; lane 0 is the whole

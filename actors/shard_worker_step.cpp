@@ -54,6 +54,9 @@ caf::result<step_result> run_step(worker_pointer self, step_request& req) {
   const int32_t lane_index = at < req.lanes.size() ? req.lanes[at] : 0;
   const int32_t share = at < req.shares.size() ? req.shares[at] : 100;
   const auto partition = at < req.partitions.size() ? req.partitions[at] : std::vector<int32_t>{};
+  // The manager's plan charges interference by its factor; so does this worker.
+  sched::gpulet_options plan;
+  plan.interference = req.interference;
   if (share < 1 || share > 100)
     return make_error(ec::invalid_request, "a step's share of device " + std::to_string(index) +
                                                " must be 1..100 percent, got " +
@@ -184,7 +187,7 @@ caf::result<step_result> run_step(worker_pointer self, step_request& req) {
     out->partner_busy = clock->partner_fraction(lane_index);
     if (emulate) {
       // An emulated gpu-let takes what its share and its partners make it take.
-      double take = clock->seconds(lane_index, share, compute_s);
+      double take = clock->seconds(lane_index, share, compute_s, plan);
       if (take > compute_s)
         std::this_thread::sleep_for(std::chrono::duration<double>(take - compute_s));
       compute_s = std::max(compute_s, take);
@@ -197,12 +200,7 @@ caf::result<step_result> run_step(worker_pointer self, step_request& req) {
   // stage's share bounds the whole chain's.
   int32_t slowest = 100;
   for (auto x : in->shares) slowest = std::clamp(x, 1, slowest);
-  sched::gpulet_options go;
-  go.interference = st.opts.gpulet_interference;
-  auto timeout = slowest < 100
-                     ? std::chrono::duration_cast<std::chrono::milliseconds>(
-                           st.opts.step_timeout * sched::gpulet_seconds(go, 1.0, slowest, 1.0))
-                     : st.opts.step_timeout;
+  auto timeout = sched::gpulet_timeout(plan, st.opts.step_timeout, slowest);
   // A step on a loading shard also waits for its bytes (compute while loading).
   auto lane_timeout =
       w->state() == gpu::residency::loading ? timeout + st.opts.load_timeout : timeout;

@@ -9,6 +9,7 @@
 #include <caf/typed_actor.hpp>
 
 #include "actors/atoms.hpp"
+#include "sched/gpulets.hpp"
 
 /// The workers' step protocol: what one forward step of a batch carries through a chain of
 /// shard workers (one per pipeline stage) and what comes back, with the sampling settings
@@ -139,6 +140,10 @@ struct step_request {
   /// every stage holds beside the model's shard. The rows keep theirs for the batch's
   /// later steps. Empty: every row runs the base alone.
   std::vector<std::string> adapters{};
+  /// The plan's interference factor (sched::gpulet_options::interference): what the
+  /// worker's wait for its lane and an emulated gpu-let's slowdown charge, as the manager
+  /// and the simulator do, so that a node's workers need no setting of their own.
+  double interference = sched::gpulet_options{}.interference;
 
   bool partial_prefill() const { return prefill_chunk > 0 && prefill_left > 0; }
 };
@@ -148,7 +153,7 @@ typename Inspector::result_type inspect(Inspector& f, step_request& x) {
   return f(caf::meta::type_name("step_request"), x.model, x.batch_id, x.step, x.stage, x.prompts,
            x.tokens, x.sampling, x.hidden, x.last, x.route, x.keep, x.join_into, x.prefill_chunk,
            x.prefill_left, x.deadline_ms, x.expected_ms, x.kv_blocks, x.lanes, x.shares,
-           x.partitions, x.adapters);
+           x.partitions, x.adapters, x.interference);
 }
 
 /// The tokens a step produced (rank 0 of the last stage; other ranks answer empty).

@@ -185,11 +185,11 @@ worker_guard_actor::behavior_type worker_guard(guard_pointer self, shard_worker_
         }
         return relay<caf::settings>(self, mine, report_atom_v);
       },
-      [=](rebind_atom, caf::actor& w) -> caf::result<bool> {
+      [=](rebind_atom, shard_worker_actor& w) -> caf::result<bool> {
         auto& st = self->state;
         if (!w) return make_error(ec::invalid_request, "rebind without a worker");
         if (st.online) go_offline(self, "its node is being replaced");
-        st.target = caf::actor_cast<shard_worker_actor>(w);
+        st.target = std::move(w);
         self->monitor(st.target);
         st.why = "its node is rejoining";
         // Shards whose tensor-parallel group spans nodes cannot be re-formed here: the

@@ -196,13 +196,13 @@ caf::expected<cluster_bench_result> run_cluster_bench(const cluster_bench_option
     if (!g) return g.error();
     (nodes == 1 ? res.gbps_one_node : res.gbps_two_nodes) = *g;
     if (nodes == 2) {
-      std::vector<caf::actor> workers;
+      std::vector<shard_worker_actor> workers;
       caf::error err;
       self->request(c->nodes[0], caf::timespan{10s}, workers_atom_v)
-          .receive([&](std::vector<caf::actor>& ws) { workers = std::move(ws); },
+          .receive([&](std::vector<shard_worker_actor>& ws) { workers = std::move(ws); },
                    [&](caf::error& e) { err = e; });
       if (err) return err;
-      auto remote = hops(self, caf::actor_cast<shard_worker_actor>(workers.at(0)), o.hops);
+      auto remote = hops(self, workers.at(0), o.hops);
       if (!remote) return remote.error();
       res.remote_hop = *remote;
       auto guarded = hops(self, c->guards[0], o.hops);

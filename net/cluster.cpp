@@ -132,7 +132,7 @@ actors::node_link_actor::behavior_type node_link(link_pointer self, link_state i
         auto node = *n;
         self->request(node, caf::timespan{10s}, actors::workers_atom_v)
             .then(
-                [=](std::vector<caf::actor>& ws) mutable {
+                [=](std::vector<actors::shard_worker_actor>& ws) mutable {
                   auto& st = self->state;
                   if (ws.size() != st.guards.size())
                     return retry("it came back with " + std::to_string(ws.size()) +
@@ -193,13 +193,13 @@ caf::expected<cluster> connect_cluster(caf::actor_system& sys, const cluster_opt
     if (!n) return n.error();
     caf::error err;
     std::vector<actors::device_report> reports;
-    std::vector<caf::actor> workers;
+    std::vector<actors::shard_worker_actor> workers;
     self->request(*n, caf::timespan{10s}, actors::devices_atom_v)
         .receive([&](std::vector<actors::device_report>& r) { reports = std::move(r); },
                  [&](caf::error& e) { err = e; });
     if (!err)
       self->request(*n, caf::timespan{10s}, actors::workers_atom_v)
-          .receive([&](std::vector<caf::actor>& w) { workers = std::move(w); },
+          .receive([&](std::vector<actors::shard_worker_actor>& w) { workers = std::move(w); },
                    [&](caf::error& e) { err = e; });
     if (!err && (workers.empty() || workers.size() != reports.size()))
       err = make_error(ec::invalid_state, "node reported " + std::to_string(reports.size()) +
@@ -213,8 +213,7 @@ caf::expected<cluster> connect_cluster(caf::actor_system& sys, const cluster_opt
       actors::worker_guard_options go;
       go.device_index = static_cast<int32_t>(c.devices.size());
       go.node = addr.str();
-      auto g = actors::spawn_worker_guard(
-          sys, caf::actor_cast<actors::shard_worker_actor>(workers[i]), go);
+      auto g = actors::spawn_worker_guard(sys, workers[i], go);
       if (!g) {
         c.shutdown();
         return g.error();

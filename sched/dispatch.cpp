@@ -9,8 +9,8 @@ namespace computron::sched {
 
 std::unique_ptr<dispatcher> dispatcher::make(batching_options opts, size_t devices, refusal* why,
                                              gpulet_config gpulets) {
-  if (auto bad = check_gpulet_config(gpulets, devices); !bad.empty()) {
-    if (why) *why = {ec::invalid_configuration, bad};
+  if (auto bad = check_gpulet_config(gpulets, devices)) {
+    if (why) *why = std::move(*bad);
     return nullptr;
   }
   auto b = batcher::make(std::move(opts), why);

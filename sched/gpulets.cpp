@@ -137,43 +137,52 @@ double gpulet_seconds(const gpulet_options& opts, double whole_s, int32_t share,
   return whole_s * 100.0 / s * interference_slowdown(opts, partner_busy);
 }
 
-std::string check_gpulet_config(const gpulet_config& c, size_t devices) {
+std::chrono::milliseconds gpulet_timeout(const gpulet_options& opts,
+                                         std::chrono::milliseconds whole, int32_t share) {
+  if (share >= 100) return whole;
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+      whole * gpulet_seconds(opts, 1.0, share, 1.0));
+}
+
+std::optional<refusal> check_gpulet_config(const gpulet_config& c, size_t devices) {
+  auto bad = [](std::string why) { return refusal{ec::invalid_configuration, std::move(why)}; };
   for (auto x : c.plan.shares)
     if (x < 1 || x > 100)
-      return "devices.gpulet_shares: " + std::to_string(x) + " is not a percent in 1..100";
+      return bad("devices.gpulet_shares: " + std::to_string(x) + " is not a percent in 1..100");
   auto allowed = allowed_shares(c.plan);
   if (c.plan.max_per_device < 1 || c.plan.max_per_device > max_gpulets_per_device)
-    return "devices.gpulets_per_device must be 1.." + std::to_string(max_gpulets_per_device) +
-           ", got " + std::to_string(c.plan.max_per_device);
+    return bad("devices.gpulets_per_device must be 1.." + std::to_string(max_gpulets_per_device) +
+               ", got " + std::to_string(c.plan.max_per_device));
   if (!(std::isfinite(c.plan.interference) && c.plan.interference >= 1))
-    return "devices.gpulet_interference must be 1 or more, got " +
-           std::to_string(c.plan.interference);
+    return bad("devices.gpulet_interference must be 1 or more, got " +
+               std::to_string(c.plan.interference));
   if (!(std::isfinite(c.replan_s) && c.replan_s >= 0.01))
-    return "devices.gpulet_replan_ms must be 10 or more, got " + std::to_string(c.replan_s * 1e3);
+    return bad("devices.gpulet_replan_ms must be 10 or more, got " +
+               std::to_string(c.replan_s * 1e3));
   if (c.automatic && !c.partitions.empty())
-    return "devices.gpulets is either \"auto\" or a partition per device, not both";
+    return bad("devices.gpulets is either \"auto\" or a partition per device, not both");
   if (c.partitions.size() > devices)
-    return "devices.gpulets gives " + std::to_string(c.partitions.size()) + " partitions for " +
-           std::to_string(devices) + " devices";
+    return bad("devices.gpulets gives " + std::to_string(c.partitions.size()) + " partitions for " +
+               std::to_string(devices) + " devices");
   for (size_t d = 0; d < c.partitions.size(); ++d) {
     auto& p = c.partitions[d];
     auto where = "devices.gpulets[" + std::to_string(d) + "]";
-    if (p.empty()) return where + " is empty: give [100] for a whole device";
+    if (p.empty()) return bad(where + " is empty: give [100] for a whole device");
     if (static_cast<int32_t>(p.size()) > c.plan.max_per_device)
-      return where + " has " + std::to_string(p.size()) + " gpu-lets; at most " +
-             std::to_string(c.plan.max_per_device) + " per device";
+      return bad(where + " has " + std::to_string(p.size()) + " gpu-lets; at most " +
+                 std::to_string(c.plan.max_per_device) + " per device");
     int32_t sum = 0;
     for (auto s : p) {
       if (std::find(allowed.begin(), allowed.end(), s) == allowed.end()) {
         std::string list;
         for (auto a : allowed) list += (list.empty() ? "" : ", ") + std::to_string(a);
-        return where + ": share " + std::to_string(s) + " is not one of " + list;
+        return bad(where + ": share " + std::to_string(s) + " is not one of " + list);
       }
       sum += s;
     }
-    if (sum > 100) return where + "'s shares sum to " + std::to_string(sum) + ", above 100";
+    if (sum > 100) return bad(where + "'s shares sum to " + std::to_string(sum) + ", above 100");
   }
-  return {};
+  return std::nullopt;
 }
 
 std::vector<std::string> plan_changes(const gpulet_plan& from, const gpulet_plan& to) {
@@ -204,8 +213,8 @@ std::vector<std::string> plan_changes(const gpulet_plan& from, const gpulet_plan
   return changed;
 }
 
-std::string check_gpulet_inputs(const std::vector<gpulet_model>& models,
-                                const gpulet_options& opts) {
+std::optional<refusal> check_gpulet_inputs(const std::vector<gpulet_model>& models,
+                                           const gpulet_options& opts) {
   std::ostringstream why;
   auto bad = [](double x) { return !std::isfinite(x) || x < 0; };
   if (opts.device_count < 1)
@@ -259,7 +268,8 @@ std::string check_gpulet_inputs(const std::vector<gpulet_model>& models,
             << "}: must be finite and >= 0";
     }
   }
-  return why.str();
+  if (why.tellp() == 0) return std::nullopt;
+  return refusal{ec::invalid_configuration, why.str()};
 }
 
 }  // namespace computron::sched

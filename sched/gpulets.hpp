@@ -6,12 +6,14 @@
 // and KV stay on its devices; a gpu-let is only a compute lane on one of them. Also the
 // cost, latency and interference model the plan rests on, so that the simulator and the
 // runtime predict with the same rules. Plain code: explicit inputs, no clock, no chance.
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "sched/clock.hpp"
 #include "sched/step_fit.hpp"
 
 namespace computron::sched {
@@ -109,8 +111,9 @@ struct gpulet_config {
 
 /// Checks a gpu-let config against `devices` devices: shares allowed and summing to at
 /// most 100, at most plan.max_per_device lanes per device, a partition per device at most,
-/// a positive re-plan interval. What is wrong, naming the field and value; empty when fine.
-std::string check_gpulet_config(const gpulet_config& c, size_t devices);
+/// a positive re-plan interval. What is wrong (invalid_configuration, naming the field and
+/// value); none when fine.
+std::optional<refusal> check_gpulet_config(const gpulet_config& c, size_t devices);
 
 /// Seconds a step takes on a gpu-let of `share` percent that takes `whole_s` on the
 /// whole device, while partners on its device were busy for `partner_busy` of its time:
@@ -118,6 +121,14 @@ std::string check_gpulet_config(const gpulet_config& c, size_t devices);
 /// the simulator charges (a GPU's green contexts do it by themselves).
 double gpulet_seconds(const gpulet_options& opts, double whole_s, int32_t share,
                       double partner_busy);
+
+/// How long to wait for a step on a gpu-let of `share` percent that the whole device
+/// finishes within `whole`: gpulet_seconds with its partners busy all along, the longest
+/// it may take. A whole device (share 100) waits `whole`. The one rule for the manager's
+/// wait for a step and the worker's for its lane, with the plan's factor (step_request
+/// carries it to the workers).
+std::chrono::milliseconds gpulet_timeout(const gpulet_options& opts,
+                                         std::chrono::milliseconds whole, int32_t share);
 
 /// The allowed gpu-let sizes, ascending, without duplicates, with the whole device (100).
 std::vector<int32_t> allowed_shares(const gpulet_options& opts);
@@ -221,9 +232,9 @@ gpulet_plan temporal_plan(const std::vector<gpulet_model>& models, const gpulet_
 std::vector<std::string> plan_changes(const gpulet_plan& from, const gpulet_plan& to);
 
 /// Validates options and models (device indices in range, shares in (0,100], rates and
-/// SLOs finite and >= 0, cost has an entry, ...): what is wrong, naming the field and
-/// value; empty when fine.
-std::string check_gpulet_inputs(const std::vector<gpulet_model>& models,
-                                const gpulet_options& opts);
+/// SLOs finite and >= 0, cost has an entry, ...): what is wrong (invalid_configuration,
+/// naming the field and value); none when fine.
+std::optional<refusal> check_gpulet_inputs(const std::vector<gpulet_model>& models,
+                                           const gpulet_options& opts);
 
 }  // namespace computron::sched

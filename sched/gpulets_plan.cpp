@@ -352,7 +352,7 @@ class planner {
 }  // namespace
 
 gpulet_plan plan_gpulets(const std::vector<gpulet_model>& models, const gpulet_options& opts) {
-  if (!check_gpulet_inputs(models, opts).empty()) return {};
+  if (check_gpulet_inputs(models, opts)) return {};
   planner p(models, opts);
   p.place_all();
   p.grow();
@@ -367,7 +367,7 @@ gpulet_plan plan_gpulets(const std::vector<gpulet_model>& models, const gpulet_o
 
 gpulet_plan evaluate_plan(const gpulet_plan& plan, const std::vector<gpulet_model>& models,
                           const gpulet_options& opts) {
-  if (!check_gpulet_inputs(models, opts).empty()) return {};
+  if (check_gpulet_inputs(models, opts)) return {};
   planner p(models, opts);
   p.adopt(plan);
   return p.result();
@@ -375,7 +375,7 @@ gpulet_plan evaluate_plan(const gpulet_plan& plan, const std::vector<gpulet_mode
 
 gpulet_plan plan_lanes(const std::vector<std::vector<int32_t>>& partitions,
                        const std::vector<gpulet_model>& models, const gpulet_options& opts) {
-  if (!check_gpulet_inputs(models, opts).empty()) return {};
+  if (check_gpulet_inputs(models, opts)) return {};
   gpulet_plan p;
   p.partitions = partitions;
   p.partitions.resize(static_cast<size_t>(opts.device_count), std::vector<int32_t>{100});
@@ -439,7 +439,7 @@ gpulet_plan plan_lanes(const std::vector<std::vector<int32_t>>& partitions,
 }
 
 gpulet_plan temporal_plan(const std::vector<gpulet_model>& models, const gpulet_options& opts) {
-  if (!check_gpulet_inputs(models, opts).empty()) return {};
+  if (check_gpulet_inputs(models, opts)) return {};
   planner p(models, opts);
   p.all_in_time();
   return p.result();

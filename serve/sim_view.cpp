@@ -262,7 +262,7 @@ caf::expected<sim::sim_config> sim_config_from(const serve_config& cfg,
     }
     out.models.push_back(std::move(m));
   }
-  if (auto why = sim::check(out); !why.empty()) return bad(why);
+  if (auto err = sim::check(out)) return err;
   return out;
 }
 

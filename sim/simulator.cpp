@@ -9,6 +9,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "common/error.hpp"
 #include "sched/dispatch.hpp"
 #include "sched/residency.hpp"
 #include "sched/step_rows.hpp"
@@ -28,20 +29,20 @@ class simulator {
  public:
   simulator(const sim_config& cfg, const workload::schedule& s) : cfg_(cfg), s_(s) {}
 
-  std::string init() {
-    if (auto e = check(cfg_); !e.empty()) return e;
+  caf::error init() {
+    if (auto e = check(cfg_)) return e;
     std::vector<sched::device_slot> slots;
     for (auto& d : cfg_.devices)
       slots.push_back({d.capacity_bytes - cfg_.workspace_bytes, d.link_gbps});
     sched::refusal why;
     core_ = sched::residency::make(std::move(slots), cfg_.scheduler, &why);
-    if (!core_) return why.reason;
+    if (!core_) return make_error(why.code, why.reason);
     disp_ = sched::dispatcher::make(cfg_.batching, cfg_.devices.size(), &why, cfg_.gpulets);
-    if (!disp_) return why.reason;
+    if (!disp_) return make_error(why.code, why.reason);
     for (auto& m : cfg_.models) {
       auto id = core_->ledger().add(
           m.name, {m.devices, m.shard_bytes, m.pinned, m.priority, m.kv_block_bytes}, &why);
-      if (!id) return why.reason;
+      if (!id) return make_error(why.code, why.reason);
       // Model ids agree between the two cores: both number models in this order.
       auto index =
           disp_->add_model(m.name, m.tp, m.pp, m.devices, m.priority, !m.kv_block_bytes.empty());
@@ -54,7 +55,9 @@ class simulator {
     // Schedule models by index into cfg.models.
     for (auto& name : s_.models) {
       auto id = core_->ledger().find(name);
-      if (!id) return "the workload names model " + name + ", which the config lacks";
+      if (!id)
+        return make_error(ec::unknown_model,
+                          "the workload names model " + name + ", which the config lacks");
       model_of_.push_back(*id);
     }
     traffic_.resize(cfg_.devices.size());
@@ -545,13 +548,9 @@ class simulator {
 
 }  // namespace
 
-sim_result run(const sim_config& cfg, const workload::schedule& s, std::string* error) {
+caf::expected<sim_result> run(const sim_config& cfg, const workload::schedule& s) {
   simulator sim{cfg, s};
-  if (auto e = sim.init(); !e.empty()) {
-    if (error) *error = e;
-    return {};
-  }
-  if (error) error->clear();
+  if (auto e = sim.init()) return e;
   return sim.run();
 }
 

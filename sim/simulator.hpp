@@ -4,6 +4,9 @@
 #include <string>
 #include <vector>
 
+#include <caf/error.hpp>
+#include <caf/expected.hpp>
+
 #include "sched/batching.hpp"
 #include "sched/gpulets.hpp"
 #include "sched/ledger.hpp"
@@ -124,12 +127,13 @@ struct sim_result {
 
 /// Checks a config: devices, placements (devices exist, one per shard), options.
 /// Errors name the field; the code is invalid_configuration.
-std::string check(const sim_config& cfg);
+caf::error check(const sim_config& cfg);
 
 /// Runs the schedule (arrivals name models by index into schedule.models, which must all
 /// be in cfg.models). Deterministic: the same config and schedule give the same result.
-/// An empty string in `error` on success.
-sim_result run(const sim_config& cfg, const workload::schedule& s, std::string* error);
+/// A config the checks or the sched cores refuse is an error with their code
+/// (invalid_configuration, ...); a schedule naming a model the config lacks, unknown_model.
+caf::expected<sim_result> run(const sim_config& cfg, const workload::schedule& s);
 
 /// Seconds to load one shard of `bytes` over a `gbps` link.
 double load_seconds(const cost_model& c, uint64_t bytes, double gbps);

@@ -112,21 +112,23 @@ int run_infer(const loadgen_cli& cli, const net::server_address& at,
 
 }  // namespace
 
-std::string check_workload_flags(const loadgen_cli& cli) {
-  if (cli.prompt_len < 1) return "--prompt-len must be at least 1";
-  if (cli.max_tokens < 1) return "--max-tokens must be at least 1";
-  if (!(cli.slo_s >= 0) || !std::isfinite(cli.slo_s)) return "--slo must be 0 or more seconds";
+caf::error check_workload_flags(const loadgen_cli& cli) {
+  auto bad = [](std::string why) { return make_error(ec::invalid_request, std::move(why)); };
+  if (cli.prompt_len < 1) return bad("--prompt-len must be at least 1");
+  if (cli.max_tokens < 1) return bad("--max-tokens must be at least 1");
+  if (!(cli.slo_s >= 0) || !std::isfinite(cli.slo_s)) return bad("--slo must be 0 or more seconds");
   if (cli.drop_late && !(cli.slo_s >= 0.001))
-    return "--drop-late needs --slo (of at least 0.001 s): it becomes each request's deadline";
+    return bad("--drop-late needs --slo (of at least 0.001 s): it becomes each request's deadline");
   if (!cli.trace.empty() &&
       (!cli.models.empty() || !cli.rates.empty() || cli.power_law_alpha || cli.total_rate))
-    return "--trace replays a file: it takes no --models, --rates, --power-law or --total-rate";
+    return bad(
+        "--trace replays a file: it takes no --models, --rates, --power-law or --total-rate");
   if (!cli.rates.empty() && (cli.power_law_alpha || cli.total_rate))
-    return "give either --rates or --power-law/--total-rate, not both";
-  if (cli.power_law_alpha && !cli.total_rate) return "--power-law needs --total-rate";
-  if (!(cli.cv >= 0) || !std::isfinite(cli.cv)) return "--cv must be 0 or more";
+    return bad("give either --rates or --power-law/--total-rate, not both");
+  if (cli.power_law_alpha && !cli.total_rate) return bad("--power-law needs --total-rate");
+  if (!(cli.cv >= 0) || !std::isfinite(cli.cv)) return bad("--cv must be 0 or more");
   if (!(cli.duration_s > 0) || !std::isfinite(cli.duration_s))
-    return "--duration must be a positive number of seconds";
+    return bad("--duration must be a positive number of seconds");
   return check_llm_flags(cli);
 }
 
@@ -134,7 +136,7 @@ caf::expected<workload::schedule> make_schedule(const loadgen_cli& cli,
                                                 const std::vector<std::string>& known,
                                                 std::string* described_json) {
   auto bad = [](std::string why) { return make_error(ec::invalid_request, std::move(why)); };
-  if (auto why = check_workload_flags(cli); !why.empty()) return bad(why);
+  if (auto err = check_workload_flags(cli)) return err;
   workload::schedule sched;
   json described;
   if (!cli.trace.empty()) {
@@ -205,7 +207,7 @@ caf::expected<workload::schedule> make_schedule(const loadgen_cli& cli,
 int run_loadgen_cli(const loadgen_cli& cli) {
   auto at = net::parse_url(cli.url);
   if (!at) return usage(render(at.error()));
-  if (auto why = check_workload_flags(cli); !why.empty()) return usage(why);
+  if (auto err = check_workload_flags(cli)) return usage(render(err));
   if (cli.max_connections < 1) return usage("--max-connections must be at least 1");
   if (!(cli.timeout_s > 0)) return usage("--timeout must be positive");
   // Everything that can be checked without the server is checked first.

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include <caf/error.hpp>
 #include <caf/expected.hpp>
 
 #include "workload/arrivals.hpp"
@@ -79,11 +80,13 @@ constexpr int64_t llm_default_max_tokens = 16;
 /// Adds the LLM mode's flags to loadgen's command, beside those loadgen_command.cpp declares.
 void add_llm_flags(CLI::App& cmd, loadgen_cli& cli);
 
-/// What is wrong with the LLM mode's flags, or empty (no server needed).
-std::string check_llm_flags(const loadgen_cli& cli);
+/// What is wrong with the LLM mode's flags (invalid_request, naming the flag), or none (no
+/// server needed).
+caf::error check_llm_flags(const loadgen_cli& cli);
 
-/// What is wrong with the workload flags, or empty (no server needed).
-std::string check_workload_flags(const loadgen_cli& cli);
+/// What is wrong with the workload flags (invalid_request, naming the flag), or none (no
+/// server needed).
+caf::error check_workload_flags(const loadgen_cli& cli);
 
 /// The workload the flags describe: a trace, or Gamma arrivals over the named models
 /// (all of `known` when none are named). `described_json` gets a JSON object describing

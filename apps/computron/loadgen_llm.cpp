@@ -71,38 +71,43 @@ void add_llm_flags(CLI::App& cmd, loadgen_cli& cli) {
     o->each([&cli](const std::string&) { cli.max_tokens_given = true; });
 }
 
-std::string check_llm_flags(const loadgen_cli& cli) {
+caf::error check_llm_flags(const loadgen_cli& cli) {
+  auto bad = [](std::string why) { return make_error(ec::invalid_request, std::move(why)); };
   if (cli.api != "auto" && cli.api != "completions" && cli.api != "chat" && cli.api != "infer")
-    return "--api takes auto, completions, chat or infer, not '" + cli.api + "'";
+    return bad("--api takes auto, completions, chat or infer, not '" + cli.api + "'");
   auto dataset = net::dataset_kind_of(cli.dataset_name, cli.dataset_path);
-  if (!dataset) return render(dataset.error());
+  if (!dataset) return dataset.error();
   if (*dataset != net::dataset_kind::random) {
     if (cli.api == "infer")
-      return "--api infer sends token ids: it takes no --dataset-path (use completions or chat)";
+      return bad(
+          "--api infer sends token ids: it takes no --dataset-path (use completions or chat)");
     if (!cli.lengths_csv.empty() || cli.prompt_dist != "fixed" || cli.prompt_len_given)
-      return "--dataset-path gives the prompts: it takes no --lengths, --prompt-len or "
-             "--prompt-dist";
+      return bad(
+          "--dataset-path gives the prompts: it takes no --lengths, --prompt-len or "
+          "--prompt-dist");
   }
   if (auto d = net::parse_length_dist(cli.prompt_dist, cli.prompt_len, "--prompt-dist"); !d)
-    return render(d.error());
+    return d.error();
   if (auto d = net::parse_length_dist(cli.output_dist, cli.max_tokens, "--output-dist"); !d)
-    return render(d.error());
+    return d.error();
   if (!cli.lengths_csv.empty() && (cli.prompt_dist != "fixed" || cli.output_dist != "fixed"))
-    return "--lengths draws both lengths from its rows: it takes no --prompt-dist or "
-           "--output-dist";
+    return bad(
+        "--lengths draws both lengths from its rows: it takes no --prompt-dist or "
+        "--output-dist");
   if (auto p = net::parse_percentiles(cli.metric_percentiles, "--metric-percentiles"); !p)
-    return render(p.error());
+    return p.error();
   for (auto [v, flag] :
        {std::pair{cli.slo_ttft_ms, "--slo-ttft-ms"}, std::pair{cli.slo_tpot_ms, "--slo-tpot-ms"}})
-    if (!(v >= 0) || !std::isfinite(v)) return std::string{flag} + " must be 0 or more ms";
-  if (cli.max_concurrency < 0) return "--max-concurrency must be 0 (no bound) or more";
+    if (!(v >= 0) || !std::isfinite(v)) return bad(std::string{flag} + " must be 0 or more ms");
+  if (cli.max_concurrency < 0) return bad("--max-concurrency must be 0 (no bound) or more");
   // A bound on what one run may ask for: every request is built before the first is sent.
   if (cli.num_prompts < 0 || cli.num_prompts > 10'000'000)
-    return "--num-prompts must be 0..10000000";
+    return bad("--num-prompts must be 0..10000000");
   if (cli.num_prompts > 0 &&
       (!cli.trace.empty() || !cli.rates.empty() || cli.power_law_alpha || cli.total_rate))
-    return "--num-prompts sends its requests at the start (a closed loop): it takes no "
-           "--trace, --rates, --power-law or --total-rate";
+    return bad(
+        "--num-prompts sends its requests at the start (a closed loop): it takes no "
+        "--trace, --rates, --power-law or --total-rate");
   return {};
 }
 

@@ -37,7 +37,7 @@ int usage(const std::string& why) {
 }  // namespace
 
 int run_sim_cli(const sim_cli& cli) {
-  if (auto why = check_workload_flags(cli.workload); !why.empty()) return usage(why);
+  if (auto err = check_workload_flags(cli.workload)) return usage(render(err));
   // 0 (or absent) means the default; a negative or NaN value is a mistake, not a default.
   for (auto [flag, v] :
        {std::pair{"--tflops", cli.tflops}, std::pair{"--capacity-gb", cli.capacity_gb},
@@ -112,9 +112,9 @@ int run_sim_cli(const sim_cli& cli) {
     net::assign_lengths(*sched, {*prompt, *output, std::move(rows)}, cli.workload.seed);
   }
   auto t0 = std::chrono::steady_clock::now();
-  std::string error;
-  auto result = sim::run(*sc, *sched, &error);
-  if (!error.empty()) return usage(error);
+  auto ran = sim::run(*sc, *sched);
+  if (!ran) return usage(render(ran.error()));
+  auto& result = *ran;
   auto wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   auto summary =
       workload::summarize_run(sched->models, result.records, cli.workload.slo_s, result.devices);

@@ -101,12 +101,12 @@ int run_sim_fidelity(const experiment_options& o) {
       for (uint32_t i = 0; i < 24; ++i)
         for (int r = 0; r < 4; ++r) s.arrivals.push_back({10.0 * i, i % 2, 8, 1});
       s.duration_s = 240;
-      std::string error;
-      auto res = sim::run(*cfg, s, &error);
-      if (!error.empty()) {
-        std::cerr << "computron bench sim: " << error << '\n';
+      auto ran = sim::run(*cfg, s);
+      if (!ran) {
+        std::cerr << "computron bench sim: " << render(ran.error()) << '\n';
         return 1;
       }
+      auto& res = *ran;
       // Load and exec as bench exp1 measures them: a shard's copy, and compute alone.
       std::vector<double> exec, resp;
       for (size_t i = 16; i < res.records.size(); i += 4) {  // the first 4 requests dropped
@@ -183,12 +183,12 @@ int run_sim_fidelity(const experiment_options& o) {
         std::cerr << "computron bench sim: " << render(s.error()) << '\n';
         return 1;
       }
-      std::string error;
-      auto res = sim::run(*cfg, *s, &error);
-      if (!error.empty()) {
-        std::cerr << "computron bench sim: " << error << '\n';
+      auto ran = sim::run(*cfg, *s);
+      if (!ran) {
+        std::cerr << "computron bench sim: " << render(ran.error()) << '\n';
         return 1;
       }
+      auto& res = *ran;
       auto sum = workload::summarize_run(names, res.records, 0, res.devices);
       double loads = 0;
       for (auto& d : sum.devices) loads = std::max(loads, d.shard_loads);

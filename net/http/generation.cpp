@@ -265,8 +265,7 @@ void fail_generation(caf::event_based_actor* self, const std::shared_ptr<gen_sta
   for (auto& r : st.rows)
     if (!r.done) cancel_row(self, st, r);
   if (st.sse) {
-    bool retry = false;
-    auto status = static_cast<int>(status_of(e, retry));
+    auto status = static_cast<int>(answer_of(e).status);
     send_event(st, openai_error(status, render(e), code_of(e)));
     if (st.api != text_api::triton) st.sse->send("[DONE]");
     st.sse->end();

@@ -17,50 +17,80 @@ response make_error_response(http::status status, const std::string& message) {
   return make_json(status, json{{"error", message}});
 }
 
-/// The HTTP status of an error, and whether a retry may succeed (Retry-After).
-http::status status_of(const caf::error& e, bool& retry) {
-  auto status = http::status::internal_server_error;
-  retry = false;
-  if (e.category() == error_category) {
-    switch (static_cast<ec>(e.code())) {
-      case ec::invalid_request:
-      case ec::invalid_configuration:
-        status = http::status::bad_request;
-        break;
-      case ec::unknown_model:
-        status = http::status::not_found;
-        break;
-      case ec::overloaded:
-        status = http::status::too_many_requests;
-        retry = true;
-        break;
-      case ec::invalid_state:
-        status = http::status::conflict;
-        break;
-      case ec::deadline_exceeded:
-      case ec::unavailable:
-        status = http::status::service_unavailable;
-        retry = true;
-        break;
-      case ec::out_of_device_memory:
-        // The model cannot fit on its devices: retrying will not help.
-        status = http::status::service_unavailable;
-        break;
-      default:
-        break;
-    }
-  } else if (e == caf::sec::request_timeout || e == caf::sec::request_receiver_down) {
-    status = http::status::service_unavailable;
-    retry = true;
+/// The one rule from an error code to its HTTP answer. Retry-After is sent only where the
+/// same request, sent again after a wait, can succeed without anyone acting on the server
+/// (a queue drains, a model swaps in, a registration finishes, a node rejoins); where only
+/// a changed request or an operator can help, it is never sent. The switch has no default:
+/// a new code does not compile (-Wswitch, warnings are errors) until it has its row here.
+error_answer answer_of(ec code) {
+  using s = http::status;
+  switch (code) {
+    // The request itself is wrong: sent again unchanged, it fails the same way.
+    case ec::invalid_request:
+    case ec::invalid_configuration:
+      return {s::bad_request, false};
+    // No such model: a load registers one, waiting does not.
+    case ec::unknown_model:
+      return {s::not_found, false};
+    // A queue is full (the frontend's or a model's): it drains.
+    case ec::overloaded:
+      return {s::too_many_requests, true};
+    // The model's weights are not on its devices at this moment (evicted under a step):
+    // the next request swaps it in.
+    case ec::not_resident:
+      return {s::service_unavailable, true};
+    // Passed its deadline behind other work, or a step's answer came too late: with less
+    // ahead of it, it fits.
+    case ec::deadline_exceeded:
+      return {s::service_unavailable, true};
+    // A model registering or being unregistered, a device whose node is being replaced or
+    // cannot be reached yet: each passes by itself.
+    case ec::unavailable:
+      return {s::service_unavailable, true};
+    // The model can never fit its devices (the ledger's sizes, a row's KV room). A device
+    // short of pages for a while is not this: the swap scheduler retries those loads itself
+    // and the request waits, so waiting longer outside adds no room.
+    case ec::out_of_device_memory:
+      return {s::service_unavailable, false};
+    // Conflicts with a model's lifecycle (already registered, being prepared): the client
+    // reads the model's state and decides, it does not resend blindly.
+    case ec::invalid_state:
+      return {s::conflict, false};
+    // The server failed (a device, a file, memory) or the client withdrew: the same
+    // request meets the same failure; the message and the log say why.
+    case ec::none:
+    case ec::unspecified:
+    case ec::out_of_host_memory:
+    case ec::device_error:
+    case ec::io_error:
+    case ec::cancelled:
+      return {s::internal_server_error, false};
   }
-  return status;
+  return {s::internal_server_error, false};
 }
 
-response error_response(const caf::error& e) {
-  bool retry = false;
-  auto res = make_error_response(status_of(e, retry), render(e));
-  if (retry) res.set(http::field::retry_after, "1");
+/// CAF's own errors: a request that timed out or found its receiver gone (a node lost
+/// mid-request) may succeed once the stack has recovered; anything else is a server fault.
+error_answer answer_of(const caf::error& e) {
+  if (e.category() == error_category) return answer_of(static_cast<ec>(e.code()));
+  if (e == caf::sec::request_timeout || e == caf::sec::request_receiver_down)
+    return {http::status::service_unavailable, true};
+  return {http::status::internal_server_error, false};
+}
+
+namespace {
+
+/// Sets Retry-After where answer_of says a retry after waiting can succeed.
+response answered(response res, const error_answer& a) {
+  if (a.retry) res.set(http::field::retry_after, "1");
   return res;
+}
+
+}  // namespace
+
+response error_response(const caf::error& e) {
+  auto a = answer_of(e);
+  return answered(make_error_response(a.status, render(e)), a);
 }
 
 /// The error's name as OpenAI's `code` ("model_not_found" as OpenAI calls it).
@@ -72,12 +102,10 @@ std::string code_of(const caf::error& e) {
 
 /// An error in OpenAI's shape, with the same HTTP status as the KServe routes.
 response openai_error_response(const caf::error& e, const std::string& param) {
-  bool retry = false;
-  auto status = status_of(e, retry);
-  auto res =
-      make_json(status, openai_error(static_cast<int>(status), render(e), code_of(e), param));
-  if (retry) res.set(http::field::retry_after, "1");
-  return res;
+  auto a = answer_of(e);
+  return answered(
+      make_json(a.status, openai_error(static_cast<int>(a.status), render(e), code_of(e), param)),
+      a);
 }
 
 response openai_bad_request(const request_error& e) {

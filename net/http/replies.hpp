@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/messages.hpp"
+#include "common/error_code.hpp"
 #include "net/http/llm_api.hpp"
 
 namespace computron::net::replies {
@@ -28,8 +29,19 @@ using responder = std::function<void(response)>;
 
 response make_json(boost::beast::http::status status, const json& body);
 response make_error_response(boost::beast::http::status status, const std::string& message);
-/// The HTTP status of an error, and whether a retry may succeed (Retry-After).
-boost::beast::http::status status_of(const caf::error& e, bool& retry);
+/// How an error is answered over HTTP.
+struct error_answer {
+  boost::beast::http::status status;
+  /// Whether Retry-After is sent: only where the same request, sent again after a
+  /// wait, can succeed without anyone acting on the server.
+  bool retry;
+};
+/// The one rule (a table in replies.cpp, a row per code, each saying why) that every
+/// error reply of the server follows: its status, and Retry-After or not.
+error_answer answer_of(ec code);
+/// answer_of for our errors; CAF's request timeouts and lost receivers are a 503 with
+/// Retry-After, its other errors a 500 without.
+error_answer answer_of(const caf::error& e);
 response error_response(const caf::error& e);
 /// The error's name as OpenAI's `code` ("model_not_found" as OpenAI calls it).
 std::string code_of(const caf::error& e);

@@ -210,9 +210,9 @@ inline effects run_simulator(const scenario& s) {
     w.arrivals.push_back({a.at_ms / 1e3, static_cast<uint32_t>(i), a.prompt_len, a.max_tokens});
   }
   w.duration_s = s.arrivals.back().at_ms / 1e3 + 1;
-  std::string error;
-  auto r = sim::run(cfg, w, &error);
-  REQUIRE(error.empty());
+  auto ran = sim::run(cfg, w);
+  if (!ran) FAIL(render(ran.error()));
+  auto& r = *ran;
   effects out;
   out.preemptions = r.preemptions;
   for (auto& e : r.swaps) out.starts.push_back({e.model, e.device, e.load, e.start_s});
@@ -399,7 +399,8 @@ class transfer_log final : public observer {
 inline int http_status_of(const caf::error& e) {
   // As net/http/replies.cpp maps them (the simulator speaks HTTP statuses).
   if (is(e, ec::overloaded)) return 429;
-  if (is(e, ec::deadline_exceeded) || is(e, ec::unavailable) || is(e, ec::out_of_device_memory))
+  if (is(e, ec::deadline_exceeded) || is(e, ec::unavailable) || is(e, ec::out_of_device_memory) ||
+      is(e, ec::not_resident))
     return 503;
   return 500;
 }

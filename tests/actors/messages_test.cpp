@@ -8,7 +8,11 @@
 #include <caf/actor_system.hpp>
 #include <caf/binary_deserializer.hpp>
 #include <caf/binary_serializer.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/message.hpp>
+#include <caf/send.hpp>
 
+#include "actors/interfaces.hpp"
 #include "actors/messages.hpp"
 #include "actors/node.hpp"
 
@@ -55,6 +59,30 @@ TEST_CASE("every model_config field crosses a node boundary", "[actors][messages
   CHECK(fields(back) == fields(m));
   CHECK(back.tokenizer == "bytes");
   CHECK(back.checkpoint_dtype == "bf16");
+}
+
+TEST_CASE("a node's workers cross a node boundary as typed handles", "[actors][messages]") {
+  // The controller asks a node for its workers (workers_atom) and rebinds its guards to
+  // them (rebind_atom): the reply is a vector of typed handles, which CAF 0.17 serializes
+  // only under a registered name (system_config adds the computron_handles block).
+  system_config cfg;
+  caf::actor_system sys{cfg};
+  auto dummy = sys.spawn([]() -> caf::behavior { return {[](int32_t) {}}; });
+  std::vector<shard_worker_actor> ws{caf::actor_cast<shard_worker_actor>(dummy),
+                                     shard_worker_actor{}};
+  auto msg = caf::make_message(ws);
+  std::vector<char> buf;
+  caf::binary_serializer out{sys, buf};
+  REQUIRE_FALSE(out(msg));
+  caf::message back;
+  caf::binary_deserializer in{sys, buf};
+  REQUIRE_FALSE(in(back));
+  REQUIRE(back.match_elements<std::vector<shard_worker_actor>>());
+  auto& got = back.get_as<std::vector<shard_worker_actor>>(0);
+  REQUIRE(got.size() == 2);
+  CHECK(got[0] == ws[0]);
+  CHECK_FALSE(got[1]);
+  caf::anon_send_exit(dummy, caf::exit_reason::user_shutdown);
 }
 
 TEST_CASE("same_weights compares the fields that decide a shard's bytes, and only those",

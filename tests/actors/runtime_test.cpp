@@ -3,6 +3,7 @@
 #include <caf/all.hpp>
 
 #include <algorithm>
+#include <future>
 #include <mutex>
 
 #include "actors/node.hpp"
@@ -423,4 +424,43 @@ TEST_CASE("models that name no devices are spread over the devices with the most
   INFO((got ? std::string{} : render(got.error())));
   REQUIRE(got);
   CHECK(got->tokens == f.reference(info->config, {1, 2, 3}, 3));
+}
+
+TEST_CASE("the registry answers while a repository scan is slow", "[actors][registry]") {
+  // A scan that blocks until the test releases it (5 s at most): while it reads, the
+  // registry still answers, so a node's loss (lost_atom) is not held up behind a slow
+  // file system. Before the scans ran on readers of their own, the registry sat in the
+  // read and this report timed out.
+  auto started = std::make_shared<std::promise<void>>();
+  auto once = std::make_shared<std::once_flag>();
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  system_config cfg;
+  caf::actor_system sys{cfg};
+  runtime_options o;
+  o.devices.kind = "emulated";
+  o.devices.count = 1;
+  o.devices.emulated_capacity_bytes = 1 << 20;
+  o.registry.scan = [started, once, released](const std::string&) {
+    std::call_once(*once, [&] { started->set_value(); });
+    released.wait_for(5s);
+    return std::vector<repository_folder>{};
+  };
+  auto rt = start_runtime(sys, o, torch_free_engines());
+  REQUIRE(rt);
+  {
+    caf::scoped_actor self{sys};
+    auto listed = self->request(rt->registry, 30s, list_atom_v);
+    REQUIRE(started->get_future().wait_for(5s) == std::future_status::ready);
+    bool answered = false;
+    self->request(rt->registry, 1s, report_atom_v)
+        .receive([&](caf::settings&) { answered = true; }, [&](caf::error&) {});
+    CHECK(answered);
+    release.set_value();
+    bool listed_ok = false;
+    listed.receive([&](std::vector<model_info>&) { listed_ok = true; },
+                   [&](caf::error& e) { FAIL(render(e)); });
+    CHECK(listed_ok);
+  }
+  rt->shutdown();
 }

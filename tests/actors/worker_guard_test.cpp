@@ -85,7 +85,7 @@ TEST_CASE("a worker guard fails what is in flight when its worker dies and rebin
   // (evicted), and relays again.
   f.script.hanging.clear();
   f.worker = f.sys.spawn(fake_worker, &f.script, 0);
-  auto back = f.ask<bool>(f.guard, rebind_atom_v, caf::actor_cast<caf::actor>(f.worker));
+  auto back = f.ask<bool>(f.guard, rebind_atom_v, f.worker);
   REQUIRE(back);
   CHECK(*back);
   CHECK(f.script.evictions["a"] == 1);

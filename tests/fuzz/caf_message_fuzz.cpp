@@ -20,6 +20,7 @@
 #include <caf/serializer.hpp>
 
 #include "actors/atoms.hpp"
+#include "actors/interfaces.hpp"
 #include "actors/messages.hpp"
 
 namespace {
@@ -31,6 +32,7 @@ caf::actor_system& fuzz_system() {
     auto* c = new caf::actor_system_config;
     c->add_message_types<caf::id_block::computron_atoms>();
     c->add_message_types<caf::id_block::computron_messages>();
+    c->add_message_types<caf::id_block::computron_handles>();
     c->set("scheduler.max-threads", 1);
     return c;
   }();

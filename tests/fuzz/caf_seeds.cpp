@@ -12,6 +12,7 @@
 #include <caf/message.hpp>
 
 #include "actors/atoms.hpp"
+#include "actors/interfaces.hpp"
 #include "actors/messages.hpp"
 
 using namespace computron::actors;
@@ -43,6 +44,7 @@ int main(int argc, char** argv) {
   caf::actor_system_config cfg;
   cfg.add_message_types<caf::id_block::computron_atoms>();
   cfg.add_message_types<caf::id_block::computron_messages>();
+  cfg.add_message_types<caf::id_block::computron_handles>();
   caf::actor_system sys{cfg};
   sys_ptr = &sys;
   model_config m;

@@ -126,10 +126,17 @@ TEST_CASE("runtime failures reach HTTP as 5xx with their message", "[net][errors
   auto fine = infer("fine-a");
   CHECK(fine.status == 200);
 
+  // A model that does not exist will not exist after a wait either.
+  auto unknown = infer("nope");
+  CHECK(unknown.status == 404);
+  CHECK(unknown.retry_after.empty());
+
   // The device's error keeps its code through worker, manager and frontend: a 500 that
   // says what happened, not a 400 blaming the request.
   auto broken = infer("broken-a");
   CHECK(broken.status == 500);
+  // Sent again, it meets the same device error: no Retry-After invites that.
+  CHECK(broken.retry_after.empty());
   CHECK_THAT(broken.body, Catch::Contains("device_error"));
   CHECK_THAT(broken.body, Catch::Contains("uncorrectable ECC error in stage 0"));
   CHECK_THAT(broken.body, Catch::Contains("broken-a"));

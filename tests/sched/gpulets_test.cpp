@@ -127,6 +127,22 @@ TEST_CASE("gpulets: the lane model waits one cycle, then a round", "[gpulets]") 
   CHECK(interference_slowdown(o, 3) == Approx(1.15));
 }
 
+TEST_CASE("gpulets: a step's wait on a gpu-let is scaled by its share and the plan's factor",
+          "[gpulets]") {
+  // The manager's wait for a step and the worker's for its lane both come from here.
+  gpulet_options o;
+  o.interference = 1.3;
+  using std::chrono::milliseconds;
+  CHECK(gpulet_timeout(o, milliseconds{1000}, 100) == milliseconds{1000});
+  CHECK(gpulet_timeout(o, milliseconds{1000}, 50) == milliseconds{2600});
+  CHECK(gpulet_timeout(o, milliseconds{1000}, 25) == milliseconds{5200});
+  o.interference = 1;
+  CHECK(gpulet_timeout(o, milliseconds{1000}, 50) == milliseconds{2000});
+  // What an emulated lane waits out, by the same factor: partners busy half the time.
+  o.interference = 1.3;
+  CHECK(gpulet_seconds(o, 0.1, 50, 0.5) == Approx(0.1 * 2 * 1.15));
+}
+
 TEST_CASE("gpulets: the smallest share is monotone in rate and minimal", "[gpulets]") {
   gpulet_options o = options(1);
   auto m = model("m", {0}, 0, 0.2, {0.004, 0.0005});
@@ -302,7 +318,7 @@ TEST_CASE("gpulets: partitions use allowed shares, fill the device, and do not d
       m.cost = costs(m.cost[100], next(0.2, 1));
       ms.push_back(m);
     }
-    REQUIRE(check_gpulet_inputs(ms, o).empty());
+    REQUIRE_FALSE(check_gpulet_inputs(ms, o));
     auto p = plan_gpulets(ms, o);
     REQUIRE(p.partitions.size() == static_cast<size_t>(o.device_count));
     for (auto& part : p.partitions) {
@@ -374,10 +390,12 @@ TEST_CASE("gpulets: check_gpulet_inputs names the bad field and its value", "[gp
   gpulet_options o = options(2);
   std::vector<gpulet_model> ok{model("a", {0}, 5, 0.1, {0.005, 0}),
                                model("b", {0, 1}, 5, 0.1, {0.005, 0})};
-  CHECK(check_gpulet_inputs(ok, o).empty());
-  auto has = [](const std::string& why, const std::string& what) {
-    INFO(why);
-    return why.find(what) != std::string::npos;
+  CHECK_FALSE(check_gpulet_inputs(ok, o));
+  auto has = [](const std::optional<refusal>& why, const std::string& what) {
+    if (!why) return false;
+    INFO(why->reason);
+    return why->code == computron::ec::invalid_configuration &&
+           why->reason.find(what) != std::string::npos;
   };
   auto bad = ok;
   bad[1].devices = {0, 2};

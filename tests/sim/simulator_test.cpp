@@ -1,11 +1,19 @@
 #include <catch2/catch.hpp>
 
+#include "common/error.hpp"
 #include "sim/simulator.hpp"
 
 using namespace computron;
 using namespace computron::sim;
 
 namespace {
+
+/// Runs a config the simulator must accept.
+sim_result accepted(const sim_config& cfg, const workload::schedule& s) {
+  auto r = run(cfg, s);
+  if (!r) FAIL(render(r.error()));
+  return std::move(*r);
+}
 
 constexpr uint64_t gb = 1000000000;
 
@@ -43,9 +51,7 @@ TEST_CASE("a hand-computed scenario: every latency is load plus compute, or comp
   auto cfg = two_models();
   // a cold; b cold (a evicted); a again; a warm; b while a's batch runs (a drains first).
   auto s = arrivals({{0, 0}, {5, 1}, {10, 0}, {20, 0}, {20.05, 1}});
-  std::string error;
-  auto r = run(cfg, s, &error);
-  REQUIRE(error.empty());
+  auto r = accepted(cfg, s);
   REQUIRE(r.records.size() == 5);
   // A model's first batch, leased as its load starts, knows no step time yet: it waits for
   // the whole load and starts at the tick armed for then, 100 us later (as the manager's
@@ -75,9 +81,7 @@ TEST_CASE("batching in the simulator follows the batch window and size", "[sim]"
   cfg.batching.batch_window = std::chrono::milliseconds(50);
   cfg.warm_up = true;  // b is resident at the start (the last one warmed)
   auto s = arrivals({{0, 1}, {0.01, 1}, {0.02, 1}, {1.0, 1}});
-  std::string error;
-  auto r = run(cfg, s, &error);
-  REQUIRE(error.empty());
+  auto r = accepted(cfg, s);
   // The first two fill a batch at 0.01 s; the third waits a window (to 0.07 + the tick's
   // 100 us) and then for the first batch's device (to 0.11); the fourth waits a window.
   CHECK(r.records[0].latency_s() == Approx(0.11).margin(1e-6));
@@ -95,9 +99,7 @@ TEST_CASE("the simulator is deterministic for a seed", "[sim]") {
   auto run_seed = [&](uint64_t seed) {
     auto s = workload::generate({{"a", "b"}, {4, 2}, 2.0, 20, seed});
     REQUIRE(s);
-    std::string error;
-    auto r = run(cfg, *s, &error);
-    REQUIRE(error.empty());
+    auto r = accepted(cfg, *s);
     std::vector<double> out;
     for (auto& rec : r.records) out.push_back(rec.done_s);
     return out;
@@ -111,9 +113,7 @@ TEST_CASE("the simulator is deterministic for a seed", "[sim]") {
 TEST_CASE("the simulator refuses what the runtime refuses", "[sim]") {
   auto cfg = two_models();
   cfg.models[1].shard_bytes = {2 * gb};  // larger than the device
-  std::string error;
-  auto r = run(cfg, arrivals({{0, 1}, {1, 0}}), &error);
-  REQUIRE(error.empty());
+  auto r = accepted(cfg, arrivals({{0, 1}, {1, 0}}));
   CHECK(r.records[0].status == 503);
   CHECK(r.records[1].ok());
 
@@ -121,21 +121,26 @@ TEST_CASE("the simulator refuses what the runtime refuses", "[sim]") {
   cfg.batching.max_queue = 1;
   cfg.batching.max_batch_size = 2;  // the first waits a window, so the second finds it full
   cfg.batching.batch_window = std::chrono::milliseconds(100);
-  r = run(cfg, arrivals({{0, 0}, {0, 0}}), &error);
+  r = accepted(cfg, arrivals({{0, 0}, {0, 0}}));
   CHECK(r.records[1].status == 429);
 
+  // A refused config is an error with a code, as the runtime's are.
+  auto refused = [](const sim_config& c, const workload::schedule& s, ec code,
+                    const std::string& what) {
+    auto x = run(c, s);
+    if (x) return false;
+    INFO(render(x.error()));
+    return is(x.error(), code) && render(x.error()).find(what) != std::string::npos;
+  };
   cfg = two_models();
   cfg.models[0].devices = {3};
-  r = run(cfg, arrivals({{0, 0}}), &error);
-  CHECK(error.find("device 3") != std::string::npos);
+  CHECK(refused(cfg, arrivals({{0, 0}}), ec::invalid_configuration, "device 3"));
   cfg = two_models();
   cfg.cost.link_efficiency = 0;
-  r = run(cfg, arrivals({{0, 0}}), &error);
-  CHECK(error.find("link_efficiency") != std::string::npos);
+  CHECK(refused(cfg, arrivals({{0, 0}}), ec::invalid_configuration, "link_efficiency"));
   auto s = arrivals({{0, 0}});
   s.models = {"a", "zz"};
-  r = run(two_models(), s, &error);
-  CHECK(error.find("zz") != std::string::npos);
+  CHECK(refused(two_models(), s, ec::unknown_model, "zz"));
 }
 
 TEST_CASE("prefetch in the simulator: the model in demand comes back before its request",
@@ -147,9 +152,7 @@ TEST_CASE("prefetch in the simulator: the model in demand comes back before its 
   for (bool prefetch : {false, true}) {
     auto cfg = two_models();
     cfg.scheduler.prefetch = prefetch;
-    std::string error;
-    auto r = run(cfg, s, &error);
-    REQUIRE(error.empty());
+    auto r = accepted(cfg, s);
     INFO("prefetch " << prefetch);
     // b's first batch: its load, the tick's 100 us (see the hand-computed scenario), a step.
     CHECK(r.records[4].latency_s() == Approx(1.1001).margin(1e-6));
@@ -169,9 +172,7 @@ TEST_CASE("drop-late in the simulator refuses at dispatch what expiry refuses af
   // a cold (its deadline passes while it loads); a warm; b cold (likewise); a cold again:
   // its 1 s load is known now, so it is refused at once and nothing loads for it.
   auto s = arrivals({{0, 0}, {5, 0}, {10, 1}, {20, 0}});
-  std::string error;
-  auto r = run(cfg, s, &error);
-  REQUIRE(error.empty());
+  auto r = accepted(cfg, s);
   REQUIRE(r.records.size() == 4);
   CHECK(r.records[0].status == 503);
   CHECK(r.records[0].done_s == Approx(1.0).margin(1e-6));
@@ -201,9 +202,7 @@ TEST_CASE("compute while loading in the simulator: a cold request costs its load
     // leased while it loads starts when the rest of the load takes about its first stage.
     cfg.warm_up = true;
     auto s = arrivals({{0, 0}, {5, 1}});
-    std::string error;
-    auto r = run(cfg, s, &error);
-    REQUIRE(error.empty());
+    auto r = accepted(cfg, s);
     REQUIRE(r.records.size() == 2);
     // a: layer i of 4 waits for (i+1)/4 of the 1 s load; the last ends 25 ms after it.
     CHECK(r.records[0].latency_s() == Approx(overlap ? 1.025 : 1.1).margin(1e-6));
@@ -226,9 +225,7 @@ TEST_CASE("the simulator runs one stage job per device at a time, whatever its m
   }
   cfg.warm_up = true;
   auto s = arrivals({{0, 0}, {0, 1}});
-  std::string error;
-  auto r = run(cfg, s, &error);
-  REQUIRE(error.empty());
+  auto r = accepted(cfg, s);
   REQUIRE(r.records.size() == 2);
   // a: stage 0 on device 0 for 50 ms, then stage 1 on device 1. b's stage 0 waits for
   // device 0 (the worker's one compute lane), then follows a through the pipeline.
@@ -244,9 +241,7 @@ TEST_CASE("a layer computed while its shard loads waits for the chunk holding it
     INFO("chunk " << chunk);
     cfg.chunk_bytes = chunk;
     auto s = arrivals({{0, 0}});
-    std::string error;
-    auto r = run(cfg, s, &error);
-    REQUIRE(error.empty());
+    auto r = accepted(cfg, s);
     // Continuous bytes: the last layer meets the last bytes at 1.0 s, ends at 1.025.
     // 600 MB chunks: layers 0-1 come with the first chunk (0.6 s), layers 2-3 only with
     // the second (1.0 s): 0.9-0.95 computing, then 1.0-1.05.
@@ -289,9 +284,7 @@ TEST_CASE(
   // b first, then a: both resident when a's batch starts.
   s.arrivals.insert(s.arrivals.begin(), {0.5, 0, 8, 1});
   s.arrivals.insert(s.arrivals.begin(), {0, 1, 8, 1});
-  std::string error;
-  auto r = run(cfg, s, &error);
-  REQUIRE(error.empty());
+  auto r = accepted(cfg, s);
   REQUIRE(r.records.size() == 10);
   for (auto& rec : r.records) {
     INFO(rec.status << " " << rec.error_kind << " at " << rec.done_s);
@@ -311,9 +304,7 @@ TEST_CASE(
   cfg.models[1].pinned = true;  // b stays: 50 blocks is all a's batches get
   auto s = eight_long(1);
   s.arrivals.insert(s.arrivals.begin(), {0, 1, 8, 1});
-  std::string error;
-  auto r = run(cfg, s, &error);
-  REQUIRE(error.empty());
+  auto r = accepted(cfg, s);
   REQUIRE(r.records.size() == 9);
   for (auto& rec : r.records) {
     INFO(rec.status << " " << rec.error_kind << " at " << rec.done_s);
@@ -335,9 +326,7 @@ TEST_CASE(
   s.models = {"a", "b"};
   s.arrivals = {{0, 1, 8, 1}, {1, 0, 1000, 1}, {1.5, 0, 10, 5}};
   s.duration_s = 3;
-  std::string error;
-  auto r = run(cfg, s, &error);
-  REQUIRE(error.empty());
+  auto r = accepted(cfg, s);
   REQUIRE(r.records.size() == 3);
   CHECK(r.records[0].ok());
   CHECK(r.records[1].status == 503);
