@@ -34,10 +34,12 @@ bool first_prefill_chunk(const std::vector<std::vector<int64_t>>& prompts, int64
 
 caf::expected<host_tensor> decoder_stage::prefill_chunk(
     const std::vector<std::vector<int64_t>>& prompts, int64_t left, int64_t chunk,
-    const host_tensor* hidden, kv_cache& cache, head_output out) {
+    const host_tensor* hidden, kv_cache& cache, head_output out,
+    const std::vector<int64_t>& adapters) {
   auto& m = *impl_;
   auto& c = *cache.impl_;
   if (prompts.empty()) return bad("empty batch");
+  if (auto err = m.check_adapters(adapters, prompts.size())) return err;
   if (chunk <= 0)
     return bad(fmt::format("a prefill chunk needs at least one token, not {}", chunk));
   if (left < 0) return bad(fmt::format("a prefill chunk cannot leave {} tokens", left));
@@ -57,6 +59,12 @@ caf::expected<host_tensor> decoder_stage::prefill_chunk(
     if (static_cast<int64_t>(c.rows.size()) != b)
       return bad(
           fmt::format("a prefill chunk of {} prompts with a cache of {} rows", b, c.rows.size()));
+    // The first chunk set the rows' adapters: a later one may repeat them, not change them.
+    for (size_t i = 0; i < adapters.size(); ++i)
+      if (adapters[i] != c.rows[i].adapter)
+        return bad(fmt::format(
+            "a prefill chunk runs prompt {} with adapter {}, but its first chunk set adapter {}", i,
+            adapters[i], c.rows[i].adapter));
   }
   // Each row's tokens [begin, end) in this chunk (the scheduler's window, common/
   // prefill_window.hpp); a later chunk starts where the cache ends.
@@ -86,12 +94,17 @@ caf::expected<host_tensor> decoder_stage::prefill_chunk(
     auto input = m.step_input(in, dev_pos, hidden, b, t);
     if (!input) return std::move(input.error());
     at::Tensor x = std::move(*input);
+    // A later chunk's rows run with the adapters their first chunk set.
+    auto lora = fresh ? m.lora_rows(adapters) : m.lora_rows(c);
+    if (!lora) return std::move(lora.error());
     // The chunk's blocks are taken before any layer runs: a pool without room fails the
     // step here, with a later chunk's cache as it was.
     auto kv = fresh ? detail::plan_prefill(c, m.kv_pool, end, t, m.prefill_blocked(in.valid))
                     : detail::plan_extend(c, added, t);
     if (!kv) return std::move(kv.error());
-    return m.run(x, dev_pos, *kv, out, {}, /*logits=*/left == 0);
+    if (fresh)
+      for (size_t i = 0; i < adapters.size(); ++i) c.rows[i].adapter = adapters[i];
+    return m.run(x, dev_pos, *kv, *lora, out, {}, /*logits=*/left == 0);
   } catch (const std::exception& e) {
     return detail::compute_error(m.spec.name + " prefill chunk", e);
   }

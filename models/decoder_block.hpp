@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu/collective.hpp"
@@ -19,6 +20,23 @@ namespace computron::models::detail {
 
 /// What a step does with the KV blocks (models/kv_blocks.hpp).
 struct kv_step;
+
+/// One LoRA adapter's rows of a step: the rows (batch positions) that run with it and its
+/// per-rank matrices, viewed in place in its weight shard (models/lora_forward.cpp).
+struct lora_group {
+  /// The rows, on the device; undefined when the adapter runs every row of the step.
+  at::Tensor rows;
+  /// Per (stage-relative layer x projection of stage_state::lora_projs): A [r x in] and B
+  /// [out x r] (the scale folded in), in the stage's dtype; undefined where the adapter
+  /// leaves the projection alone.
+  const std::vector<std::pair<at::Tensor, at::Tensor>>* pairs = nullptr;
+};
+
+/// A step's rows grouped by adapter, computed once per step (not per projection); base-only
+/// rows are in no group. A step without adapter rows has no lora_batch at all.
+struct lora_batch {
+  std::vector<lora_group> groups;
+};
 
 /// The stage's state that blocks read: shape, split, where the weights are, the group.
 struct stage_state {
@@ -41,12 +59,25 @@ struct stage_state {
   /// vocab_begin + vocab_rows) (models::vocab_rows; the last rank's may pass the end).
   int64_t vocab_begin = 0;
   int64_t vocab_rows = 0;
+  /// The projections an adapter may adapt (lora_projections), whose order indexes
+  /// lora_group::pairs.
+  std::vector<std::string> lora_projs;
+  /// The step in progress's adapter rows; null when no row of the step has an adapter.
+  const lora_batch* lora = nullptr;
 
   bool first() const { return shard.pp_rank == 0; }
   bool last() const { return shard.pp_rank == par.pp - 1; }
 
   /// A zero-copy view of parameter `name` in the shard's device copy.
   at::Tensor param(const std::string& name) const;
+  /// A projection of layer `i` (absolute index): at::linear(x, w, bias) over x [b, t, in],
+  /// plus, for the rows whose adapter adapts (i, proj) (proj one of lora_projs: "q_proj",
+  /// "fc2", ...), their LoRA delta (x A^T) B^T, one adapter's rows together. A
+  /// row-parallel projection's delta is this rank's partial sum like the base's: call it
+  /// before the all-reduce, and pass no bias that the all-reduce would count tp times
+  /// (such a bias is added after it). Without adapter rows, the plain linear.
+  at::Tensor project(const at::Tensor& x, int64_t i, const char* proj, const at::Tensor& w,
+                     const at::Tensor* bias = nullptr) const;
   /// Sums `t` over the tensor-parallel group (in f32, whatever t's dtype).
   caf::error all_reduce(at::Tensor& t) const;
   /// The rows of vocabulary-parallel table `name` for token ids [b, t]: the ids this rank

@@ -13,6 +13,7 @@
 #include "models/decoder_block.hpp"
 #include "models/decoder_stage_impl.hpp"
 #include "models/kv_blocks.hpp"
+#include "models/lora_adapter.hpp"
 #include "models/torch_interop.hpp"
 #include "models/weights.hpp"
 
@@ -259,6 +260,7 @@ caf::expected<std::unique_ptr<decoder_stage>> decoder_stage::create(
   p->head_dim = spec.head_size();
   p->vocab_rows = vocab_rows(spec.vocab, par.tp);
   p->vocab_begin = shard.tp_rank * p->vocab_rows;
+  p->lora_projs = lora_projections(spec);
   for (auto i = p->layer_begin; i < p->layer_end; ++i) {
     auto prefix = fmt::format("layers.{}.", i);
     uint64_t end = 0;
@@ -305,27 +307,36 @@ host_tensor select_rows(const host_tensor& t, const std::vector<int64_t>& rows) 
 
 caf::expected<host_tensor> decoder_stage::prefill(const std::vector<std::vector<int64_t>>& prompts,
                                                   const host_tensor* hidden, kv_cache& cache,
-                                                  const std::vector<bool>& score, head_output out) {
+                                                  const std::vector<bool>& score, head_output out,
+                                                  const std::vector<int64_t>& adapters) {
+  if (auto err = impl_->check_adapters(adapters, prompts.size())) return err;
   if (std::find(score.begin(), score.end(), true) != score.end())
-    return prefill_rows(prompts, hidden, cache, score, head_output{});
-  // Each distinct prompt once; `expand` maps every row to its distinct prompt.
-  std::map<std::vector<int64_t>, int64_t> seen;
+    return prefill_rows(prompts, hidden, cache, score, head_output{}, adapters);
+  // Each distinct (adapter, prompt) once; `expand` maps every row to its distinct one. The
+  // same prompt under another adapter computes other keys and values: never shared.
+  std::map<std::pair<int64_t, std::vector<int64_t>>, int64_t> seen;
   std::vector<int64_t> first_rows, expand;
   for (size_t i = 0; i < prompts.size(); ++i) {
-    auto [at, fresh] = seen.emplace(prompts[i], static_cast<int64_t>(first_rows.size()));
+    auto key = std::make_pair(adapters.empty() ? 0 : adapters[i], prompts[i]);
+    auto [at, fresh] = seen.emplace(std::move(key), static_cast<int64_t>(first_rows.size()));
     if (fresh) first_rows.push_back(static_cast<int64_t>(i));
     expand.push_back(at->second);
   }
-  if (first_rows.size() == prompts.size()) return prefill_rows(prompts, hidden, cache, score, out);
+  if (first_rows.size() == prompts.size())
+    return prefill_rows(prompts, hidden, cache, score, out, adapters);
   std::vector<std::vector<int64_t>> distinct;
-  for (auto r : first_rows) distinct.push_back(prompts[static_cast<size_t>(r)]);
+  std::vector<int64_t> distinct_adapters;
+  for (auto r : first_rows) {
+    distinct.push_back(prompts[static_cast<size_t>(r)]);
+    if (!adapters.empty()) distinct_adapters.push_back(adapters[static_cast<size_t>(r)]);
+  }
   host_tensor sub;
   if (hidden != nullptr) {
     if (hidden->shape.empty() || hidden->shape[0] != static_cast<int64_t>(prompts.size()))
       return bad("hidden states do not match the batch");
     sub = select_rows(*hidden, first_rows);
   }
-  auto rows = prefill_rows(distinct, hidden ? &sub : nullptr, cache, {}, out);
+  auto rows = prefill_rows(distinct, hidden ? &sub : nullptr, cache, {}, out, distinct_adapters);
   if (!rows) return rows;
   if (auto err = cache.keep_rows(expand)) return err;
   return select_rows(*rows, expand);
@@ -333,7 +344,7 @@ caf::expected<host_tensor> decoder_stage::prefill(const std::vector<std::vector<
 
 caf::expected<host_tensor> decoder_stage::prefill_rows(
     const std::vector<std::vector<int64_t>>& prompts, const host_tensor* hidden, kv_cache& cache,
-    const std::vector<bool>& score, head_output out) {
+    const std::vector<bool>& score, head_output out, const std::vector<int64_t>& adapters) {
   auto& m = *impl_;
   if (prompts.empty()) return bad("empty batch");
   int64_t t = 0;
@@ -362,11 +373,14 @@ caf::expected<host_tensor> decoder_stage::prefill_rows(
     std::vector<std::pair<int64_t, int64_t>> scored;
     for (size_t i = 0; i < score.size() && i < prompts.size(); ++i)
       if (score[i]) scored.emplace_back(static_cast<int64_t>(i), prompts[i].size());
+    auto lora = m.lora_rows(adapters);
+    if (!lora) return std::move(lora.error());
     // The prompts' blocks are taken before any layer runs: a pool without room fails the
     // step here, with the cache empty.
     auto kv = detail::plan_prefill(*cache.impl_, m.kv_pool, lengths, t, blocked);
     if (!kv) return std::move(kv.error());
-    return m.run(x, dev_pos, *kv, out, scored);
+    for (size_t i = 0; i < adapters.size(); ++i) cache.impl_->rows[i].adapter = adapters[i];
+    return m.run(x, dev_pos, *kv, *lora, out, scored);
   } catch (const std::exception& e) {
     return detail::compute_error(m.spec.name + " prefill", e);
   }
@@ -408,11 +422,15 @@ caf::expected<host_tensor> decoder_stage::decode(const std::vector<int64_t>& tok
       if (!h) return std::move(h.error());
       x = *h;
     }
+    // A row whose adapter went (detach_adapter) fails the step here, before the plan
+    // extends the rows: the cache stays as it was.
+    auto lora = m.lora_rows(c);
+    if (!lora) return std::move(lora.error());
     // The new positions' blocks are taken before any layer runs: a pool without room
     // fails the step here, with the cache as it was (a bad input above leaves it too).
     auto kv = detail::plan_decode(c);
     if (!kv) return std::move(kv.error());
-    return m.run(x, pos, *kv, out);
+    return m.run(x, pos, *kv, *lora, out);
   } catch (const std::exception& e) {
     return detail::compute_error(m.spec.name + " decode", e);
   }
@@ -450,6 +468,8 @@ caf::expected<std::vector<std::vector<int64_t>>> generate(
   if (opts.max_tokens < 1)
     return bad(fmt::format("max_tokens must be at least 1, got {}", opts.max_tokens));
   if (auto err = validate(opts.sampling)) return err;
+  if (!opts.adapters.empty() && opts.adapters.size() != prompts.size())
+    return bad(fmt::format("{} adapters for {} prompts", opts.adapters.size(), prompts.size()));
   std::vector<kv_cache> caches(stages.size());
   std::vector<sampler> samplers;
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -463,7 +483,7 @@ caf::expected<std::vector<std::vector<int64_t>>> generate(
     host_tensor h;
     for (size_t s = 0; s < stages.size(); ++s) {
       auto* in = s == 0 ? nullptr : &h;
-      auto r = step == 0 ? stages[s]->prefill(prompts, in, caches[s])
+      auto r = step == 0 ? stages[s]->prefill(prompts, in, caches[s], {}, {}, opts.adapters)
                          : stages[s]->decode(next, in, caches[s]);
       if (!r) return std::move(r.error());
       h = std::move(*r);

@@ -80,17 +80,21 @@ class kv_cache {
   /// Sequences in the batch, and the positions each holds.
   int64_t rows() const;
   std::vector<int64_t> lengths() const;
+  /// Each sequence's LoRA adapter id (0: the base alone), as its prefill set it; decode
+  /// runs every row with its own.
+  std::vector<int64_t> adapters() const;
   /// Distinct KV blocks the sequences hold: the sum of kv_blocks_for(length) over them,
   /// less the blocks repeated rows share.
   int64_t blocks() const;
   /// Keeps only these sequences (their positions in the batch, in the order they go on);
   /// the others left the batch and their blocks go back. A position may repeat: that
   /// sequence is copied (a shared prefill's rows) and shares its blocks until it writes
-  /// into one. No key or value is copied. Errors: an index outside the batch.
+  /// into one. No key or value is copied. Each kept row keeps its adapter. Errors: an
+  /// index outside the batch.
   caf::error keep_rows(const std::vector<int64_t>& rows);
   /// Appends `other`'s sequences after this cache's (continuous batching: rows prefilled
   /// apart join a running batch at a step boundary): their block tables move over, every
-  /// row keeps its own positions. `other` is left empty. Errors: caches of different
+  /// row keeps its own positions and adapter. `other` is left empty. Errors: caches of different
   /// stages (their blocks live in different pools).
   caf::error append(kv_cache&& other);
 
@@ -134,6 +138,25 @@ class decoder_stage {
   /// the pool's chunks of device memory grow past a step's need only up to them.
   void set_kv_budget(int64_t blocks);
 
+  /// Makes adapter `id` (> 0) available to this stage's rows: `weights` holds
+  /// slice_lora_adapter's table and bytes for this stage's (par, shard) in a
+  /// gpu::weight_shard of the stage's device (so loading it is one copy, like a weight
+  /// shard); `rank` its r. The stage reads it in place (zero-copy views) at each step, so it
+  /// must stay loaded while rows use it (a step whose adapter is not loaded fails, naming
+  /// it) and outlive its attachment. Errors: invalid_request for an id <= 0 or taken, or a
+  /// rank <= 0; invalid_configuration, naming the tensor, for a table whose tensors are not
+  /// those of an adapter of this stage: an unknown name, a layer outside the stage, an A
+  /// without its B, a shape that does not fit this rank's projection or r, a dtype other
+  /// than the stage's, a shard on another device. Another tensor-parallel rank's slice of
+  /// the same shapes cannot be told from this rank's: the caller pairs them.
+  caf::error attach_adapter(int64_t id, gpu::weight_shard& weights, int64_t rank);
+  /// Forgets adapter `id`; its weight shard may go after this returns. Rows still naming
+  /// it fail their next step (invalid_request, naming the id): the stage never reads a
+  /// detached adapter's memory. Errors: invalid_request for an id that is not attached.
+  caf::error detach_adapter(int64_t id);
+  /// Ids of the attached adapters, ascending.
+  std::vector<int64_t> adapters() const;
+
   /// Prefill a batch of prompts (token ids of different lengths, left-padded here). The
   /// first stage reads the tokens; later stages read `hidden` from the previous stage
   /// and use the prompts only for their lengths. Returns hidden states [batch, len,
@@ -146,9 +169,14 @@ class decoder_stage {
   /// vocabulary, prompts longer than the positions, missing or misshapen hidden states,
   /// weights not loaded, no KV blocks to be had (out_of_device_memory; the cache is left
   /// empty). `out` (last stage): logits, or the candidates where no row is scored.
+  /// `adapters[i]`: the LoRA adapter prompt i runs with (attach_adapter), 0 for the base
+  /// alone; empty: every prompt on the base. Only rows with the same prompt and the same
+  /// adapter share a prefill. Errors also: a size other than the batch's, an id that is not
+  /// attached.
   caf::expected<host_tensor> prefill(const std::vector<std::vector<int64_t>>& prompts,
                                      const host_tensor* hidden, kv_cache& cache,
-                                     const std::vector<bool>& score = {}, head_output out = {});
+                                     const std::vector<bool>& score = {}, head_output out = {},
+                                     const std::vector<int64_t>& adapters = {});
 
   /// One step of a chunked prefill (models/chunked_prefill.cpp): the batch's prompts are
   /// computed over several steps, so that a running batch's decode steps go between them.
@@ -168,13 +196,17 @@ class decoder_stage {
   /// `left` < 0, a chunk with no token for any row, a later chunk whose cache is another
   /// stage's, another batch's shape or holds other lengths; no KV blocks to be had
   /// (out_of_device_memory). A failed later chunk leaves the cache as it was; a first
-  /// chunk that finds no KV blocks leaves it empty.
+  /// chunk that finds no KV blocks leaves it empty. `adapters` as prefill's: the first
+  /// chunk sets the rows' adapters; a later chunk may pass them again (they must equal the
+  /// cache's) or leave them empty.
   caf::expected<host_tensor> prefill_chunk(const std::vector<std::vector<int64_t>>& prompts,
                                            int64_t left, int64_t chunk, const host_tensor* hidden,
-                                           kv_cache& cache, head_output out = {});
+                                           kv_cache& cache, head_output out = {},
+                                           const std::vector<int64_t>& adapters = {});
 
-  /// One more token per sequence, using and extending the cache. Errors: a cache of
-  /// another stage, no KV block to be had (out_of_device_memory; the cache is unchanged).
+  /// One more token per sequence, using and extending the cache; each row runs with the
+  /// adapter its prefill set. Errors: a cache of another stage, no KV block to be had
+  /// (out_of_device_memory; the cache is unchanged), a row's adapter no longer attached.
   caf::expected<host_tensor> decode(const std::vector<int64_t>& tokens, const host_tensor* hidden,
                                     kv_cache& cache, head_output out = {});
 
@@ -185,7 +217,8 @@ class decoder_stage {
   /// prefill() without sharing: every row computed.
   caf::expected<host_tensor> prefill_rows(const std::vector<std::vector<int64_t>>& prompts,
                                           const host_tensor* hidden, kv_cache& cache,
-                                          const std::vector<bool>& score, head_output out);
+                                          const std::vector<bool>& score, head_output out,
+                                          const std::vector<int64_t>& adapters);
   struct impl;
   explicit decoder_stage(std::unique_ptr<impl> p);
   std::unique_ptr<impl> impl_;
@@ -199,6 +232,8 @@ bool first_prefill_chunk(const std::vector<std::vector<int64_t>>& prompts, int64
 struct generate_options {
   int64_t max_tokens = 1;
   sampling_params sampling;
+  /// Per prompt, the LoRA adapter it runs with (decoder_stage::prefill); empty: the base.
+  std::vector<int64_t> adapters;
 };
 
 /// Runs a chain of stages (one per pipeline stage, all of one tensor-parallel rank):

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -49,6 +50,19 @@ step_inputs left_padded(const std::vector<std::vector<int64_t>>& prompts,
                         const std::vector<int64_t>& begin, const std::vector<int64_t>& end,
                         int64_t t);
 
+/// A LoRA adapter attached to a stage (decoder_stage::attach_adapter), read in place.
+struct attached_adapter {
+  gpu::weight_shard* weights = nullptr;
+  int64_t rank = 0;
+  /// Per (stage-relative layer x projection, as lora_group::pairs): the table entries of
+  /// A and B, both null where the adapter leaves the projection alone.
+  std::vector<std::pair<const gpu::tensor_entry*, const gpu::tensor_entry*>> entries;
+  /// The views of `entries` over the shard's device copy at `bound` (made at the first
+  /// step that uses the adapter, and again if the address ever changes).
+  std::byte* bound = nullptr;
+  std::vector<std::pair<at::Tensor, at::Tensor>> pairs;
+};
+
 }  // namespace detail
 
 struct decoder_stage::impl : detail::stage_state {
@@ -58,6 +72,20 @@ struct decoder_stage::impl : detail::stage_state {
   /// Bytes of the shard that must be on the device before layer i (relative index) runs;
   /// the embeddings come first, the final norm and LM head last.
   std::vector<uint64_t> layer_ready_bytes;
+  /// Attached LoRA adapters by id (models/lora_forward.cpp).
+  std::map<int64_t, detail::attached_adapter> adapters;
+
+  /// Refuses a step's adapter ids for a batch of `rows` prompts: a size other than the
+  /// batch's (empty is every row on the base), a negative id, an id not attached.
+  caf::error check_adapters(const std::vector<int64_t>& ids, size_t rows) const;
+  /// The step's rows grouped by adapter (`ids[i]`: row i's, 0 the base; empty: every row
+  /// on the base), their views bound and their row indices on the device in one copy. No
+  /// group (and no allocation) when no row has an adapter. Errors: an adapter not attached
+  /// any more, or not loaded.
+  caf::expected<detail::lora_batch> lora_rows(const std::vector<int64_t>& ids);
+  /// lora_rows of the adapters the cache's rows run with (decode, a later prefill chunk);
+  /// nothing allocated when every row is on the base.
+  caf::expected<detail::lora_batch> lora_rows(const detail::kv_cache_rows& cache);
 
   caf::error bind() {
     auto p = weights->device_data();
@@ -76,10 +104,18 @@ struct decoder_stage::impl : detail::stage_state {
   /// last also gets logits, appended after the batch's rows. `logits` false (a chunk of a
   /// chunked prefill before its last): the last stage skips the head and returns an empty
   /// tensor.
+  /// `lora`: the step's adapter rows (lora_rows), which the blocks' projections read.
   caf::expected<host_tensor> run(at::Tensor x, const at::Tensor& positions,
-                                 const detail::kv_step& kv, head_output out,
+                                 const detail::kv_step& kv, const detail::lora_batch& lora,
+                                 head_output out,
                                  const std::vector<std::pair<int64_t, int64_t>>& scored = {},
                                  bool logits = true) {
+    // The blocks see the step's groups only while its layers run.
+    struct lora_scope {
+      detail::stage_state& s;
+      ~lora_scope() { s.lora = nullptr; }
+    } scope{*this};
+    this->lora = lora.groups.empty() ? nullptr : &lora;
     for (auto i = layer_begin; i < layer_end; ++i) {
       auto li = static_cast<size_t>(i - layer_begin);
       if (auto err = wait_for(layer_ready_bytes[li])) return err;

@@ -157,6 +157,7 @@ struct kv_cache_rows {
   struct row {
     std::vector<block_id> blocks;  // kv_blocks_for(length) of them, in position order
     int64_t length = 0;            // positions held (the row's tokens so far)
+    int64_t adapter = 0;           // the LoRA adapter the row runs with (0: the base)
   };
   std::shared_ptr<kv_block_pool> pool;
   std::vector<row> rows;

@@ -38,6 +38,12 @@ std::vector<int64_t> kv_cache::lengths() const {
   return out;
 }
 
+std::vector<int64_t> kv_cache::adapters() const {
+  std::vector<int64_t> out;
+  for (auto& r : impl_->rows) out.push_back(r.adapter);
+  return out;
+}
+
 int64_t kv_cache::blocks() const {
   std::set<block_id> distinct;
   for (auto& r : impl_->rows) distinct.insert(r.blocks.begin(), r.blocks.end());

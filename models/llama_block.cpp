@@ -74,10 +74,10 @@ class llama_block final : public decoder_block {
     auto t = x.size(1);
     auto residual = x;
     auto h = rms_norm(x, s.param(p + "input_layernorm.weight"), spec.norm_eps);
-    auto project = [&](const std::string& name, bool bias, int64_t heads) {
-      auto y = bias ? at::linear(h, s.param(a + name + ".weight"), s.param(a + name + ".bias"))
-                    : at::linear(h, s.param(a + name + ".weight"));
-      return y.view({b, t, heads, s.head_dim});
+    auto project = [&](const char* name, bool bias, int64_t heads) {
+      auto bias_t = bias ? s.param(a + name + ".bias") : at::Tensor{};
+      return s.project(h, i, name, s.param(a + name + ".weight"), bias ? &bias_t : nullptr)
+          .view({b, t, heads, s.head_dim});
     };
     auto q = project("q_proj", spec.qkv_bias, s.local_heads);
     auto k = project("k_proj", spec.qkv_bias, s.local_kv_heads);
@@ -93,14 +93,16 @@ class llama_block final : public decoder_block {
     k = k * cos + rotate_half(k) * sin;
     q = q * (1.0 / std::sqrt(static_cast<double>(s.head_dim)));
     auto o = s.attend(q, k, v, i, kv);
-    o = at::linear(o, s.param(a + "o_proj.weight"));
+    // Row-parallel: the adapter's delta is a partial sum like the base's, so it joins the
+    // all-reduce; o_proj's bias is added once, after it.
+    o = s.project(o, i, "o_proj", s.param(a + "o_proj.weight"));
     if (auto err = s.all_reduce(o)) return err;
     x = residual + o;
     if (spec.o_bias) x = x + s.param(a + "o_proj.bias");
     h = rms_norm(x, s.param(p + "post_attention_layernorm.weight"), spec.norm_eps);
-    auto gate = at::linear(h, s.param(p + "mlp.gate_proj.weight"));
-    auto up = at::linear(h, s.param(p + "mlp.up_proj.weight"));
-    h = at::linear(at::silu(gate) * up, s.param(p + "mlp.down_proj.weight"));
+    auto gate = s.project(h, i, "gate_proj", s.param(p + "mlp.gate_proj.weight"));
+    auto up = s.project(h, i, "up_proj", s.param(p + "mlp.up_proj.weight"));
+    h = s.project(at::silu(gate) * up, i, "down_proj", s.param(p + "mlp.down_proj.weight"));
     if (auto err = s.all_reduce(h)) return err;
     return x + h;
   }

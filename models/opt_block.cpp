@@ -43,21 +43,25 @@ class opt_block final : public decoder_block {
     auto split = [&](const at::Tensor& y) {
       return y.view({b, t, s.local_heads, s.head_dim}).transpose(1, 2);
     };
-    auto q = split(at::linear(h, s.param(p + "self_attn.q_proj.weight"),
-                              s.param(p + "self_attn.q_proj.bias")) *
-                   scaling);
-    auto k = split(at::linear(h, s.param(p + "self_attn.k_proj.weight"),
-                              s.param(p + "self_attn.k_proj.bias")));
-    auto v = split(at::linear(h, s.param(p + "self_attn.v_proj.weight"),
-                              s.param(p + "self_attn.v_proj.bias")));
+    // Column-parallel projections with their bias slices; the adapter's delta (if a row
+    // has one) joins each before q's scaling, as PEFT wraps q_proj itself.
+    auto linear = [&](const at::Tensor& in, const std::string& m, const char* proj) {
+      auto bias = s.param(p + m + ".bias");
+      return s.project(in, i, proj, s.param(p + m + ".weight"), &bias);
+    };
+    auto q = split(linear(h, "self_attn.q_proj", "q_proj") * scaling);
+    auto k = split(linear(h, "self_attn.k_proj", "k_proj"));
+    auto v = split(linear(h, "self_attn.v_proj", "v_proj"));
     auto o = s.attend(q, k, v, i, kv);
-    o = at::linear(o, s.param(p + "self_attn.out_proj.weight"));
+    // Row-parallel: the delta is a partial sum like the base's and joins the all-reduce;
+    // the bias is added once, after it.
+    o = s.project(o, i, "out_proj", s.param(p + "self_attn.out_proj.weight"));
     if (auto err = s.all_reduce(o)) return err;
     x = residual + o + s.param(p + "self_attn.out_proj.bias");
     h = at::layer_norm(x, {h_dim}, s.param(p + "final_layer_norm.weight"),
                        s.param(p + "final_layer_norm.bias"), 1e-5);
-    h = at::relu(at::linear(h, s.param(p + "fc1.weight"), s.param(p + "fc1.bias")));
-    h = at::linear(h, s.param(p + "fc2.weight"));
+    h = at::relu(linear(h, "fc1", "fc1"));
+    h = s.project(h, i, "fc2", s.param(p + "fc2.weight"));
     if (auto err = s.all_reduce(h)) return err;
     return x + h + s.param(p + "fc2.bias");
   }

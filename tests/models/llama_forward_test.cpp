@@ -59,49 +59,7 @@ double relative_error(const std::vector<float>& a, const std::vector<double>& b)
   return diff / scale;
 }
 
-int64_t argmax(const float* x, int64_t n) {
-  return std::max_element(x, x + n) - x;
-}
-
-/// `steps` tokens of greedy decoding through the chain (a prefill, then decode steps),
-/// keeping the logits each token was chosen from.
-struct greedy_run {
-  std::vector<std::vector<int64_t>> tokens;             // per row
-  std::vector<std::vector<std::vector<float>>> logits;  // per step, per row
-};
-
-greedy_run run_greedy(test::sharded_model& m, const std::vector<std::vector<int64_t>>& prompts,
-                      int steps) {
-  return m.on_all_ranks([&](std::vector<decoder_stage*> chain) -> caf::expected<greedy_run> {
-    greedy_run out;
-    out.tokens.resize(prompts.size());
-    std::vector<kv_cache> caches(chain.size());
-    std::vector<int64_t> next(prompts.size());
-    for (int step = 0; step < steps; ++step) {
-      host_tensor h;
-      for (size_t s = 0; s < chain.size(); ++s) {
-        auto r = step == 0 ? chain[s]->prefill(prompts, s == 0 ? nullptr : &h, caches[s])
-                           : chain[s]->decode(next, s == 0 ? nullptr : &h, caches[s]);
-        if (!r) return std::move(r.error());
-        h = std::move(*r);
-      }
-      auto f = h.to_floats();
-      auto vocab = h.shape.back();
-      out.logits.emplace_back();
-      for (size_t i = 0; i < prompts.size(); ++i) {
-        const float* row = f.data() + static_cast<int64_t>(i) * vocab;
-        out.logits.back().emplace_back(row, row + vocab);
-        next[i] = argmax(row, vocab);
-        out.tokens[i].push_back(next[i]);
-      }
-    }
-    return out;
-  });
-}
-
-bool operator==(const greedy_run& a, const greedy_run& b) {
-  return a.tokens == b.tokens && a.logits == b.logits;
-}
+using test::run_greedy;
 
 const std::vector<int64_t> prompt = {1, 17, 200, 33, 5, 96, 140};
 

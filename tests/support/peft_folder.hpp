@@ -107,10 +107,11 @@ inline std::string tensor_name(const decoder_spec& base, int64_t layer, const st
   return "base_model.model." + lora_module_path(base, layer, proj) + "." + kind + ".weight";
 }
 
-/// A folder as PEFT saves one: every projection in `projs` of every layer, rank r.
+/// A folder as PEFT saves one: every projection in `projs` of every layer, rank r, its
+/// values drawn from `seed` on (folders of other seeds hold other adapters).
 inline peft_folder make_folder(const decoder_spec& base, int64_t r, double alpha,
                                std::vector<std::string> projs = {},
-                               gpu::dtype type = gpu::dtype::f32) {
+                               gpu::dtype type = gpu::dtype::f32, uint32_t seed = 1) {
   if (projs.empty()) projs = lora_projections(base);
   peft_folder f;
   f.config = {{"peft_type", "LORA"},
@@ -128,7 +129,6 @@ inline peft_folder make_folder(const decoder_spec& base, int64_t r, double alpha
               {"lora_dropout", 0.05},
               {"task_type", "CAUSAL_LM"}};
   auto full = shard_params(base, {1, 1}, {0, 0});
-  uint32_t seed = 1;
   for (int64_t i = 0; i < base.layers; ++i)
     for (auto& p : projs) {
       auto param = detail::lora_param_name(base, i, p);

@@ -71,7 +71,8 @@ inline gpu::device_ptr emulated_device(int ordinal, double gbps = 8.0) {
 struct sharded_model {
   decoder_spec spec;
   parallel_config par;
-  std::vector<std::unique_ptr<gpu::weight_shard>> shards;      // index: pp * tp + tp_rank
+  std::vector<gpu::device_ptr> devices;                        // index: pp * tp + tp_rank
+  std::vector<std::unique_ptr<gpu::weight_shard>> shards;      // same index
   std::vector<std::unique_ptr<gpu::collective>> groups;        // same index
   std::vector<std::unique_ptr<models::decoder_stage>> stages;  // same index
 
@@ -82,7 +83,8 @@ struct sharded_model {
       for (int r = 0; r < par.tp; ++r) {
         auto table = shard_layout(spec, type, par, {r, s});
         REQUIRE(table);
-        auto shard = gpu::weight_shard::create(emulated_device(s * par.tp + r), *table);
+        devices.push_back(emulated_device(s * par.tp + r));
+        auto shard = gpu::weight_shard::create(devices.back(), *table);
         REQUIRE(shard);
         auto filled = fill(par, {r, s}, **shard);
         INFO((filled ? render(filled) : std::string{}));
@@ -157,6 +159,73 @@ struct sharded_model {
 /// Bitwise equality, for the checks that demand it.
 inline bool same_bytes(const host_tensor& a, const host_tensor& b) {
   return a.type == b.type && a.shape == b.shape && a.bytes == b.bytes;
+}
+
+/// Greedy decoding's tokens and the logits each was chosen from.
+struct greedy_run {
+  std::vector<std::vector<int64_t>> tokens;             // per row
+  std::vector<std::vector<std::vector<float>>> logits;  // per step, per row
+};
+
+inline bool operator==(const greedy_run& a, const greedy_run& b) {
+  return a.tokens == b.tokens && a.logits == b.logits;
+}
+
+/// One step's logits [rows, vocab] into `out`, and each row's greedy token (the first
+/// maximum) into `next` and `out`.
+inline void take_greedy(const host_tensor& h, greedy_run& out, std::vector<int64_t>& next) {
+  auto f = h.to_floats();
+  auto vocab = h.shape.back();
+  out.logits.emplace_back();
+  for (size_t i = 0; i < next.size(); ++i) {
+    const float* row = f.data() + static_cast<int64_t>(i) * vocab;
+    out.logits.back().emplace_back(row, row + vocab);
+    next[i] = std::max_element(row, row + vocab) - row;
+    out.tokens[i].push_back(next[i]);
+  }
+}
+
+/// One decode step of `next` through the chain: the last stage's output.
+inline caf::expected<host_tensor> decode_chain(const std::vector<models::decoder_stage*>& chain,
+                                               const std::vector<int64_t>& next,
+                                               std::vector<models::kv_cache>& caches) {
+  host_tensor h;
+  for (size_t s = 0; s < chain.size(); ++s) {
+    auto r = chain[s]->decode(next, s == 0 ? nullptr : &h, caches[s]);
+    if (!r) return r;
+    h = std::move(*r);
+  }
+  return h;
+}
+
+/// `steps` tokens of greedy decoding on every rank (a prefill, each prompt with its
+/// LoRA adapter in `adapters` if any, then decode steps).
+inline greedy_run run_greedy(sharded_model& m, const std::vector<std::vector<int64_t>>& prompts,
+                             int steps, const std::vector<int64_t>& adapters = {}) {
+  return m.on_all_ranks(
+      [&](std::vector<models::decoder_stage*> chain) -> caf::expected<greedy_run> {
+        greedy_run out;
+        out.tokens.resize(prompts.size());
+        std::vector<models::kv_cache> caches(chain.size());
+        std::vector<int64_t> next(prompts.size());
+        for (int step = 0; step < steps; ++step) {
+          host_tensor h;
+          if (step == 0) {
+            for (size_t s = 0; s < chain.size(); ++s) {
+              auto r =
+                  chain[s]->prefill(prompts, s == 0 ? nullptr : &h, caches[s], {}, {}, adapters);
+              if (!r) return std::move(r.error());
+              h = std::move(*r);
+            }
+          } else {
+            auto r = decode_chain(chain, next, caches);
+            if (!r) return std::move(r.error());
+            h = std::move(*r);
+          }
+          take_greedy(h, out, next);
+        }
+        return out;
+      });
 }
 
 }  // namespace computron::test
