@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -15,6 +16,7 @@
 #include "gpu/collective.hpp"
 #include "models/checkpoint.hpp"
 #include "models/decoder_stage.hpp"
+#include "models/lora_adapter.hpp"
 #include "models/weights.hpp"
 
 namespace computron::actors {
@@ -80,14 +82,24 @@ class decoder_program final : public shard_program {
           }
         choose_head(req);
       }
+      auto ids = adapter_ids(req);
+      if (!ids) {
+        end_batch(req.batch_id);
+        return ids.error();
+      }
       out = stage_->prefill_chunk(req.prompts, req.prefill_left, req.prefill_chunk, hidden, cache,
-                                  head_of(req.batch_id));
+                                  head_of(req.batch_id), *ids);
     } else if (req.step == 0) {
       // Rows that ask for their prompt's log-probabilities get their positions' logits.
       std::vector<bool> score;
       for (auto& s : req.sampling) score.push_back(s.prompt_logprobs >= 0);
       choose_head(req);
-      out = stage_->prefill(req.prompts, hidden, cache, score, head_of(req.batch_id));
+      auto ids = adapter_ids(req);
+      if (!ids) {
+        end_batch(req.batch_id);
+        return ids.error();
+      }
+      out = stage_->prefill(req.prompts, hidden, cache, score, head_of(req.batch_id), *ids);
     } else {
       out = stage_->decode(req.tokens, hidden, cache, head_of(req.batch_id));
     }
@@ -143,7 +155,70 @@ class decoder_program final : public shard_program {
     return models::head_output{i == top_.end() ? 0 : i->second};
   }
 
+  /// The stage's adapter id of each row of a prefill (0: the base alone; empty: all).
+  caf::expected<std::vector<int64_t>> adapter_ids(const step_request& req) const {
+    std::vector<int64_t> ids;
+    if (req.adapters.empty()) return ids;
+    if (req.adapters.size() != req.prompts.size())
+      return make_error(ec::invalid_request,
+                        fmt::format("a step names {} rows' adapters for {} prompts",
+                                    req.adapters.size(), req.prompts.size()));
+    for (auto& name : req.adapters) {
+      if (name.empty()) {
+        ids.push_back(0);
+        continue;
+      }
+      auto a = adapters_.find(name);
+      if (a == adapters_.end())
+        return make_error(ec::invalid_request, "adapter " + name + " is not bound to " + req.model);
+      ids.push_back(a->second.id);
+    }
+    return ids;
+  }
+
+ public:
+  caf::error bind_adapter(const std::string& name,
+                          std::shared_ptr<gpu::weight_shard> weights) override {
+    auto a = adapters_.find(name);
+    if (a != adapters_.end()) {
+      if (a->second.weights == weights) return {};
+      // Registered again (other weights under the name): the old rows' id goes with the
+      // old shard, so no row, and no cache, mixes the two.
+      unbind_adapter(name);
+    }
+    // r: the rows of any lora_A tensor (every pair of an adapter has the same rank).
+    int64_t rank = 0;
+    for (auto& t : weights->table().entries())
+      if (t.name.size() > 7 && t.name.compare(t.name.size() - 7, 7, ".lora_A") == 0 &&
+          !t.shape.empty()) {
+        rank = t.shape.front();
+        break;
+      }
+    auto id = next_adapter_++;
+    if (auto err = stage_->attach_adapter(id, *weights, rank))
+      return with_context(err, "adapter " + name);
+    adapters_[name] = bound_adapter{id, std::move(weights)};
+    return {};
+  }
+
+  void unbind_adapter(const std::string& name) override {
+    auto a = adapters_.find(name);
+    if (a == adapters_.end()) return;
+    (void)stage_->detach_adapter(a->second.id);
+    adapters_.erase(a);
+  }
+
+ private:
+  struct bound_adapter {
+    int64_t id = 0;
+    std::shared_ptr<gpu::weight_shard> weights;
+  };
+
   std::unique_ptr<models::decoder_stage> stage_;
+  /// Bound adapters by name, with the ids the stage knows them by (never reused: a row's
+  /// id names one adapter's weights for the batch's life).
+  std::unordered_map<std::string, bound_adapter> adapters_;
+  int64_t next_adapter_ = 1;
   std::unordered_map<uint64_t, models::kv_cache> caches_;
   /// Batches whose rows need only candidates: how many the last stage returns.
   std::unordered_map<uint64_t, int64_t> top_;
@@ -153,6 +228,17 @@ class decoder_engine final : public engine {
  private:
   mutable std::mutex warm_mtx_;
   mutable std::set<std::string> warmed_;
+
+  /// A LoRA adapter's part for one shard: its PEFT folder read against the base's shape,
+  /// cut as the base's shard is, in the base's dtype (models/lora_adapter.hpp). Read at
+  /// layout and again at fill: a folder of megabytes, once per registration.
+  static caf::expected<models::lora_rank_adapter> adapter_part(const shard_spec& sh) {
+    auto s = shape_of(sh.model);
+    if (!s) return s.error();
+    auto a = models::read_lora_adapter(sh.model.weights_path, s->spec);
+    if (!a) return with_context(a.error(), "adapter " + sh.model.name);
+    return models::slice_lora_adapter(*a, s->par, {sh.tp_rank, sh.pp_rank}, s->type);
+  }
 
  public:
   caf::error validate(const model_config& cfg,
@@ -189,17 +275,33 @@ class decoder_engine final : public engine {
   }
 
   uint64_t kv_block_bytes(const shard_spec& sh) const override {
+    if (!sh.model.base.empty()) return 0;  // its rows' KV is in its base's blocks
     auto s = shape_of(sh.model);
     return s ? models::kv_block_bytes(s->spec, s->type, s->par, {sh.tp_rank, sh.pp_rank}) : 0;
   }
 
   caf::expected<gpu::tensor_table> layout(const shard_spec& sh) const override {
+    if (!sh.model.base.empty()) {
+      auto part = adapter_part(sh);
+      if (!part) return part.error();
+      return std::move(part->table);
+    }
     auto s = shape_of(sh.model);
     if (!s) return s.error();
     return models::shard_layout(s->spec, s->type, s->par, {sh.tp_rank, sh.pp_rank});
   }
 
   caf::error fill(const shard_spec& sh, gpu::weight_shard& w) const override {
+    if (!sh.model.base.empty()) {
+      auto part = adapter_part(sh);
+      if (!part) return part.error();
+      if (part->host.size() != w.size_bytes())
+        return make_error(
+            ec::invalid_state,
+            "adapter " + sh.model.name + " changed on disk between its layout and its fill");
+      std::memcpy(w.host_data(), part->host.data(), part->host.size());
+      return {};
+    }
     auto s = shape_of(sh.model);
     if (!s) return s.error();
     models::shard_index idx{sh.tp_rank, sh.pp_rank};

@@ -10,6 +10,8 @@
 #include "gpu/emulated_device.hpp"
 #include "gpu/weight_store.hpp"
 #include "models/decoder_spec.hpp"
+#include "tests/support/peft_folder.hpp"
+#include "tests/support/sharded_model.hpp"
 
 using namespace computron;
 using namespace computron::actors;
@@ -244,4 +246,127 @@ TEST_CASE("a decoder shard's KV blocks come out of its device's memory and go ba
   (*program)->end_batch(1);
   CHECK(f.dev->used_bytes() == weights);
   CHECK((*program)->kv_device_bytes() == 0);
+}
+
+namespace {
+
+/// A LoRA adapter of loaded_opt's model ("m", opt-tiny in f32) as the engine lays it out
+/// and fills it from a PEFT folder, loaded on the same device.
+struct loaded_adapter {
+  test::peft_folder folder;
+  shard_spec s;
+  std::shared_ptr<gpu::weight_shard> w;
+
+  loaded_adapter(loaded_opt& f, const std::string& name, int64_t r, double alpha) {
+    auto spec = models::find_spec("opt-tiny");
+    REQUIRE(spec);
+    folder = test::make_folder(*spec, r, alpha, {"q_proj", "v_proj", "fc2"});
+    folder.write();
+    s = f.s;
+    s.model.name = name;
+    s.model.base = "m";
+    s.model.weights_path = folder.dir->path();
+    auto& e = *f.engines.at("opt");
+    CHECK(e.kv_block_bytes(s) == 0);  // its rows' KV is the base's
+    auto table = e.layout(s);
+    REQUIRE(table);
+    auto shard = gpu::weight_shard::create(f.dev, *table);
+    REQUIRE(shard);
+    w = std::move(*shard);
+    REQUIRE_FALSE(e.fill(s, *w));
+    REQUIRE_FALSE(w->load({1ull << 20}));
+    REQUIRE_FALSE(w->wait_loaded(std::chrono::seconds{30}));
+  }
+};
+
+/// Step 0 of `prompts` with each row's adapter; every row's whole logits.
+caf::expected<std::vector<float>> prefill_logits(shard_program& p, uint64_t batch,
+                                                 std::vector<std::vector<int64_t>> prompts,
+                                                 std::vector<std::string> adapters) {
+  step_request q;
+  q.model = "m";
+  q.batch_id = batch;
+  q.prompts = std::move(prompts);
+  row_sampling whole;
+  whole.logprobs = 1;  // whole rows, not candidates
+  q.sampling.assign(q.prompts.size(), whole);
+  q.adapters = std::move(adapters);
+  auto out = p.run(q, nullptr);
+  if (!out) return out.error();
+  return out->to_floats();
+}
+
+}  // namespace
+
+TEST_CASE("a decoder shard runs each row with its own LoRA adapter", "[actors][engine][adapters]") {
+  loaded_opt f;
+  auto& program = **f.program;
+  loaded_adapter a{f, "a", 4, 8};
+  loaded_adapter b{f, "b", 2, 4};
+  REQUIRE_FALSE(program.bind_adapter("a", a.w));
+  REQUIRE_FALSE(program.bind_adapter("a", a.w));  // the same shard again: nothing to do
+  REQUIRE_FALSE(program.bind_adapter("b", b.w));
+  const std::vector<int64_t> p{2, 100, 37, 5};
+  auto base = prefill_logits(program, 1, {p}, {});
+  auto with_a = prefill_logits(program, 2, {p}, {"a"});
+  auto mixed = prefill_logits(program, 3, {p, p, p}, {"b", "", "a"});
+  REQUIRE(base);
+  REQUIRE(with_a);
+  REQUIRE(mixed);
+  const size_t vocab = base->size();
+  REQUIRE(mixed->size() == 3 * vocab);
+  std::vector<float> row_b(mixed->begin(), mixed->begin() + vocab);
+  std::vector<float> row_base(mixed->begin() + vocab, mixed->begin() + 2 * vocab);
+  std::vector<float> row_a(mixed->begin() + 2 * vocab, mixed->end());
+  // The adapter changes its rows, and only its rows: a base row of a mixed batch is the
+  // base's, an adapter's row the adapter's alone.
+  CHECK(test::relative_error(*with_a, *base) > 1e-3);
+  CHECK(test::relative_error(row_base, *base) < 1e-5);
+  CHECK(test::relative_error(row_a, *with_a) < 1e-5);
+  CHECK(test::relative_error(row_b, *base) > 1e-3);
+  CHECK(test::relative_error(row_b, *with_a) > 1e-3);
+  for (auto batch : {1, 2, 3}) program.end_batch(static_cast<uint64_t>(batch));
+  // A row naming an adapter the shard was not given, or a list of the wrong length.
+  auto unknown = prefill_logits(program, 4, {p}, {"c"});
+  REQUIRE_FALSE(unknown);
+  CHECK(is(unknown.error(), ec::invalid_request));
+  CHECK_THAT(render(unknown.error()), Catch::Contains("adapter c is not bound"));
+  auto short_list = prefill_logits(program, 5, {p, p}, {"a"});
+  REQUIRE_FALSE(short_list);
+  CHECK(is(short_list.error(), ec::invalid_request));
+  // Unbound while a batch of it runs: its next step fails, naming the adapter's id, and
+  // reads nothing of the adapter's memory.
+  REQUIRE(prefill_logits(program, 6, {p}, {"a"}));
+  program.unbind_adapter("a");
+  step_request next;
+  next.model = "m";
+  next.batch_id = 6;
+  next.step = 1;
+  next.tokens = {5};
+  auto after = program.run(next, nullptr);
+  REQUIRE_FALSE(after);
+  CHECK(is(after.error(), ec::invalid_request));
+  // Bound again under the name with other weights (a new registration): a new id.
+  loaded_adapter a2{f, "a", 4, 16};
+  REQUIRE_FALSE(program.bind_adapter("a", a2.w));
+  auto with_a2 = prefill_logits(program, 7, {p}, {"a"});
+  REQUIRE(with_a2);
+  CHECK(test::relative_error(*with_a2, *with_a) > 1e-3);
+}
+
+TEST_CASE("an adapter folder that does not fit its base is refused naming the adapter",
+          "[actors][engine][adapters]") {
+  loaded_opt f;
+  auto other = models::find_spec("opt-mini");
+  REQUIRE(other);
+  auto folder = test::make_folder(*other, 4, 8);
+  folder.write();
+  auto s = f.s;
+  s.model.name = "wrong";
+  s.model.base = "m";
+  s.model.weights_path = folder.dir->path();
+  auto table = f.engines.at("opt")->layout(s);
+  REQUIRE_FALSE(table);
+  CHECK(is(table.error(), ec::invalid_configuration));
+  CHECK_THAT(render(table.error()), Catch::Contains("adapter wrong"));
 }
