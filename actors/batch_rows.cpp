@@ -42,7 +42,9 @@ void finish_row(manager_pointer self, const batch_ptr& b, size_t r, const std::s
   tl.finish_reason = reason;
   tl.prompt_tokens = static_cast<int64_t>(q.preemptions > 0 ? q.prompt_len : q.req.tokens.size());
   rep.id = q.req.id;
-  rep.model = b->model;
+  // An adapter's row answers under the adapter's name (as vLLM's do), and counts there.
+  const auto& served = served_name(q, *b);
+  rep.model = served;
   // A row recomputed after a preemption answers what it generated before, then since.
   rep.tokens = std::move(q.prior_outputs);
   rep.logprobs = std::move(q.prior_logprobs);
@@ -66,10 +68,13 @@ void finish_row(manager_pointer self, const batch_ptr& b, size_t r, const std::s
   // Counted before the answer leaves: a client that reads the metrics next sees it (and
   // no longer running).
   if (b->running > 0) set_running(self, b, b->running - 1);
-  if (reason != "cancelled") ++st.models.at(b->model).served;
-  st.opts.obs->request_done(b->model, reason == "cancelled" ? "cancelled" : "ok",
+  if (reason != "cancelled") {
+    ++st.models.at(b->model).served;
+    if (auto a = st.models.find(q.adapter); a != st.models.end()) ++a->second.served;
+  }
+  st.opts.obs->request_done(served, reason == "cancelled" ? "cancelled" : "ok",
                             sched::seconds_between(q.arrival, t));
-  st.opts.obs->request_timeline(b->model, tl);
+  st.opts.obs->request_timeline(served, tl);
   q.rp.deliver(std::move(rep));
 }
 

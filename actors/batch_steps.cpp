@@ -39,6 +39,7 @@ void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* er
   // The lanes are still the batch's: a re-plan moves a model only once its batches ended.
   st.opts.obs->batch_done(b->model, m.cfg.devices, st.disp->lanes_of(m.index), b->peak_rows,
                           b->run_s, now_s() - b->run_s);
+  release_adapters(self, b);
   // Its devices, lease and in-flight slot are free: the next batches may start.
   carry_out(self, st.disp->batch_done(b->id, now(self), !err, b->compute_ms / 1e3, b->steps));
 }
@@ -134,12 +135,16 @@ int64_t request_from_plan(const batch_ptr& b, const sched::step_plan& plan,
       // (bias and stop lists included) travel once, not with every decode step.
       req.prompts.push_back(q.req.tokens);
       req.sampling.push_back(q.req.sampling);
+      req.adapters.push_back(q.adapter);
       tokens += p->scheduled;
     } else {
       req.tokens.push_back(b->outputs[r].back());
       ++tokens;
     }
   }
+  // Rows of the base alone name no adapters.
+  if (std::all_of(req.adapters.begin(), req.adapters.end(), [](auto& a) { return a.empty(); }))
+    req.adapters.clear();
   return tokens;
 }
 
@@ -205,6 +210,10 @@ std::vector<int32_t> unless_all(std::vector<int32_t> keep, size_t previous) {
   return keep;
 }
 
+void prefill_joiners(manager_pointer self, const batch_ptr& b, const sched::join_plan& plan,
+                     int64_t step, size_t previous, std::vector<int32_t> keep,
+                     std::vector<size_t> joined);
+
 /// Prefills the requests of `plan` as their own batch and appends them to `b` (every
 /// stage joins the caches and samplers), then runs b's next step over its rows that went
 /// on (`keep`: their positions among the `previous` rows of the last step) and the
@@ -232,6 +241,19 @@ void join_rows(manager_pointer self, const batch_ptr& b, const sched::join_plan&
       b->prompt_logprobs.emplace_back();
     }
   }
+  // Rows with adapters the batch does not hold yet join once those are leased; a row
+  // whose adapter cannot be had fails alone (the next boundary no longer counts it).
+  lease_adapters(self, b, joined, [=](std::map<std::string, caf::error> failed) mutable {
+    joined = drop_failed_adapters(self, b, std::move(joined), failed);
+    prefill_joiners(self, b, plan, step, previous, std::move(keep), std::move(joined));
+  });
+}
+
+/// join_rows' second half: `joined` (indices into b->rows) are prefilled and join.
+void prefill_joiners(manager_pointer self, const batch_ptr& b, const sched::join_plan& plan,
+                     int64_t step, size_t previous, std::vector<int32_t> keep,
+                     std::vector<size_t> joined) {
+  auto& st = self->state;
   if (joined.empty()) {
     run_step(self, b, step + 1, unless_all(std::move(keep), previous));
     return;

@@ -8,6 +8,7 @@
 #include <future>
 #include <set>
 #include <thread>
+#include <unordered_map>
 
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -65,16 +66,31 @@ class toy_program final : public shard_program {
         return make_error(ec::invalid_request, "toy: hidden states do not match the batch");
       std::memcpy(x.data(), hidden->bytes.data(), rows * sizeof(float));
     }
+    auto with = row_adapters(req, rows);
+    if (!with) return with.error();
+    // The last step of a batch: nothing of it stays (as the decoder's caches go).
+    if (req.last) rows_.erase(req.batch_id);
     // Each rank adds one byte of its device copy; the all-reduce sums the ranks.
     std::vector<float> partial(rows);
     uint8_t window[64] = {};
     const uint64_t len = std::min<uint64_t>(n, sizeof(window));
     const uint64_t offset = (static_cast<uint64_t>(req.step) * 7919) % (n - len + 1);
-    if (auto err = read_window(offset, window, len)) return err;
+    if (auto err = read_window(weights_, offset, window, len)) return err;
     for (size_t r = 0; r < rows; ++r)
       // The byte depends on the row's own value, never on its position in the batch.
       partial[r] = (group_.rank() == 0 ? x[r] : 0.0f) +
                    static_cast<float>(window[static_cast<uint64_t>(x[r]) % len]);
+    // A row's LoRA adapter adds a byte of its own shard on every rank: its rows answer
+    // differently from the base's, and from another adapter's.
+    for (size_t r = 0; r < rows; ++r) {
+      auto* a = (*with)[r].get();
+      if (!a) continue;
+      if (auto err = a->wait_loaded(layer_wait)) return err;
+      uint8_t byte = 0;
+      if (auto err = read_window(*a, static_cast<uint64_t>(x[r]) % a->size_bytes(), &byte, 1))
+        return err;
+      partial[r] += static_cast<float>(byte) + 1.0f;
+    }
     if (auto err = group_.all_reduce_sum(partial.data(), rows)) return err;
     for (auto& v : partial) v = std::fmod(v, static_cast<float>(toy_vocab));
     models::host_tensor out;
@@ -95,19 +111,71 @@ class toy_program final : public shard_program {
     return out;
   }
 
-  void end_batch(uint64_t) override {}
+  void end_batch(uint64_t batch_id) override { rows_.erase(batch_id); }
+
+  caf::error join_batch(uint64_t from, uint64_t into) override {
+    auto f = rows_.find(from);
+    if (f == rows_.end()) return {};
+    auto moved = std::move(f->second);
+    rows_.erase(f);
+    auto& to = rows_[into];
+    to.insert(to.end(), moved.begin(), moved.end());
+    return {};
+  }
+
+  caf::error bind_adapter(const std::string& name,
+                          std::shared_ptr<gpu::weight_shard> weights) override {
+    adapters_[name] = std::move(weights);
+    return {};
+  }
+
+  void unbind_adapter(const std::string& name) override { adapters_.erase(name); }
 
  private:
+  using adapter_ptr = std::shared_ptr<gpu::weight_shard>;
+
+  /// The adapter of each of the step's `rows` (null: the base alone): named at step 0
+  /// (req.adapters), then the batch's, kept and joined as its rows are.
+  caf::expected<std::vector<adapter_ptr>> row_adapters(const step_request& req, size_t rows) {
+    auto& mine = rows_[req.batch_id];
+    if (req.step == 0) {
+      if (!req.adapters.empty() && req.adapters.size() != rows)
+        return make_error(ec::invalid_request, "toy: a step names " +
+                                                   std::to_string(req.adapters.size()) +
+                                                   " rows' adapters for " + std::to_string(rows));
+      mine.assign(rows, nullptr);
+      for (size_t r = 0; r < req.adapters.size(); ++r) {
+        if (req.adapters[r].empty()) continue;
+        auto a = adapters_.find(req.adapters[r]);
+        if (a == adapters_.end())
+          return make_error(ec::invalid_request,
+                            "toy: adapter " + req.adapters[r] + " is not bound to " + req.model);
+        mine[r] = a->second;
+      }
+      return mine;
+    }
+    if (!req.keep.empty()) {
+      std::vector<adapter_ptr> kept;
+      for (auto k : req.keep)
+        if (k >= 0 && static_cast<size_t>(k) < mine.size()) kept.push_back(mine[k]);
+      mine = std::move(kept);
+    }
+    if (mine.size() != rows)
+      return make_error(ec::invalid_request, "toy: batch " + std::to_string(req.batch_id) +
+                                                 " has " + std::to_string(mine.size()) +
+                                                 " rows, its step " + std::to_string(rows));
+    return mine;
+  }
+
   /// Emulated device memory is host memory: read it in place, as a GPU kernel reads its
   /// own memory. read_back would queue behind every copy in flight on the device's link
   /// (other models' loads), which no compute on a real GPU waits for.
-  caf::error read_window(uint64_t offset, uint8_t* dst, uint64_t len) {
-    if (weights_.dev().info().kind != gpu::device_kind::emulated)
-      return weights_.read_back(offset, dst, len);
-    if (weights_.state() != gpu::residency::resident)
-      return make_error(ec::not_resident, "toy: the shard of " + spec_.model.name + " is " +
-                                              gpu::to_string(weights_.state()));
-    auto base = weights_.device_data();
+  caf::error read_window(gpu::weight_shard& w, uint64_t offset, uint8_t* dst, uint64_t len) {
+    if (w.dev().info().kind != gpu::device_kind::emulated) return w.read_back(offset, dst, len);
+    if (w.state() != gpu::residency::resident)
+      return make_error(ec::not_resident,
+                        "toy: a shard of " + spec_.model.name + " is " + gpu::to_string(w.state()));
+    auto base = w.device_data();
     if (!base) return base.error();
     std::memcpy(dst, *base + offset, len);
     return {};
@@ -116,6 +184,9 @@ class toy_program final : public shard_program {
   shard_spec spec_;
   gpu::weight_shard& weights_;
   gpu::collective& group_;
+  std::unordered_map<std::string, adapter_ptr> adapters_;
+  /// Per batch, its rows' adapters (a stage keeps no other state of a batch).
+  std::unordered_map<uint64_t, std::vector<adapter_ptr>> rows_;
 };
 
 class toy_engine final : public engine {

@@ -161,7 +161,26 @@ void start_batch(manager_pointer self, const batch_ptr& b) {
                   in.push_back(i->second.index);
               info.resident = std::move(in);
             }
-            carry_out(self, st.disp->leased(b->id, info, now(self)));
+            // Then its rows' adapters: a row whose adapter cannot be had fails alone (the
+            // dispatch core starts the batch without it).
+            std::vector<size_t> all(b->rows.size());
+            for (size_t r = 0; r < all.size(); ++r) all[r] = r;
+            lease_adapters(self, b, all, [=](std::map<std::string, caf::error> failed) {
+              auto& st = self->state;
+              auto kept = drop_failed_adapters(self, b, all, failed);
+              if (kept.size() < all.size()) {
+                std::vector<queued_request> rows;
+                for (size_t r = 0, k = 0; r < b->rows.size(); ++r)
+                  if (k < kept.size() && kept[k] == r) {
+                    rows.push_back(std::move(b->rows[r]));
+                    ++k;
+                  } else {
+                    st.disp->cancel(b->id, b->rows[r].key);
+                  }
+                b->rows = std::move(rows);
+              }
+              carry_out(self, st.disp->leased(b->id, info, now(self)));
+            });
           },
           [=](caf::error& err) {
             auto& st = self->state;
@@ -253,7 +272,12 @@ void carry_out(manager_pointer self, sched::dispatch_effects e) {
     self->send(st.scheduler, kv_return_atom_v, st.names[r.model], r.blocks);
   for (auto& r : e.releases) {
     self->send(st.scheduler, release_atom_v, st.names[r.model]);
-    st.pending.erase(r.batch);
+    // A batch that ends before it ran (its rows expired, or found no KV room) gives its
+    // adapters back too; one that ran did so in finish_batch.
+    if (auto i = st.pending.find(r.batch); i != st.pending.end()) {
+      release_adapters(self, i->second);
+      st.pending.erase(i);
+    }
   }
   for (auto& s : e.started) {
     auto i = st.pending.find(s.id);
@@ -314,16 +338,21 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
   return {
       [=](infer_atom, infer_request& req) -> caf::result<infer_reply> {
         auto& st = self->state;
+        req.model = registered_name(st, req.model);
         auto i = st.models.find(req.model);
         if (i == st.models.end() || i->second.unregistering) return not_serving(self, req.model);
+        // A LoRA adapter's request waits in its base's queue and runs in the base's batches,
+        // its rows with the adapter.
+        std::string adapter;
+        if (!i->second.cfg.base.empty()) {
+          adapter = req.model;
+          i = st.models.find(i->second.cfg.base);
+          if (i == st.models.end() || i->second.unregistering)
+            return make_error(ec::unavailable, "LoRA adapter " + adapter + "'s base " +
+                                                   st.models.at(adapter).cfg.base +
+                                                   " is not served");
+        }
         auto& m = i->second;
-        // Adapters are residents of the ledger (they load beside their base and go with
-        // it), but their rows do not run yet: that is the forward with adapters per row
-        // and batches of the base that mix them (issue 47).
-        if (!m.cfg.base.empty())
-          return make_error(ec::invalid_request, "model " + req.model + " is a LoRA adapter of " +
-                                                     m.cfg.base +
-                                                     ", and requests cannot name adapters yet");
         if (auto err = check_request(m, req, st.opts.max_tokens_limit)) return err;
         auto t = now(self);
         auto key = st.next_key++;
@@ -333,8 +362,9 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
                                 static_cast<int64_t>(req.tokens.size()),
                                 req.sampling.prompt_logprobs >= 0);
         if (e.refused) return make_error(e.refused->code, e.refused->reason);
-        queued_request q{std::move(req), key, self->make_response_promise<infer_reply>(), t,
-                         e.deadline};
+        queued_request q{
+            std::move(req), std::move(adapter), key, self->make_response_promise<infer_reply>(), t,
+            e.deadline};
         auto rp = q.rp;
         self->send(st.scheduler, demand_atom_v, m.cfg.name, uint32_t{1});
         st.waiting.emplace(key, std::move(q));
@@ -391,6 +421,7 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
       },
       [=](info_atom, std::string& name) -> caf::result<model_info> {
         auto& st = self->state;
+        name = registered_name(st, name);
         if (auto l = st.listed.find(name); l != st.listed.end()) return l->second;
         if (st.models.count(name) == 0) return unknown_model_error(name);
         auto rp = self->make_response_promise<model_info>();
@@ -399,6 +430,7 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
       },
       [=](describe_atom, std::string& name) -> caf::result<model_info> {
         auto& st = self->state;
+        name = registered_name(st, name);
         if (auto l = st.listed.find(name); l != st.listed.end()) return l->second;
         auto i = st.models.find(name);
         if (i == st.models.end()) return unknown_model_error(name);
@@ -406,6 +438,7 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
       },
       [=](load_atom, std::string& name) -> caf::result<model_info> {
         auto& st = self->state;
+        name = registered_name(st, name);
         if (auto i = st.models.find(name); i == st.models.end() || i->second.unregistering)
           return not_serving(self, name);
         auto rp = self->make_response_promise<model_info>();
@@ -422,6 +455,7 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
       },
       [=](unload_atom, std::string& name) -> caf::result<model_info> {
         auto& st = self->state;
+        name = registered_name(st, name);
         if (auto i = st.models.find(name); i == st.models.end() || i->second.unregistering)
           return not_serving(self, name);
         auto rp = self->make_response_promise<model_info>();

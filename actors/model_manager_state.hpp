@@ -25,6 +25,9 @@ using namespace std::chrono_literals;
 
 struct queued_request {
   infer_request req;
+  /// The LoRA adapter its rows run with, as registered ("": the model alone). The request
+  /// waits in its base's queue and runs in the base's batches; req.model is the adapter.
+  std::string adapter{};
   /// Its key in the dispatch core's queues and batches.
   uint64_t key = 0;
   caf::typed_response_promise<infer_reply> rp;
@@ -102,6 +105,8 @@ struct batch {
   /// The plan of its next decode step: the dispatch core's from the last step boundary,
   /// with the joiners that went on after their prefill.
   sched::step_plan next{};
+  /// The LoRA adapters it holds leases on (its rows', from their first step to its end).
+  std::set<std::string> adapters{};
 };
 
 using batch_ptr = std::shared_ptr<batch>;
@@ -209,5 +214,21 @@ void at_step_boundary(manager_pointer self, const batch_ptr& b, sched::dispatch_
 /// step); none: a decode step of every row in b->sent.
 void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vector<int32_t> keep,
               const sched::step_plan* plan = nullptr);
+
+/// LoRA adapters (manager_adapters.cpp). The registered name `name` stands for: itself,
+/// or for "base:name" the adapter `name` of the model `base` (SGLang's form).
+std::string registered_name(const model_manager_state& st, const std::string& name);
+/// Leases the adapters of b's `rows` (indices into b->rows) that b does not hold yet;
+/// `done` gets those that could not be leased, with why.
+void lease_adapters(manager_pointer self, const batch_ptr& b, const std::vector<size_t>& rows,
+                    std::function<void(std::map<std::string, caf::error>)> done);
+/// Gives back every adapter lease b holds.
+void release_adapters(manager_pointer self, const batch_ptr& b);
+/// Fails the rows of `rows` whose adapter is in `failed`; returns the others.
+std::vector<size_t> drop_failed_adapters(manager_pointer self, const batch_ptr& b,
+                                         std::vector<size_t> rows,
+                                         const std::map<std::string, caf::error>& failed);
+/// The name a row is served and counted under: its adapter's, else its batch's model.
+const std::string& served_name(const queued_request& q, const batch& b);
 
 }  // namespace computron::actors::manager_detail

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <future>
+#include <map>
 #include <mutex>
 
 #include "actors/node.hpp"
@@ -463,4 +464,53 @@ TEST_CASE("the registry answers while a repository scan is slow", "[actors][regi
     CHECK(listed_ok);
   }
   rt->shutdown();
+}
+
+TEST_CASE("LoRA adapters' rows run in their base's batches on real workers, each as it runs alone",
+          "[actors][runtime][adapters]") {
+  runtime_fixture f{64, 20ms};
+  auto base = runtime_fixture::toy("base", 7);
+  REQUIRE(f.add(base));
+  for (auto [name, seed] : {std::pair{"a1", 11}, std::pair{"a2", 12}}) {
+    model_config a;
+    a.name = name;
+    a.base = "base";
+    a.seed = static_cast<uint64_t>(seed);
+    a.toy_shard_bytes = 64 << 10;
+    REQUIRE(f.add(a));
+  }
+  const std::vector<int64_t> prompt{3, 1, 4, 1, 5};
+  const std::vector<std::string> names{"base", "a1", "a2", "base:a1"};
+  std::map<std::string, std::vector<int64_t>> alone;
+  for (auto& name : names) {
+    auto r = f.infer(request(name, prompt, 4));
+    REQUIRE(r);
+    alone[name] = r->tokens;
+  }
+  // The base's own tokens are the toy's reference; an adapter's differ from them (every
+  // rank adds a byte of the adapter), and SGLang's "base:name" is the adapter itself.
+  CHECK(alone["base"] == f.reference(base, prompt, 4));
+  CHECK(alone["a1"] != alone["base"]);
+  CHECK(alone["a2"] != alone["base"]);
+  CHECK(alone["base:a1"] == alone["a1"]);
+  // All at once, twice over: one batch of the base mixes them, and each row is as alone.
+  using handle = decltype(f.self->request(f.rt.frontend, 30s, infer_atom_v, infer_request{}));
+  std::vector<handle> handles;
+  std::vector<std::string> sent;
+  for (int round = 0; round < 2; ++round)
+    for (auto& name : names) {
+      handles.push_back(
+          f.self->request(f.rt.frontend, 30s, infer_atom_v, request(name, prompt, 4)));
+      sent.push_back(name);
+    }
+  size_t mixed = 0;
+  for (size_t i = 0; i < handles.size(); ++i)
+    std::move(handles[i])
+        .receive(
+            [&](infer_reply& r) {
+              CHECK(r.tokens == alone[sent[i]]);
+              if (r.batch_size > 1) ++mixed;
+            },
+            [](caf::error& e) { FAIL_CHECK(render(e)); });
+  CHECK(mixed > 0);
 }

@@ -75,6 +75,8 @@ struct fake_worker_script {
   std::map<uint64_t, std::vector<actors::row_sampling>> batch_sampling;
   /// Per step, the batch its rows joined (step_request::join_into; 0: none).
   std::vector<uint64_t> joins;
+  /// Per step, its rows' LoRA adapters (step_request::adapters).
+  std::vector<std::vector<std::string>> adapters;
   /// Holds hanging loads until it receives ok_atom (promises are delivered by their
   /// owner only, so the test releases them through this actor).
   caf::actor holder;
@@ -148,6 +150,7 @@ inline actors::shard_worker_actor::behavior_type fake_worker(
           kept = std::move(still);
         }
         script->joins.push_back(r.join_into);
+        script->adapters.push_back(r.adapters);
         std::vector<int64_t> next;
         if (r.step == 0)
           next.assign(r.prompts.size(), 7);

@@ -1,0 +1,85 @@
+// The manager's LoRA adapters (issue 47): a request that names an adapter ("name", or
+// SGLang's "base:name") waits in its base's queue and runs in the base's batches, with its
+// adapter per row. A batch leases every adapter its rows run with, beside the base's own
+// lease (the ledger keeps an adapter's base resident while the adapter is leased), from its
+// start or from the step its rows join, to its end.
+#include <map>
+#include <memory>
+#include <set>
+
+#include <caf/all.hpp>
+
+#include "actors/model_manager_state.hpp"
+#include "common/error.hpp"
+
+namespace computron::actors::manager_detail {
+
+std::string registered_name(const model_manager_state& st, const std::string& name) {
+  if (st.models.count(name) > 0) return name;
+  // "base:name": the adapter `name` of the served model `base`. A name that merely holds
+  // a colon, or an adapter of another base, stays as it is (and is unknown).
+  auto colon = name.find(':');
+  if (colon == std::string::npos) return name;
+  auto base = name.substr(0, colon), adapter = name.substr(colon + 1);
+  auto a = st.models.find(adapter);
+  if (a == st.models.end() || a->second.cfg.base != base) return name;
+  return adapter;
+}
+
+void lease_adapters(manager_pointer self, const batch_ptr& b, const std::vector<size_t>& rows,
+                    std::function<void(std::map<std::string, caf::error>)> done) {
+  auto& st = self->state;
+  std::set<std::string> wanted;
+  for (auto r : rows) {
+    auto& a = b->rows[r].adapter;
+    if (!a.empty() && b->adapters.count(a) == 0) wanted.insert(a);
+  }
+  if (wanted.empty()) return done({});
+  auto failed = std::make_shared<std::map<std::string, caf::error>>();
+  auto left = std::make_shared<size_t>(wanted.size());
+  for (auto& name : wanted) {
+    // The scheduler answers every acquire; the timeout bounds a wait for room that others'
+    // leases hold.
+    self->request(st.scheduler, st.opts.acquire_timeout, acquire_atom_v, name)
+        .then(
+            [=](lease& l) {
+              b->adapters.insert(name);
+              // A cold adapter's load is part of its rows' wait, as a cold base's is.
+              b->load_ms = std::max(b->load_ms, l.wait_ms);
+              b->swapped = b->swapped || l.loaded;
+              if (--*left == 0) done(std::move(*failed));
+            },
+            [=](caf::error& err) {
+              (*failed)[name] = with_context(err, "LoRA adapter " + name);
+              if (--*left == 0) done(std::move(*failed));
+            });
+  }
+}
+
+void release_adapters(manager_pointer self, const batch_ptr& b) {
+  for (auto& name : b->adapters) self->send(self->state.scheduler, release_atom_v, name);
+  b->adapters.clear();
+}
+
+std::vector<size_t> drop_failed_adapters(manager_pointer self, const batch_ptr& b,
+                                         std::vector<size_t> rows,
+                                         const std::map<std::string, caf::error>& failed) {
+  if (failed.empty()) return rows;
+  std::vector<size_t> kept;
+  for (auto r : rows) {
+    auto& q = b->rows[r];
+    auto f = failed.find(q.adapter);
+    if (f == failed.end()) {
+      kept.push_back(r);
+      continue;
+    }
+    reply_error(self, q, f->second);
+  }
+  return kept;
+}
+
+const std::string& served_name(const queued_request& q, const batch& b) {
+  return q.adapter.empty() ? b.model : q.adapter;
+}
+
+}  // namespace computron::actors::manager_detail
