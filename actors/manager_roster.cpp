@@ -1,6 +1,8 @@
 // The manager's roster: the models the registry handed it (adopt, retire, forget) and the
 // names it was told it cannot serve (registering, failed), which its list, info and
 // refusals show. The lifecycle itself is the registry's (registration.cpp).
+#include <set>
+
 #include "actors/model_manager_state.hpp"
 
 #include "common/error.hpp"
@@ -75,6 +77,15 @@ caf::result<model_info> retire_model(manager_pointer self, const std::string& na
       return make_error(ec::invalid_state, "model " + name + " is being unregistered");
     auto queued = st.queues().queued(m.index);
     auto running = st.queues().in_flight(m.index);
+    if (!m.cfg.base.empty()) {
+      // An adapter's requests wait and run in its base's queue and batches.
+      for (auto& [key, q] : st.waiting) queued += q.adapter == name ? 1 : 0;
+      std::set<const batch*> batches;
+      for (auto& [id, b] : st.batch_of)
+        for (auto& q : b->rows)
+          if (q.req.id == id && q.adapter == name) batches.insert(b.get());
+      running += batches.size();
+    }
     if (queued > 0 || running > 0)
       return make_error(ec::invalid_state,
                         "model " + name + " has " + std::to_string(queued) +

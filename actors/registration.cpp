@@ -131,15 +131,60 @@ static void register_placed(registry_pointer self, model_config requested, regis
 /// and toy size, and how it is served (pinning, priority, SLO; the base's tokenizer unless
 /// it names one). Errors: a base that is not registered (being registered: unavailable,
 /// retry), an adapter as a base, devices other than the base's.
+/// The registered model an adapter's `base` names: a model by that name; else one whose
+/// weights are at that path; else one named as the path's last part (a hub id such as
+/// "org/Llama-3.2-1B" names the model served as Llama-3.2-1B), or whose folder is so named.
+/// PEFT's base_model_name_or_path is whatever the trainer had, so a served model stands
+/// for it only when exactly one fits; where none does and one model is served, that one.
+/// Empty: none, or several.
+static std::string find_base(const registry_state& st, const std::string& base) {
+  if (st.registered.count(base) > 0) return base;
+  auto last_part = [](std::string p) {
+    while (!p.empty() && p.back() == '/') p.pop_back();
+    auto slash = p.find_last_of('/');
+    return slash == std::string::npos ? p : p.substr(slash + 1);
+  };
+  auto trimmed = [](std::string p) {
+    while (p.size() > 1 && p.back() == '/') p.pop_back();
+    return p;
+  };
+  std::vector<std::string> at_path, by_name;
+  for (auto& [name, m] : st.registered) {
+    if (!m.base.empty()) continue;
+    if (!m.weights_path.empty() && trimmed(m.weights_path) == trimmed(base))
+      at_path.push_back(name);
+    else if (name == last_part(base) ||
+             (!m.weights_path.empty() && last_part(m.weights_path) == last_part(base)))
+      by_name.push_back(name);
+  }
+  if (at_path.size() == 1) return at_path.front();
+  if (at_path.empty() && by_name.size() == 1) return by_name.front();
+  // Nothing fits, and one model is served: vLLM's rule (its adapters are all of the one
+  // model it serves). A wrong base is still refused, by the adapter's shapes.
+  std::vector<std::string> bases;
+  for (auto& [name, m] : st.registered)
+    if (m.base.empty()) bases.push_back(name);
+  if (at_path.empty() && by_name.empty() && bases.size() == 1) return bases.front();
+  return {};
+}
+
 static caf::expected<model_config> adapter_config(const registry_state& st,
-                                                  const model_config& requested) {
+                                                  model_config requested) {
+  if (auto found = find_base(st, requested.base); !found.empty()) requested.base = found;
   auto b = st.registered.find(requested.base);
   if (b == st.registered.end()) {
     if (st.registering.count(requested.base) > 0)
       return make_error(ec::unavailable, "adapter " + requested.name + ": its base " +
                                              requested.base + " is being registered");
-    return make_error(ec::unknown_model, "adapter " + requested.name + " names base model " +
-                                             requested.base + ", which is not registered");
+    std::string bases;
+    for (auto& [name, m] : st.registered)
+      if (m.base.empty()) bases += (bases.empty() ? "" : ", ") + name;
+    return make_error(
+        ec::unknown_model,
+        "adapter " + requested.name + " names base model " + requested.base +
+            ", which is not registered (served: " + (bases.empty() ? std::string{"none"} : bases) +
+            "; name one as its base: \"base\" in its computron.json or serve config, "
+            "base_model_name in --lora-modules)");
   }
   const auto& base = b->second;
   if (!base.base.empty())
@@ -156,7 +201,10 @@ static caf::expected<model_config> adapter_config(const registry_state& st,
   cfg.weights_path = requested.weights_path;
   cfg.checkpoint_dtype.clear();
   cfg.seed = requested.seed;
-  cfg.toy_shard_bytes = requested.toy_shard_bytes;
+  // A toy adapter (tests, benchmarks) that gives no size takes a sixteenth of its base's.
+  cfg.toy_shard_bytes = requested.toy_shard_bytes > 0
+                            ? requested.toy_shard_bytes
+                            : std::max<uint64_t>(1, base.toy_shard_bytes / 16);
   cfg.pinned = requested.pinned;
   cfg.priority = requested.priority;
   if (!requested.tokenizer.empty()) cfg.tokenizer = requested.tokenizer;

@@ -40,10 +40,10 @@ std::string gpt2_tokenizer(bool warn) {
 
 caf::error read_model(const nlohmann::json& j, const std::string& where, const fs::path& base,
                       actors::model_config& m) {
-  if (auto e = check_keys(
-          j, where,
-          {"name", "kind", "spec", "dtype", "tp", "pp", "devices", "seed", "weights",
-           "toy_shard_bytes", "toy_compute_ms", "pinned", "priority", "tokenizer", "slo_ms"}))
+  if (auto e = check_keys(j, where,
+                          {"name", "kind", "spec", "dtype", "tp", "pp", "devices", "seed",
+                           "weights", "toy_shard_bytes", "toy_compute_ms", "pinned", "priority",
+                           "tokenizer", "slo_ms", "base"}))
     return e;
   std::string weights, tok;
   caf::error e;
@@ -55,7 +55,8 @@ caf::error read_model(const nlohmann::json& j, const std::string& where, const f
       (e = read(j, "toy_shard_bytes", where, m.toy_shard_bytes)) ||
       (e = read(j, "toy_compute_ms", where, m.toy_compute_ms)) ||
       (e = read(j, "pinned", where, m.pinned)) || (e = read(j, "priority", where, m.priority)) ||
-      (e = read(j, "tokenizer", where, tok)) || (e = read(j, "slo_ms", where, m.slo_ms)))
+      (e = read(j, "tokenizer", where, tok)) || (e = read(j, "slo_ms", where, m.slo_ms)) ||
+      (e = read(j, "base", where, m.base)))
     return e;
   if (m.slo_ms < 0) return bad(where, "slo_ms must not be negative");
   // A catalogue shape names its family: the kind follows it unless given.
@@ -149,6 +150,7 @@ caf::error read_model_from(const nlohmann::json& j, const std::string& where, co
   if (j.contains("priority")) m.priority = given.priority;
   if (j.contains("slo_ms")) m.slo_ms = given.slo_ms;
   if (j.contains("tokenizer")) m.tokenizer = given.tokenizer;
+  if (j.contains("base")) m.base = given.base;
   return {};
 }
 

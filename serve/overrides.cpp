@@ -93,9 +93,56 @@ std::string keep_model_flags(serve_config& cfg, const serve_overrides& o) {
   return {};
 }
 
+/// --lora-modules: each PEFT folder joins the served models as an adapter.
+std::string add_lora_modules(serve_config& cfg, const std::vector<std::string>& modules) {
+  for (auto& given : modules) {
+    std::string name, path, base;
+    if (!given.empty() && given.front() == '{') {
+      auto j = nlohmann::json::parse(given, nullptr, false);
+      if (j.is_discarded() || !j.is_object())
+        return "--lora-modules: '" + given + "' is not a JSON object";
+      for (auto& [key, v] : j.items()) {
+        if (key != "name" && key != "path" && key != "base_model_name")
+          return "--lora-modules: unknown key '" + key +
+                 "' (a module has name, path and base_model_name)";
+        if (!v.is_string()) return "--lora-modules: '" + key + "' must be a string";
+      }
+      name = j.value("name", "");
+      path = j.value("path", "");
+      base = j.value("base_model_name", "");
+    } else if (auto eq = given.find('='); eq != std::string::npos) {
+      name = given.substr(0, eq);
+      path = given.substr(eq + 1);
+    }
+    if (name.empty() || path.empty())
+      return "--lora-modules takes name=path or {\"name\": ..., \"path\": ...}, not '" + given +
+             "'";
+    for (auto& m : cfg.models)
+      if (m.name == name) return "--lora-modules: a model named " + name + " is served already";
+    if (!is_adapter_folder(path))
+      return "--lora-modules " + name + ": " + path +
+             " is not a LoRA adapter's folder (one that holds adapter_config.json)";
+    auto m = read_model_source(path, name);
+    if (!m && base.empty()) return "--lora-modules " + name + ": " + render(m.error());
+    if (!m) {
+      // Its adapter_config.json may name no base: base_model_name does.
+      actors::model_config a;
+      a.name = name;
+      a.base = base;
+      a.weights_path = std::filesystem::absolute(path).lexically_normal().string();
+      m = std::move(a);
+    }
+    if (!base.empty()) m->base = base;
+    cfg.models.push_back(std::move(*m));
+  }
+  return {};
+}
+
 }  // namespace
 
 std::string apply_model_flags(actors::model_config& m, const model_flags& f) {
+  // An adapter runs inside its base's forward: its dtype, split and context are the base's.
+  if (!m.base.empty()) return {};
   if (!f.dtype.empty()) m.dtype = f.dtype;
   if (f.tp > 0 || f.pp > 0) {
     if (f.tp > 0) m.tp = f.tp;
@@ -135,6 +182,7 @@ std::string apply_overrides(serve_config& cfg, const serve_overrides& o) {
   }
   if (o.tls.enabled()) cfg.tls = o.tls;
   if (o.console_port >= -1) cfg.console_port = o.console_port;
+  if (auto why = add_lora_modules(cfg, o.lora_modules); !why.empty()) return why;
   return keep_model_flags(cfg, o);
 }
 

@@ -3,6 +3,7 @@
 // What `computron serve`'s flags change in the serve config, and applying them: the CLI
 // declares the flags (apps/computron/serve_command.cpp), this says what they mean.
 #include <string>
+#include <vector>
 
 #include <caf/expected.hpp>
 
@@ -49,6 +50,10 @@ struct serve_overrides {
   /// --dtype in vLLM's words (auto, half, float16, bfloat16, float, float32); empty: each
   /// model's own.
   std::string dtype;
+  /// --lora-modules, as vLLM takes them: `name=path`, or a JSON object with "name", "path"
+  /// and optionally "base_model_name". Each PEFT folder is served as an adapter of the
+  /// model it names (or that its adapter_config.json names).
+  std::vector<std::string> lora_modules;
 };
 
 /// The config the flags start from: the config file (or the built-in defaults) with the

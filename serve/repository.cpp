@@ -61,6 +61,37 @@ caf::expected<actors::model_config> read_gguf(const fs::path& f, text::text_dire
   return m;
 }
 
+/// A PEFT LoRA adapter's folder (adapter_config.json, adapter_model.safetensors) as the
+/// adapter `name`: its base is computron.json's "base" where it has one, else PEFT's
+/// base_model_name_or_path, which registration matches against the served models. Its
+/// shape, kind and devices are its base's; its tensors are checked against the base when
+/// it registers (models/lora_adapter.hpp), where a refusal names the field.
+caf::expected<actors::model_config> read_adapter_folder(const fs::path& f,
+                                                        text::text_directory* texts,
+                                                        const std::string& name) {
+  auto peft = read_json_file(f / "adapter_config.json");
+  if (!peft) return peft.error();
+  actors::model_config m;
+  m.name = name;
+  if (auto b = peft->find("base_model_name_or_path"); b != peft->end() && b->is_string())
+    m.base = b->get<std::string>();
+  auto ours = f / "computron.json";
+  if (fs::exists(ours)) {
+    auto j = read_json_file(ours);
+    if (!j) return j.error();
+    if (auto e = read_model(*j, ours.string(), f, m)) return e;
+    if (m.name != name) return bad(ours.string(), name_differs(m.name, name, f));
+  }
+  if (m.base.empty())
+    return bad((f / "adapter_config.json").string(),
+               "names no base_model_name_or_path: give the base model as \"base\" in a "
+               "computron.json beside it");
+  m.weights_path = f.string();
+  if (m.tokenizer.empty() && has_tokenizer_files(f)) m.tokenizer = f.string();
+  if (texts && !m.tokenizer.empty()) (void)texts->open(m.tokenizer);
+  return m;
+}
+
 /// One repository folder as the model `name` (its folder's name, or the name a one-model
 /// folder is served as), or the error that keeps it from being one.
 caf::expected<actors::model_config> read_folder(const fs::path& f, text::text_directory* texts,
@@ -146,6 +177,11 @@ bool is_model_folder(const std::string& dir) {
   return fs::is_regular_file(fs::path{dir} / "config.json", ec);
 }
 
+bool is_adapter_folder(const std::string& dir) {
+  std::error_code ec;
+  return !is_model_folder(dir) && fs::is_regular_file(fs::path{dir} / "adapter_config.json", ec);
+}
+
 caf::expected<std::vector<actors::repository_folder>> read_repository(
     const std::string& dir, const std::string& only, text::text_directory* texts,
     const std::string& served_name) {
@@ -207,7 +243,9 @@ caf::expected<std::vector<actors::repository_folder>> read_repository(
     rf.name = single && !served_name.empty() ? served_name
               : gguf                         ? f.stem().string()
                                              : f.filename().string();
-    auto m = gguf ? read_gguf(f, texts, rf.name) : read_folder(f, texts, rf.name);
+    auto m = gguf                            ? read_gguf(f, texts, rf.name)
+             : is_adapter_folder(f.string()) ? read_adapter_folder(f, texts, rf.name)
+                                             : read_folder(f, texts, rf.name);
     if (m)
       rf.config = std::move(*m);
     else
@@ -222,10 +260,11 @@ caf::expected<actors::model_config> read_model_source(const std::string& path,
                                                       text::text_directory* texts) {
   if (models::is_gguf_file(path)) return read_gguf(folder_path(path), texts, name);
   if (is_model_folder(path)) return read_folder(folder_path(path), texts, name);
+  if (is_adapter_folder(path)) return read_adapter_folder(folder_path(path), texts, name);
   return make_error(ec::invalid_configuration,
                     path +
-                        " is neither a GGUF file nor a model's folder (one that holds "
-                        "config.json)");
+                        " is neither a GGUF file, a model's folder (one that holds "
+                        "config.json) nor a LoRA adapter's (adapter_config.json)");
 }
 
 caf::expected<std::vector<actors::model_config>> load_repository(const std::string& dir) {

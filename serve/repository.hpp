@@ -18,6 +18,11 @@ namespace computron::serve {
 /// Whether `dir` is itself one model's folder: it holds config.json.
 bool is_model_folder(const std::string& dir);
 
+/// Whether `dir` is a PEFT LoRA adapter's folder: adapter_config.json, no config.json. In a
+/// repository it is served as an adapter of the model its computron.json's "base" or its
+/// base_model_name_or_path names.
+bool is_adapter_folder(const std::string& dir);
+
 /// Reads a model repository: one folder per model holding config.json (the model_config
 /// fields) and optionally weights.safetensors, or a Hugging Face OPT folder. Every
 /// folder (or only the one named `only`; hidden ones never) comes back with its model or

@@ -149,15 +149,22 @@ int run_serve(serve_config cfg) {
     caf::scoped_actor self{sys};
     using handle = decltype(self->request(rt->registry, caf::timespan{}, actors::register_atom_v,
                                           cfg.models.front()));
-    std::vector<handle> pending;
-    for (auto& m : cfg.models)
-      pending.push_back(self->request(rt->registry, caf::timespan{std::chrono::hours(1)},
-                                      actors::register_atom_v, m));
-    for (size_t i = 0; i < pending.size(); ++i)
-      pending[i].receive([&](actors::model_info&) { ++registered; },
-                         [&](caf::error& e) {
-                           log::error("model {} not served: {}", cfg.models[i].name, render(e));
-                         });
+    // Models first, then LoRA adapters: an adapter registers beside its registered base.
+    for (bool adapters : {false, true}) {
+      std::vector<handle> pending;
+      std::vector<const actors::model_config*> sent;
+      for (auto& m : cfg.models)
+        if (m.base.empty() != adapters) {
+          pending.push_back(self->request(rt->registry, caf::timespan{std::chrono::hours(1)},
+                                          actors::register_atom_v, m));
+          sent.push_back(&m);
+        }
+      for (size_t i = 0; i < pending.size(); ++i)
+        pending[i].receive([&](actors::model_info&) { ++registered; },
+                           [&](caf::error& e) {
+                             log::error("model {} not served: {}", sent[i]->name, render(e));
+                           });
+    }
   }
   auto reg_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - reg_start).count();

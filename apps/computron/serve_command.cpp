@@ -76,7 +76,13 @@ const registration serve_command{
        cmd.add_option("--dtype", f->dtype,
                       "every model's weights: auto (the checkpoint's where the devices run it), "
                       "half/float16 (CUDA), bfloat16, float/float32 (default: each model's)");
-       add_tls_flags(cmd, f->tls);
+       cmd.add_option("--lora-modules", f->lora_modules,
+                      "LoRA adapters to serve, as vLLM takes them: name=path (a PEFT folder) or "
+                      "'{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'; the base is "
+                      "base_model_name, else the folder's base_model_name_or_path matched to a "
+                      "served model, else the one model served");
+       // vLLM needs it for adapters; here they are always on.
+       cmd.add_flag("--enable-lora", "accepted for vLLM's command lines; adapters are always on");
        cmd.add_option("--console-port", f->console_port,
                       "console port on 127.0.0.1 (default 4242; 0 picks one; -1 turns it off)")
            ->check(CLI::Range(-1, 65535));

@@ -37,6 +37,9 @@ void http_server::impl::route(const request& req, responder reply, sse_opener op
     case route_id::tokenize:
     case route_id::detokenize:
       return tokenize(req.body(), m.id == route_id::tokenize, std::move(reply));
+    case route_id::load_lora_adapter:
+    case route_id::unload_lora_adapter:
+      return lora_adapter(req.body(), m.id == route_id::load_lora_adapter, std::move(reply));
     case route_id::model_card:
       return info_of(
           model,

@@ -122,12 +122,14 @@ struct http_server::impl {
 
   /// One model as /v1/models lists it.
   json model_card(const actors::model_info& i) const {
+    // A LoRA adapter's card, as vLLM's: its folder as root, its base as parent.
+    const bool adapter = !i.config.base.empty();
     return json{{"id", i.config.name},
                 {"object", "model"},
                 {"created", started},
                 {"owned_by", "computron"},
-                {"root", i.config.name},
-                {"parent", nullptr},
+                {"root", adapter ? i.config.weights_path : i.config.name},
+                {"parent", adapter ? json(i.config.base) : json(nullptr)},
                 {"max_model_len", i.max_positions}};
   }
 
@@ -199,6 +201,9 @@ struct http_server::impl {
   void with_text(const std::string& model, OnOk ok, OnErr fail);
   /// POST /tokenize and /detokenize, as vLLM serves them.
   void tokenize(const std::string& body, bool forward, responder reply);
+  /// POST /v1/load_lora_adapter and /v1/unload_lora_adapter, as vLLM serves them
+  /// (lora_routes.cpp).
+  void lora_adapter(const std::string& body, bool load, responder reply);
 
   /// Routes one request; every path ends in exactly one call of `reply`, or in a stream
   /// opened with `open_sse` and ended. Inference registers with `on_gone`.

@@ -30,6 +30,8 @@ constexpr fixed_route fixed_routes[] = {
     {"/version", "GET", route_id::version},
     {"/tokenize", "POST", route_id::tokenize},
     {"/detokenize", "POST", route_id::detokenize},
+    {"/v1/load_lora_adapter", "POST", route_id::load_lora_adapter},
+    {"/v1/unload_lora_adapter", "POST", route_id::unload_lora_adapter},
 };
 
 bool starts_with(std::string_view s, std::string_view prefix) {

@@ -36,6 +36,8 @@ enum class route_id {
   tokenize,
   detokenize,
   model_card,
+  load_lora_adapter,
+  unload_lora_adapter,
 };
 
 struct route_match {
