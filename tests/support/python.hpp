@@ -5,7 +5,7 @@
 #include <string>
 
 /// The Python environment scripts/setup fills outside the clone (torch, transformers,
-/// tokenizers, jinja2, openai, gguf: the Python oracles and clients the tests run):
+/// tokenizers, jinja2, openai, gguf, peft: the Python oracles and clients the tests run):
 /// $COMPUTRON_VENV, else ~/.cache/computron/venv.
 namespace computron::test {
 
