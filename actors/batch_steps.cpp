@@ -46,6 +46,9 @@ void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* er
 
 namespace {
 
+/// How long a running batch waits for a joining row's adapter lease (see join_rows).
+constexpr std::chrono::milliseconds join_adapter_wait{10000};
+
 /// Sends `req` to the first stage of every tensor-parallel rank of the batch's model (each
 /// rank's route runs through its stages) and joins their answers: `done` gets rank 0's
 /// (the sampling rank's). A rank that fails ends the batch.
@@ -242,11 +245,22 @@ void join_rows(manager_pointer self, const batch_ptr& b, const sched::join_plan&
     }
   }
   // Rows with adapters the batch does not hold yet join once those are leased; a row
-  // whose adapter cannot be had fails alone (the next boundary no longer counts it).
-  lease_adapters(self, b, joined, [=](std::map<std::string, caf::error> failed) mutable {
-    joined = drop_failed_adapters(self, b, std::move(joined), failed);
-    prefill_joiners(self, b, plan, step, previous, std::move(keep), std::move(joined));
-  });
+  // whose adapter cannot be had fails alone (the next boundary no longer counts it). The
+  // batch waits meanwhile, so the wait is bounded: an adapter with no room beside the
+  // running rows' (their leases free it only when they end) fails its row with
+  // unavailable, which a client may retry, rather than stall the batch.
+  lease_adapters(
+      self, b, joined,
+      [=](std::map<std::string, caf::error> failed) mutable {
+        for (auto& [name, err] : failed)
+          if (err == caf::sec::request_timeout)
+            err = make_error(ec::unavailable, "LoRA adapter " + name +
+                                                  " found no room beside the rows running " +
+                                                  "with its base " + b->model + "; retry");
+        joined = drop_failed_adapters(self, b, std::move(joined), failed);
+        prefill_joiners(self, b, plan, step, previous, std::move(keep), std::move(joined));
+      },
+      join_adapter_wait);
 }
 
 /// join_rows' second half: `joined` (indices into b->rows) are prefilled and join.
@@ -408,6 +422,8 @@ void at_step_boundary(manager_pointer self, const batch_ptr& b, sched::dispatch_
     compact(b, stay);
     set_running(self, b, b->sent.size());
   }
+  // Adapters whose rows are done (or left) go back before any joiner asks for room.
+  release_unused_adapters(self, b, e.joins);
   auto joins = std::move(e.joins);
   auto next = sched::next_at_boundary(e, b->id, !b->sent.empty() || !joins.empty());
   for (auto& p : e.plans)

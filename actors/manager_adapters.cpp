@@ -27,7 +27,8 @@ std::string registered_name(const model_manager_state& st, const std::string& na
 }
 
 void lease_adapters(manager_pointer self, const batch_ptr& b, const std::vector<size_t>& rows,
-                    std::function<void(std::map<std::string, caf::error>)> done) {
+                    std::function<void(std::map<std::string, caf::error>)> done,
+                    std::chrono::milliseconds timeout) {
   auto& st = self->state;
   std::set<std::string> wanted;
   for (auto r : rows) {
@@ -40,7 +41,8 @@ void lease_adapters(manager_pointer self, const batch_ptr& b, const std::vector<
   for (auto& name : wanted) {
     // The scheduler answers every acquire; the timeout bounds a wait for room that others'
     // leases hold.
-    self->request(st.scheduler, st.opts.acquire_timeout, acquire_atom_v, name)
+    self->request(st.scheduler, timeout.count() > 0 ? timeout : st.opts.acquire_timeout,
+                  acquire_atom_v, name)
         .then(
             [=](lease& l) {
               b->adapters.insert(name);
@@ -53,6 +55,26 @@ void lease_adapters(manager_pointer self, const batch_ptr& b, const std::vector<
               (*failed)[name] = with_context(err, "LoRA adapter " + name);
               if (--*left == 0) done(std::move(*failed));
             });
+  }
+}
+
+void release_unused_adapters(manager_pointer self, const batch_ptr& b,
+                             const std::vector<sched::join_plan>& joins) {
+  std::set<std::string> used;
+  for (auto& j : joins)
+    for (auto& row : j.rows)
+      if (auto q = self->state.waiting.find(row.key); q != self->state.waiting.end())
+        used.insert(q->second.adapter);
+  for (auto* rows : {&b->sent, &b->pending})
+    for (auto r : *rows)
+      if (r < b->rows.size() && !b->rows[r].adapter.empty()) used.insert(b->rows[r].adapter);
+  for (auto i = b->adapters.begin(); i != b->adapters.end();) {
+    if (used.count(*i) > 0) {
+      ++i;
+      continue;
+    }
+    self->send(self->state.scheduler, release_atom_v, *i);
+    i = b->adapters.erase(i);
   }
 }
 

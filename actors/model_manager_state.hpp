@@ -219,11 +219,18 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vecto
 /// or for "base:name" the adapter `name` of the model `base` (SGLang's form).
 std::string registered_name(const model_manager_state& st, const std::string& name);
 /// Leases the adapters of b's `rows` (indices into b->rows) that b does not hold yet;
-/// `done` gets those that could not be leased, with why.
+/// `done` gets those that could not be leased, with why. `timeout`: how long the scheduler
+/// may take (0: the manager's acquire timeout).
 void lease_adapters(manager_pointer self, const batch_ptr& b, const std::vector<size_t>& rows,
-                    std::function<void(std::map<std::string, caf::error>)> done);
+                    std::function<void(std::map<std::string, caf::error>)> done,
+                    std::chrono::milliseconds timeout = {});
 /// Gives back every adapter lease b holds.
 void release_adapters(manager_pointer self, const batch_ptr& b);
+/// Gives back the adapter leases of b that none of its running or joining rows uses (nor
+/// the rows of `joins`, about to join): an adapter whose rows are done may make room for a
+/// joining row's (the batch would wait on itself otherwise).
+void release_unused_adapters(manager_pointer self, const batch_ptr& b,
+                             const std::vector<sched::join_plan>& joins);
 /// Fails the rows of `rows` whose adapter is in `failed`; returns the others.
 std::vector<size_t> drop_failed_adapters(manager_pointer self, const batch_ptr& b,
                                          std::vector<size_t> rows,

@@ -135,8 +135,8 @@ static void register_placed(registry_pointer self, model_config requested, regis
 /// weights are at that path; else one named as the path's last part (a hub id such as
 /// "org/Llama-3.2-1B" names the model served as Llama-3.2-1B), or whose folder is so named.
 /// PEFT's base_model_name_or_path is whatever the trainer had, so a served model stands
-/// for it only when exactly one fits; where none does and one model is served, that one.
-/// Empty: none, or several.
+/// for it only when exactly one fits; where none does, it is a path or hub id and one
+/// model is served, that one. Empty: none, or several.
 static std::string find_base(const registry_state& st, const std::string& base) {
   if (st.registered.count(base) > 0) return base;
   auto last_part = [](std::string p) {
@@ -159,12 +159,16 @@ static std::string find_base(const registry_state& st, const std::string& base) 
   }
   if (at_path.size() == 1) return at_path.front();
   if (at_path.empty() && by_name.size() == 1) return by_name.front();
-  // Nothing fits, and one model is served: vLLM's rule (its adapters are all of the one
-  // model it serves). A wrong base is still refused, by the adapter's shapes.
+  // A path or hub id (PEFT's base_model_name_or_path, as the trainer had it) that fits
+  // nothing, and one model served: vLLM's rule (its adapters are all of the one model it
+  // serves); a wrong base is still refused, by the adapter's shapes. A plain name is the
+  // operator's own word, and must name a model.
   std::vector<std::string> bases;
   for (auto& [name, m] : st.registered)
     if (m.base.empty()) bases.push_back(name);
-  if (at_path.empty() && by_name.empty() && bases.size() == 1) return bases.front();
+  if (base.find('/') != std::string::npos && at_path.empty() && by_name.empty() &&
+      bases.size() == 1)
+    return bases.front();
   return {};
 }
 

@@ -206,7 +206,46 @@ caf::expected<sim::sim_config> sim_config_from(const serve_config& cfg,
   const std::vector<uint64_t> usable(
       static_cast<size_t>(count),
       capacity > out.workspace_bytes ? capacity - out.workspace_bytes : 0);
+  // Models as resolved so far: an adapter takes its base's kind, shape, dtype and devices,
+  // as registration gives them (actors/registration.cpp).
+  std::map<std::string, actors::model_config> resolved;
   for (auto model : cfg.models) {
+    if (!model.base.empty()) {
+      auto b = resolved.find(model.base);
+      if (b == resolved.end() && resolved.size() == 1) b = resolved.begin();
+      if (b == resolved.end())
+        return bad("adapter " + model.name + " names base " + model.base +
+                   ", which the simulator cannot tell among the models (name it by its name)");
+      auto a = b->second;
+      a.name = model.name;
+      a.base = b->first;
+      a.weights_path = model.weights_path;
+      a.checkpoint_dtype.clear();
+      a.seed = model.seed;
+      a.pinned = model.pinned;
+      a.priority = model.priority;
+      a.toy_shard_bytes = model.toy_shard_bytes > 0
+                              ? model.toy_shard_bytes
+                              : std::max<uint64_t>(1, b->second.toy_shard_bytes / 16);
+      auto base_sim = std::find_if(out.models.begin(), out.models.end(),
+                                   [&](auto& x) { return x.name == b->first; });
+      if (base_sim == out.models.end()) return bad("adapter " + model.name + ": no base");
+      sim::sim_model m = *base_sim;
+      m.name = a.name;
+      m.base = a.base;
+      m.pinned = a.pinned;
+      m.priority = a.priority;
+      m.kv_block_bytes.clear();
+      m.shard_bytes.clear();
+      for (int32_t k = 0; k < a.pp; ++k)
+        for (int32_t r = 0; r < a.tp; ++r) {
+          auto layout = engines.at(a.kind)->layout(actors::shard_spec{a, r, k, {}});
+          if (!layout) return with_context(layout.error(), "adapter " + a.name);
+          m.shard_bytes.push_back(layout->total_bytes());
+        }
+      out.models.push_back(std::move(m));
+      continue;
+    }
     model = actors::resolve_dtype(std::move(model), kinds);
     if (model.devices.empty() && model.tp >= 1 && model.pp >= 1 && model.tp * model.pp <= count &&
         engines.count(model.kind) > 0) {
@@ -260,6 +299,7 @@ caf::expected<sim::sim_config> sim_config_from(const serve_config& cfg,
       double weights = static_cast<double>(total) / bytes_per_weight;
       m.step_per_token_s = 2 * weights / (flops * static_cast<double>(m.devices.size()));
     }
+    resolved[model.name] = model;
     out.models.push_back(std::move(m));
   }
   if (auto err = sim::check(out)) return err;

@@ -1,5 +1,6 @@
 // The simulator's configuration: the cost model's profiles, its load times, and the
 // checks a config passes before a run (simulator.cpp runs it).
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -46,6 +47,21 @@ caf::error check(const sim_config& cfg) {
     if (m.layers < 1) return bad("model " + m.name + " needs at least one layer per stage");
     if (!m.kv_block_bytes.empty() && m.kv_block_bytes.size() != m.devices.size())
       return bad("model " + m.name + " needs a KV block size per shard, or none");
+    if (!m.base.empty()) {
+      // An adapter runs in its base's batches: the base is a whole model listed before it,
+      // on the same devices.
+      auto b = std::find_if(cfg.models.begin(), cfg.models.end(),
+                            [&](auto& x) { return x.name == m.base; });
+      if (b == cfg.models.end() || b >= std::find_if(cfg.models.begin(), cfg.models.end(),
+                                                     [&](auto& x) { return &x == &m; }))
+        return bad("adapter " + m.name + " names base " + m.base +
+                   ", which is not listed before it");
+      if (!b->base.empty())
+        return bad("adapter " + m.name + "'s base " + m.base + " is an adapter");
+      if (b->devices != m.devices || b->tp != m.tp || b->pp != m.pp)
+        return bad("adapter " + m.name + " must run on its base " + m.base + "'s devices");
+      if (!m.kv_block_bytes.empty()) return bad("adapter " + m.name + " keeps no KV of its own");
+    }
   }
   auto& c = cfg.cost;
   for (double x : {c.link_efficiency, c.load_overhead_s, c.evict_s, c.stage_overhead_s,

@@ -3,6 +3,7 @@
 // The simulator's records of what is in flight (internal to sim/): events on its heap,
 // requests, batches as they run step by step, and loads per pipeline stage.
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "sched/batching.hpp"
@@ -24,10 +25,14 @@ struct event {
 
 struct request {
   time_point arrival{};
+  /// The model whose queue and batches it runs in (an adapter's base).
   uint32_t model = 0;
   int64_t prompt_len = 0;
   int64_t max_tokens = 0;
   bool measured = true;
+  /// Its LoRA adapter's model id (no_adapter: none).
+  static constexpr uint32_t no_adapter = UINT32_MAX;
+  uint32_t adapter = no_adapter;
 };
 
 /// A batch the dispatch core formed, under its number (which is also its waiter number
@@ -54,6 +59,12 @@ struct batch {
   /// running rows' step follows it; and the chunked prefill under way, since when.
   bool chunk_step = false;
   sched::batch_id chunking = 0;
+  /// LoRA adapters: those it holds leases on, and while some are asked for, how many
+  /// answers are still to come and what then continues (the lease's start, or a join's
+  /// prefill).
+  std::vector<uint32_t> adapters;
+  size_t adapters_asked = 0;
+  std::function<void()> after_adapters;
   /// Keeps the rows for which `keep(i)` holds, with their entries in the per-row lists
   /// (`keep` may still read row i: the lists change after the last call).
   template <class F>

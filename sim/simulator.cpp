@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <queue>
@@ -41,7 +42,7 @@ class simulator {
     if (!disp_) return make_error(why.code, why.reason);
     for (auto& m : cfg_.models) {
       auto id = core_->ledger().add(
-          m.name, {m.devices, m.shard_bytes, m.pinned, m.priority, m.kv_block_bytes}, &why);
+          m.name, {m.devices, m.shard_bytes, m.pinned, m.priority, m.kv_block_bytes, m.base}, &why);
       if (!id) return make_error(why.code, why.reason);
       // Model ids agree between the two cores: both number models in this order.
       auto index =
@@ -72,7 +73,7 @@ class simulator {
     double offset_s = 0;
     if (cfg_.warm_up) {
       for (uint32_t m = 0; m < cfg_.models.size(); ++m) {
-        requests_.push_back({at(offset_s), m, cfg_.prompt_len, cfg_.max_tokens, false});
+        requests_.push_back(for_model({at(offset_s), m, cfg_.prompt_len, cfg_.max_tokens, false}));
         next_arrival_ = requests_.size() - 1;
         loop_until_idle();
         offset_s = std::max(offset_s, seconds(now_)) + 1.0;
@@ -90,7 +91,7 @@ class simulator {
       r.model = model_of_[a.model];
       r.prompt_len = a.prompt_len > 0 ? a.prompt_len : cfg_.prompt_len;
       r.max_tokens = a.max_tokens > 0 ? a.max_tokens : cfg_.max_tokens;
-      requests_.push_back(r);
+      requests_.push_back(for_model(r));
     }
     // Arrivals enter the queue lazily, in order (they are sorted), so the heap stays small.
     next_arrival_ = first_measured_;
@@ -118,6 +119,20 @@ class simulator {
 
  private:
   static time_point at(double s) { return time_point{} + sched::from_seconds(s); }
+
+  /// `r` for model `r.model` as it runs: an adapter's request in its base's queue.
+  request for_model(request r) const {
+    auto& base = cfg_.models[r.model].base;
+    if (base.empty()) return r;
+    r.adapter = r.model;
+    r.model = static_cast<uint32_t>(*core_->ledger().find(base));
+    return r;
+  }
+
+  /// The name a request is answered under: its adapter's, else its model's.
+  const std::string& served_name(const request& r) const {
+    return cfg_.models[r.adapter != request::no_adapter ? r.adapter : r.model].name;
+  }
   static double seconds(time_point t) { return sched::seconds_between(time_point{}, t); }
   double rel(time_point t) const { return sched::seconds_between(origin_, t); }
 
@@ -156,9 +171,11 @@ class simulator {
 
   void fail(uint64_t key, int status, const char* kind) {
     auto& r = requests_[key];
-    if (!r.measured) return;
+    // A row whose adapter could not be leased is answered once (the dispatch core then
+    // drops it from its batch as cancelled).
+    if (!r.measured || !failed_.insert(key).second) return;
     workload::request_record rec;
-    rec.model = cfg_.models[r.model].name;
+    rec.model = served_name(r);
     rec.arrival_s = rel(r.arrival);
     rec.sent_s = rec.arrival_s;
     rec.done_s = rel(now_) + cfg_.cost.request_overhead_s;
@@ -191,7 +208,13 @@ class simulator {
     for (auto& f : e.failures) fail(f.row.key, 503, "http_503");
     for (auto& r : e.kv_returns) carry_out(core_->kv_return(r.model, r.blocks, now_));
     for (auto& r : e.releases) {
-      batches_.erase(r.batch);  // one that ended before it ran; batch_done erased the rest
+      // One that ended before it ran gives its adapters back too; batch_done erased the
+      // rest.
+      if (auto i = batches_.find(r.batch); i != batches_.end()) {
+        auto adapters = std::move(i->second.adapters);
+        batches_.erase(i);
+        for (auto a : adapters) carry_out(core_->release(a, now_));
+      }
       carry_out(core_->release(r.model, now_));
     }
     for (auto& s : e.started) {
@@ -201,7 +224,8 @@ class simulator {
       b.joined.assign(b.rows.size(), false);
       b.left.clear();
       for (auto& row : b.rows) b.left.push_back(requests_[row.key].max_tokens);
-      push(run_step(b, s.start, s.plan.tokens()), event_kind::step_done, s.id);
+      push(run_step(b, std::max(s.start, adapters_ready(b)), s.plan.tokens()),
+           event_kind::step_done, s.id);
     }
     for (auto& f : e.formed) {
       batch b;
@@ -240,6 +264,12 @@ class simulator {
         carry_out(std::move(d));
     }
     for (auto& f : e.failures) {
+      if (auto a = adapter_waiters_.find(f.waiter); a != adapter_waiters_.end()) {
+        auto [id, adapter] = a->second;
+        adapter_waiters_.erase(a);
+        adapter_answered(id, adapter, false);
+        continue;
+      }
       auto i = batches_.find(f.waiter);
       if (i == batches_.end()) continue;
       for (auto& r : i->second.rows) fail(r.key, 503, "http_503");
@@ -248,8 +278,15 @@ class simulator {
     }
   }
 
-  /// A batch got its lease; the reply reaches the manager a round trip later.
+  /// A batch got its lease; the reply reaches the manager a round trip later. Then, as the
+  /// manager does, it leases its rows' adapters before the dispatch core hears of it.
   void lease(const sched::lease_grant& g) {
+    if (auto a = adapter_waiters_.find(g.waiter); a != adapter_waiters_.end()) {
+      auto [id, adapter] = a->second;
+      adapter_waiters_.erase(a);
+      adapter_answered(id, adapter, true);
+      return;
+    }
     auto& b = batches_.at(g.waiter);
     auto& l = core_->ledger();
     b.swapped = g.loaded;
@@ -267,7 +304,64 @@ class simulator {
         if (l.state_of(o) == model_state::resident) resident.push_back(o);
       info.resident = std::move(resident);
     }
-    carry_out(disp_->leased(g.waiter, info, now_));
+    auto id = g.waiter;
+    lease_adapters(id, b.rows, [this, id, info] { carry_out(disp_->leased(id, info, now_)); });
+  }
+
+  /// Leases the adapters of `rows` that batch `id` does not hold yet, then runs `then`
+  /// (at once when there are none).
+  void lease_adapters(sched::batch_id id, const std::vector<sched::queued_entry>& rows,
+                      std::function<void()> then) {
+    auto& b = batches_.at(id);
+    std::set<uint32_t> wanted;
+    for (auto& row : rows) {
+      auto a = requests_[row.key].adapter;
+      if (a != request::no_adapter &&
+          std::find(b.adapters.begin(), b.adapters.end(), a) == b.adapters.end())
+        wanted.insert(a);
+    }
+    if (wanted.empty()) return then();
+    b.adapters_asked = wanted.size();
+    b.after_adapters = std::move(then);
+    for (auto a : wanted) {
+      auto w = next_adapter_waiter_++;
+      adapter_waiters_[w] = {id, a};
+      carry_out(core_->acquire(a, w, now_));
+    }
+  }
+
+  /// An adapter lease of batch `id` was granted (ok) or refused: a refused one's rows fail
+  /// (503, as the runtime's refusals do) and leave the batch.
+  void adapter_answered(sched::batch_id id, uint32_t adapter, bool ok) {
+    auto i = batches_.find(id);
+    if (i == batches_.end()) {
+      if (ok) carry_out(core_->release(adapter, now_));
+      return;
+    }
+    auto& b = i->second;
+    if (ok) {
+      b.adapters.push_back(adapter);
+    } else {
+      for (auto& row : b.rows)
+        if (requests_[row.key].adapter == adapter) {
+          fail(row.key, 503, "http_503");
+          disp_->cancel(id, row.key);
+        }
+      for (auto& row : b.joining)
+        if (requests_[row.key].adapter == adapter) fail(row.key, 503, "http_503");
+    }
+    if (--b.adapters_asked > 0) return;
+    auto then = std::move(b.after_adapters);
+    b.after_adapters = nullptr;
+    then();
+  }
+
+  /// When the bytes of every adapter batch `b` holds are on its devices.
+  time_point adapters_ready(const batch& b) const {
+    time_point t{};
+    for (auto a : b.adapters)
+      for (auto& st : stage_loads_[a]) t = std::max(t, st.to);
+    return t;
   }
 
   void start_transfer(model_id m, bool load) {
@@ -379,7 +473,7 @@ class simulator {
     last_done_ = std::max(last_done_, now_);
     if (!r.measured) return;
     workload::request_record rec;
-    rec.model = cfg_.models[b.model].name;
+    rec.model = served_name(r);
     rec.arrival_s = rel(r.arrival);
     rec.sent_s = rec.arrival_s;
     rec.done_s = rel(now_) + cfg_.cost.request_overhead_s;
@@ -459,7 +553,9 @@ class simulator {
       for (auto& r : it->second.rows) fail(r.key, 409, "http_409");
       for (auto& r : it->second.joining) fail(r.key, 409, "http_409");
     }
+    auto adapters = std::move(it->second.adapters);
     batches_.erase(it);
+    for (auto a : adapters) carry_out(core_->release(a, now_));
     carry_out(disp_->batch_done(id, now_, !stuck, compute_s, steps));
   }
 
@@ -482,12 +578,24 @@ class simulator {
       requests_[key].max_tokens = row.steps;
     }
     b.keep_rows([&](size_t i) { return !leavers.leaves(b.rows[i].key); });
+    // Adapters whose rows are done (or left) go back before any joiner asks for room, as
+    // the manager gives them back.
+    std::set<uint32_t> used;
+    for (auto& row : b.rows) used.insert(requests_[row.key].adapter);
+    for (auto& j : e.joins)
+      for (auto& row : j.rows) used.insert(requests_[row.key].adapter);
+    std::vector<uint32_t> kept, unused;
+    for (auto a : b.adapters) (used.count(a) > 0 ? kept : unused).push_back(a);
+    b.adapters = std::move(kept);
+    // (Releasing may start other batches, which moves this one's entry.)
+    for (auto a : unused) carry_out(core_->release(a, now_));
     auto joins = std::move(e.joins);
     // Here the residency core answers a KV ask at once: the batch must be known to wait
     // before the ask is carried out.
-    auto next = sched::next_at_boundary(e, id, !b.rows.empty() || !joins.empty());
+    auto& bn = batches_.at(id);
+    auto next = sched::next_at_boundary(e, id, !bn.rows.empty() || !joins.empty());
     for (auto& p : e.plans)
-      if (p.batch == id) b.next = std::move(p);
+      if (p.batch == id) bn.next = std::move(p);
     if (next == sched::boundary_next::wait) at_boundary_.insert(id);
     carry_out(std::move(e));
     if (next == sched::boundary_next::wait) return;
@@ -500,8 +608,19 @@ class simulator {
       push(run_step(bb, now_, bb.next.tokens()), event_kind::step_done, id);
       return;
     }
-    // The joiners' prefill, as its own step (the manager's join_rows), whole or a chunk.
-    auto& plan = joins.front();
+    // The joiners' prefill, as its own step (the manager's join_rows), whole or a chunk,
+    // once their adapters are leased.
+    auto plan = joins.front();
+    auto rows = plan.rows;
+    lease_adapters(id, rows, [this, id, plan]() mutable { prefill_joiners(id, std::move(plan)); });
+  }
+
+  void prefill_joiners(sched::batch_id id, sched::join_plan plan) {
+    auto& bb = batches_.at(id);
+    // Joiners whose adapter was refused are answered: they join nothing.
+    plan.rows.erase(std::remove_if(plan.rows.begin(), plan.rows.end(),
+                                   [&](auto& row) { return failed_.count(row.key) > 0; }),
+                    plan.rows.end());
     const auto tokens = plan.step.tokens();
     // The joiners left the queue at their first chunk.
     if (bb.chunking != plan.id) bb.joining_since = now_;
@@ -512,7 +631,7 @@ class simulator {
       bb.chunking = 0;
       bb.joining = std::move(plan.rows);
     }
-    push(run_step(bb, now_, tokens), event_kind::step_done, id);
+    push(run_step(bb, std::max(now_, adapters_ready(bb)), tokens), event_kind::step_done, id);
   }
 
   const sim_config& cfg_;
@@ -533,6 +652,12 @@ class simulator {
   std::set<sched::batch_id> at_boundary_;
   uint64_t preemptions_ = 0;
   uint64_t replans_ = 0;
+  /// Requests answered with an error (each once).
+  std::set<uint64_t> failed_;
+  /// Adapter leases asked for, by their waiter number (apart from the batches' own): the
+  /// batch and the adapter.
+  std::unordered_map<sched::waiter_id, std::pair<sched::batch_id, uint32_t>> adapter_waiters_;
+  sched::waiter_id next_adapter_waiter_ = sched::waiter_id{1} << 62;
   uint64_t peak_kv_bytes_ = 0;
   std::priority_queue<event, std::vector<event>, std::greater<event>> heap_;
   uint64_t seq_ = 0;

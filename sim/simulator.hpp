@@ -51,6 +51,11 @@ struct sim_model {
   /// Latency objective of one request, seconds (0: none): what automatic gpu-lets size
   /// its share for.
   double slo_s = 0;
+  /// A LoRA adapter's: its base (listed before it, on the same devices). Its requests wait
+  /// in the base's queue and run in the base's batches, which lease it beside the base
+  /// from their first step to their end, as the model manager's do; its step costs are
+  /// the base's. Empty: a whole model.
+  std::string base{};
 };
 
 /// What things cost. Defaults are this project's emulated devices; see

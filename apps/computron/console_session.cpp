@@ -176,18 +176,19 @@ outcome session::models() {
   if (!ms) return fail(render(ms.error()));
   // "x ckpt": bytes on the devices over the checkpoint's (what a swap moves per byte of
   // weights; above 1 only by what the ranks replicate).
-  std::string out = fmt::format("{:<20} {:<12} {:>5} {:>10} {:>7} {:>6} {:>6} {:>8} {:>9} {:>6}\n",
-                                "model", "state", "tp*pp", "MiB", "KV MiB", "x ckpt", "queued",
-                                "served", "idle s", "pinned");
+  // "adapter of": a LoRA adapter's base (it loads after it and goes with it).
+  std::string out = fmt::format(
+      "{:<20} {:<12} {:>5} {:>10} {:>7} {:>6} {:>6} {:>8} {:>9} {:>6}  {}\n", "model", "state",
+      "tp*pp", "MiB", "KV MiB", "x ckpt", "queued", "served", "idle s", "pinned", "adapter of");
   for (auto& m : *ms)
     out += fmt::format(
-        "{:<20} {:<12} {:>5} {:>10.1f} {:>7.1f} {:>6} {:>6} {:>8} {:>9} {:>6}\n", m.config.name,
+        "{:<20} {:<12} {:>5} {:>10.1f} {:>7.1f} {:>6} {:>6} {:>8} {:>9} {:>6}  {}\n", m.config.name,
         to_string(m.state), fmt::format("{}x{}", m.config.tp, m.config.pp),
         static_cast<double>(m.bytes) / mib, static_cast<double>(m.kv_bytes) / mib,
         m.weight_bytes > 0 ? fmt::format("{:.3f}", static_cast<double>(m.bytes) / m.weight_bytes)
                            : std::string{"-"},
         m.queued, m.served, m.idle_s < 0 ? std::string{"never"} : fmt::format("{:.1f}", m.idle_s),
-        m.config.pinned ? "yes" : "no");
+        m.config.pinned ? "yes" : "no", m.config.base.empty() ? "-" : m.config.base);
   return {out};
 }
 

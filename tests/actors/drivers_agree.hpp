@@ -42,6 +42,8 @@ struct model_def {
   std::vector<int32_t> devices{};
   uint64_t shard_bytes = 0;
   double step_ms = 0;
+  /// A LoRA adapter's base (its devices and pp are the base's; its step is the base's).
+  std::string base{};
 };
 
 struct arrival_def {
@@ -201,7 +203,9 @@ inline effects run_simulator(const scenario& s) {
     sm.devices = m.devices;
     sm.shard_bytes.assign(m.devices.size(), m.shard_bytes);
     sm.step_s = m.step_ms / 1e3;
-    if (s.kv_block_bytes > 0) sm.kv_block_bytes.assign(m.devices.size(), s.kv_block_bytes);
+    sm.base = m.base;
+    if (s.kv_block_bytes > 0 && m.base.empty())
+      sm.kv_block_bytes.assign(m.devices.size(), s.kv_block_bytes);
     cfg.models.push_back(sm);
     w.models.push_back(m.name);
   }
@@ -350,6 +354,12 @@ inline shard_worker_actor::behavior_type paced_worker(shard_worker_actor::pointe
         const double part = w->step_s[r.model] / static_cast<double>(stages.size());
         auto now = self->clock().now();
         auto t = now;
+        // Rows with adapters (named at their first step) start once the adapters' bytes
+        // are there, as the forward waits for them.
+        for (auto& a : r.adapters)
+          for (auto& [stage, dev] : stages)
+            if (auto e = w->load_end.find({a, dev}); !a.empty() && e != w->load_end.end())
+              t = std::max(t, e->second);
         for (auto& [stage, dev] : stages) {
           const auto k = static_cast<size_t>(stage);
           const int32_t lane = k < r.lanes.size() ? r.lanes[k] : 0;
@@ -497,6 +507,7 @@ struct actors_driver {
       c.devices = m.devices;
       c.toy_shard_bytes = m.shard_bytes;
       c.toy_compute_ms = m.step_ms;
+      c.base = m.base;
       auto info = fx.ask<model_info>(registry, register_atom_v, c);
       INFO("registering " << m.name);
       REQUIRE(info);

@@ -214,3 +214,37 @@ TEST_CASE("the actors and the simulator agree on gpu-lets: lanes at their share,
   // c shares a's lane in time: it starts when a's batch ended.
   CHECK(simulated.outcomes[2].done_s > simulated.outcomes[0].done_s + 0.03);
 }
+
+TEST_CASE("the actors and the simulator agree on LoRA adapters: leased per batch, evicted first",
+          "[drivers][adapters]") {
+  // A base and three adapters on one device with room for the base and two of them: two
+  // adapters' rows share the base's first batch (each adapter loads after the base), a
+  // third adapter's row joins it at a step boundary (its load evicts an idle adapter,
+  // never the base under its running batch), the base's own rows run beside them.
+  for (bool overlap : {false, true}) {
+    INFO("compute while loading " << overlap);
+    scenario s;
+    s.capacity_bytes = {100 * mb};
+    s.models = {{"b", 1, {0}, 60 * mb, 10},
+                {"a1", 1, {0}, 15 * mb, 0, "b"},
+                {"a2", 1, {0}, 15 * mb, 0, "b"},
+                {"a3", 1, {0}, 15 * mb, 0, "b"}};
+    s.batching.batch_window = 5ms;
+    s.batching.max_batch_size = 8;
+    s.compute_while_loading = overlap;
+    s.arrivals = {{0, "a1", 6}, {1, "a2", 2}, {2, "b", 2}, {120, "a3", 2}, {121, "b", 1}};
+    auto simulated = check_drivers_agree(s);
+    REQUIRE(simulated.outcomes.size() == 5);
+    for (auto& o : simulated.outcomes) CHECK(o.status == 200);
+    auto starts = names_of(decisions_of(simulated.starts));
+    INFO(render_groups(decisions_of(simulated.starts)));
+    // The base first, then its adapters; a3's load had to evict an adapter (a2, the one
+    // whose rows were done), not the base.
+    REQUIRE(starts.size() >= 4);
+    CHECK(starts[0] == "load b@0");
+    CHECK(std::count(starts.begin(), starts.end(), "evict b@0") == 0);
+    CHECK(std::find(starts.begin(), starts.end(), "load a3@0") != starts.end());
+    CHECK(std::count_if(starts.begin(), starts.end(),
+                        [](auto& x) { return x.rfind("evict a", 0) == 0; }) >= 1);
+  }
+}

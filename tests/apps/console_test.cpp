@@ -36,7 +36,8 @@ struct controller {
   uint16_t http_port = 0;
   uint16_t console_port = 0;
 
-  explicit controller(const json& gpulets = nullptr) {
+  /// `adapter`: alpha also serves a LoRA adapter, alpha-lora (toy: a byte of its own per row).
+  explicit controller(const json& gpulets = nullptr, bool adapter = false) {
     fs::create_directories(dir);
     auto toy = [](const std::string& name, int seed) {
       return json{{"name", name},      {"kind", "toy"}, {"tp", 2},
@@ -47,6 +48,9 @@ struct controller {
              {"console_port", 0},
              {"batching", {{"batch_window_ms", 1}}},
              {"models", {toy("alpha", 1), toy("beta", 2)}}};
+    if (adapter)
+      cfg["models"].push_back(
+          {{"name", "alpha-lora"}, {"base", "alpha"}, {"seed", 3}, {"toy_shard_bytes", 1 << 16}});
     if (!gpulets.is_null()) cfg["devices"]["gpulets"] = gpulets;
     std::ofstream{dir + "/config.json"} << cfg.dump();
     proc = std::make_unique<child_process>(std::vector<std::string>{
@@ -138,6 +142,35 @@ TEST_CASE("a scripted console session runs every command against the controller"
                 std::to_string(data[2].get<int64_t>());
   CHECK(r.all.find(tokens + "\nqueue ") != std::string::npos);
   CHECK(r.all.find("compute") != std::string::npos);
+}
+
+TEST_CASE("the console loads, serves and unloads a LoRA adapter beside its base",
+          "[apps][console][adapters]") {
+  controller c{nullptr, true};
+  auto r = test::run(c.console("-c 'models; load alpha-lora; models; infer alpha-lora 1 2 3 "
+                               "max_tokens=2; infer alpha 1 2 3 max_tokens=2; unload alpha; "
+                               "models'"),
+                     true);
+  INFO(r.all);
+  CHECK(r.exit_code == 0);
+  // Its base is listed beside it; loading it brings the base; evicting the base takes it.
+  CHECK(r.all.find("adapter of") != std::string::npos);
+  CHECK(r.all.find("alpha-lora: resident") != std::string::npos);
+  CHECK(r.all.find("alpha: offloaded") != std::string::npos);
+  auto last = r.all.rfind("alpha-lora ");
+  REQUIRE(last != std::string::npos);
+  auto line = r.all.substr(last, r.all.find('\n', last) - last);
+  CHECK(line.find("offloaded") != std::string::npos);
+  CHECK(line.find(" alpha") != std::string::npos);
+  // The adapter's tokens differ from its base's for the same prompt.
+  auto first = r.all.find("\nqueue ");
+  auto second = r.all.find("\nqueue ", first + 1);
+  REQUIRE(second != std::string::npos);
+  auto tokens_before = [&](size_t at) {
+    auto start = r.all.rfind('\n', at - 1);
+    return r.all.substr(start + 1, at - start - 1);
+  };
+  CHECK(tokens_before(first) != tokens_before(second));
 }
 
 TEST_CASE("the console's devices view shows each device's gpu-lets", "[apps][console]") {
