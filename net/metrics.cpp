@@ -131,6 +131,12 @@ struct metrics::impl {
           .Name("computron_model_load_seconds_total")
           .Help("Seconds spent loading shards, by model and device")
           .Register(*reg);
+  // Where each model stands (a LoRA adapter too, under its own name): its shards on the
+  // devices now, loads up and evictions down.
+  pm::Family<pm::Gauge>& model_resident = pm::BuildGauge()
+                                              .Name("computron_model_resident_shards")
+                                              .Help("Shards of the model on its devices now")
+                                              .Register(*reg);
   pm::Family<pm::Counter>& model_bytes = pm::BuildCounter()
                                              .Name("computron_model_bytes_loaded_total")
                                              .Help("Bytes loaded, by model and device")
@@ -450,6 +456,7 @@ void metrics::transfer_done(const std::string& model, int32_t device, bool load,
   pm::Labels l{{"device", std::to_string(device)}};
   pm::Labels ml{{"model", model}, {"device", std::to_string(device)}};
   if (!load) {
+    impl_->model_resident.Add({{"model", model}}).Decrement();
     impl_->model_evictions.Add(ml).Increment();
     impl_->evictions.Add(l).Increment();
     impl_->evict_seconds.Add(l, pm::Histogram::BucketBoundaries{1e-5, 1e-4, 0.001, 0.01, 0.1, 1})
@@ -458,6 +465,7 @@ void metrics::transfer_done(const std::string& model, int32_t device, bool load,
   }
   impl_->loads.Add(l).Increment();
   impl_->bytes_loaded.Add(l).Increment(static_cast<double>(bytes));
+  impl_->model_resident.Add({{"model", model}}).Increment();
   impl_->model_loads.Add(ml).Increment();
   impl_->model_bytes.Add(ml).Increment(static_cast<double>(bytes));
   impl_->model_load_seconds.Add(ml).Increment(seconds);

@@ -203,4 +203,14 @@ TEST_CASE(
   auto loads = metrics.find("computron_model_loads_total{");
   REQUIRE(loads != std::string::npos);
   CHECK(metrics.find("model=\"extra\"", loads) != std::string::npos);
+  CHECK_THAT(metrics, Catch::Contains("computron_model_resident_shards{model=\"llama-sql\"} 1"));
+  // The status and the trace show adapters and their loads.
+  auto status = c->request("GET", "/v2/status").value().body;
+  CHECK_THAT(status, Catch::Contains("llama-sql"));
+  auto trace = json::parse(c->request("GET", "/v2/trace").value().body, nullptr, false);
+  bool adapter_load = false;
+  for (auto& e : trace["traceEvents"])
+    adapter_load = adapter_load ||
+                   (e.value("cat", "") == "load" && e.dump().find("extra") != std::string::npos);
+  CHECK(adapter_load);
 }
