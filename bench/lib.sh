@@ -34,12 +34,12 @@ serve_args() {  # LABEL ARGS...
   serve_wait "$label"
 }
 
-serve_wait() {  # LABEL
-  for _ in $(seq 1 120); do
+serve_wait() {  # LABEL (READY_WAIT_S: how long to wait, 120 s unless set)
+  for _ in $(seq 1 "${READY_WAIT_S:-120}"); do
     curl -sf "localhost:$port/v2/health/ready" >/dev/null 2>&1 && return 0
     sleep 1
   done
-  echo "the server ($1) was not ready within 120 s:" >&2
+  echo "the server ($1) was not ready within ${READY_WAIT_S:-120} s:" >&2
   tail -20 "$dir/serve-$1.log" >&2
   return 1
 }
