@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <map>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -230,8 +232,7 @@ class decoder_engine final : public engine {
   mutable std::set<std::string> warmed_;
 
   /// A LoRA adapter's part for one shard: its PEFT folder read against the base's shape,
-  /// cut as the base's shard is, in the base's dtype (models/lora_adapter.hpp). Read at
-  /// layout and again at fill: a folder of megabytes, once per registration.
+  /// cut as the base's shard is, in the base's dtype (models/lora_adapter.hpp).
   static caf::expected<models::lora_rank_adapter> adapter_part(const shard_spec& sh) {
     auto s = shape_of(sh.model);
     if (!s) return s.error();
@@ -239,6 +240,62 @@ class decoder_engine final : public engine {
     if (!a) return with_context(a.error(), "adapter " + sh.model.name);
     return models::slice_lora_adapter(*a, s->par, {sh.tp_rank, sh.pp_rank}, s->type);
   }
+
+  /// What names one adapter part: the shard, its base's shape and dtype, and the folder's
+  /// files as they are now (size and time), so that a folder changed on disk is read again.
+  static std::string part_key(const shard_spec& sh) {
+    namespace fs = std::filesystem;
+    std::string key =
+        fmt::format("{}|{}|{}|{}|{}|{}x{}|{}|{}|{}", sh.model.name, sh.model.weights_path,
+                    sh.model.kind, sh.model.spec, sh.model.arch, sh.model.tp, sh.model.pp,
+                    sh.tp_rank, sh.pp_rank, sh.model.dtype);
+    for (auto* f : {"adapter_config.json", "adapter_model.safetensors"}) {
+      std::error_code ec;
+      auto p = fs::path{sh.model.weights_path} / f;
+      auto size = fs::file_size(p, ec);
+      auto at = fs::last_write_time(p, ec);
+      key += fmt::format("|{}:{}", ec ? 0 : size, ec ? 0 : at.time_since_epoch().count());
+    }
+    return key;
+  }
+
+  /// Adapter layouts are asked for again and again (every registration sizes the models
+  /// already registered to place a new one), and each read converts and hashes the whole
+  /// folder: the table is kept per part, and the part itself until its fill, which follows
+  /// the layout of a registration (bounded: a part not filled is read again).
+  caf::expected<gpu::tensor_table> adapter_layout(const shard_spec& sh) const {
+    auto key = part_key(sh);
+    {
+      std::lock_guard<std::mutex> guard{parts_mtx_};
+      if (auto t = adapter_tables_.find(key); t != adapter_tables_.end()) return t->second;
+    }
+    auto part = adapter_part(sh);
+    if (!part) return part.error();
+    auto table = part->table;
+    std::lock_guard<std::mutex> guard{parts_mtx_};
+    adapter_tables_[key] = table;
+    if (unfilled_.size() >= max_unfilled_parts) unfilled_.erase(unfilled_.begin());
+    unfilled_[key] = std::move(*part);
+    return table;
+  }
+
+  caf::expected<models::lora_rank_adapter> adapter_to_fill(const shard_spec& sh) const {
+    auto key = part_key(sh);
+    {
+      std::lock_guard<std::mutex> guard{parts_mtx_};
+      if (auto p = unfilled_.find(key); p != unfilled_.end()) {
+        auto part = std::move(p->second);
+        unfilled_.erase(p);
+        return part;
+      }
+    }
+    return adapter_part(sh);
+  }
+
+  static constexpr size_t max_unfilled_parts = 64;
+  mutable std::mutex parts_mtx_;
+  mutable std::map<std::string, gpu::tensor_table> adapter_tables_;
+  mutable std::map<std::string, models::lora_rank_adapter> unfilled_;
 
  public:
   caf::error validate(const model_config& cfg,
@@ -281,11 +338,7 @@ class decoder_engine final : public engine {
   }
 
   caf::expected<gpu::tensor_table> layout(const shard_spec& sh) const override {
-    if (!sh.model.base.empty()) {
-      auto part = adapter_part(sh);
-      if (!part) return part.error();
-      return std::move(part->table);
-    }
+    if (!sh.model.base.empty()) return adapter_layout(sh);
     auto s = shape_of(sh.model);
     if (!s) return s.error();
     return models::shard_layout(s->spec, s->type, s->par, {sh.tp_rank, sh.pp_rank});
@@ -293,7 +346,7 @@ class decoder_engine final : public engine {
 
   caf::error fill(const shard_spec& sh, gpu::weight_shard& w) const override {
     if (!sh.model.base.empty()) {
-      auto part = adapter_part(sh);
+      auto part = adapter_to_fill(sh);
       if (!part) return part.error();
       if (part->host.size() != w.size_bytes())
         return make_error(

@@ -10,6 +10,7 @@
 
 #include "common/child_process.hpp"
 #include "net/client/http_client.hpp"
+#include "tests/support/kserve.hpp"
 #include "tests/support/llama_reference.hpp"
 #include "tests/support/python.hpp"
 #include "tests/support/run_binary.hpp"
@@ -25,16 +26,7 @@ namespace {
 const std::vector<int64_t> prompt = {1, 17, 200, 33, 5};
 
 json infer(net::http_client& c, const std::string& model, int64_t max_tokens) {
-  json body{{"inputs",
-             {{{"name", "input_ids"},
-               {"datatype", "INT64"},
-               {"shape", {1, static_cast<int64_t>(prompt.size())}},
-               {"data", prompt}}}},
-            {"parameters", {{"max_tokens", max_tokens}, {"temperature", 0}}}};
-  auto r = c.request("POST", "/v2/models/" + model + "/infer", body.dump()).value();
-  INFO(model << ": " << r.body);
-  REQUIRE(r.status == 200);
-  return json::parse(r.body)["outputs"][0]["data"];
+  return test::kserve_infer(c, model, prompt, max_tokens);
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// LoRA adapters served by the real `computron serve` process over HTTP: from the
+// LoRA adapters served by the real `computron serve` process over HTTP (the base split TP 2 x
+// PP 2): from the
 // repository (a PEFT folder beside its base's), from --lora-modules and from
 // POST /v1/load_lora_adapter, each answering the independent float64 reference of its base
 // with the adapter merged into the weights (W + alpha/r B A, computed here from the values
@@ -15,6 +16,7 @@
 #include "common/child_process.hpp"
 #include "models/checkpoint.hpp"
 #include "net/client/http_client.hpp"
+#include "tests/support/kserve.hpp"
 #include "tests/support/llama_reference.hpp"
 #include "tests/support/peft_folder.hpp"
 #include "tests/support/run_binary.hpp"
@@ -77,17 +79,7 @@ test::peft_folder adapter(const models::decoder_spec& spec, const std::string& d
 }
 
 json infer(net::http_client& c, const std::string& model, int expect = 200) {
-  json body{{"inputs",
-             {{{"name", "input_ids"},
-               {"datatype", "INT64"},
-               {"shape", {1, static_cast<int64_t>(prompt.size())}},
-               {"data", prompt}}}},
-            {"parameters", {{"max_tokens", steps}, {"temperature", 0}}}};
-  auto r = c.request("POST", "/v2/models/" + model + "/infer", body.dump()).value();
-  INFO(model << ": " << r.body);
-  REQUIRE(r.status == expect);
-  if (expect != 200) return json::parse(r.body, nullptr, false);
-  return json::parse(r.body)["outputs"][0]["data"];
+  return test::kserve_infer(c, model, prompt, steps, expect);
 }
 
 net::http_result post(net::http_client& c, const std::string& target, const json& body) {
@@ -103,6 +95,8 @@ TEST_CASE(
   test::temp_dir dir{"lora-serve"};
   auto repo = dir.path() + "/repo";
   test::write_tiny_llama_folder(repo + "/llama", {});
+  // Split as TP 2 x PP 2: each adapter is cut as its base is, per rank and stage.
+  std::ofstream{repo + "/llama/computron.json"} << json{{"tp", 2}, {"pp", 2}}.dump();
   auto hf = models::read_hf_config(repo + "/llama");
   REQUIRE(hf);
   auto base = test::llama_reference::open(repo + "/llama");
@@ -112,7 +106,7 @@ TEST_CASE(
   auto later = adapter(hf->spec, dir.path() + "/later", 44);
   // Rank 128 is over the server's maximum (64): refused when it registers, naming `r`.
   adapter(hf->spec, dir.path() + "/too-wide", 55, 128);
-  json cfg{{"devices", {{"kind", "emulated"}, {"count", 2}, {"capacity_mb", 64}, {"link_gbps", 1}}},
+  json cfg{{"devices", {{"kind", "emulated"}, {"count", 4}, {"capacity_mb", 64}, {"link_gbps", 1}}},
            {"http", {{"host", "127.0.0.1"}, {"port", 0}}},
            {"repository", "repo"}};
   std::ofstream{dir.path() + "/config.json"} << cfg.dump();
@@ -132,6 +126,15 @@ TEST_CASE(
   CHECK(infer(*c, "llama-sql") == want_sql);
   CHECK(infer(*c, "llama:llama-sql") == want_sql);  // SGLang's form
   CHECK(infer(*c, "extra") == want_extra);
+  // OpenAI's completions: the adapter named in `model`, which the answer carries back.
+  auto done =
+      post(*c, "/v1/completions",
+           {{"model", "llama-sql"}, {"prompt", prompt}, {"max_tokens", steps}, {"temperature", 0}});
+  INFO(done.body);
+  REQUIRE(done.status == 200);
+  auto completion = json::parse(done.body);
+  CHECK(completion["model"] == "llama-sql");
+  CHECK(completion["choices"][0]["token_ids"] == want_sql);
 
   // At once, each on its own connection: rows of one base batch with their own adapters.
   std::vector<std::pair<std::string, json>> cases{
@@ -203,7 +206,7 @@ TEST_CASE(
   auto loads = metrics.find("computron_model_loads_total{");
   REQUIRE(loads != std::string::npos);
   CHECK(metrics.find("model=\"extra\"", loads) != std::string::npos);
-  CHECK_THAT(metrics, Catch::Contains("computron_model_resident_shards{model=\"llama-sql\"} 1"));
+  CHECK_THAT(metrics, Catch::Contains("computron_model_resident_shards{model=\"llama-sql\"} 4"));
   // The status and the trace show adapters and their loads.
   auto status = c->request("GET", "/v2/status").value().body;
   CHECK_THAT(status, Catch::Contains("llama-sql"));
