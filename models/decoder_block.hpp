@@ -6,6 +6,7 @@
 #include <caf/expected.hpp>
 
 #include <cstddef>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -36,6 +37,10 @@ struct lora_group {
 /// rows are in no group. A step without adapter rows has no lora_batch at all.
 struct lora_batch {
   std::vector<lora_group> groups;
+  /// Steps of several adapters add their deltas in one pass per projection (lora_forward's
+  /// project): per set of groups adapting it (a bit per group), which columns of the
+  /// concatenated x A^T each row keeps, built at the first projection that needs it.
+  mutable std::map<uint64_t, at::Tensor> masks{};
 };
 
 /// The stage's state that blocks read: shape, split, where the weights are, the group.

@@ -51,7 +51,48 @@ at::Tensor detail::stage_state::project(const at::Tensor& x, int64_t i, const ch
   while (p < lora_projs.size() && lora_projs[p] != proj) ++p;
   if (p == lora_projs.size()) return y;
   const auto at = static_cast<size_t>(i - layer_begin) * lora_projs.size() + p;
-  for (auto& g : lora->groups) {
+  auto& groups = lora->groups;
+  if (groups.size() >= 2 && groups.size() <= 64) {
+    // Several adapters: one pass for all of them (BGMV's shape, with library products).
+    // x [A_1; A_2; ...]^T gives every row every adapter's r columns; a row keeps its own
+    // adapter's (the mask), and the product with [B_1 B_2 ...]^T adds exactly its delta.
+    // Four operators per projection whatever the number of adapters, where a group each
+    // costs four (a gather, two products, a scatter): the extra columns are r-wide, a
+    // small price beside the projection itself.
+    std::vector<at::Tensor> as, bs;
+    uint64_t key = 0;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const auto& [a, b] = (*groups[g].pairs)[at];
+      if (!a.defined()) continue;
+      as.push_back(a);
+      bs.push_back(b);
+      key |= uint64_t{1} << g;
+    }
+    if (as.empty()) return y;
+    auto& mask = lora->masks[key];
+    if (!mask.defined()) {
+      int64_t width = 0;
+      for (auto& a : as) width += a.size(0);
+      mask = at::zeros({x.size(0), width}, x.options());
+      int64_t col = 0;
+      for (size_t g = 0; g < groups.size(); ++g) {
+        if ((key >> g & 1) == 0) continue;
+        const auto r = (*groups[g].pairs)[at].first.size(0);
+        auto cols = mask.narrow(1, col, r);
+        if (groups[g].rows.defined())
+          cols.index_fill_(0, groups[g].rows, 1);
+        else
+          cols.fill_(1);
+        col += r;
+      }
+      // Rows of x are batch positions; any middle dimensions (a prompt's tokens) share
+      // their row's mask.
+      for (int64_t d = 2; d < x.dim(); ++d) mask = mask.unsqueeze(1);
+    }
+    y.add_(at::linear(at::linear(x, at::cat(as, 0)).mul_(mask), at::cat(bs, 1)));
+    return y;
+  }
+  for (auto& g : groups) {
     const auto& [a, b] = (*g.pairs)[at];
     if (!a.defined()) continue;
     // In the activations' dtype, which is the stage's and the adapter's (attach_adapter
