@@ -46,7 +46,8 @@ void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* er
 
 namespace {
 
-/// How long a running batch waits for a joining row's adapter lease (see join_rows).
+/// How long a running batch waits for a joining row's adapter lease (see join_rows): its
+/// running rows wait too.
 constexpr std::chrono::milliseconds join_adapter_wait{10000};
 
 /// Sends `req` to the first stage of every tensor-parallel rank of the batch's model (each
@@ -252,11 +253,6 @@ void join_rows(manager_pointer self, const batch_ptr& b, const sched::join_plan&
   lease_adapters(
       self, b, joined,
       [=](std::map<std::string, caf::error> failed) mutable {
-        for (auto& [name, err] : failed)
-          if (err == caf::sec::request_timeout)
-            err = make_error(ec::unavailable, "LoRA adapter " + name +
-                                                  " found no room beside the rows running " +
-                                                  "with its base " + b->model + "; retry");
         joined = drop_failed_adapters(self, b, std::move(joined), failed);
         prefill_joiners(self, b, plan, step, previous, std::move(keep), std::move(joined));
       },

@@ -28,7 +28,7 @@ std::string registered_name(const model_manager_state& st, const std::string& na
 
 void lease_adapters(manager_pointer self, const batch_ptr& b, const std::vector<size_t>& rows,
                     std::function<void(std::map<std::string, caf::error>)> done,
-                    std::chrono::milliseconds timeout) {
+                    std::chrono::milliseconds wait) {
   auto& st = self->state;
   std::set<std::string> wanted;
   for (auto r : rows) {
@@ -38,13 +38,32 @@ void lease_adapters(manager_pointer self, const batch_ptr& b, const std::vector<
   if (wanted.empty()) return done({});
   auto failed = std::make_shared<std::map<std::string, caf::error>>();
   auto left = std::make_shared<size_t>(wanted.size());
+  const auto deadline = now(self) + wait;
   for (auto& name : wanted) {
-    // The scheduler answers every acquire; the timeout bounds a wait for room that others'
-    // leases hold.
-    self->request(st.scheduler, timeout.count() > 0 ? timeout : st.opts.acquire_timeout,
-                  acquire_atom_v, name)
+    // The batch holds its base's lease meanwhile, so the wait is bounded here (at the
+    // deadline the row fails as unavailable, which a client may retry, and the batch goes
+    // on). The scheduler's answer is awaited without a timeout: a lease granted after the
+    // manager gave up is given back at once, never left held by nobody.
+    auto w = std::make_shared<adapter_wait>();
+    w->deadline = deadline;
+    w->expire = [=] {
+      (*failed)[name] = make_error(
+          ec::unavailable, "LoRA adapter " + name + " found no room beside the rows running " +
+                               "with its base " + b->model + " within " +
+                               std::to_string(wait.count()) + " ms; retry");
+      if (--*left == 0) done(std::move(*failed));
+    };
+    st.adapter_waits.push_back(w);
+    self->delayed_send(self, std::chrono::duration_cast<std::chrono::microseconds>(wait),
+                       tick_atom_v);
+    self->request(st.scheduler, caf::infinite, acquire_atom_v, name)
         .then(
             [=](lease& l) {
+              if (w->given_up) {
+                self->send(self->state.scheduler, release_atom_v, name);
+                return;
+              }
+              w->answered = true;
               b->adapters.insert(name);
               // A cold adapter's load is part of its rows' wait, as a cold base's is.
               b->load_ms = std::max(b->load_ms, l.wait_ms);
@@ -52,10 +71,31 @@ void lease_adapters(manager_pointer self, const batch_ptr& b, const std::vector<
               if (--*left == 0) done(std::move(*failed));
             },
             [=](caf::error& err) {
+              if (w->given_up) return;
+              w->answered = true;
               (*failed)[name] = with_context(err, "LoRA adapter " + name);
               if (--*left == 0) done(std::move(*failed));
             });
   }
+}
+
+void expire_adapter_waits(manager_pointer self) {
+  auto& st = self->state;
+  auto t = now(self);
+  std::vector<std::shared_ptr<adapter_wait>> due;
+  auto& ws = st.adapter_waits;
+  for (auto i = ws.begin(); i != ws.end();) {
+    if ((*i)->answered) {
+      i = ws.erase(i);
+    } else if ((*i)->deadline <= t) {
+      (*i)->given_up = true;
+      due.push_back(*i);
+      i = ws.erase(i);
+    } else {
+      ++i;
+    }
+  }
+  for (auto& w : due) w->expire();
 }
 
 void release_unused_adapters(manager_pointer self, const batch_ptr& b,

@@ -135,6 +135,10 @@ caf::error row_error(manager_pointer self, const sched::row_failure& f, const qu
   return make_error(ec::cancelled, "request " + id + " was cancelled before it ran");
 }
 
+/// How long a batch about to start waits for its rows' adapters beside its base's lease:
+/// longer than a join's (nothing runs yet), bounded all the same.
+constexpr std::chrono::milliseconds start_adapter_wait{30000};
+
 /// Asks the scheduler for a lease on a formed batch's model; the dispatch core hears the
 /// answer.
 void start_batch(manager_pointer self, const batch_ptr& b) {
@@ -165,22 +169,25 @@ void start_batch(manager_pointer self, const batch_ptr& b) {
             // dispatch core starts the batch without it).
             std::vector<size_t> all(b->rows.size());
             for (size_t r = 0; r < all.size(); ++r) all[r] = r;
-            lease_adapters(self, b, all, [=](std::map<std::string, caf::error> failed) {
-              auto& st = self->state;
-              auto kept = drop_failed_adapters(self, b, all, failed);
-              if (kept.size() < all.size()) {
-                std::vector<queued_request> rows;
-                for (size_t r = 0, k = 0; r < b->rows.size(); ++r)
-                  if (k < kept.size() && kept[k] == r) {
-                    rows.push_back(std::move(b->rows[r]));
-                    ++k;
-                  } else {
-                    st.disp->cancel(b->id, b->rows[r].key);
+            lease_adapters(
+                self, b, all,
+                [=](std::map<std::string, caf::error> failed) {
+                  auto& st = self->state;
+                  auto kept = drop_failed_adapters(self, b, all, failed);
+                  if (kept.size() < all.size()) {
+                    std::vector<queued_request> rows;
+                    for (size_t r = 0, k = 0; r < b->rows.size(); ++r)
+                      if (k < kept.size() && kept[k] == r) {
+                        rows.push_back(std::move(b->rows[r]));
+                        ++k;
+                      } else {
+                        st.disp->cancel(b->id, b->rows[r].key);
+                      }
+                    b->rows = std::move(rows);
                   }
-                b->rows = std::move(rows);
-              }
-              carry_out(self, st.disp->leased(b->id, info, now(self)));
-            });
+                  carry_out(self, st.disp->leased(b->id, info, now(self)));
+                },
+                start_adapter_wait);
           },
           [=](caf::error& err) {
             auto& st = self->state;
@@ -580,7 +587,10 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
                 [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
         return rp;
       },
-      [=](tick_atom) { carry_out(self, self->state.disp->tick(now(self))); },
+      [=](tick_atom) {
+        expire_adapter_waits(self);
+        carry_out(self, self->state.disp->tick(now(self)));
+      },
   };
 }
 

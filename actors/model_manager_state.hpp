@@ -130,6 +130,15 @@ struct managed_model {
   bool unregistering = false;
 };
 
+/// A batch's wait for one adapter lease (manager_adapters.cpp): bounded by `deadline`,
+/// checked at the manager's ticks. Given up: the lease, if it comes, goes straight back.
+struct adapter_wait {
+  sched::time_point deadline{};
+  bool answered = false;
+  bool given_up = false;
+  std::function<void()> expire;
+};
+
 struct model_manager_state {
   static constexpr const char* name = "model_manager";
   model_manager_options opts;
@@ -156,6 +165,8 @@ struct model_manager_state {
   std::unordered_map<sched::batch_id, batch_ptr> at_boundary;
   /// Rows running per model (the running-requests gauge).
   std::map<std::string, size_t> running;
+  /// Adapter leases batches wait for, each with its deadline.
+  std::vector<std::shared_ptr<adapter_wait>> adapter_waits;
 
   sched::batcher& queues() { return disp->queues(); }
 };
@@ -219,11 +230,14 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vecto
 /// or for "base:name" the adapter `name` of the model `base` (SGLang's form).
 std::string registered_name(const model_manager_state& st, const std::string& name);
 /// Leases the adapters of b's `rows` (indices into b->rows) that b does not hold yet;
-/// `done` gets those that could not be leased, with why. `timeout`: how long the scheduler
-/// may take (0: the manager's acquire timeout).
+/// `done` gets those that could not be leased, with why: the scheduler's refusal, or
+/// unavailable when none came within `wait` (the batch holds its base's lease meanwhile,
+/// and the room an adapter waits for may be its own base's or its other adapters').
 void lease_adapters(manager_pointer self, const batch_ptr& b, const std::vector<size_t>& rows,
                     std::function<void(std::map<std::string, caf::error>)> done,
-                    std::chrono::milliseconds timeout = {});
+                    std::chrono::milliseconds wait);
+/// Gives up the adapter waits past their deadline (the manager's tick).
+void expire_adapter_waits(manager_pointer self);
 /// Gives back every adapter lease b holds.
 void release_adapters(manager_pointer self, const batch_ptr& b);
 /// Gives back the adapter leases of b that none of its running or joining rows uses (nor

@@ -156,3 +156,35 @@ TEST_CASE("a row whose adapter cannot be loaded fails alone, naming it, and its 
   f.settle();
   CHECK(ok(later).model == "a1");
 }
+
+TEST_CASE("an adapter that finds no room in time fails its rows, and its late lease goes back",
+          "[actors][manager][adapters]") {
+  // Leases once loaded, and a1's load hangs: the batch waits for a1 beside its base's lease
+  // for the start's bound (30 s), then runs without a1's row, which fails as unavailable.
+  manager_fixture f{false};
+  register_adapter(f, "a1");
+  f.script.hanging.insert("a1");
+  // Deadlines past the wait (the fixture's default is 1 s).
+  auto patient = [](std::string model) {
+    auto r = request(std::move(model));
+    r.deadline_ms = 120000;
+    return r;
+  };
+  auto base = f.self->request(f.manager, caf::timespan{24h}, infer_atom_v, patient("m"));
+  auto one = f.self->request(f.manager, caf::timespan{24h}, infer_atom_v, patient("a1"));
+  f.settle();
+  CHECK_FALSE(f.replied());
+  f.sched.advance_time(31s);
+  f.sched.run();
+  auto e = failed(one);
+  CHECK(is(e, ec::unavailable));
+  CHECK_THAT(render(e), Catch::Contains("LoRA adapter a1 found no room"));
+  CHECK(ok(base).tokens.size() == 1);
+  // The load ends after the manager gave up: the lease it is granted goes straight back,
+  // so the adapter and its base may be evicted again.
+  f.self->send(f.script.holder, caf::ok_atom_v);
+  f.sched.run();
+  CHECK(leases(f, "a1") == 0);
+  CHECK(leases(f, "m") == 0);
+  REQUIRE(f.ask<model_info>(f.manager, unload_atom_v, std::string{"m"}));
+}
