@@ -9,7 +9,10 @@
 #include <set>
 #include <unordered_map>
 
+#include <sys/stat.h>
+
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "actors/model_spec.hpp"
@@ -242,19 +245,22 @@ class decoder_engine final : public engine {
   }
 
   /// What names one adapter part: the shard, its base's shape and dtype, and the folder's
-  /// files as they are now (size and time), so that a folder changed on disk is read again.
+  /// files as they are now, so that a folder changed on disk is read again.
   static std::string part_key(const shard_spec& sh) {
     namespace fs = std::filesystem;
     std::string key =
-        fmt::format("{}|{}|{}|{}|{}|{}x{}|{}|{}|{}", sh.model.name, sh.model.weights_path,
-                    sh.model.kind, sh.model.spec, sh.model.arch, sh.model.tp, sh.model.pp,
-                    sh.tp_rank, sh.pp_rank, sh.model.dtype);
+        fmt::format("{}|{}|{}|{}|{}|{}|{}x{}|{}|{}|{}", sh.model.name, sh.model.weights_path,
+                    sh.model.kind, sh.model.spec, sh.model.arch, fmt::join(sh.model.shape, ","),
+                    sh.model.tp, sh.model.pp, sh.tp_rank, sh.pp_rank, sh.model.dtype);
+    // Size, inode and change time: a file replaced or rewritten changes at least one,
+    // whatever its modification time says (cp -p and rsync keep that).
     for (auto* f : {"adapter_config.json", "adapter_model.safetensors"}) {
-      std::error_code ec;
-      auto p = fs::path{sh.model.weights_path} / f;
-      auto size = fs::file_size(p, ec);
-      auto at = fs::last_write_time(p, ec);
-      key += fmt::format("|{}:{}", ec ? 0 : size, ec ? 0 : at.time_since_epoch().count());
+      struct stat st {};
+      auto p = (fs::path{sh.model.weights_path} / f).string();
+      if (::stat(p.c_str(), &st) != 0) st = {};
+      key += fmt::format("|{}:{}:{}.{}", static_cast<int64_t>(st.st_size),
+                         static_cast<uint64_t>(st.st_ino), static_cast<int64_t>(st.st_ctim.tv_sec),
+                         static_cast<int64_t>(st.st_ctim.tv_nsec));
     }
     return key;
   }

@@ -159,6 +159,14 @@ static std::string find_base(const registry_state& st, const std::string& base) 
   }
   if (at_path.size() == 1) return at_path.front();
   if (at_path.empty() && by_name.size() == 1) return by_name.front();
+  // One being registered that the name fits: that one (the caller says to retry), never a
+  // fallback to another.
+  for (auto& [name, m] : st.registering)
+    if (m.base.empty() &&
+        (name == last_part(base) ||
+         (!m.weights_path.empty() && (trimmed(m.weights_path) == trimmed(base) ||
+                                      last_part(m.weights_path) == last_part(base)))))
+      return name;
   // A path or hub id (PEFT's base_model_name_or_path, as the trainer had it) that fits
   // nothing, and one model served: vLLM's rule (its adapters are all of the one model it
   // serves); a wrong base is still refused, by the adapter's shapes. A plain name is the

@@ -39,7 +39,8 @@ struct lora_batch {
   std::vector<lora_group> groups;
   /// Steps of several adapters add their deltas in one pass per projection (lora_forward's
   /// project): per set of groups adapting it (a bit per group), which columns of the
-  /// concatenated x A^T each row keeps, built at the first projection that needs it.
+  /// concatenated x A^T each row drops (another adapter's), built at the first projection
+  /// that needs it.
   mutable std::map<uint64_t, at::Tensor> masks{};
 };
 

@@ -69,27 +69,29 @@ at::Tensor detail::stage_state::project(const at::Tensor& x, int64_t i, const ch
       key |= uint64_t{1} << g;
     }
     if (as.empty()) return y;
-    auto& mask = lora->masks[key];
-    if (!mask.defined()) {
+    // The columns each row drops (true: another adapter's), set to exactly zero: a
+    // product would turn another adapter's overflow (inf) into NaN in the row.
+    auto& drop = lora->masks[key];
+    if (!drop.defined()) {
       int64_t width = 0;
       for (auto& a : as) width += a.size(0);
-      mask = at::zeros({x.size(0), width}, x.options());
+      drop = at::ones({x.size(0), width}, x.options().dtype(at::kBool));
       int64_t col = 0;
       for (size_t g = 0; g < groups.size(); ++g) {
         if ((key >> g & 1) == 0) continue;
         const auto r = (*groups[g].pairs)[at].first.size(0);
-        auto cols = mask.narrow(1, col, r);
+        auto cols = drop.narrow(1, col, r);
         if (groups[g].rows.defined())
-          cols.index_fill_(0, groups[g].rows, 1);
+          cols.index_fill_(0, groups[g].rows, false);
         else
-          cols.fill_(1);
+          cols.fill_(false);
         col += r;
       }
       // Rows of x are batch positions; any middle dimensions (a prompt's tokens) share
       // their row's mask.
-      for (int64_t d = 2; d < x.dim(); ++d) mask = mask.unsqueeze(1);
+      for (int64_t d = 2; d < x.dim(); ++d) drop = drop.unsqueeze(1);
     }
-    y.add_(at::linear(at::linear(x, at::cat(as, 0)).mul_(mask), at::cat(bs, 1)));
+    y.add_(at::linear(at::linear(x, at::cat(as, 0)).masked_fill_(drop, 0), at::cat(bs, 1)));
     return y;
   }
   for (auto& g : groups) {

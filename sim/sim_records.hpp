@@ -63,6 +63,7 @@ struct batch {
   /// answers are still to come and what then continues (the lease's start, or a join's
   /// prefill).
   std::vector<uint32_t> adapters;
+  std::vector<sched::queued_entry> asking;
   size_t adapters_asked = 0;
   std::function<void()> after_adapters;
   /// Keeps the rows for which `keep(i)` holds, with their entries in the per-row lists

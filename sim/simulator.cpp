@@ -173,7 +173,7 @@ class simulator {
     auto& r = requests_[key];
     // A row whose adapter could not be leased is answered once (the dispatch core then
     // drops it from its batch as cancelled).
-    if (!r.measured || !failed_.insert(key).second) return;
+    if (!failed_.insert(key).second || !r.measured) return;
     workload::request_record rec;
     rec.model = served_name(r);
     rec.arrival_s = rel(r.arrival);
@@ -321,6 +321,7 @@ class simulator {
         wanted.insert(a);
     }
     if (wanted.empty()) return then();
+    b.asking = rows;
     b.adapters_asked = wanted.size();
     b.after_adapters = std::move(then);
     for (auto a : wanted) {
@@ -342,13 +343,13 @@ class simulator {
     if (ok) {
       b.adapters.push_back(adapter);
     } else {
-      for (auto& row : b.rows)
+      // The rows that asked for it (the batch's first rows, or joiners): the dispatch core
+      // drops a batch's first rows as cancelled; joiners join nothing (prefill_joiners).
+      for (auto& row : b.asking)
         if (requests_[row.key].adapter == adapter) {
           fail(row.key, 503, "http_503");
           disp_->cancel(id, row.key);
         }
-      for (auto& row : b.joining)
-        if (requests_[row.key].adapter == adapter) fail(row.key, 503, "http_503");
     }
     if (--b.adapters_asked > 0) return;
     auto then = std::move(b.after_adapters);
