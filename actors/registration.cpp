@@ -131,53 +131,15 @@ static void register_placed(registry_pointer self, model_config requested, regis
 /// and toy size, and how it is served (pinning, priority, SLO; the base's tokenizer unless
 /// it names one). Errors: a base that is not registered (being registered: unavailable,
 /// retry), an adapter as a base, devices other than the base's.
-/// The registered model an adapter's `base` names: a model by that name; else one whose
-/// weights are at that path; else one named as the path's last part (a hub id such as
-/// "org/Llama-3.2-1B" names the model served as Llama-3.2-1B), or whose folder is so named.
-/// PEFT's base_model_name_or_path is whatever the trainer had, so a served model stands
-/// for it only when exactly one fits; where none does, it is a path or hub id and one
-/// model is served, that one. Empty: none, or several.
+/// The registered model an adapter's `base` names (sched::match_base's rule over the
+/// whole models registered and being registered); empty: none, or several.
 static std::string find_base(const registry_state& st, const std::string& base) {
-  if (st.registered.count(base) > 0) return base;
-  auto last_part = [](std::string p) {
-    while (!p.empty() && p.back() == '/') p.pop_back();
-    auto slash = p.find_last_of('/');
-    return slash == std::string::npos ? p : p.substr(slash + 1);
-  };
-  auto trimmed = [](std::string p) {
-    while (p.size() > 1 && p.back() == '/') p.pop_back();
-    return p;
-  };
-  std::vector<std::string> at_path, by_name;
-  for (auto& [name, m] : st.registered) {
-    if (!m.base.empty()) continue;
-    if (!m.weights_path.empty() && trimmed(m.weights_path) == trimmed(base))
-      at_path.push_back(name);
-    else if (name == last_part(base) ||
-             (!m.weights_path.empty() && last_part(m.weights_path) == last_part(base)))
-      by_name.push_back(name);
-  }
-  if (at_path.size() == 1) return at_path.front();
-  if (at_path.empty() && by_name.size() == 1) return by_name.front();
-  // One being registered that the name fits: that one (the caller says to retry), never a
-  // fallback to another.
-  for (auto& [name, m] : st.registering)
-    if (m.base.empty() &&
-        (name == last_part(base) ||
-         (!m.weights_path.empty() && (trimmed(m.weights_path) == trimmed(base) ||
-                                      last_part(m.weights_path) == last_part(base)))))
-      return name;
-  // A path or hub id (PEFT's base_model_name_or_path, as the trainer had it) that fits
-  // nothing, and one model served: vLLM's rule (its adapters are all of the one model it
-  // serves); a wrong base is still refused, by the adapter's shapes. A plain name is the
-  // operator's own word, and must name a model.
-  std::vector<std::string> bases;
+  std::vector<sched::base_candidate> served, coming;
   for (auto& [name, m] : st.registered)
-    if (m.base.empty()) bases.push_back(name);
-  if (base.find('/') != std::string::npos && at_path.empty() && by_name.empty() &&
-      bases.size() == 1)
-    return bases.front();
-  return {};
+    if (m.base.empty()) served.push_back({name, m.weights_path});
+  for (auto& [name, m] : st.registering)
+    if (m.base.empty()) coming.push_back({name, m.weights_path});
+  return sched::match_base(base, served, coming);
 }
 
 static caf::expected<model_config> adapter_config(const registry_state& st,

@@ -119,20 +119,8 @@ std::string add_lora_modules(serve_config& cfg, const std::vector<std::string>& 
              "'";
     for (auto& m : cfg.models)
       if (m.name == name) return "--lora-modules: a model named " + name + " is served already";
-    if (!is_adapter_folder(path))
-      return "--lora-modules " + name + ": " + path +
-             " is not a LoRA adapter's folder (one that holds adapter_config.json)";
-    auto m = read_model_source(path, name);
-    if (!m && base.empty()) return "--lora-modules " + name + ": " + render(m.error());
-    if (!m) {
-      // Its adapter_config.json may name no base: base_model_name does.
-      actors::model_config a;
-      a.name = name;
-      a.base = base;
-      a.weights_path = std::filesystem::absolute(path).lexically_normal().string();
-      m = std::move(a);
-    }
-    if (!base.empty()) m->base = base;
+    auto m = read_adapter_source(path, name, base);
+    if (!m) return "--lora-modules " + name + ": " + render(m.error());
     cfg.models.push_back(std::move(*m));
   }
   return {};

@@ -68,7 +68,8 @@ caf::expected<actors::model_config> read_gguf(const fs::path& f, text::text_dire
 /// it registers (models/lora_adapter.hpp), where a refusal names the field.
 caf::expected<actors::model_config> read_adapter_folder(const fs::path& f,
                                                         text::text_directory* texts,
-                                                        const std::string& name) {
+                                                        const std::string& name,
+                                                        const std::string& base = {}) {
   auto peft = read_json_file(f / "adapter_config.json");
   if (!peft) return peft.error();
   actors::model_config m;
@@ -82,6 +83,8 @@ caf::expected<actors::model_config> read_adapter_folder(const fs::path& f,
     if (auto e = read_model(*j, ours.string(), f, m)) return e;
     if (m.name != name) return bad(ours.string(), name_differs(m.name, name, f));
   }
+  // The caller's word (--lora-modules' base_model_name) over the folder's.
+  if (!base.empty()) m.base = base;
   if (m.base.empty())
     return bad((f / "adapter_config.json").string(),
                "names no base_model_name_or_path: give the base model as \"base\" in a "
@@ -265,6 +268,16 @@ caf::expected<actors::model_config> read_model_source(const std::string& path,
                     path +
                         " is neither a GGUF file, a model's folder (one that holds "
                         "config.json) nor a LoRA adapter's (adapter_config.json)");
+}
+
+caf::expected<actors::model_config> read_adapter_source(const std::string& path,
+                                                        const std::string& name,
+                                                        const std::string& base) {
+  if (!is_adapter_folder(path))
+    return make_error(
+        ec::invalid_configuration,
+        path + " is not a LoRA adapter's folder (one that holds adapter_config.json)");
+  return read_adapter_folder(folder_path(path), nullptr, name, base);
 }
 
 caf::expected<std::vector<actors::model_config>> load_repository(const std::string& dir) {

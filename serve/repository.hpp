@@ -42,6 +42,12 @@ caf::expected<actors::model_config> read_model_source(const std::string& path,
                                                       const std::string& name,
                                                       text::text_directory* texts = nullptr);
 
+/// A PEFT adapter's folder as the adapter `name` of `base` (empty: the base its folder
+/// names). Errors: not an adapter's folder, or the folder's own.
+caf::expected<actors::model_config> read_adapter_source(const std::string& path,
+                                                        const std::string& name,
+                                                        const std::string& base = {});
+
 /// read_repository, strict: the first folder that cannot be read is the error.
 caf::expected<std::vector<actors::model_config>> load_repository(const std::string& dir);
 

@@ -209,13 +209,20 @@ caf::expected<sim::sim_config> sim_config_from(const serve_config& cfg,
   // Models as resolved so far: an adapter takes its base's kind, shape, dtype and devices,
   // as registration gives them (actors/registration.cpp).
   std::map<std::string, actors::model_config> resolved;
-  for (auto model : cfg.models) {
+  // Models first, then adapters, as serve registers them.
+  std::vector<actors::model_config> in_order;
+  for (bool adapters : {false, true})
+    for (auto& m : cfg.models)
+      if (m.base.empty() != adapters) in_order.push_back(m);
+  for (auto model : in_order) {
     if (!model.base.empty()) {
-      auto b = resolved.find(model.base);
-      if (b == resolved.end() && resolved.size() == 1) b = resolved.begin();
+      // The base by registration's rule.
+      std::vector<sched::base_candidate> served;
+      for (auto& [name, m] : resolved) served.push_back({name, m.weights_path});
+      auto b = resolved.find(sched::match_base(model.base, served));
       if (b == resolved.end())
         return bad("adapter " + model.name + " names base " + model.base +
-                   ", which the simulator cannot tell among the models (name it by its name)");
+                   ", which is none of the models, or more than one");
       auto a = b->second;
       a.name = model.name;
       a.base = b->first;

@@ -28,3 +28,23 @@ TEST_CASE("placement spreads models over the devices with the most room left", "
   CHECK(spread_placement(3, {100, 0, 100}, {}).empty());
   CHECK(spread_placement(0, usable, placed).empty());
 }
+
+TEST_CASE("an adapter's base: by name, path, last part, one being registered, else the one model",
+          "[sched][placement][adapters]") {
+  const std::vector<base_candidate> served{{"llama", "/models/Llama-3.2-1B"},
+                                           {"qwen", "/models/qwen/"}};
+  CHECK(match_base("llama", served) == "llama");
+  CHECK(match_base("/models/qwen", served) == "qwen");              // its weights' path
+  CHECK(match_base("meta-llama/Llama-3.2-1B", served) == "llama");  // the folder's name
+  CHECK(match_base("someone/qwen", served) == "qwen");              // the served name
+  CHECK(match_base("org/mistral", served).empty());                 // none of two fits
+  CHECK(match_base("mistral", served).empty());
+  // Two that fit by their last part: neither.
+  CHECK(match_base("org/x", {{"x", "/a/x"}, {"y", "/b/x"}}).empty());
+  // One being registered that fits is the answer, never a fallback to another.
+  CHECK(match_base("org/mistral", {{"llama", ""}}, {{"mistral", ""}}) == "mistral");
+  // A path or hub id that fits nothing, and one model served: that one; a plain name
+  // never falls back.
+  CHECK(match_base("org/mistral", {{"llama", ""}}) == "llama");
+  CHECK(match_base("mistral", {{"llama", ""}}).empty());
+}
