@@ -236,6 +236,9 @@ std::string registered_name(const model_manager_state& st, const std::string& na
 void lease_adapters(manager_pointer self, const batch_ptr& b, const std::vector<size_t>& rows,
                     std::function<void(std::map<std::string, caf::error>)> done,
                     std::chrono::milliseconds wait);
+/// The manager's own figures, the scheduler's and every worker's, merged
+/// (manager_report.cpp).
+caf::result<caf::settings> report(manager_pointer self);
 /// Gives up the adapter waits past their deadline (the manager's tick).
 void expire_adapter_waits(manager_pointer self);
 /// Gives back every adapter lease b holds.
