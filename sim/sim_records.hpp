@@ -8,6 +8,7 @@
 
 #include "sched/batching.hpp"
 #include "sched/dispatch.hpp"
+#include "sim/simulator.hpp"
 
 namespace computron::sim::detail {
 
@@ -97,5 +98,34 @@ struct stage_load {
   /// The stage's largest shard.
   uint64_t bytes = 0;
 };
+
+/// Starts model `m`'s load (or eviction) of every shard at `now`: each stage's bytes as
+/// they will arrive (`stages`, a load), each device's traffic, and (where given) a swap
+/// event per shard at `at_s`. Returns the slowest shard's seconds (sim_steps.cpp).
+double transfer(const sim_config& cfg, uint32_t m, bool load, time_point now,
+                std::vector<stage_load>& stages, std::vector<workload::device_traffic>& traffic,
+                std::vector<workload::swap_event>* swaps, double at_s);
+
+/// What a step's timing reads and writes of the simulator: its config, the dispatch core's
+/// lanes and shares, and when each compute lane (device * lanes + lane) is free.
+struct lanes_view {
+  const sim_config& cfg;
+  const sched::dispatcher& disp;
+  size_t lanes;
+  std::vector<time_point>& device_free;
+};
+
+/// When the first `num`/`den` of a shard of `bytes` is on the device, `span` being the
+/// whole copy: at the end of the chunk that holds that byte (sim_steps.cpp).
+time_point::duration ready_after(const sim_config& cfg, time_point::duration span, uint64_t bytes,
+                                 int64_t num, int64_t den);
+
+/// When one forward step of `tokens` tokens (prompt tokens at a prefill, one per row after)
+/// of `model`, started at `start`, ends: it passes every stage in order, each device one
+/// stage job at a time, whatever its model (the workers' compute lanes; the gate lets up to
+/// pp batches of a placement in, one per stage); a stage still loading (`loads`) runs each
+/// layer after its bytes. Adds the stages' compute to `compute_s`.
+time_point step_end(const lanes_view& v, uint32_t model, const std::vector<stage_load>& loads,
+                    time_point start, int64_t tokens, double& compute_s);
 
 }  // namespace computron::sim::detail

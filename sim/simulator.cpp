@@ -366,106 +366,18 @@ class simulator {
   }
 
   void start_transfer(model_id m, bool load) {
-    auto& sm = cfg_.models[m];
-    double longest = 0;
-    auto& stages = stage_loads_[m];
-    if (load)
-      for (auto& st : stages) st = {now_ + sched::from_seconds(cfg_.cost.load_overhead_s), now_, 0};
-    for (size_t k = 0; k < sm.devices.size(); ++k) {
-      auto d = static_cast<size_t>(sm.devices[k]);
-      double secs = load ? load_seconds(cfg_.cost, sm.shard_bytes[k], cfg_.devices[d].link_gbps)
-                         : cfg_.cost.evict_s;
-      longest = std::max(longest, secs);
-      if (load) {
-        auto& st = stages[k / static_cast<size_t>(sm.tp)];
-        st.to = std::max(st.to, now_ + sched::from_seconds(secs));
-        st.bytes = std::max(st.bytes, sm.shard_bytes[k]);
-      }
-      auto& t = traffic_[d];
-      if (load) {
-        t.shard_loads += 1;
-        t.bytes_loaded += static_cast<double>(sm.shard_bytes[k]);
-        t.load_seconds += secs;
-      } else {
-        t.evictions += 1;
-        t.evict_seconds += secs;
-      }
-      if (now_ >= origin_)
-        swaps_.push_back({sm.name, sm.devices[k], load, rel(now_), secs, sm.shard_bytes[k]});
-    }
+    auto longest = transfer(cfg_, m, load, now_, stage_loads_[m], traffic_,
+                            now_ >= origin_ ? &swaps_ : nullptr, rel(now_));
     push(now_ + sched::from_seconds(longest), load ? event_kind::load_done : event_kind::evict_done,
          m);
   }
 
-  /// When one forward step of `tokens` tokens (prompt tokens at a prefill, one per row
-  /// after) started at `start` ends: it passes every stage in order, each device one
-  /// stage job at a time, whatever its model (the workers' compute lanes; the gate lets up
-  /// to pp batches of a placement in, one per stage).
+  /// When one forward step of `tokens` tokens started at `start` ends (sim_steps.cpp).
   time_point run_step(batch& b, time_point start, int64_t tokens) {
-    auto& sm = cfg_.models[b.model];
-    auto& loads = stage_loads_[b.model];
-    const auto pp = static_cast<size_t>(sm.pp);
-    const auto layers = static_cast<int64_t>(sm.layers);
-    auto t = start;
-    double stage_s =
-        (sm.step_s + sm.step_per_token_s * static_cast<double>(tokens)) / static_cast<double>(pp) +
-        cfg_.cost.stage_overhead_s;
-    const auto& lanes = disp_->lanes_of(b.model);
-    for (size_t k = 0; k < pp; ++k) {
-      // A stage runs on its devices' compute lanes (the model's gpu-let of each; the
-      // whole device without gpu-lets), one job at a time per lane, whichever model the
-      // job is of.
-      const auto tp = static_cast<size_t>(sm.tp);
-      auto unit = [&](size_t r) {
-        auto pos = k * tp + r;
-        return static_cast<size_t>(sm.devices[pos]) * lanes_ +
-               static_cast<size_t>(pos < lanes.size() ? lanes[pos] : 0);
-      };
-      for (size_t r = 0; r < tp; ++r) t = std::max(t, device_free_[unit(r)]);
-      // On a gpu-let the stage takes its share's time, slowed while the device's other
-      // lanes are busy (the runtime's emulated lanes wait out the same).
-      double took_s = stage_s;
-      if (lanes_ > 1 || disp_->share_of(b.model, k * tp) < 100) {
-        for (size_t r = 0; r < tp; ++r) {
-          auto share = disp_->share_of(b.model, k * tp + r);
-          double alone = stage_s * 100.0 / std::max(1, share);
-          auto dev = static_cast<size_t>(sm.devices[k * tp + r]);
-          double partners = 0;
-          for (size_t l = 0; l < lanes_; ++l)
-            if (dev * lanes_ + l != unit(r))
-              partners += std::max(0.0, sched::seconds_between(t, device_free_[dev * lanes_ + l]));
-          took_s = std::max(took_s, sched::gpulet_seconds(cfg_.gpulets.plan, stage_s, share,
-                                                          alone > 0 ? partners / alone : 0));
-        }
-      }
-      if (t >= loads[k].to) {
-        t += sched::from_seconds(took_s);
-      } else {
-        // The stage's bytes still arrive: layer i waits for the chunk holding the last
-        // of the first (i+1)/layers of them.
-        auto span = loads[k].to - loads[k].from;
-        for (int64_t i = 0; i < layers; ++i) {
-          t = std::max(t, loads[k].from + ready_after(span, loads[k].bytes, i + 1, layers));
-          t += sched::from_seconds(took_s / static_cast<double>(layers));
-        }
-      }
-      for (size_t r = 0; r < tp; ++r) device_free_[unit(r)] = t;
-      b.compute_s += took_s;
-    }
+    auto t = step_end({cfg_, *disp_, lanes_, device_free_}, b.model, stage_loads_[b.model], start,
+                      tokens, b.compute_s);
     ++b.steps;
     return t;
-  }
-
-  /// When the first `num`/`den` of a shard of `bytes` is on the device, `span` being the
-  /// whole copy: at the end of the chunk that holds that byte.
-  time_point::duration ready_after(time_point::duration span, uint64_t bytes, int64_t num,
-                                   int64_t den) const {
-    const auto c = cfg_.chunk_bytes;
-    if (c == 0 || bytes == 0) return span * num / den;
-    const auto need = bytes * static_cast<uint64_t>(num) / static_cast<uint64_t>(den);
-    const auto upto = std::min(bytes, (need + c - 1) / c * c);
-    return std::chrono::duration_cast<time_point::duration>(
-        span * (static_cast<double>(upto) / static_cast<double>(bytes)));
   }
 
   /// Row `i` of a batch is answered now.
