@@ -73,7 +73,8 @@ const char* to_string(residency r) {
   return "unknown";
 }
 
-caf::error tensor_table::add(std::string name, dtype type, std::vector<int64_t> shape) {
+caf::error tensor_table::add(std::string name, dtype type, std::vector<int64_t> shape,
+                             bool packed) {
   if (name.empty()) return make_error(ec::invalid_request, "tensor name is empty");
   if (index_.count(name) > 0)
     return make_error(ec::invalid_request, fmt::format("duplicate tensor '{}'", name));
@@ -88,7 +89,7 @@ caf::error tensor_table::add(std::string name, dtype type, std::vector<int64_t> 
       return make_error(ec::invalid_request, fmt::format("tensor '{}' is too large", name));
     bytes *= static_cast<uint64_t>(d);
   }
-  auto offset = align_up(total_bytes_, alignment);
+  auto offset = packed ? align_up(total_bytes_, size_of(type)) : align_up(total_bytes_, alignment);
   if (offset < total_bytes_ || bytes > max - offset - alignment)
     return make_error(ec::invalid_request, fmt::format("tensor '{}' overflows the shard", name));
   index_.emplace(name, entries_.size());

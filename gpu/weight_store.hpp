@@ -34,7 +34,8 @@ struct tensor_entry {
   std::string name;
   dtype type = dtype::f32;
   std::vector<int64_t> shape;
-  /// Offset from the start of the shard buffer; a multiple of tensor_table::alignment.
+  /// Offset from the start of the shard buffer; a multiple of tensor_table::alignment,
+  /// except for a tensor added `packed` (right after the one before it).
   uint64_t offset_bytes = 0;
   uint64_t size_bytes = 0;
 };
@@ -42,12 +43,15 @@ struct tensor_entry {
 /// The layout of a shard: tensors packed in insertion order, each aligned.
 class tensor_table {
  public:
-  /// Every tensor starts on this boundary (vectorised device loads, from_blob views).
+  /// Every tensor starts on this boundary (vectorised device loads, from_blob views),
+  /// except one added `packed`, which starts right after the one before it.
   static constexpr uint64_t alignment = 256;
 
-  /// Appends a tensor. Errors: empty or duplicate name, negative dimension, byte size
-  /// overflowing 64 bits.
-  caf::error add(std::string name, dtype type, std::vector<int64_t> shape);
+  /// Appends a tensor. `packed`: right after the tensor before it, with no padding, so
+  /// that both read as one tensor in place (a layer's q, k and v weights, fused into one
+  /// product); it is aligned to its element only. Errors: empty or duplicate name,
+  /// negative dimension, byte size overflowing 64 bits.
+  caf::error add(std::string name, dtype type, std::vector<int64_t> shape, bool packed = false);
 
   /// The tensor called `name`, or null.
   const tensor_entry* find(std::string_view name) const;

@@ -100,7 +100,7 @@ caf::expected<host_tensor> decoder_stage::prefill_chunk(
     // The chunk's blocks are taken before any layer runs: a pool without room fails the
     // step here, with a later chunk's cache as it was.
     auto kv = fresh ? detail::plan_prefill(c, m.kv_pool, end, t, m.prefill_blocked(in.valid))
-                    : detail::plan_extend(c, added, t);
+                    : detail::plan_extend(c, added, t, m.in_place(t));
     if (!kv) return std::move(kv.error());
     if (fresh)
       for (size_t i = 0; i < adapters.size(); ++i) c.rows[i].adapter = adapters[i];

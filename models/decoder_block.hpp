@@ -3,9 +3,11 @@
 // What a family's block sees of the decoder stage core, and the blocks the core runs.
 // Internal: include it only from the .cpp files that already pay for torch.
 #include <ATen/core/Tensor.h>
+
 #include <caf/expected.hpp>
 
 #include <cstddef>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
@@ -70,12 +72,22 @@ struct stage_state {
   std::vector<std::string> lora_projs;
   /// The step in progress's adapter rows; null when no row of the step has an adapter.
   const lora_batch* lora = nullptr;
+  /// Where an extend step's attention reads the KV blocks in place
+  /// (engine/paged_attention.hpp): nowhere (every step gathers), the host build (a stage
+  /// on the CPU or an emulated device) or the CUDA kernel.
+  enum class paged_kernel : uint8_t { none, host, cuda };
+  paged_kernel paged = paged_kernel::none;
 
   bool first() const { return shard.pp_rank == 0; }
   bool last() const { return shard.pp_rank == par.pp - 1; }
 
   /// A zero-copy view of parameter `name` in the shard's device copy.
   at::Tensor param(const std::string& name) const;
+  /// Parameters `names` as one tensor in place, concatenated along their first dimension
+  /// ([q; k; v] of a layer's projections, [gate; up]): a view where they lie side by side
+  /// in the shard with no gap and agree in their other dimensions (the families lay them
+  /// out so), else an undefined tensor and the caller projects them one by one.
+  at::Tensor fused(std::initializer_list<std::string> names) const;
   /// A projection of layer `i` (absolute index): at::linear(x, w, bias) over x [b, t, in],
   /// plus, for the rows whose adapter adapts (i, proj) (proj one of lora_projs: "q_proj",
   /// "fc2", ...), their LoRA delta (x A^T) B^T, one adapter's rows together. A
@@ -84,6 +96,18 @@ struct stage_state {
   /// (such a bias is added after it). Without adapter rows, the plain linear.
   at::Tensor project(const at::Tensor& x, int64_t i, const char* proj, const at::Tensor& w,
                      const at::Tensor* bias = nullptr) const;
+  /// project's adapter part alone: adds the LoRA delta of (i, proj) for the step's adapter
+  /// rows to `y`, the base projection of x (or a view of one: a slice of a fused product),
+  /// in place. Nothing without adapter rows.
+  void add_lora(at::Tensor& y, const at::Tensor& x, int64_t i, const char* proj) const;
+  /// Projections of layer `i` that share their input: one product over their weights
+  /// fused in place (`weights`, and `biases` if any, as fused() gives them), split into
+  /// each projection's output of `rows`, each with its LoRA delta (`projs`). Falls back to
+  /// one product each where the weights are not side by side.
+  std::vector<at::Tensor> project_fused(const at::Tensor& x, int64_t i,
+                                        std::initializer_list<const char*> projs,
+                                        std::initializer_list<std::string> weights,
+                                        std::initializer_list<std::string> biases = {}) const;
   /// Sums `t` over the tensor-parallel group (in f32, whatever t's dtype).
   caf::error all_reduce(at::Tensor& t) const;
   /// The rows of vocabulary-parallel table `name` for token ids [b, t]: the ids this rank
@@ -106,6 +130,12 @@ struct stage_state {
   /// share them). Returns [b, t, heads x d]. Softmax runs in f32.
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t i,
                     const kv_step& kv) const;
+  /// Whether an extend step of `t` columns reads its blocks in place (plan_extend's
+  /// `in_place`): on the CPU while a group's queries are few enough that the host loops beat
+  /// a gather and BLAS (decode, short chunks); on a GPU while the kernel holds them.
+  bool in_place(int64_t t) const;
+  /// attend's extend step in place: `q` [b, heads, t, d], stage-relative `layer`.
+  at::Tensor attend_in_place(const at::Tensor& q, int64_t layer, const kv_step& kv) const;
 };
 
 /// A family's decoder: token embedding, one layer, the head. Stateless apart from what

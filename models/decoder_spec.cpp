@@ -242,14 +242,14 @@ std::pair<int64_t, int64_t> stage_layers(const decoder_spec& spec, int pp, int p
 }
 
 void detail::param_adder::operator()(std::string name, std::vector<int64_t> shape, split_kind split,
-                                     init_kind init, int group) const {
+                                     init_kind init, int group, bool packed) const {
   auto local = shape;
   auto slices = par.tp / group;
   if (split == split_kind::dim0) local[0] /= slices;
   if (split == split_kind::dim1) local[1] /= slices;
   if (split == split_kind::vocab) local[0] = vocab_rows(local[0], slices);
   out.push_back(
-      param_spec{std::move(name), std::move(shape), split, init, std::move(local), group});
+      param_spec{std::move(name), std::move(shape), split, init, std::move(local), group, packed});
 }
 
 std::vector<param_spec> shard_params(const decoder_spec& spec, const parallel_config& par,
@@ -273,7 +273,7 @@ caf::expected<gpu::tensor_table> shard_layout(const decoder_spec& spec, gpu::dty
                                   shard.tp_rank, shard.pp_rank, par.tp, par.pp));
   gpu::tensor_table table;
   for (auto& p : shard_params(spec, par, shard))
-    if (auto err = table.add(p.name, type, p.shard_shape)) return err;
+    if (auto err = table.add(p.name, type, p.shard_shape, p.packed)) return err;
   return table;
 }
 
@@ -324,8 +324,8 @@ caf::expected<uint64_t> replicated_vocab_shard_bytes(const decoder_spec& spec, g
   // embedding), each aligned as tensor_table aligns them.
   gpu::tensor_table before;
   for (auto& p : shard_params(spec, par, shard))
-    if (auto err =
-            before.add(p.name, type, p.init == init_kind::embedding ? p.full_shape : p.shard_shape))
+    if (auto err = before.add(
+            p.name, type, p.init == init_kind::embedding ? p.full_shape : p.shard_shape, p.packed))
       return err;
   return before.total_bytes();
 }

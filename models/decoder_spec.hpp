@@ -151,6 +151,10 @@ struct param_spec {
   /// Ranks that hold the same slice: 1, or tp / kv_heads for key/value projections when
   /// tp exceeds the key/value heads (each rank holds the one head its queries use).
   int group = 1;
+  /// Laid out right after the parameter before it, with no padding (tensor_table::add):
+  /// the second and third of q, k, v and the second of gate, up, which the forward reads as
+  /// one tensor with the first.
+  bool packed = false;
 };
 
 /// Index of the slice rank `tp_rank` holds, and how many slices there are.
@@ -213,7 +217,7 @@ struct param_adder {
   const parallel_config& par;
   std::vector<param_spec>& out;
   void operator()(std::string name, std::vector<int64_t> shape, split_kind split, init_kind init,
-                  int group = 1) const;
+                  int group = 1, bool packed = false) const;
 };
 void opt_params(const decoder_spec& spec, const parallel_config& par, const shard_index& shard,
                 const param_adder& add);

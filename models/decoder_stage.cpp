@@ -62,6 +62,27 @@ at::Tensor detail::stage_state::param(const std::string& name) const {
   return at::from_blob(base + e->offset_bytes, e->shape, options);
 }
 
+at::Tensor detail::stage_state::fused(std::initializer_list<std::string> names) const {
+  const gpu::tensor_entry* first = nullptr;
+  const gpu::tensor_entry* prev = nullptr;
+  int64_t rows = 0;
+  for (auto& name : names) {
+    auto e = weights->table().find(name);
+    if (e == nullptr || e->shape.empty()) return {};
+    if (prev != nullptr && (prev->offset_bytes + prev->size_bytes != e->offset_bytes ||
+                            !std::equal(prev->shape.begin() + 1, prev->shape.end(),
+                                        e->shape.begin() + 1, e->shape.end())))
+      return {};
+    if (first == nullptr) first = e;
+    rows += e->shape[0];
+    prev = e;
+  }
+  if (first == nullptr) return {};
+  auto shape = first->shape;
+  shape[0] = rows;
+  return at::from_blob(base + first->offset_bytes, shape, options);
+}
+
 caf::error detail::stage_state::all_reduce(at::Tensor& t) const {
   if (tp->size() == 1) return {};
   auto f = t.to(at::kFloat).contiguous();
@@ -160,47 +181,6 @@ caf::expected<at::Tensor> detail::stage_state::top_vocab(const at::Tensor& local
   return out;
 }
 
-at::Tensor detail::stage_state::attend(const at::Tensor& q, const at::Tensor& k,
-                                       const at::Tensor& v, int64_t i, const kv_step& kv) const {
-  const auto b = q.size(0);
-  const auto t = q.size(2);
-  const auto groups = local_heads / local_kv_heads;
-  const auto layer = i - layer_begin;
-  kv.write(layer, k, v);
-  constexpr auto hidden = -std::numeric_limits<float>::infinity();
-  if (kv.prefill) {
-    // The cache was empty: the step's keys are all the keys, and the unbatched forward's
-    // math runs on them as they are (left-padded rows, `blocked` masks the padding).
-    auto keys = k, values = v;
-    if (groups > 1) {
-      // Grouped queries: each key/value head serves heads / kv_heads consecutive queries.
-      keys = keys.repeat_interleave(groups, 1);
-      values = values.repeat_interleave(groups, 1);
-    }
-    // Softmax in f32 whatever the weights are: bf16 logits lose too much there.
-    auto scores = at::matmul(q, keys.transpose(-1, -2)).to(at::kFloat);
-    scores.masked_fill_(kv.blocked, hidden);
-    auto probs = at::softmax(scores, -1).to(q.scalar_type());
-    return at::matmul(probs, values).transpose(1, 2).reshape({b, t, local_heads * head_dim});
-  }
-  // Extend (decode, a later prefill chunk): the rows' blocks gathered, [kv heads, b,
-  // positions, d], each row from position 0, each query blocked past its own position.
-  // Each key/value head's queries (its `groups` heads' t columns, in order) form one
-  // matrix, so grouped heads read the keys once instead of a copy per query head; the
-  // products and the f32 softmax are the unbatched forward's.
-  auto [keys, values] = kv.gather(layer);
-  auto qg = q.reshape({b, local_kv_heads, groups * t, head_dim}).transpose(0, 1);
-  auto scores = at::matmul(qg, keys.transpose(-1, -2)).to(at::kFloat);
-  // The mask is [1, b, 1, t, positions]: the same for every head of a group.
-  scores.view({local_kv_heads, b, groups, t, keys.size(2)}).masked_fill_(kv.blocked, hidden);
-  auto probs = at::softmax(scores, -1).to(q.scalar_type());
-  // [kv heads, b, groups x t, d] -> [b, t, heads x d], head = kv head x groups + group.
-  return at::matmul(probs, values)
-      .view({local_kv_heads, b, groups, t, head_dim})
-      .permute({1, 3, 0, 2, 4})
-      .reshape({b, t, local_heads * head_dim});
-}
-
 decoder_stage::decoder_stage(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
 decoder_stage::~decoder_stage() = default;
 bool decoder_stage::first() const {
@@ -273,6 +253,14 @@ caf::expected<std::unique_ptr<decoder_stage>> decoder_stage::create(
   }
   p->block =
       spec.family == model_family::opt ? detail::make_opt_block(*p) : detail::make_llama_block(*p);
+  // Extend steps read the KV blocks in place wherever a build of the kernel runs on the
+  // stage's device (stage_state::in_place says for which steps).
+  if (kv.paged_attention) {
+    if (p->options.device().is_cpu() && type != gpu::dtype::f16)
+      p->paged = detail::stage_state::paged_kernel::host;
+    else if (p->options.device().is_cuda())
+      p->paged = detail::stage_state::paged_kernel::cuda;
+  }
   p->kv_pool = std::make_shared<detail::kv_block_pool>(
       fmt::format("{} stage {} tp rank {}", spec.name, shard.pp_rank, shard.tp_rank),
       p->layer_end - p->layer_begin, p->local_kv_heads, p->head_dim, p->options, std::move(kv));
@@ -281,6 +269,10 @@ caf::expected<std::unique_ptr<decoder_stage>> decoder_stage::create(
 
 kv_pool_stats decoder_stage::kv_blocks() const {
   return impl_->kv_pool->stats();
+}
+
+bool decoder_stage::reads_kv_in_place(int64_t columns) const {
+  return impl_->in_place(columns);
 }
 
 void decoder_stage::set_kv_budget(int64_t blocks) {
@@ -428,7 +420,7 @@ caf::expected<host_tensor> decoder_stage::decode(const std::vector<int64_t>& tok
     if (!lora) return std::move(lora.error());
     // The new positions' blocks are taken before any layer runs: a pool without room
     // fails the step here, with the cache as it was (a bad input above leaves it too).
-    auto kv = detail::plan_decode(c);
+    auto kv = detail::plan_decode(c, m.in_place(1));
     if (!kv) return std::move(kv.error());
     return m.run(x, pos, *kv, *lora, out);
   } catch (const std::exception& e) {

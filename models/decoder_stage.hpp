@@ -51,6 +51,11 @@ struct kv_pool_options {
   /// The device's page: allocate maps whole pages, so a chunk takes as many blocks as
   /// fill its pages (none of a page is wasted), and the pool counts its bytes in pages.
   uint64_t page_bytes = 1;
+  /// Decode and short extend steps read the rows' KV blocks where they lie
+  /// (engine/paged_attention.hpp: the host build on the CPU, the CUDA kernel on a GPU).
+  /// False: each step gathers every row's blocks per layer (the path the in-place one is
+  /// checked against).
+  bool paged_attention = true;
 };
 
 /// A stage's KV block pool, in blocks of kv_block_bytes (models/decoder_spec.hpp).
@@ -134,6 +139,9 @@ class decoder_stage {
   /// The stage's KV block pool: blocks allocated and in use (what the ledger counts beside
   /// the weights). Thread-safe.
   kv_pool_stats kv_blocks() const;
+  /// Whether a step that computes `columns` positions per row over a filled cache (1: a
+  /// decode step) reads the KV blocks in place (kv_pool_options::paged_attention).
+  bool reads_kv_in_place(int64_t columns) const;
   /// The KV blocks the ledger holds for the model on this stage's device (0: no bound):
   /// the pool's chunks of device memory grow past a step's need only up to them.
   void set_kv_budget(int64_t blocks);

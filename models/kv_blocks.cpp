@@ -167,6 +167,18 @@ at::Tensor kv_block_pool::layer_view(int32_t chunk, int64_t layer, int kind) con
   return chunks_[static_cast<size_t>(chunk)]->data.select(0, layer).select(0, kind);
 }
 
+const void* kv_block_pool::layer_data(int32_t chunk, int64_t layer, int kind,
+                                      int64_t& head_stride) const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  const auto& data = chunks_[static_cast<size_t>(chunk)]->data;
+  // [layers, 2, kv heads, blocks, tokens, d], contiguous: a layer's keys or values are one
+  // run of kv heads x blocks x tokens x d elements.
+  head_stride = data.stride(2);
+  const auto offset = (layer * 2 + kind) * data.stride(1);
+  return static_cast<const std::byte*>(data.const_data_ptr()) +
+         offset * static_cast<int64_t>(data.element_size());
+}
+
 void kv_block_pool::zero(const std::vector<block_id>& blocks) {
   if (blocks.empty()) return;
   std::map<int32_t, std::vector<int64_t>> by_chunk;

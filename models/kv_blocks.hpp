@@ -72,6 +72,9 @@ class kv_block_pool {
   /// Keys (`kind` 0) or values (1) of stage-relative layer `layer` in chunk `chunk`:
   /// [kv heads, blocks, kv_block_tokens, head dim], a view.
   at::Tensor layer_view(int32_t chunk, int64_t layer, int kind) const;
+  /// layer_view's first element, and its stride between kv heads (elements), without
+  /// making a tensor: what in-place attention reads (engine/paged_attention.hpp).
+  const void* layer_data(int32_t chunk, int64_t layer, int kind, int64_t& head_stride) const;
   /// Sets every position of these blocks to zero: a block a step does not fill must hold
   /// finite values past its row's length, because masked positions still meet a zero
   /// probability in probs x values (0 x NaN is NaN).
@@ -120,6 +123,20 @@ struct kv_step {
   /// blocks gathered, the step's new positions already written into them.
   bool prefill = false;
   int64_t rows = 0;
+  /// Extend in place (engine/paged_attention.hpp): attention reads each row's blocks
+  /// where they lie, through `table` and `limits`, and nothing is gathered (`reads` and
+  /// `blocked` stay empty). plan_extend sets it where it was asked to and the step's
+  /// blocks lie in at most engine::paged_max_chunks chunks.
+  bool in_place = false;
+  /// The pool's chunk slots the step reads; `table` names them by their place here.
+  std::vector<int32_t> chunks;
+  /// [rows, read_blocks]: (place in `chunks` << 32) | block index in the chunk, row r's
+  /// blocks in position order (past its last, 0: never read). [rows x t]: the positions
+  /// query column j of row r sees (0 where the row holds none). Host lists; `on_device`
+  /// holds both (table first) on the pool's device where that is not the CPU.
+  std::vector<int64_t> table;
+  std::vector<int64_t> limits;
+  at::Tensor on_device;
   /// Where a query may not look: prefill [b, 1, t, t] (causal, padding); extend
   /// [1, b, 1, t, read_positions] (a query head's group broadcast): the gathered positions
   /// past the query's own (its row's cached length before the step plus its index among
@@ -185,10 +202,12 @@ caf::expected<kv_step> plan_prefill(kv_cache_rows& cache, std::shared_ptr<kv_blo
 /// columns t - added[i] .. t - 1). A row with no position yet reads another row's first
 /// block as padding (finite, masked). Rows' lengths grow by `added`. At least one row
 /// must add a position. Errors: the pool's (nothing changed then).
+/// `in_place`: plan for attention that reads the blocks where they lie (kv_step::in_place)
+/// instead of a gather.
 caf::expected<kv_step> plan_extend(kv_cache_rows& cache, const std::vector<int64_t>& added,
-                                   int64_t t);
+                                   int64_t t, bool in_place = false);
 /// Decode's step: plan_extend with one new position per row.
-caf::expected<kv_step> plan_decode(kv_cache_rows& cache);
+caf::expected<kv_step> plan_decode(kv_cache_rows& cache, bool in_place = false);
 
 }  // namespace computron::models::detail
 

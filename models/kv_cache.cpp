@@ -11,6 +11,7 @@
 #include <set>
 
 #include "common/error.hpp"
+#include "engine/paged_attention.hpp"
 #include "models/kv_blocks.hpp"
 
 namespace computron::models {
@@ -195,6 +196,39 @@ struct part_builder {
   }
 };
 
+/// An in-place step's lists (kv_step::in_place) from the rows' tables, after the step's
+/// blocks were taken: the chunks they lie in, each row's entries, and `limits` with none
+/// for a row that holds no position (its padding columns read nothing). False, and nothing
+/// kept, where the blocks lie in more chunks than one kernel call reads: the step gathers.
+bool plan_in_place(const detail::kv_cache_rows& c, int64_t read_blocks,
+                   const std::vector<int64_t>& limits, detail::kv_step& s) {
+  const auto b = c.rows.size();
+  const auto t = b == 0 ? 0 : limits.size() / b;
+  std::map<int32_t, int64_t> place;
+  s.table.assign(b * static_cast<size_t>(read_blocks), 0);
+  for (size_t r = 0; r < b; ++r) {
+    const auto& blocks = c.rows[r].blocks;
+    for (size_t j = 0; j < blocks.size(); ++j) {
+      auto [it, fresh] =
+          place.try_emplace(detail::chunk_of(blocks[j]), static_cast<int64_t>(place.size()));
+      if (fresh && static_cast<int64_t>(place.size()) > engine::paged_max_chunks) {
+        s.table.clear();
+        return false;
+      }
+      s.table[r * static_cast<size_t>(read_blocks) + j] =
+          (it->second << 32) | detail::index_in_chunk(blocks[j]);
+    }
+  }
+  s.chunks.assign(place.size(), 0);
+  for (auto [chunk, at] : place) s.chunks[static_cast<size_t>(at)] = chunk;
+  s.limits = limits;
+  for (size_t r = 0; r < b; ++r)
+    if (c.rows[r].length == 0)
+      std::fill_n(s.limits.begin() + static_cast<std::ptrdiff_t>(r * t), t, 0);
+  s.in_place = true;
+  return true;
+}
+
 }  // namespace
 
 caf::expected<kv_step> plan_prefill(kv_cache_rows& c, std::shared_ptr<kv_block_pool> pool,
@@ -237,7 +271,8 @@ caf::expected<kv_step> plan_prefill(kv_cache_rows& c, std::shared_ptr<kv_block_p
   return s;
 }
 
-caf::expected<kv_step> plan_extend(kv_cache_rows& c, const std::vector<int64_t>& added, int64_t t) {
+caf::expected<kv_step> plan_extend(kv_cache_rows& c, const std::vector<int64_t>& added, int64_t t,
+                                   bool in_place) {
   auto& pool = *c.pool;
   const auto b = c.rows.size();
   // What each row needs before it writes: a private copy where it writes into a shared,
@@ -308,6 +343,27 @@ caf::expected<kv_step> plan_extend(kv_cache_rows& c, const std::vector<int64_t>&
     read_positions = std::max(read_positions, row.length);
     if (!filler && !row.blocks.empty()) filler = row.blocks.front();
   }
+  kv_step s;
+  s.pool = &pool;
+  s.rows = static_cast<int64_t>(b);
+  s.read_blocks = read_blocks;
+  s.read_positions = read_positions;
+  part_builder parts;
+  parts.add_writes(writes, s.rows * t);
+  if (in_place && plan_in_place(c, read_blocks, limits, s)) {
+    // Nothing is gathered. The writes' lists go to the device, and on a GPU the table and
+    // limits go with them in the same copy; the CPU reads the host lists.
+    std::optional<size_t> index_at;
+    if (!pool.options().device().is_cpu()) {
+      auto all = s.table;
+      all.insert(all.end(), s.limits.begin(), s.limits.end());
+      index_at = parts.pack.add(all);
+    }
+    auto tensors = parts.pack.tensors(pool.options().device());
+    parts.finish(s, tensors);
+    if (index_at) s.on_device = tensors[*index_at];
+    return s;
+  }
   // Every row gathers read_blocks blocks: its own, then its last again as padding (finite
   // values, masked), or another row's first where it has none yet; positions past a
   // query's own are blocked.
@@ -334,13 +390,6 @@ caf::expected<kv_step> plan_extend(kv_cache_rows& c, const std::vector<int64_t>&
       l.first = std::move(per_head);
     }
   }
-  kv_step s;
-  s.pool = &pool;
-  s.rows = static_cast<int64_t>(b);
-  s.read_blocks = read_blocks;
-  s.read_positions = read_positions;
-  part_builder parts;
-  parts.add_writes(writes, s.rows * t);
   parts.add_reads(reads, s.rows * read_blocks);
   auto limits_at = parts.pack.add(limits);
   auto device = pool.options().device();
@@ -352,8 +401,8 @@ caf::expected<kv_step> plan_extend(kv_cache_rows& c, const std::vector<int64_t>&
   return s;
 }
 
-caf::expected<kv_step> plan_decode(kv_cache_rows& c) {
-  return plan_extend(c, std::vector<int64_t>(c.rows.size(), 1), 1);
+caf::expected<kv_step> plan_decode(kv_cache_rows& c, bool in_place) {
+  return plan_extend(c, std::vector<int64_t>(c.rows.size(), 1), 1, in_place);
 }
 
 }  // namespace detail

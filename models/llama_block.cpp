@@ -74,14 +74,17 @@ class llama_block final : public decoder_block {
     auto t = x.size(1);
     auto residual = x;
     auto h = rms_norm(x, s.param(p + "input_layernorm.weight"), spec.norm_eps);
-    auto project = [&](const char* name, bool bias, int64_t heads) {
-      auto bias_t = bias ? s.param(a + name + ".bias") : at::Tensor{};
-      return s.project(h, i, name, s.param(a + name + ".weight"), bias ? &bias_t : nullptr)
-          .view({b, t, heads, s.head_dim});
-    };
-    auto q = project("q_proj", spec.qkv_bias, s.local_heads);
-    auto k = project("k_proj", spec.qkv_bias, s.local_kv_heads);
-    auto v = project("v_proj", spec.qkv_bias, s.local_kv_heads).transpose(1, 2);
+    // q, k and v in one product over their weights side by side (and biases, Qwen2's).
+    auto qkv =
+        spec.qkv_bias
+            ? s.project_fused(h, i, {"q_proj", "k_proj", "v_proj"},
+                              {a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
+                              {a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"})
+            : s.project_fused(h, i, {"q_proj", "k_proj", "v_proj"},
+                              {a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"});
+    auto q = qkv[0].view({b, t, s.local_heads, s.head_dim});
+    auto k = qkv[1].view({b, t, s.local_kv_heads, s.head_dim});
+    auto v = qkv[2].view({b, t, s.local_kv_heads, s.head_dim}).transpose(1, 2);
     if (spec.qk_norm) {
       q = rms_norm(q, s.param(a + "q_norm.weight"), spec.norm_eps);
       k = rms_norm(k, s.param(a + "k_norm.weight"), spec.norm_eps);
@@ -100,9 +103,10 @@ class llama_block final : public decoder_block {
     x = residual + o;
     if (spec.o_bias) x = x + s.param(a + "o_proj.bias");
     h = rms_norm(x, s.param(p + "post_attention_layernorm.weight"), spec.norm_eps);
-    auto gate = s.project(h, i, "gate_proj", s.param(p + "mlp.gate_proj.weight"));
-    auto up = s.project(h, i, "up_proj", s.param(p + "mlp.up_proj.weight"));
-    h = s.project(at::silu(gate) * up, i, "down_proj", s.param(p + "mlp.down_proj.weight"));
+    auto gate_up = s.project_fused(h, i, {"gate_proj", "up_proj"},
+                                   {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"});
+    h = s.project(at::silu(gate_up[0]) * gate_up[1], i, "down_proj",
+                  s.param(p + "mlp.down_proj.weight"));
     if (auto err = s.all_reduce(h)) return err;
     return x + h;
   }

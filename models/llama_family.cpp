@@ -56,14 +56,16 @@ void llama_params(const decoder_spec& spec, const parallel_config& par, const sh
     auto p = fmt::format("layers.{}.", i);
     auto a = p + "self_attn.";
     add(p + "input_layernorm.weight", {h}, split_kind::replicated, init_kind::norm_weight);
+    // q, k and v weights side by side, then their biases, and gate beside up: each is one
+    // tensor in place (stage_state::fused), so that the forward makes one product of them.
     add(a + "q_proj.weight", {q_rows, h}, split_kind::dim0, init_kind::weight);
-    if (spec.qkv_bias) add(a + "q_proj.bias", {q_rows}, split_kind::dim0, init_kind::bias);
-    add(a + "k_proj.weight", {kv_rows, h}, split_kind::dim0, init_kind::weight, kv_group);
-    if (spec.qkv_bias)
-      add(a + "k_proj.bias", {kv_rows}, split_kind::dim0, init_kind::bias, kv_group);
-    add(a + "v_proj.weight", {kv_rows, h}, split_kind::dim0, init_kind::weight, kv_group);
-    if (spec.qkv_bias)
-      add(a + "v_proj.bias", {kv_rows}, split_kind::dim0, init_kind::bias, kv_group);
+    add(a + "k_proj.weight", {kv_rows, h}, split_kind::dim0, init_kind::weight, kv_group, true);
+    add(a + "v_proj.weight", {kv_rows, h}, split_kind::dim0, init_kind::weight, kv_group, true);
+    if (spec.qkv_bias) {
+      add(a + "q_proj.bias", {q_rows}, split_kind::dim0, init_kind::bias);
+      add(a + "k_proj.bias", {kv_rows}, split_kind::dim0, init_kind::bias, kv_group, true);
+      add(a + "v_proj.bias", {kv_rows}, split_kind::dim0, init_kind::bias, kv_group, true);
+    }
     if (spec.qk_norm) {
       add(a + "q_norm.weight", {hd}, split_kind::replicated, init_kind::norm_weight);
       add(a + "k_norm.weight", {hd}, split_kind::replicated, init_kind::norm_weight);
@@ -72,7 +74,7 @@ void llama_params(const decoder_spec& spec, const parallel_config& par, const sh
     if (spec.o_bias) add(a + "o_proj.bias", {h}, split_kind::replicated, init_kind::bias);
     add(p + "post_attention_layernorm.weight", {h}, split_kind::replicated, init_kind::norm_weight);
     add(p + "mlp.gate_proj.weight", {spec.ffn, h}, split_kind::dim0, init_kind::weight);
-    add(p + "mlp.up_proj.weight", {spec.ffn, h}, split_kind::dim0, init_kind::weight);
+    add(p + "mlp.up_proj.weight", {spec.ffn, h}, split_kind::dim0, init_kind::weight, 1, true);
     add(p + "mlp.down_proj.weight", {h, spec.ffn}, split_kind::dim1, init_kind::weight);
   }
   if (last) {

@@ -46,10 +46,42 @@ std::string shape_string(const std::vector<int64_t>& s) {
 at::Tensor detail::stage_state::project(const at::Tensor& x, int64_t i, const char* proj,
                                         const at::Tensor& w, const at::Tensor* bias) const {
   auto y = bias != nullptr ? at::linear(x, w, *bias) : at::linear(x, w);
-  if (lora == nullptr) return y;  // a step without adapter rows: the plain projection
+  add_lora(y, x, i, proj);
+  return y;
+}
+
+std::vector<at::Tensor> detail::stage_state::project_fused(
+    const at::Tensor& x, int64_t i, std::initializer_list<const char*> projs,
+    std::initializer_list<std::string> weights, std::initializer_list<std::string> biases) const {
+  auto w = fused(weights);
+  auto b = biases.size() > 0 ? fused(biases) : at::Tensor{};
+  std::vector<at::Tensor> out;
+  if (!w.defined() || (biases.size() > 0 && !b.defined())) {
+    // Not side by side (a layout of another order): one product each.
+    auto wi = weights.begin();
+    auto bi = biases.begin();
+    for (auto proj : projs) {
+      auto bias = bi != biases.end() ? param(*bi++) : at::Tensor{};
+      out.push_back(project(x, i, proj, param(*wi++), bias.defined() ? &bias : nullptr));
+    }
+    return out;
+  }
+  auto y = b.defined() ? at::linear(x, w, b) : at::linear(x, w);
+  std::vector<int64_t> rows;
+  for (auto& name : weights) rows.push_back(this->weights->table().find(name)->shape[0]);
+  out = y.split_with_sizes(rows, -1);
+  // Each slice is a view of y: its adapter delta is added in place.
+  auto proj = projs.begin();
+  for (auto& part : out) add_lora(part, x, i, *proj++);
+  return out;
+}
+
+void detail::stage_state::add_lora(at::Tensor& y, const at::Tensor& x, int64_t i,
+                                   const char* proj) const {
+  if (lora == nullptr) return;  // a step without adapter rows: the plain projection
   size_t p = 0;
   while (p < lora_projs.size() && lora_projs[p] != proj) ++p;
-  if (p == lora_projs.size()) return y;
+  if (p == lora_projs.size()) return;
   const auto at = static_cast<size_t>(i - layer_begin) * lora_projs.size() + p;
   auto& groups = lora->groups;
   if (groups.size() >= 2 && groups.size() <= 64) {
@@ -68,7 +100,7 @@ at::Tensor detail::stage_state::project(const at::Tensor& x, int64_t i, const ch
       bs.push_back(b);
       key |= uint64_t{1} << g;
     }
-    if (as.empty()) return y;
+    if (as.empty()) return;
     // The columns each row drops (true: another adapter's), set to exactly zero: a
     // product would turn another adapter's overflow (inf) into NaN in the row.
     auto& drop = lora->masks[key];
@@ -92,7 +124,7 @@ at::Tensor detail::stage_state::project(const at::Tensor& x, int64_t i, const ch
       for (int64_t d = 2; d < x.dim(); ++d) drop = drop.unsqueeze(1);
     }
     y.add_(at::linear(at::linear(x, at::cat(as, 0)).masked_fill_(drop, 0), at::cat(bs, 1)));
-    return y;
+    return;
   }
   for (auto& g : groups) {
     const auto& [a, b] = (*g.pairs)[at];
@@ -109,7 +141,6 @@ at::Tensor detail::stage_state::project(const at::Tensor& x, int64_t i, const ch
       y.index_add_(0, g.rows, at::linear(at::linear(x.index_select(0, g.rows), a), b));
     }
   }
-  return y;
 }
 
 caf::error decoder_stage::impl::check_adapters(const std::vector<int64_t>& ids, size_t rows) const {

@@ -49,9 +49,14 @@ class opt_block final : public decoder_block {
       auto bias = s.param(p + m + ".bias");
       return s.project(in, i, proj, s.param(p + m + ".weight"), &bias);
     };
-    auto q = split(linear(h, "self_attn.q_proj", "q_proj") * scaling);
-    auto k = split(linear(h, "self_attn.k_proj", "k_proj"));
-    auto v = split(linear(h, "self_attn.v_proj", "v_proj"));
+    // q, k and v in one product over their weights (and biases) side by side.
+    auto a = p + "self_attn.";
+    auto qkv = s.project_fused(h, i, {"q_proj", "k_proj", "v_proj"},
+                               {a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
+                               {a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"});
+    auto q = split(qkv[0] * scaling);
+    auto k = split(qkv[1]);
+    auto v = split(qkv[2]);
     auto o = s.attend(q, k, v, i, kv);
     // Row-parallel: the delta is a partial sum like the base's and joins the all-reduce;
     // the bias is added once, after it.

@@ -35,10 +35,14 @@ void opt_params(const decoder_spec& spec, const parallel_config& par, const shar
     auto p = fmt::format("layers.{}.", i);
     add(p + "self_attn_layer_norm.weight", {h}, split_kind::replicated, init_kind::norm_weight);
     add(p + "self_attn_layer_norm.bias", {h}, split_kind::replicated, init_kind::bias);
-    for (const char* proj : {"q_proj", "k_proj", "v_proj"}) {
-      add(p + "self_attn." + proj + ".weight", {h, h}, split_kind::dim0, init_kind::weight);
-      add(p + "self_attn." + proj + ".bias", {h}, split_kind::dim0, init_kind::bias);
-    }
+    // q, k and v weights side by side, then their biases: each three are one tensor in
+    // place (stage_state::fused), so that the forward makes one product of them.
+    for (const char* proj : {"q_proj", "k_proj", "v_proj"})
+      add(p + "self_attn." + proj + ".weight", {h, h}, split_kind::dim0, init_kind::weight, 1,
+          proj[0] != 'q');
+    for (const char* proj : {"q_proj", "k_proj", "v_proj"})
+      add(p + "self_attn." + proj + ".bias", {h}, split_kind::dim0, init_kind::bias, 1,
+          proj[0] != 'q');
     add(p + "self_attn.out_proj.weight", {h, h}, split_kind::dim1, init_kind::weight);
     add(p + "self_attn.out_proj.bias", {h}, split_kind::replicated, init_kind::bias);
     add(p + "final_layer_norm.weight", {h}, split_kind::replicated, init_kind::norm_weight);

@@ -120,6 +120,16 @@ void finish_compute(at::Device device) noexcept {
 #endif
 }
 
+void* enter_cuda_device(at::Device device) {
+#ifdef COMPUTRON_TORCH_CUDA
+  c10::cuda::set_device(device.index());
+  return static_cast<void*>(c10::cuda::getCurrentCUDAStream(device.index()).stream());
+#else
+  (void)device;
+  return nullptr;
+#endif
+}
+
 at::ScalarType to_torch(gpu::dtype t) {
   switch (t) {
     case gpu::dtype::f32:

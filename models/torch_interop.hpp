@@ -43,4 +43,9 @@ caf::error cap_cuda_workspace(const gpu::device& dev);
 /// back only after it. Never throws: a failure is logged, the caller goes on.
 void finish_compute(at::Device device) noexcept;
 
+/// For a kernel of our own on `device`'s GPU: makes it the thread's current CUDA device
+/// and returns its current stream (a cudaStream_t), where libtorch's ops queue. nullptr
+/// without a CUDA libtorch. Throws libtorch's errors (the caller's step catches them).
+void* enter_cuda_device(at::Device device);
+
 }  // namespace computron::models::detail

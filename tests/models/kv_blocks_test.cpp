@@ -265,6 +265,92 @@ TEST_CASE("kv blocks: joins and leaves at every tensor x pipeline split equal ea
   }
 }
 
+TEST_CASE("kv blocks: attention that reads the blocks in place equals the gathered blocks",
+          "[models][kv][paged_attention]") {
+  // Joins, leaves, block boundaries and shared blocks (the script), chunks of 16 blocks
+  // or as small as the pool makes them (min_chunk_blocks 1: it still doubles), a kv head
+  // per query head (OPT), two and four query heads per kv head (llama-tiny, llama-mini),
+  // in f32 and bf16.
+  for (auto name : {"opt-tiny", "llama-tiny", "llama-mini"})
+    for (auto type : {gpu::dtype::f32, gpu::dtype::bf16})
+      for (int64_t chunk_blocks : {16, 1}) {
+        DYNAMIC_SECTION(name << " " << gpu::to_string(type) << " chunks of " << chunk_blocks) {
+          test::sharded_model m{
+              *find_spec(name), type, {1, 1}, test::seeded_filler(*find_spec(name), 7)};
+          kv_pool_options in_place, gathered;
+          in_place.min_chunk_blocks = gathered.min_chunk_blocks = chunk_blocks;
+          gathered.paged_attention = false;
+          auto a =
+              decoder_stage::create(m.spec, m.par, {0, 0}, *m.shards[0], *m.groups[0], in_place);
+          auto b =
+              decoder_stage::create(m.spec, m.par, {0, 0}, *m.shards[0], *m.groups[0], gathered);
+          REQUIRE(a);
+          REQUIRE(b);
+          // Otherwise this compares the gather with itself.
+          REQUIRE((*a)->reads_kv_in_place(1));
+          REQUIRE_FALSE((*b)->reads_kv_in_place(1));
+          std::vector<decoder_stage*> ca{a->get()}, cb{b->get()};
+          auto got = batched(ca, script, accounting(ca));
+          auto want = batched(cb, script, accounting(cb));
+          INFO((got ? std::string{} : render(got.error())));
+          REQUIRE(got);
+          REQUIRE(want);
+          if (type == gpu::dtype::f32) {
+            same_as_alone(*got, *want);
+          } else {
+            // bf16: the gather rounds the probabilities to bf16 before their product with
+            // the values; the kernel keeps them in f32. Greedy tokens agree on this script;
+            // the logits within bf16's rounding.
+            REQUIRE(got->tokens == want->tokens);
+            for (size_t i = 0; i < want->logits.size(); ++i)
+              for (size_t k = 0; k < want->logits[i].size(); ++k)
+                CHECK(relative_error(got->logits[i][k], want->logits[i][k]) <= 2e-2);
+          }
+          CHECK((*a)->kv_blocks().blocks_in_use == 0);
+        }
+      }
+}
+
+TEST_CASE("kv blocks: a batch whose blocks lie in more chunks than one call reads gathers them",
+          "[models][kv][paged_attention]") {
+  // A budget of one block makes every chunk after the first exactly a step's need: 40 rows
+  // of lengths 1 to 40 cross a block boundary two or three at a time, one new chunk per
+  // step, until the batch's blocks lie in more than engine::paged_max_chunks (32) chunks
+  // and its steps gather instead (kv_cache.cpp's plan_in_place).
+  test::sharded_model m{*find_spec("llama-tiny"),
+                        gpu::dtype::f32,
+                        {1, 1},
+                        test::seeded_filler(*find_spec("llama-tiny"), 5)};
+  kv_pool_options in_place, gathered;
+  in_place.min_chunk_blocks = gathered.min_chunk_blocks = 1;
+  gathered.paged_attention = false;
+  auto a = decoder_stage::create(m.spec, m.par, {0, 0}, *m.shards[0], *m.groups[0], in_place);
+  auto b = decoder_stage::create(m.spec, m.par, {0, 0}, *m.shards[0], *m.groups[0], gathered);
+  REQUIRE(a);
+  REQUIRE(b);
+  REQUIRE((*a)->reads_kv_in_place(1));
+  (*a)->set_kv_budget(1);
+  (*b)->set_kv_budget(1);
+  std::vector<std::vector<int64_t>> prompts;
+  for (size_t n = 1; n <= 40; ++n) prompts.push_back(prompt(n, static_cast<int64_t>(n)));
+  kv_cache ca, cb;
+  REQUIRE((*a)->prefill(prompts, nullptr, ca));
+  REQUIRE((*b)->prefill(prompts, nullptr, cb));
+  int64_t most_chunks = 0;
+  for (int s = 0; s < 48; ++s) {
+    std::vector<int64_t> fed(prompts.size(), 7 + s);
+    auto x = (*a)->decode(fed, nullptr, ca);
+    auto y = (*b)->decode(fed, nullptr, cb);
+    INFO("step " << s << ": " << (x ? std::string{} : render(x.error())));
+    REQUIRE(x);
+    REQUIRE(y);
+    auto gx = rows_of(*x), gy = rows_of(*y);
+    for (size_t r = 0; r < gx.size(); ++r) CHECK(relative_error(gx[r], gy[r]) <= 1e-5);
+    most_chunks = std::max(most_chunks, (*a)->kv_blocks().chunks);
+  }
+  CHECK(most_chunks > 32);
+}
+
 TEST_CASE("kv blocks: a row crossing a 16-token block boundary mid-batch takes one more block",
           "[models][kv][decode]") {
   test::sharded_model m{*find_spec("llama-tiny"),
