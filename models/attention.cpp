@@ -118,19 +118,14 @@ at::Tensor detail::stage_state::attend(const at::Tensor& q, const at::Tensor& k,
   if (kv.in_place) return attend_in_place(q, layer, kv);
   constexpr auto hidden = -std::numeric_limits<float>::infinity();
   if (kv.prefill) {
-    // The cache was empty: the step's keys are all the keys, and the unbatched forward's
-    // math runs on them as they are (left-padded rows, `blocked` masks the padding).
-    auto keys = k, values = v;
-    if (groups > 1) {
-      // Grouped queries: each key/value head serves heads / kv_heads consecutive queries.
-      keys = keys.repeat_interleave(groups, 1);
-      values = values.repeat_interleave(groups, 1);
-    }
-    // Softmax in f32 whatever the weights are: bf16 logits lose too much there.
-    auto scores = at::matmul(q, keys.transpose(-1, -2)).to(at::kFloat);
-    scores.masked_fill_(kv.blocked, hidden);
-    auto probs = at::softmax(scores, -1).to(q.scalar_type());
-    return at::matmul(probs, values).transpose(1, 2).reshape({b, t, local_heads * head_dim});
+    // The cache was empty: the step's keys are all the keys (left-padded rows, `blocked`
+    // masks the padding). libtorch's fused attention: no [b, heads, t, t] scores in memory,
+    // the softmax in f32 inside the kernel whatever the weights are, and grouped queries
+    // reading their kv head without a copy (enable_gqa). The queries come scaled.
+    return at::scaled_dot_product_attention(q, k, v, kv.blocked.logical_not(), 0.0, false, 1.0,
+                                            groups > 1)
+        .transpose(1, 2)
+        .reshape({b, t, local_heads * head_dim});
   }
   // Extend (decode, a later prefill chunk): the rows' blocks gathered, [kv heads, b,
   // positions, d], each row from position 0, each query blocked past its own position.
