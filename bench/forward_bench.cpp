@@ -39,9 +39,11 @@ caf::expected<forward_bench_result> run_forward_bench(const forward_bench_option
   if (!type) return std::move(type.error());
   if (o.batch < 1 || o.batch > 1024)
     return make_error(ec::invalid_request, "--batch must be 1..1024");
-  if (o.seq < 1 || o.seq + o.decode_tokens > spec->max_positions)
+  // The counters' step (below) decodes once more after the timed ones.
+  if (o.seq < 1 || o.seq + o.decode_tokens + 1 > spec->max_positions)
     return make_error(ec::invalid_request,
-                      fmt::format("--seq plus --decode-tokens must fit {}'s {} positions",
+                      fmt::format("--seq plus --decode-tokens plus the one step the counters "
+                                  "take must fit {}'s {} positions",
                                   spec->name, spec->max_positions));
   if (o.decode_tokens < 0 || o.repeats < 1 || o.threads < 0)
     return make_error(ec::invalid_request, "--decode-tokens >= 0, --repeats >= 1, --threads >= 0");

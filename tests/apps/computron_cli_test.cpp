@@ -171,6 +171,11 @@ TEST_CASE("bench forward rejects unknown models and impossible shapes", "[cli][b
   auto seq = run("bench forward --model opt-tiny --seq 500", true);
   CHECK(seq.exit_code == 1);
   CHECK_THAT(seq.all, Catch::Contains("positions"));
+  // 112 + 16 fill opt-tiny's 128 positions, and the counters' step needs one more: refused
+  // before any weight is loaded, not by the decode that would pass the end.
+  auto edge = run("bench forward --model opt-tiny --seq 112 --decode-tokens 16", true);
+  CHECK(edge.exit_code == 1);
+  CHECK_THAT(edge.all, Catch::Contains("the one step the counters take"));
   auto dtype = run("bench forward --model opt-tiny --dtype int4", true);
   CHECK(dtype.exit_code == 1);
   CHECK_THAT(dtype.all, Catch::Contains("dtype must be f32, bf16 or f16"));

@@ -138,7 +138,9 @@ TEST_CASE("a request that joins a running batch gets the tokens it gets alone (O
     auto port = test::wait_for_port(proc);
     REQUIRE(port > 0);
     // Greedy: the tokens are the model's, whatever else shares the batch.
-    auto ask = [&](std::vector<int64_t> prompt, int64_t max_tokens) {
+    // Sends only; `checked` asserts on the test's thread (Catch's assertions and INFO are
+    // not thread-safe, and one request below runs on a thread of its own).
+    auto send = [&](std::vector<int64_t> prompt, int64_t max_tokens) {
       auto c = std::move(net::http_client::connect("127.0.0.1", port, 5s).value());
       json body{{"inputs",
                  {{{"name", "input_ids"},
@@ -146,10 +148,15 @@ TEST_CASE("a request that joins a running batch gets the tokens it gets alone (O
                    {"shape", {1, static_cast<int64_t>(prompt.size())}},
                    {"data", prompt}}}},
                 {"parameters", {{"max_tokens", max_tokens}}}};
-      auto r = c->request("POST", "/v2/models/m/infer", body.dump(), 60s).value();
+      return c->request("POST", "/v2/models/m/infer", body.dump(), 60s).value();
+    };
+    auto checked = [](const net::http_result& r) {
       INFO(r.body);
       REQUIRE(r.status == 200);
       return json::parse(r.body);
+    };
+    auto ask = [&](std::vector<int64_t> prompt, int64_t max_tokens) {
+      return checked(send(std::move(prompt), max_tokens));
     };
     const std::vector<int64_t> long_prompt{1, 2, 3}, short_prompt{7, 8, 9, 40, 41};
     auto long_alone = ask(long_prompt, 120)["outputs"][0]["data"];
@@ -161,11 +168,12 @@ TEST_CASE("a request that joins a running batch gets the tokens it gets alone (O
     // tries, in case a try's long request ended before the short one arrived.
     int joined = 0;
     for (int attempt = 0; attempt < 5 && joined == 0; ++attempt) {
-      json long_out;
-      std::thread t{[&] { long_out = ask(long_prompt, 120); }};
+      net::http_result long_sent;
+      std::thread t{[&] { long_sent = send(long_prompt, 120); }};
       std::this_thread::sleep_for(std::chrono::milliseconds(50 + 50 * attempt));
       auto short_out = ask(short_prompt, 6);
       t.join();
+      auto long_out = checked(long_sent);
       CHECK(short_out["outputs"][0]["data"] == short_alone);
       CHECK(long_out["outputs"][0]["data"] == long_alone);
       if (short_out["parameters"]["batch_size"] == 2) ++joined;
