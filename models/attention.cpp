@@ -118,12 +118,11 @@ at::Tensor detail::stage_state::attend(const at::Tensor& q, const at::Tensor& k,
   if (kv.in_place) return attend_in_place(q, layer, kv);
   constexpr auto hidden = -std::numeric_limits<float>::infinity();
   if (kv.prefill) {
-    // The cache was empty: the step's keys are all the keys (left-padded rows, `blocked`
-    // masks the padding). libtorch's fused attention: no [b, heads, t, t] scores in memory,
+    // The cache was empty: the step's keys are all the keys (left-padded rows, `visible`
+    // leaves the padding out). libtorch's fused attention: no [b, heads, t, t] scores in memory,
     // the softmax in f32 inside the kernel whatever the weights are, and grouped queries
     // reading their kv head without a copy (enable_gqa). The queries come scaled.
-    return at::scaled_dot_product_attention(q, k, v, kv.blocked.logical_not(), 0.0, false, 1.0,
-                                            groups > 1)
+    return at::scaled_dot_product_attention(q, k, v, kv.visible, 0.0, false, 1.0, groups > 1)
         .transpose(1, 2)
         .reshape({b, t, local_heads * head_dim});
   }

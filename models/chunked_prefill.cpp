@@ -99,7 +99,7 @@ caf::expected<host_tensor> decoder_stage::prefill_chunk(
     if (!lora) return std::move(lora.error());
     // The chunk's blocks are taken before any layer runs: a pool without room fails the
     // step here, with a later chunk's cache as it was.
-    auto kv = fresh ? detail::plan_prefill(c, m.kv_pool, end, t, m.prefill_blocked(in.valid))
+    auto kv = fresh ? detail::plan_prefill(c, m.kv_pool, end, t, m.prefill_visible(in.valid))
                     : detail::plan_extend(c, added, t, m.in_place(t));
     if (!kv) return std::move(kv.error());
     if (fresh)

@@ -357,7 +357,7 @@ caf::expected<host_tensor> decoder_stage::prefill_rows(
     std::vector<int64_t> lengths;
     for (auto& pr : prompts) lengths.push_back(static_cast<int64_t>(pr.size()));
     auto in = detail::left_padded(prompts, std::vector<int64_t>(prompts.size(), 0), lengths, t);
-    auto blocked = m.prefill_blocked(in.valid);
+    auto visible = m.prefill_visible(in.valid);
     auto dev_pos = in.positions.to(m.options.device());
     auto input = m.step_input(in, dev_pos, hidden, b, t);
     if (!input) return std::move(input.error());
@@ -369,7 +369,7 @@ caf::expected<host_tensor> decoder_stage::prefill_rows(
     if (!lora) return std::move(lora.error());
     // The prompts' blocks are taken before any layer runs: a pool without room fails the
     // step here, with the cache empty.
-    auto kv = detail::plan_prefill(*cache.impl_, m.kv_pool, lengths, t, blocked);
+    auto kv = detail::plan_prefill(*cache.impl_, m.kv_pool, lengths, t, visible);
     if (!kv) return std::move(kv.error());
     for (size_t i = 0; i < adapters.size(); ++i) cache.impl_->rows[i].adapter = adapters[i];
     return m.run(x, dev_pos, *kv, *lora, out, scored);

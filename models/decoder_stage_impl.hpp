@@ -178,16 +178,17 @@ struct decoder_stage::impl : detail::stage_state {
   }
 
   /// Prefill's mask [b, 1, t, t] on the stage's device from the step's `valid` columns
-  /// [b, t]: query i sees key j when j <= i and j is not padding; a padding query sees
-  /// itself, so that no softmax row is empty.
-  at::Tensor prefill_blocked(const at::Tensor& valid) const {
+  /// [b, t], true where a query may look (as scaled_dot_product_attention takes it): query
+  /// i sees key j when j <= i and j is not padding; a padding query sees itself, so that
+  /// no softmax row is empty.
+  at::Tensor prefill_visible(const at::Tensor& valid) const {
     const auto t = valid.size(1);
     auto key_valid = valid.to(options.device());
     auto causal =
         at::ones({t, t}, at::TensorOptions().dtype(at::kBool).device(options.device())).tril();
     auto eye = at::eye(t, at::TensorOptions().dtype(at::kBool).device(options.device()));
     auto allowed = (causal.unsqueeze(0) & key_valid.unsqueeze(1)) | eye.unsqueeze(0);
-    return allowed.unsqueeze(1).logical_not();
+    return allowed.unsqueeze(1);
   }
 };
 

@@ -137,8 +137,10 @@ struct kv_step {
   std::vector<int64_t> table;
   std::vector<int64_t> limits;
   at::Tensor on_device;
-  /// Where a query may not look: prefill [b, 1, t, t] (causal, padding); extend
-  /// [1, b, 1, t, read_positions] (a query head's group broadcast): the gathered positions
+  /// Prefill: where a query may look, [b, 1, t, t] (causal, padding).
+  at::Tensor visible;
+  /// Extend, gathered: where a query may not look, [1, b, 1, t, read_positions] (a query
+  /// head's group broadcast): the gathered positions
   /// past the query's own (its row's cached length before the step plus its index among
   /// the row's new tokens), and for a padding column every position but the row's first.
   at::Tensor blocked;
@@ -191,10 +193,10 @@ struct kv_cache_rows {
 
 /// Prefill's step: `cache` is emptied and given the blocks of prompts of `lengths`,
 /// left-padded to `t` columns (row i's tokens in columns t - lengths[i] .. t - 1).
-/// `blocked` is the prefill mask. Errors: the pool's (nothing is held then).
+/// `visible` is the prefill mask (kv_step::visible). Errors: the pool's (nothing is held then).
 caf::expected<kv_step> plan_prefill(kv_cache_rows& cache, std::shared_ptr<kv_block_pool> pool,
                                     const std::vector<int64_t>& lengths, int64_t t,
-                                    at::Tensor blocked);
+                                    at::Tensor visible);
 /// A step over a cache that holds rows already: row i gets `added[i]` >= 0 new positions
 /// written from its length on (new blocks where they cross a block boundary, a private
 /// copy of a shared, partly filled last block before writing into it), then every row's

@@ -233,7 +233,7 @@ bool plan_in_place(const detail::kv_cache_rows& c, int64_t read_blocks,
 
 caf::expected<kv_step> plan_prefill(kv_cache_rows& c, std::shared_ptr<kv_block_pool> pool,
                                     const std::vector<int64_t>& lengths, int64_t t,
-                                    at::Tensor blocked) {
+                                    at::Tensor visible) {
   c.clear();
   int64_t total = 0;
   for (auto len : lengths) total += kv_blocks_for(len);
@@ -264,7 +264,7 @@ caf::expected<kv_step> plan_prefill(kv_cache_rows& c, std::shared_ptr<kv_block_p
   s.pool = c.pool.get();
   s.prefill = true;
   s.rows = static_cast<int64_t>(lengths.size());
-  s.blocked = std::move(blocked);
+  s.visible = std::move(visible);
   part_builder parts;
   parts.add_writes(writes, s.rows * t);
   parts.finish(s, parts.pack.tensors(c.pool->options().device()));
