@@ -59,10 +59,10 @@ void send_step(manager_pointer self, const batch_ptr& b, step_request req,
   auto& m = st.models.at(b->model);
   const auto tp = static_cast<size_t>(m.cfg.tp);
   const auto pp = static_cast<size_t>(m.cfg.pp);
-  const auto step = req.step;
+  const auto step = req.input.step;
   // A gpu-let's steps take longer by its share (and busy partners): so may the answer.
   timeout = sched::gpulet_timeout(st.disp->gpulets().plan, timeout, st.disp->run_share(m.index));
-  req.interference = st.disp->gpulets().plan.interference;
+  req.lanes.interference = st.disp->gpulets().plan.interference;
   auto j = make_join<step_result>(
       tp,
       [=](std::vector<step_result> results) {
@@ -96,9 +96,9 @@ void send_step(manager_pointer self, const batch_ptr& b, step_request req,
       auto pos = stage * tp + rank;
       r.route.push_back(
           caf::actor_cast<step_stage_actor>(st.workers[static_cast<size_t>(m.cfg.devices[pos])]));
-      r.lanes.push_back(pos < lanes.size() ? lanes[pos] : 0);
-      r.shares.push_back(st.disp->share_of(m.index, pos));
-      r.partitions.push_back(st.disp->partition_of(m.index, pos));
+      r.lanes.lanes.push_back(pos < lanes.size() ? lanes[pos] : 0);
+      r.lanes.shares.push_back(st.disp->share_of(m.index, pos));
+      r.lanes.partitions.push_back(st.disp->partition_of(m.index, pos));
     }
     auto first = r.route[0];
     self->request(first, timeout, step_atom_v, std::move(r))
@@ -116,20 +116,18 @@ bool check_tokens(manager_pointer self, const batch_ptr& b, const step_result& r
   return false;
 }
 
-/// The one place a step's request takes what the dispatch core's plan decided: the batch id
-/// it runs under, the join and the chunk, the KV blocks the pools may take, and per row of
-/// `rows` (indices into b->rows, in the plan's order: a row cancelled in the queue is not
-/// among them) its prompt or its last token. Returns the tokens the step computes (its
-/// deadline's and the step fit's figure).
+/// The one place a step's request takes what the dispatch core's plan decided: the plan
+/// itself (the batch id it runs under, the join and the chunk, the KV blocks the pools may
+/// take), with its rows as `rows` has them (indices into b->rows, in the plan's order: a row
+/// cancelled in the queue is not among them), and per row its prompt or its last token.
+/// The workers keep the rows of the batch's previous step that it names, by key. Returns
+/// the tokens the step computes (its deadline's and the step fit's figure).
 int64_t request_from_plan(const batch_ptr& b, const sched::step_plan& plan,
                           const std::vector<size_t>& rows, step_request& req) {
   req.model = b->model;
-  req.batch_id = plan.batch;
-  req.join_into = plan.into;
-  req.prefill_chunk = plan.chunk;
-  req.prefill_left = plan.left;
-  req.kv_blocks = static_cast<int64_t>(plan.kv_blocks);
-  int64_t tokens = 0;
+  auto& in = req.input;
+  in.plan = plan;
+  in.plan.rows.clear();
   for (auto r : rows) {
     auto& q = b->rows[r];
     auto p = std::find_if(plan.rows.begin(), plan.rows.end(),
@@ -137,19 +135,25 @@ int64_t request_from_plan(const batch_ptr& b, const sched::step_plan& plan,
     if (p != plan.rows.end() && !p->decoding()) {
       // The sampling rank keeps each row's sampler from the prefill on: the settings
       // (bias and stop lists included) travel once, not with every decode step.
-      req.prompts.push_back(q.req.tokens);
-      req.sampling.push_back(q.req.sampling);
-      req.adapters.push_back(q.adapter);
-      tokens += p->scheduled;
+      in.prompts.push_back(q.req.tokens);
+      in.sampling.push_back(q.req.sampling);
+      in.adapters.push_back(q.adapter);
+      in.plan.rows.push_back(*p);
     } else {
-      req.tokens.push_back(b->outputs[r].back());
-      ++tokens;
+      in.tokens.push_back(b->outputs[r].back());
+      // Its caches hold its prompt and every token it generated but the last.
+      const auto n = std::max<int64_t>(1, static_cast<int64_t>(q.req.tokens.size()));
+      in.plan.rows.push_back(
+          p != plan.rows.end()
+              ? *p
+              : sched::planned_row{q.key, n, n + static_cast<int64_t>(b->outputs[r].size()) - 1,
+                                   1});
     }
   }
   // Rows of the base alone name no adapters.
-  if (std::all_of(req.adapters.begin(), req.adapters.end(), [](auto& a) { return a.empty(); }))
-    req.adapters.clear();
-  return tokens;
+  if (std::all_of(in.adapters.begin(), in.adapters.end(), [](auto& a) { return a.empty(); }))
+    in.adapters.clear();
+  return in.plan.tokens();
 }
 
 /// Carries the rows' one deadline to the workers (step_request::deadline_ms): the time
@@ -176,7 +180,7 @@ void set_deadline(manager_pointer self, const batch_ptr& b, step_request& req, i
 /// What the step's pools may allocate: the blocks the ledger holds for the model.
 void set_kv_blocks(manager_pointer self, const batch_ptr& b, step_request& req) {
   auto& st = self->state;
-  req.kv_blocks = static_cast<int64_t>(st.disp->kv_held_by(st.models.at(b->model).index));
+  req.input.plan.kv_blocks = st.disp->kv_held_by(st.models.at(b->model).index);
 }
 
 /// A step of `tokens` tokens sent at `sent_s` (now_s) took `compute_ms` over its stages:
@@ -208,22 +212,14 @@ void note_step(manager_pointer self, const batch_ptr& b, int64_t tokens, double 
                        static_cast<double>(m->second.cfg.slo_ms) / 1e3);
 }
 
-/// `keep` lists every row of the previous step in order: the workers need none.
-std::vector<int32_t> unless_all(std::vector<int32_t> keep, size_t previous) {
-  if (keep.size() == previous) keep.clear();
-  return keep;
-}
-
 void prefill_joiners(manager_pointer self, const batch_ptr& b, const sched::join_plan& plan,
-                     int64_t step, size_t previous, std::vector<int32_t> keep,
-                     std::vector<size_t> joined);
+                     int64_t step, std::vector<size_t> joined);
 
 /// Prefills the requests of `plan` as their own batch and appends them to `b` (every
 /// stage joins the caches and samplers), then runs b's next step over its rows that went
-/// on (`keep`: their positions among the `previous` rows of the last step) and the
-/// joined rows.
-void join_rows(manager_pointer self, const batch_ptr& b, const sched::join_plan& plan, int64_t step,
-               size_t previous, std::vector<int32_t> keep) {
+/// on and the joined rows.
+void join_rows(manager_pointer self, const batch_ptr& b, const sched::join_plan& plan,
+               int64_t step) {
   auto& st = self->state;
   auto t = now(self);
   std::vector<size_t> joined;
@@ -254,18 +250,17 @@ void join_rows(manager_pointer self, const batch_ptr& b, const sched::join_plan&
       self, b, joined,
       [=](std::map<std::string, caf::error> failed) mutable {
         joined = drop_failed_adapters(self, b, std::move(joined), failed);
-        prefill_joiners(self, b, plan, step, previous, std::move(keep), std::move(joined));
+        prefill_joiners(self, b, plan, step, std::move(joined));
       },
       join_adapter_wait);
 }
 
 /// join_rows' second half: `joined` (indices into b->rows) are prefilled and join.
 void prefill_joiners(manager_pointer self, const batch_ptr& b, const sched::join_plan& plan,
-                     int64_t step, size_t previous, std::vector<int32_t> keep,
-                     std::vector<size_t> joined) {
+                     int64_t step, std::vector<size_t> joined) {
   auto& st = self->state;
   if (joined.empty()) {
-    run_step(self, b, step + 1, unless_all(std::move(keep), previous));
+    run_step(self, b, step + 1);
     return;
   }
   step_request req;
@@ -283,7 +278,7 @@ void prefill_joiners(manager_pointer self, const batch_ptr& b, const sched::join
     send_step(self, b, std::move(req), st.opts.step_timeout * static_cast<int>(pp),
               [=](step_result& res) mutable {
                 note_step(self, b, tokens, sent_s, res);
-                run_step(self, b, step + 1, unless_all(std::move(keep), previous));
+                run_step(self, b, step + 1);
               });
     return;
   }
@@ -306,7 +301,6 @@ void prefill_joiners(manager_pointer self, const batch_ptr& b, const sched::join
               for (size_t j = 0; j < joined.size(); ++j)
                 if (take_token(self, b, joined[j], j, res, true)) {
                   going.push_back(joined[j]);
-                  keep.push_back(static_cast<int32_t>(previous + j));
                   // It decodes in the batch's next step, whose plan the boundary gave.
                   for (auto& e : plan.rows)
                     if (e.key == b->rows[joined[j]].key)
@@ -318,15 +312,14 @@ void prefill_joiners(manager_pointer self, const batch_ptr& b, const sched::join
                 finish_batch(self, b, nullptr);
                 return;
               }
-              run_step(self, b, step + 1, unless_all(std::move(keep), previous + joined.size()));
+              run_step(self, b, step + 1);
             });
 }
 
 }  // namespace
 
-/// Runs step `step` of the rows in b->sent; `keep` says which rows of the previous step
-/// they are (empty: all).
-void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vector<int32_t> keep,
+/// Runs step `step` of the rows in b->sent.
+void run_step(manager_pointer self, const batch_ptr& b, int64_t step,
               const sched::step_plan* plan) {
   auto& st = self->state;
   auto& m = st.models.at(b->model);
@@ -337,17 +330,16 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vecto
   // ledger's now.
   const auto tokens = request_from_plan(b, plan ? *plan : b->next, b->sent, req);
   if (!plan) set_kv_blocks(self, b, req);
-  req.step = static_cast<int32_t>(step);
+  req.input.step = static_cast<int32_t>(step);
   // The last step is the one no row can outlive (rows only ever finish earlier, and none
   // joins a batch whose caches are gone).
   int64_t left = 0;
   for (auto r : b->sent)
     left = std::max(left, b->rows[r].req.max_tokens - static_cast<int64_t>(b->outputs[r].size()));
   // A chunked join under way joins this batch's caches later: they stay.
-  req.last = left <= 1 && b->pending.empty();
-  b->caches_dropped = req.last;
+  req.input.last = left <= 1 && b->pending.empty();
+  b->caches_dropped = req.input.last;
   ++b->steps;
-  req.keep = std::move(keep);
   set_deadline(self, b, req, tokens);
   const bool loading = step == 0 && b->loading;
   auto timeout = st.opts.step_timeout * static_cast<int>(pp);
@@ -359,13 +351,8 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vecto
     if (!check_tokens(self, b, res, b->sent.size())) return;
     note_step(self, b, tokens, sent_s, res, loading);
     std::vector<size_t> next;
-    std::vector<int32_t> keep;
     for (size_t p = 0; p < b->sent.size(); ++p)
-      if (take_token(self, b, b->sent[p], p, res, step == 0)) {
-        next.push_back(b->sent[p]);
-        keep.push_back(static_cast<int32_t>(p));
-      }
-    const auto previous = b->sent.size();
+      if (take_token(self, b, b->sent[p], p, res, step == 0)) next.push_back(b->sent[p]);
     compact(b, next);
     set_running(self, b, b->sent.size());
     // With every row done the batch ends, unless a chunked join under way is to join it
@@ -379,8 +366,6 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vecto
     std::vector<uint64_t> going;
     for (auto r : b->sent) going.push_back(b->rows[r].key);
     b->boundary_step = step;
-    b->boundary_previous = previous;
-    b->boundary_keep = std::move(keep);
     at_step_boundary(self, b, self->state.disp->step_boundary(b->id, going, now(self)));
   });
 }
@@ -392,13 +377,11 @@ void at_step_boundary(manager_pointer self, const batch_ptr& b, sched::dispatch_
   auto leavers = sched::leavers_at(e, b->id);
   if (!leavers.empty()) {
     std::vector<size_t> stay;
-    std::vector<int32_t> keep;
     for (size_t i = 0; i < b->sent.size(); ++i) {
       auto r = b->sent[i];
       auto& q = b->rows[r];
       if (!leavers.leaves(q.key)) {
         stay.push_back(r);
-        if (i < b->boundary_keep.size()) keep.push_back(b->boundary_keep[i]);
         continue;
       }
       if (auto f = leavers.failed.find(q.key); f != leavers.failed.end()) {
@@ -414,7 +397,6 @@ void at_step_boundary(manager_pointer self, const batch_ptr& b, sched::dispatch_
       }
       requeue(self, b, r);
     }
-    b->boundary_keep = std::move(keep);
     compact(b, stay);
     set_running(self, b, b->sent.size());
   }
@@ -442,13 +424,10 @@ void at_step_boundary(manager_pointer self, const batch_ptr& b, sched::dispatch_
       break;
   }
   auto step = b->boundary_step;
-  auto previous = b->boundary_previous;
-  auto keep = std::move(b->boundary_keep);
-  b->boundary_keep.clear();
   if (joins.empty())
-    run_step(self, b, step + 1, unless_all(std::move(keep), previous));
+    run_step(self, b, step + 1);
   else
-    join_rows(self, b, joins.front(), step, previous, std::move(keep));
+    join_rows(self, b, joins.front(), step);
 }
 
 }  // namespace computron::actors::manager_detail

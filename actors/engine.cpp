@@ -23,16 +23,17 @@ constexpr int64_t toy_positions = 4096;
 /// Longest a layer waits for its bytes (the load's own timeout ends it sooner).
 constexpr auto layer_wait = std::chrono::minutes{10};
 
-class toy_program final : public shard_program {
+class toy_backend final : public backend {
  public:
-  toy_program(const shard_spec& s, gpu::weight_shard& w, gpu::collective& g)
+  toy_backend(const shard_spec& s, gpu::weight_shard& w, gpu::collective& g)
       : spec_(s), weights_(w), group_(g) {}
 
-  caf::expected<models::host_tensor> run(const step_request& req,
+  caf::expected<models::host_tensor> run(const computron::engine::step_input& in,
+                                         const std::vector<int32_t>& keep,
                                          const models::host_tensor* hidden) override {
     const bool first = spec_.pp_rank == 0;
     const bool last = spec_.pp_rank == spec_.model.pp - 1;
-    const size_t rows = req.step == 0 ? req.prompts.size() : req.tokens.size();
+    const size_t rows = in.rows();
     if (rows == 0) return make_error(ec::invalid_request, "toy: empty batch");
     const uint64_t n = weights_.size_bytes();
     const double stage_ms = spec_.model.toy_compute_ms / static_cast<double>(spec_.model.pp);
@@ -55,10 +56,10 @@ class toy_program final : public shard_program {
     if (first) {
       for (size_t r = 0; r < rows; ++r) {
         int64_t v = 0;
-        if (req.step == 0)
-          for (auto t : req.prompts[r]) v += t;
+        if (in.prefills())
+          for (auto t : in.prompts[r]) v += t;
         else
-          v = req.tokens[r];
+          v = in.tokens[r];
         x[r] = static_cast<float>(((v % toy_vocab) + toy_vocab) % toy_vocab);
       }
     } else {
@@ -66,15 +67,15 @@ class toy_program final : public shard_program {
         return make_error(ec::invalid_request, "toy: hidden states do not match the batch");
       std::memcpy(x.data(), hidden->bytes.data(), rows * sizeof(float));
     }
-    auto with = row_adapters(req, rows);
+    auto with = row_adapters(in, keep, rows);
     if (!with) return with.error();
     // The last step of a batch: nothing of it stays (as the decoder's caches go).
-    if (req.last) rows_.erase(req.batch_id);
+    if (in.last) rows_.erase(in.plan.batch);
     // Each rank adds one byte of its device copy; the all-reduce sums the ranks.
     std::vector<float> partial(rows);
     uint8_t window[64] = {};
     const uint64_t len = std::min<uint64_t>(n, sizeof(window));
-    const uint64_t offset = (static_cast<uint64_t>(req.step) * 7919) % (n - len + 1);
+    const uint64_t offset = (static_cast<uint64_t>(in.step) * 7919) % (n - len + 1);
     if (auto err = read_window(weights_, offset, window, len)) return err;
     for (size_t r = 0; r < rows; ++r)
       // The byte depends on the row's own value, never on its position in the batch.
@@ -135,33 +136,35 @@ class toy_program final : public shard_program {
   using adapter_ptr = std::shared_ptr<gpu::weight_shard>;
 
   /// The adapter of each of the step's `rows` (null: the base alone): named at step 0
-  /// (req.adapters), then the batch's, kept and joined as its rows are.
-  caf::expected<std::vector<adapter_ptr>> row_adapters(const step_request& req, size_t rows) {
-    auto& mine = rows_[req.batch_id];
-    if (req.step == 0) {
-      if (!req.adapters.empty() && req.adapters.size() != rows)
+  /// (in.adapters), then the batch's, kept and joined as its rows are.
+  caf::expected<std::vector<adapter_ptr>> row_adapters(const computron::engine::step_input& in,
+                                                       const std::vector<int32_t>& keep,
+                                                       size_t rows) {
+    auto& mine = rows_[in.plan.batch];
+    if (in.prefills()) {
+      if (!in.adapters.empty() && in.adapters.size() != rows)
         return make_error(ec::invalid_request, "toy: a step names " +
-                                                   std::to_string(req.adapters.size()) +
+                                                   std::to_string(in.adapters.size()) +
                                                    " rows' adapters for " + std::to_string(rows));
       mine.assign(rows, nullptr);
-      for (size_t r = 0; r < req.adapters.size(); ++r) {
-        if (req.adapters[r].empty()) continue;
-        auto a = adapters_.find(req.adapters[r]);
+      for (size_t r = 0; r < in.adapters.size(); ++r) {
+        if (in.adapters[r].empty()) continue;
+        auto a = adapters_.find(in.adapters[r]);
         if (a == adapters_.end())
-          return make_error(ec::invalid_request,
-                            "toy: adapter " + req.adapters[r] + " is not bound to " + req.model);
+          return make_error(ec::invalid_request, "toy: adapter " + in.adapters[r] +
+                                                     " is not bound to " + spec_.model.name);
         mine[r] = a->second;
       }
       return mine;
     }
-    if (!req.keep.empty()) {
+    if (!keep.empty()) {
       std::vector<adapter_ptr> kept;
-      for (auto k : req.keep)
+      for (auto k : keep)
         if (k >= 0 && static_cast<size_t>(k) < mine.size()) kept.push_back(mine[k]);
       mine = std::move(kept);
     }
     if (mine.size() != rows)
-      return make_error(ec::invalid_request, "toy: batch " + std::to_string(req.batch_id) +
+      return make_error(ec::invalid_request, "toy: batch " + std::to_string(in.plan.batch) +
                                                  " has " + std::to_string(mine.size()) +
                                                  " rows, its step " + std::to_string(rows));
     return mine;
@@ -189,7 +192,7 @@ class toy_program final : public shard_program {
   std::unordered_map<uint64_t, std::vector<adapter_ptr>> rows_;
 };
 
-class toy_engine final : public engine {
+class toy_engine final : public model_kind {
  public:
   caf::error validate(const model_config& cfg,
                       const std::vector<gpu::device_kind>&) const override {
@@ -222,10 +225,9 @@ class toy_engine final : public engine {
     return {};
   }
 
-  caf::expected<std::unique_ptr<shard_program>> make_program(const shard_spec& s,
-                                                             gpu::weight_shard& w,
-                                                             gpu::collective& g) const override {
-    return std::unique_ptr<shard_program>{std::make_unique<toy_program>(s, w, g)};
+  caf::expected<std::unique_ptr<backend>> make_backend(const shard_spec& s, gpu::weight_shard& w,
+                                                       gpu::collective& g) const override {
+    return std::unique_ptr<backend>{std::make_unique<toy_backend>(s, w, g)};
   }
 };
 
@@ -239,12 +241,18 @@ bool valid_name(const std::string& name) {
 
 }  // namespace
 
-std::shared_ptr<const engine> make_toy_engine() {
+std::shared_ptr<const model_kind> make_toy_engine() {
   return std::make_shared<toy_engine>();
 }
 
 engine_registry torch_free_engines() {
   return {{"toy", make_toy_engine()}};
+}
+
+std::shared_ptr<computron::engine::runner> runner_of(const shard_spec& s,
+                                                     std::unique_ptr<backend> b) {
+  const bool last_stage = s.pp_rank == s.model.pp - 1;
+  return std::make_shared<computron::engine::runner>(std::move(b), last_stage, s.tp_rank == 0);
 }
 
 tensor_payload to_payload(const models::host_tensor& t) {
@@ -263,159 +271,6 @@ models::host_tensor from_payload(const tensor_payload& p) {
   t.bytes.resize(p.bytes.size());
   if (!p.bytes.empty()) std::memcpy(t.bytes.data(), p.bytes.data(), p.bytes.size());
   return t;
-}
-
-models::sampling_params to_sampling_params(const row_sampling& s) {
-  models::sampling_params p;
-  p.temperature = s.temperature;
-  p.top_k = s.top_k;
-  p.top_p = s.top_p;
-  p.seed = s.seed;
-  p.min_p = s.min_p;
-  p.repetition_penalty = s.repetition_penalty;
-  p.presence_penalty = s.presence_penalty;
-  p.frequency_penalty = s.frequency_penalty;
-  for (size_t i = 0; i < s.bias_ids.size() && i < s.bias_values.size(); ++i)
-    p.logit_bias.emplace_back(s.bias_ids[i], s.bias_values[i]);
-  p.min_tokens = s.min_tokens;
-  p.suppress = s.suppress;
-  p.logprobs = s.logprobs;
-  return p;
-}
-
-int64_t candidates_of(const row_sampling& s) {
-  bool plain = s.logprobs < 0 && s.prompt_logprobs < 0 && s.bias_ids.empty() &&
-               s.repetition_penalty == 1.0 && s.presence_penalty == 0 && s.frequency_penalty == 0 &&
-               (s.min_tokens == 0 || s.suppress.empty());
-  if (!plain) return 0;
-  if (s.temperature == 0) return 1;
-  // The sampler keeps the top_k most likely first (min_p and top_p cut within them).
-  return s.top_k >= 1 && s.top_k <= max_candidates ? s.top_k : 0;
-}
-
-namespace {
-
-/// At a batch's first step (no samplers yet), one sampler per row from its settings and its
-/// prompt (what the repetition penalty counts as seen); then, at every step, one per row of
-/// `what` the last stage returned.
-caf::error ensure_samplers(std::vector<models::sampler>& samplers,
-                           const std::vector<row_sampling>& sampling,
-                           const std::vector<std::vector<int64_t>>& prompts, size_t rows,
-                           const char* what) {
-  if (samplers.empty()) {
-    if (sampling.size() != rows)
-      return make_error(ec::invalid_request, "sampling parameters for " +
-                                                 std::to_string(sampling.size()) + " rows, " +
-                                                 what + " for " + std::to_string(rows));
-    static const std::vector<int64_t> none;
-    for (size_t r = 0; r < sampling.size(); ++r)
-      samplers.emplace_back(to_sampling_params(sampling[r]),
-                            r < prompts.size() ? prompts[r] : none);
-  }
-  if (samplers.size() != rows)
-    return make_error(ec::invalid_state, "the batch has " + std::to_string(samplers.size()) +
-                                             " samplers for " + std::to_string(rows) + " rows");
-  return {};
-}
-
-token_logprobs to_wire(models::token_choice c) {
-  // -inf (a token the model rules out, an f16 overflow) and NaN are not numbers a message
-  // or JSON can carry: -9999, as vLLM clamps them.
-  auto finite = [](float x) { return std::isfinite(x) ? x : -9999.0f; };
-  for (auto& x : c.top_logprobs) x = finite(x);
-  return token_logprobs{finite(c.logprob), std::move(c.top_ids), std::move(c.top_logprobs)};
-}
-
-}  // namespace
-
-caf::expected<std::vector<int64_t>> sample_rows(
-    const models::host_tensor& logits, std::vector<models::sampler>& samplers,
-    const std::vector<row_sampling>& sampling, const std::vector<std::vector<int64_t>>& prompts,
-    std::vector<token_logprobs>* logprobs,
-    std::vector<std::vector<token_logprobs>>* prompt_logprobs) {
-  if (samplers.empty() && logits.type == gpu::dtype::f32 && logits.shape.size() == 2 &&
-      logits.shape[0] > static_cast<int64_t>(sampling.size())) {
-    // A prefill (no samplers yet) where rows asked for their prompt's log-probabilities:
-    // after the batch's rows come each such row's positions before its last
-    // (decoder_stage::prefill).
-    const auto rows = static_cast<int64_t>(sampling.size()), vocab = logits.shape[1];
-    auto* all = reinterpret_cast<const float*>(logits.bytes.data());
-    auto scored_positions = [&](int64_t r) -> int64_t {
-      auto n = static_cast<size_t>(r) < prompts.size()
-                   ? static_cast<int64_t>(prompts[static_cast<size_t>(r)].size())
-                   : 0;
-      return sampling[static_cast<size_t>(r)].prompt_logprobs >= 0 && n >= 2 ? n - 1 : 0;
-    };
-    int64_t need = rows;
-    for (int64_t r = 0; r < rows; ++r) need += scored_positions(r);
-    if (need != logits.shape[0])
-      return make_error(ec::invalid_state,
-                        "last stage returned " + std::to_string(logits.shape[0]) +
-                            " rows of logits; the batch and its scored prompts need " +
-                            std::to_string(need));
-    if (prompt_logprobs) prompt_logprobs->assign(sampling.size(), {});
-    int64_t cursor = rows;
-    for (int64_t r = 0; r < rows; ++r) {
-      auto k = sampling[static_cast<size_t>(r)].prompt_logprobs;
-      auto n = scored_positions(r) + 1;
-      if (n < 2) continue;
-      auto& p = prompts[static_cast<size_t>(r)];
-      std::vector<int64_t> next(p.begin() + 1, p.end());
-      if (prompt_logprobs) {
-        auto& out = (*prompt_logprobs)[static_cast<size_t>(r)];
-        for (auto& c : models::score_tokens(all + cursor * vocab, n - 1, vocab, next, k))
-          out.push_back(to_wire(std::move(c)));
-      }
-      cursor += n - 1;
-    }
-    models::host_tensor last;
-    last.type = gpu::dtype::f32;
-    last.shape = {rows, vocab};
-    last.bytes.assign(logits.bytes.begin(),
-                      logits.bytes.begin() + static_cast<ptrdiff_t>(rows * vocab * 4));
-    return sample_rows(last, samplers, sampling, prompts, logprobs, nullptr);
-  }
-  if (logits.type == gpu::dtype::f32 && logits.shape.size() == 3 && logits.shape[2] == 2) {
-    // Candidates: each row's k most likely (logit, id), most likely first.
-    const auto rows = static_cast<size_t>(logits.shape[0]);
-    const auto k = logits.shape[1];
-    if (auto err = ensure_samplers(samplers, sampling, prompts, rows, "candidates")) return err;
-    auto* pairs = reinterpret_cast<const float*>(logits.bytes.data());
-    std::vector<float> values(static_cast<size_t>(k));
-    std::vector<int64_t> out(rows);
-    for (size_t r = 0; r < rows; ++r) {
-      const float* row = pairs + static_cast<int64_t>(r) * k * 2;
-      for (int64_t c = 0; c < k; ++c) values[static_cast<size_t>(c)] = row[2 * c];
-      auto pick = samplers[r].next(values.data(), k);
-      out[r] = static_cast<int64_t>(row[2 * pick + 1]);
-    }
-    return out;
-  }
-  if (logits.type != gpu::dtype::f32 || logits.shape.size() != 2)
-    return make_error(ec::invalid_state,
-                      "last stage returned logits that are not [rows, vocab] f32");
-  auto rows = static_cast<size_t>(logits.shape[0]);
-  auto vocab = logits.shape[1];
-  if (auto err = ensure_samplers(samplers, sampling, prompts, rows, "logits")) return err;
-  std::vector<int64_t> out(rows);
-  auto* data = reinterpret_cast<const float*>(logits.bytes.data());
-  bool any = false;
-  for (auto& s : samplers) any = any || s.wants_logprobs();
-  if (!any || logprobs == nullptr) {
-    for (size_t r = 0; r < rows; ++r) out[r] = samplers[r].next(data + r * vocab, vocab);
-    return out;
-  }
-  logprobs->assign(rows, {});
-  for (size_t r = 0; r < rows; ++r) {
-    if (!samplers[r].wants_logprobs()) {
-      out[r] = samplers[r].next(data + r * vocab, vocab);
-      continue;
-    }
-    auto c = samplers[r].choose(data + r * vocab, vocab);
-    out[r] = c.token;
-    (*logprobs)[r] = to_wire(std::move(c));
-  }
-  return out;
 }
 
 bool dtype_runs_on(const std::string& dtype, const std::vector<gpu::device_kind>& placed) {
@@ -481,7 +336,7 @@ caf::error validate_model(const engine_registry& engines, const model_config& cf
 }
 
 caf::expected<std::vector<std::vector<int64_t>>> direct_generate(
-    const engine& eng, const model_config& cfg, const std::vector<gpu::device_ptr>& devices,
+    const model_kind& eng, const model_config& cfg, const std::vector<gpu::device_ptr>& devices,
     const std::vector<std::vector<int64_t>>& prompts, int64_t max_tokens,
     const row_sampling& sampling) {
   if (prompts.empty() || max_tokens < 1)
@@ -492,7 +347,7 @@ caf::expected<std::vector<std::vector<int64_t>>> direct_generate(
     shard_spec spec;
     std::unique_ptr<gpu::weight_shard> weights;
     std::unique_ptr<gpu::collective> group;
-    std::unique_ptr<shard_program> program;
+    std::shared_ptr<computron::engine::runner> runner;
   };
   std::vector<shard_t> shards(static_cast<size_t>(tp * pp));
   static std::atomic<uint64_t> run_id{0};
@@ -513,32 +368,26 @@ caf::expected<std::vector<std::vector<int64_t>>> direct_generate(
                                    std::chrono::minutes(2));
     if (!g) return g.error();
     s.group = std::move(*g);
-    auto p = eng.make_program(s.spec, *s.weights, *s.group);
-    if (!p) return p.error();
-    s.program = std::move(*p);
+    auto b = eng.make_backend(s.spec, *s.weights, *s.group);
+    if (!b) return b.error();
+    s.runner = runner_of(s.spec, std::move(*b));
   }
+  // The same plans the dispatch core makes: the rows' whole prompts, then one token each.
   std::vector<row_sampling> rows(prompts.size(), sampling);
   for (size_t r = 0; r < rows.size(); ++r) rows[r].seed = sampling.seed + r;
-  std::vector<models::sampler> samplers;
+  auto in = computron::engine::prefill_step(1, prompts, std::move(rows));
   std::vector<std::vector<int64_t>> out(prompts.size());
-  std::vector<int64_t> last_tokens;
   for (int64_t step = 0; step < max_tokens; ++step) {
-    step_request req;
-    req.model = cfg.name;
-    req.step = static_cast<int32_t>(step);
-    req.prompts = prompts;
-    req.tokens = last_tokens;
-    req.sampling = rows;
-    req.last = step + 1 == max_tokens;
-    std::vector<models::host_tensor> hidden(static_cast<size_t>(tp));
+    in.last = step + 1 == max_tokens;
+    std::vector<computron::engine::step_output> hidden(static_cast<size_t>(tp));
     for (int stage = 0; stage < pp; ++stage) {
-      req.stage = stage;
-      std::vector<std::future<caf::expected<models::host_tensor>>> runs;
+      std::vector<std::future<caf::expected<computron::engine::step_output>>> runs;
       for (int r = 0; r < tp; ++r) {
         auto& s = shards[static_cast<size_t>(stage * tp + r)];
-        const models::host_tensor* in = stage == 0 ? nullptr : &hidden[static_cast<size_t>(r)];
+        const models::host_tensor* h =
+            stage == 0 ? nullptr : &hidden[static_cast<size_t>(r)].hidden;
         runs.push_back(
-            std::async(std::launch::async, [&s, &req, in] { return s.program->run(req, in); }));
+            std::async(std::launch::async, [&s, &in, h] { return s.runner->step(in, h); }));
       }
       caf::error first_error;
       for (int r = 0; r < tp; ++r) {
@@ -551,10 +400,13 @@ caf::expected<std::vector<std::vector<int64_t>>> direct_generate(
       }
       if (first_error) return first_error;
     }
-    auto next = sample_rows(hidden[0], samplers, rows, prompts);
-    if (!next) return next.error();
-    for (size_t r = 0; r < out.size(); ++r) out[r].push_back((*next)[r]);
-    last_tokens = std::move(*next);
+    auto& next = hidden[0].tokens;
+    if (next.size() != out.size())
+      return make_error(ec::invalid_state, "a step sampled " + std::to_string(next.size()) +
+                                               " tokens for " + std::to_string(out.size()) +
+                                               " rows");
+    for (size_t r = 0; r < out.size(); ++r) out[r].push_back(next[r]);
+    computron::engine::next_decode_step(in, next);
   }
   return out;
 }

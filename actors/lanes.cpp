@@ -46,7 +46,7 @@ caf::error step_too_late(const step_request& req, std::chrono::steady_clock::tim
                     fmt::format("step {} of {} reached device {}'s compute lane {:.0f} ms after "
                                 "it came, with {} ms of its deadline left then and about "
                                 "{:.0f} ms of compute to go: it would end past the deadline",
-                                req.step, req.model, device, waited, req.deadline_ms, to_go));
+                                req.input.step, req.model, device, waited, req.deadline_ms, to_go));
 }
 
 }  // namespace computron::actors

@@ -215,7 +215,7 @@ void run_batch(manager_pointer self, const batch_ptr& b, const sched::started_ba
   b->run_s = now_s();
   for (auto& q : b->rows) q.batch_rows = static_cast<uint32_t>(b->rows.size());
   set_running(self, b, b->sent.size());
-  run_step(self, b, 0, {}, &s.plan);
+  run_step(self, b, 0, &s.plan);
 }
 
 /// Asks the scheduler for a batch's KV blocks; the answer goes to the dispatch core, and

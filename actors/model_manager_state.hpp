@@ -92,11 +92,8 @@ struct batch {
   double load_left_ms = 0;
   /// Steps run: the batcher's service estimate learns per step.
   int64_t steps = 0;
-  /// Where its steps stand while a step boundary waits for KV blocks (run_step's step,
-  /// the rows of the previous step and which of them go on).
+  /// Where its steps stand while a step boundary waits for KV blocks (run_step's step).
   int64_t boundary_step = 0;
-  size_t boundary_previous = 0;
-  std::vector<int32_t> boundary_keep{};
   /// Rows whose prompts are computed in chunks before they join (sched::join_plan):
   /// indices into `rows` (after the running ones), and the batch id their chunks run as,
   /// under which the workers cache them until the last chunk joins them to this batch.
@@ -220,10 +217,10 @@ void requeue(manager_pointer self, const batch_ptr& b, size_t r);
 /// Continues b at a step boundary with what the dispatch core decided there (preemptions,
 /// joins, and whether the next step runs now or waits for KV; batch_steps.cpp).
 void at_step_boundary(manager_pointer self, const batch_ptr& b, sched::dispatch_effects e);
-/// Runs step `step` of the rows in b->sent; `keep` says which rows of the previous step
-/// they are (empty: all). `plan`: the dispatch core's plan of the step (a batch's first
-/// step); none: a decode step of every row in b->sent.
-void run_step(manager_pointer self, const batch_ptr& b, int64_t step, std::vector<int32_t> keep,
+/// Runs step `step` of the rows in b->sent (the workers keep the rows of the previous step
+/// that the plan names, by key). `plan`: the dispatch core's plan of the step (a batch's
+/// first step); none: a decode step of every row in b->sent.
+void run_step(manager_pointer self, const batch_ptr& b, int64_t step,
               const sched::step_plan* plan = nullptr);
 
 /// LoRA adapters (manager_adapters.cpp). The registered name `name` stands for: itself,

@@ -56,31 +56,33 @@ models::kv_pool_options device_kv(gpu::device& dev) {
   return o;
 }
 
-class decoder_program final : public shard_program {
+class decoder_backend final : public backend {
  public:
-  explicit decoder_program(std::unique_ptr<models::decoder_stage> stage)
+  explicit decoder_backend(std::unique_ptr<models::decoder_stage> stage)
       : stage_(std::move(stage)) {}
 
-  caf::expected<models::host_tensor> run(const step_request& req,
+  caf::expected<models::host_tensor> run(const computron::engine::step_input& req,
+                                         const std::vector<int32_t>& keep,
                                          const models::host_tensor* hidden) override {
-    if (req.kv_blocks > 0) stage_->set_kv_budget(req.kv_blocks);
-    auto& cache = caches_[req.batch_id];
-    if (req.step > 0 && !req.keep.empty()) {
+    const auto batch = req.plan.batch;
+    if (req.plan.kv_blocks > 0) stage_->set_kv_budget(static_cast<int64_t>(req.plan.kv_blocks));
+    auto& cache = caches_[batch];
+    if (!req.prefills() && !keep.empty()) {
       // Rows that finished left the batch: their keys and values go too.
-      std::vector<int64_t> rows(req.keep.begin(), req.keep.end());
+      std::vector<int64_t> rows(keep.begin(), keep.end());
       if (auto err = cache.keep_rows(rows)) {
-        end_batch(req.batch_id);
+        end_batch(batch);
         return err;
       }
     }
     caf::expected<models::host_tensor> out{models::host_tensor{}};
-    if (req.step == 0 && req.prefill_chunk > 0) {
+    if (req.prefills() && req.plan.chunk > 0) {
       // A chunk of a chunked prefill: the first one chooses the batch's head as a one-step
       // prefill does; the others carry on with it (they may carry no settings).
-      if (models::first_prefill_chunk(req.prompts, req.prefill_left, req.prefill_chunk)) {
+      if (models::first_prefill_chunk(req.prompts, req.plan.left, req.plan.chunk)) {
         for (auto& s : req.sampling)
           if (s.prompt_logprobs >= 0) {
-            end_batch(req.batch_id);
+            end_batch(batch);
             return make_error(ec::invalid_request,
                               "prompt log-probabilities need the prompt prefilled in one step, "
                               "not in chunks");
@@ -89,26 +91,26 @@ class decoder_program final : public shard_program {
       }
       auto ids = adapter_ids(req);
       if (!ids) {
-        end_batch(req.batch_id);
+        end_batch(batch);
         return ids.error();
       }
-      out = stage_->prefill_chunk(req.prompts, req.prefill_left, req.prefill_chunk, hidden, cache,
-                                  head_of(req.batch_id), *ids);
-    } else if (req.step == 0) {
+      out = stage_->prefill_chunk(req.prompts, req.plan.left, req.plan.chunk, hidden, cache,
+                                  head_of(batch), *ids);
+    } else if (req.prefills()) {
       // Rows that ask for their prompt's log-probabilities get their positions' logits.
       std::vector<bool> score;
       for (auto& s : req.sampling) score.push_back(s.prompt_logprobs >= 0);
       choose_head(req);
       auto ids = adapter_ids(req);
       if (!ids) {
-        end_batch(req.batch_id);
+        end_batch(batch);
         return ids.error();
       }
-      out = stage_->prefill(req.prompts, hidden, cache, score, head_of(req.batch_id), *ids);
+      out = stage_->prefill(req.prompts, hidden, cache, score, head_of(batch), *ids);
     } else {
-      out = stage_->decode(req.tokens, hidden, cache, head_of(req.batch_id));
+      out = stage_->decode(req.tokens, hidden, cache, head_of(batch));
     }
-    if (req.last || !out) end_batch(req.batch_id);
+    if (req.last || !out) end_batch(batch);
     return out;
   }
 
@@ -143,16 +145,16 @@ class decoder_program final : public shard_program {
   /// rows when some row needs them. Every rank of the stage got the same settings, so all
   /// take the same head (and make the same collective calls). The batch keeps it: later
   /// steps carry none.
-  void choose_head(const step_request& req) {
+  void choose_head(const computron::engine::step_input& req) {
     int64_t top = req.sampling.empty() ? 0 : 1;
     for (auto& s : req.sampling) {
       auto k = candidates_of(s);
       top = k == 0 || top == 0 ? 0 : std::max(top, k);
     }
     if (top > 0)
-      top_[req.batch_id] = top;
+      top_[req.plan.batch] = top;
     else
-      top_.erase(req.batch_id);  // a batch id used again starts afresh
+      top_.erase(req.plan.batch);  // a batch id used again starts afresh
   }
 
   models::head_output head_of(uint64_t batch_id) const {
@@ -161,7 +163,7 @@ class decoder_program final : public shard_program {
   }
 
   /// The stage's adapter id of each row of a prefill (0: the base alone; empty: all).
-  caf::expected<std::vector<int64_t>> adapter_ids(const step_request& req) const {
+  caf::expected<std::vector<int64_t>> adapter_ids(const computron::engine::step_input& req) const {
     std::vector<int64_t> ids;
     if (req.adapters.empty()) return ids;
     if (req.adapters.size() != req.prompts.size())
@@ -175,7 +177,7 @@ class decoder_program final : public shard_program {
       }
       auto a = adapters_.find(name);
       if (a == adapters_.end())
-        return make_error(ec::invalid_request, "adapter " + name + " is not bound to " + req.model);
+        return make_error(ec::invalid_request, "adapter " + name + " is not bound to this model");
       ids.push_back(a->second.id);
     }
     return ids;
@@ -229,7 +231,7 @@ class decoder_program final : public shard_program {
   std::unordered_map<uint64_t, int64_t> top_;
 };
 
-class decoder_engine final : public engine {
+class decoder_engine final : public model_kind {
  private:
   mutable std::mutex warm_mtx_;
   mutable std::set<std::string> warmed_;
@@ -419,21 +421,20 @@ class decoder_engine final : public engine {
     return {};
   }
 
-  caf::expected<std::unique_ptr<shard_program>> make_program(const shard_spec& sh,
-                                                             gpu::weight_shard& w,
-                                                             gpu::collective& g) const override {
+  caf::expected<std::unique_ptr<backend>> make_backend(const shard_spec& sh, gpu::weight_shard& w,
+                                                       gpu::collective& g) const override {
     auto s = shape_of(sh.model);
     if (!s) return s.error();
     auto stage = models::decoder_stage::create(s->spec, s->par, {sh.tp_rank, sh.pp_rank}, w, g,
                                                device_kv(w.dev()));
     if (!stage) return stage.error();
-    return std::unique_ptr<shard_program>{std::make_unique<decoder_program>(std::move(*stage))};
+    return std::unique_ptr<backend>{std::make_unique<decoder_backend>(std::move(*stage))};
   }
 };
 
 }  // namespace
 
-std::shared_ptr<const engine> make_decoder_engine() {
+std::shared_ptr<const model_kind> make_decoder_engine() {
   return std::make_shared<decoder_engine>();
 }
 

@@ -10,7 +10,7 @@
 namespace computron::actors {
 
 /// models/decoder_stage shards of any family with KV caches per batch.
-std::shared_ptr<const engine> make_decoder_engine();
+std::shared_ptr<const model_kind> make_decoder_engine();
 
 /// torch_free_engines() plus "opt" and "llama".
 engine_registry all_engines();

@@ -101,16 +101,16 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
           if (!w) return w.error();
           entry->weights = std::shared_ptr<gpu::weight_shard>(std::move(*w));
           if (auto err = eng->fill(s, *entry->weights)) return err;
-          // A LoRA adapter is bytes for its base's forward: no group, no program of its own.
+          // A LoRA adapter is bytes for its base's forward: no group, no runner of its own.
           if (!s.model.base.empty()) return {};
           auto g = remote_group ? groups->join(s.group_address, group, s.tp_rank, s.model.tp,
                                                bind_host, peer_timeout)
                                 : gpu::join_local_group(group, s.tp_rank, s.model.tp, peer_timeout);
           if (!g) return g.error();
           entry->group = std::shared_ptr<gpu::collective>(std::move(*g));
-          auto p = eng->make_program(s, *entry->weights, *entry->group);
-          if (!p) return p.error();
-          entry->program = std::shared_ptr<shard_program>(std::move(*p));
+          auto b = eng->make_backend(s, *entry->weights, *entry->group);
+          if (!b) return b.error();
+          entry->runner = runner_of(s, std::move(*b));
           return {};
         }};
         auto rp = self->make_response_promise<shard_report>();
@@ -264,22 +264,20 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
         if (i == st.shards.end()) return false;
         auto entry = std::make_shared<shard_entry>(std::move(i->second));
         st.shards.erase(i);
-        // An adapter: its base's program lets go of it, on the lane that runs the program.
+        // An adapter: its base's backend lets go of it, on the lane that runs the base.
         if (auto b = st.shards.find(entry->spec.model.base);
-            !entry->spec.model.base.empty() && b != st.shards.end() && b->second.program)
+            !entry->spec.model.base.empty() && b != st.shards.end() && b->second.runner)
           if (auto lane = compute_lane(self, b->second.lane)) {
-            auto program = b->second.program;
+            auto runner = b->second.runner;
             lane_job unbind{[=]() -> caf::error {
-              program->unbind_adapter(model);
+              runner->compute().unbind_adapter(model);
               return {};
             }};
             self->request(*lane, st.opts.step_timeout, run_atom_v, std::move(unbind))
                 .then([](bool) {}, [](caf::error&) {});
           }
-        for (auto b = st.batches.begin(); b != st.batches.end();)
-          b = b->first.first == model ? st.batches.erase(b) : std::next(b);
         // Behind any copy in flight, on the copy lane: the device copy goes, then the
-        // program and the host copy with their last references (freeing pinned memory
+        // runner and the host copy with their last references (freeing pinned memory
         // can block, so not on a scheduler thread).
         auto within = st.opts.step_timeout + st.opts.load_timeout;
         lane_job job{[=]() -> caf::error {
@@ -288,7 +286,7 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
             if (auto err = quiesce(quiet, within, model, index)) return err;
             if (auto err = entry->weights->evict()) return err;
           }
-          entry->program.reset();
+          entry->runner.reset();
           entry->group.reset();
           entry->weights.reset();
           return {};
@@ -306,12 +304,11 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
       [=](step_atom, step_request& req) -> caf::result<step_result> { return run_step(self, req); },
       [=](cancel_atom, std::string& model, uint64_t batch_id) {
         auto& st = self->state;
-        st.batches.erase(std::make_pair(model, batch_id));
         auto i = st.shards.find(model);
-        if (i == st.shards.end() || !i->second.program) return;
-        auto program = i->second.program;
+        if (i == st.shards.end() || !i->second.runner) return;
+        auto runner = i->second.runner;
         lane_job job{[=]() -> caf::error {
-          program->end_batch(batch_id);
+          runner->end_batch(batch_id);
           return {};
         }};
         auto lane = compute_lane(self, i->second.lane);

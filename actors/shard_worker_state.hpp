@@ -16,6 +16,7 @@
 
 #include "actors/gpulet_clock.hpp"
 #include "actors/shard_worker.hpp"
+#include "engine/runner.hpp"
 
 namespace computron::actors::worker_detail {
 
@@ -25,7 +26,8 @@ struct shard_entry {
   shard_spec spec;
   std::shared_ptr<gpu::weight_shard> weights;
   std::shared_ptr<gpu::collective> group;
-  std::shared_ptr<shard_program> program;
+  /// Runs the shard's steps (null for a LoRA adapter, which runs in its base's steps).
+  std::shared_ptr<computron::engine::runner> runner;
   /// When the current load's copies were queued; written and read only by jobs on the
   /// copy lane, which run one after the other.
   std::shared_ptr<std::chrono::steady_clock::time_point> load_began =
@@ -42,13 +44,8 @@ struct shard_entry {
   std::shared_ptr<std::shared_timed_mutex> in_use = std::make_shared<std::shared_timed_mutex>();
   /// The compute lane its steps run on (a gpu-let of the device; the manager moves a
   /// model only while none of its steps runs): its other compute jobs go there too, as
-  /// a program has one caller at a time.
+  /// a runner has one caller at a time.
   int32_t lane = 0;
-};
-
-/// Per-batch state of the sampling rank; only the compute lane touches its contents.
-struct batch_ctx {
-  std::vector<models::sampler> samplers;
 };
 
 struct shard_worker_state {
@@ -65,7 +62,6 @@ struct shard_worker_state {
   bool emulate_gpulets = false;
   std::map<std::string, shard_entry> shards;
   std::set<std::string> preparing;
-  std::map<std::pair<std::string, uint64_t>, std::shared_ptr<batch_ctx>> batches;
   uint64_t loads = 0;
   uint64_t bytes_loaded = 0;
   double load_seconds = 0;

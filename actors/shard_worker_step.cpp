@@ -24,7 +24,7 @@ caf::result<step_result> run_step(worker_pointer self, step_request& req) {
     return make_error(ec::unknown_model,
                       "device " + std::to_string(index) + " holds no shard of model " + req.model);
   auto& e = i->second;
-  if (!e.program)
+  if (!e.runner)
     return make_error(ec::invalid_request, "device " + std::to_string(index) + " holds " +
                                                req.model + " as an adapter of " +
                                                e.spec.model.base + ": it runs in its base's steps");
@@ -36,7 +36,7 @@ caf::result<step_result> run_step(worker_pointer self, step_request& req) {
   // The rows' LoRA adapters: shards of this device beside the model's, which the batch's
   // leases keep resident (or loading) while it runs.
   std::vector<std::pair<std::string, shard_entry>> adapters;
-  for (auto& name : req.adapters) {
+  for (auto& name : req.input.adapters) {
     if (name.empty() ||
         std::any_of(adapters.begin(), adapters.end(), [&](auto& a) { return a.first == name; }))
       continue;
@@ -47,16 +47,16 @@ caf::result<step_result> run_step(worker_pointer self, step_request& req) {
     adapters.emplace_back(name, a->second);
   }
   const bool last_stage = e.spec.pp_rank == e.spec.model.pp - 1;
-  const bool sampling_rank = last_stage && e.spec.tp_rank == 0;
-  const auto key = std::make_pair(req.model, req.batch_id);
   // Its gpu-let: the lane and share the manager runs the model on here.
   const auto at = static_cast<size_t>(req.stage);
-  const int32_t lane_index = at < req.lanes.size() ? req.lanes[at] : 0;
-  const int32_t share = at < req.shares.size() ? req.shares[at] : 100;
-  const auto partition = at < req.partitions.size() ? req.partitions[at] : std::vector<int32_t>{};
+  const auto& lanes = req.lanes;
+  const int32_t lane_index = at < lanes.lanes.size() ? lanes.lanes[at] : 0;
+  const int32_t share = at < lanes.shares.size() ? lanes.shares[at] : 100;
+  const auto partition =
+      at < lanes.partitions.size() ? lanes.partitions[at] : std::vector<int32_t>{};
   // The manager's plan charges interference by its factor; so does this worker.
   sched::gpulet_options plan;
-  plan.interference = req.interference;
+  plan.interference = lanes.interference;
   if (share < 1 || share > 100)
     return make_error(ec::invalid_request, "a step's share of device " + std::to_string(index) +
                                                " must be 1..100 percent, got " +
@@ -73,25 +73,12 @@ caf::result<step_result> run_step(worker_pointer self, step_request& req) {
   // A GPU's gpu-let computes on its green context's stream (the whole device on the
   // default one); the lane's thread is told before each step, as a lane may change
   // its share at a re-plan.
-  std::shared_ptr<const engine> streams;
+  std::shared_ptr<const model_kind> streams;
   if (st.dev->info().kind == gpu::device_kind::cuda)
     if (auto k = st.engines.find(e.spec.model.kind); k != st.engines.end()) streams = k->second;
   auto dev = st.dev;
-  std::shared_ptr<batch_ctx> ctx;
-  // Rows joining a running batch: their samplers go after that batch's.
-  std::shared_ptr<batch_ctx> into_ctx;
-  if (sampling_rank) {
-    auto& slot = st.batches[key];
-    if (!slot) slot = std::make_shared<batch_ctx>();
-    ctx = slot;
-    // A missing one is an error after the step ran (below), so that every rank of
-    // the stage still makes the step's collective calls.
-    if (req.join_into != 0)
-      if (auto j = st.batches.find(std::make_pair(req.model, req.join_into)); j != st.batches.end())
-        into_ctx = j->second;
-  }
-  auto program = e.program;
-  // The program uses the group: a rejoin may replace both while this step runs.
+  auto runner = e.runner;
+  // The runner's backend uses the group: a rejoin may replace both while this step runs.
   auto group = e.group;
   auto w = e.weights;
   auto in_use = e.in_use;
@@ -137,7 +124,7 @@ caf::result<step_result> run_step(worker_pointer self, step_request& req) {
       if (s != gpu::residency::resident && s != gpu::residency::loading)
         return make_error(ec::not_resident, "adapter " + name + " is " + gpu::to_string(s) +
                                                 " on device " + std::to_string(index));
-      if (auto err = program->bind_adapter(name, a.weights)) return err;
+      if (auto err = runner->compute().bind_adapter(name, a.weights)) return err;
     }
     models::host_tensor h;
     const models::host_tensor* hp = nullptr;
@@ -145,42 +132,17 @@ caf::result<step_result> run_step(worker_pointer self, step_request& req) {
       h = from_payload(in->hidden);
       hp = &h;
     }
-    auto r = program->run(*in, hp);
+    auto r = runner->step(in->input, hp);
     // What the KV pool holds now (after a last step dropped the batch's caches).
     out->kv_devices.push_back(index);
-    out->kv_pool_bytes.push_back(program->kv_device_bytes());
+    out->kv_pool_bytes.push_back(runner->kv_device_bytes());
     if (!r) return r.error();
-    if (sampling_rank && in->partial_prefill()) {
-      // A chunk of a prefill that goes on: nothing to sample yet.
-    } else if (sampling_rank) {
-      if (in->step > 0 && !in->keep.empty()) {
-        // Finished rows left the batch: their samplers go with them.
-        std::vector<models::sampler> kept;
-        for (auto k : in->keep) {
-          if (k < 0 || static_cast<size_t>(k) >= ctx->samplers.size())
-            return make_error(ec::invalid_request, "keep row " + std::to_string(k) +
-                                                       " is outside the batch of " +
-                                                       std::to_string(ctx->samplers.size()));
-          kept.push_back(ctx->samplers[static_cast<size_t>(k)]);
-        }
-        ctx->samplers = std::move(kept);
-      }
-      auto tokens = sample_rows(*r, ctx->samplers, in->sampling, in->prompts, &out->logprobs,
-                                &out->prompt_logprobs);
-      if (!tokens) return tokens.error();
-      out->tokens = std::move(*tokens);
-    } else if (!last_stage) {
-      *hidden_out = to_payload(*r);
-    }
-    if (in->join_into != 0) {
-      if (auto err = program->join_batch(in->batch_id, in->join_into)) return err;
-      if (sampling_rank && !into_ctx)
-        return make_error(ec::invalid_request, "rows join batch " + std::to_string(in->join_into) +
-                                                   " of " + in->model + ", which device " +
-                                                   std::to_string(index) + " does not hold");
-      if (into_ctx)
-        into_ctx->samplers.insert(into_ctx->samplers.end(), ctx->samplers.begin(),
-                                  ctx->samplers.end());
+    if (!last_stage)
+      *hidden_out = to_payload(r->hidden);
+    else {
+      out->tokens = std::move(r->tokens);
+      out->logprobs = std::move(r->logprobs);
+      out->prompt_logprobs = std::move(r->prompt_logprobs);
     }
     // Compute only: time spent waiting for bytes still loading is the load's.
     double compute_s = seconds_since(t0) - (gpu::thread_wait_seconds() - waited0);
@@ -199,7 +161,7 @@ caf::result<step_result> run_step(worker_pointer self, step_request& req) {
   // A gpu-let's steps take longer by its share (and a busy partner); the slowest
   // stage's share bounds the whole chain's.
   int32_t slowest = 100;
-  for (auto x : in->shares) slowest = std::clamp(x, 1, slowest);
+  for (auto x : in->lanes.shares) slowest = std::clamp(x, 1, slowest);
   auto timeout = sched::gpulet_timeout(plan, st.opts.step_timeout, slowest);
   // A step on a loading shard also waits for its bytes (compute while loading).
   auto lane_timeout =
@@ -209,7 +171,6 @@ caf::result<step_result> run_step(worker_pointer self, step_request& req) {
     self->request(target, lane_timeout, run_atom_v, job)
         .then(
             [=](bool) mutable {
-              if (in->last || in->join_into != 0) self->state.batches.erase(key);
               if (last_stage) {
                 rp.deliver(std::move(*out));
                 return;
@@ -244,10 +205,7 @@ caf::result<step_result> run_step(worker_pointer self, step_request& req) {
                       },
                       [=](caf::error& err) mutable { rp.deliver(std::move(err)); });
             },
-            [=](caf::error& err) mutable {
-              self->state.batches.erase(key);
-              rp.deliver(std::move(err));
-            });
+            [=](caf::error& err) mutable { rp.deliver(std::move(err)); });
   };
   if (previous_lane == lane_index) {
     submit();

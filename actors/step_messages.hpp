@@ -9,6 +9,7 @@
 #include <caf/typed_actor.hpp>
 
 #include "actors/atoms.hpp"
+#include "engine/step.hpp"
 #include "sched/gpulets.hpp"
 
 /// The workers' step protocol: what one forward step of a batch carries through a chain of
@@ -17,49 +18,10 @@
 /// includes it); each struct has an inspect() so that it crosses processes unchanged.
 namespace computron::actors {
 
-/// How one sequence picks its tokens (models::sampling_params on the wire; the meanings
-/// are documented there). Every default is neutral.
-struct row_sampling {
-  double temperature = 0;
-  int64_t top_k = 0;
-  double top_p = 1.0;
-  uint64_t seed = 0;
-  double min_p = 0;
-  double repetition_penalty = 1.0;
-  double presence_penalty = 0;
-  double frequency_penalty = 0;
-  /// OpenAI's logit_bias as two parallel lists (ids, values).
-  std::vector<int64_t> bias_ids{};
-  std::vector<double> bias_values{};
-  /// Until this many tokens were drawn, the ids in `suppress` (EOS and stop ids) cannot be.
-  int64_t min_tokens = 0;
-  std::vector<int64_t> suppress{};
-  /// -1: no log-probabilities; k >= 0: the chosen token's and the top k.
-  int32_t logprobs = -1;
-  /// -1: none; k >= 0: the log-probability of each prompt token after the first, with the
-  /// top k (echo with logprobs; the last stage computes every position's logits).
-  int32_t prompt_logprobs = -1;
-};
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, row_sampling& x) {
-  return f(caf::meta::type_name("row_sampling"), x.temperature, x.top_k, x.top_p, x.seed, x.min_p,
-           x.repetition_penalty, x.presence_penalty, x.frequency_penalty, x.bias_ids, x.bias_values,
-           x.min_tokens, x.suppress, x.logprobs, x.prompt_logprobs);
-}
-
-/// One generated (or prompt) token's log-probability under the model's raw distribution,
-/// with the most likely alternatives (row_sampling::logprobs of them), most likely first.
-struct token_logprobs {
-  float logprob = 0;
-  std::vector<int64_t> top_ids;
-  std::vector<float> top_logprobs;
-};
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, token_logprobs& x) {
-  return f(caf::meta::type_name("token_logprobs"), x.logprob, x.top_ids, x.top_logprobs);
-}
+/// How one sequence picks its tokens, and a token's log-probabilities: the engine's
+/// (engine/step.hpp), on the wire as they are.
+using computron::engine::row_sampling;
+using computron::engine::token_logprobs;
 
 /// Activations between pipeline stages, as bytes (gpu::dtype as an integer).
 struct tensor_payload {
@@ -81,41 +43,39 @@ struct step_result;
 using step_stage_actor =
     caf::typed_actor<caf::replies_to<atom::step_atom, step_request>::with<step_result>>;
 
-/// One forward step of a batch through one shard. Step 0 is the prefill of `prompts`;
-/// step k > 0 decodes `tokens` (one per sequence). Each stage sends it on to the next
-/// stage's worker of the same tensor-parallel rank (`route`, one worker per stage), and
-/// the reply travels back along the chain: the last stage's rank 0 samples the tokens.
+/// Gpu-lets: per stage (as a step's route), the compute lane of that stage's device the
+/// step runs on, the lane's share of the device's SMs (percent) and the device's partition
+/// (every lane's share, lane 0 first: a GPU splits its SMs for all its lanes at once).
+/// Empty: lane 0, the whole device.
+struct step_lanes {
+  std::vector<int32_t> lanes{};
+  std::vector<int32_t> shares{};
+  std::vector<std::vector<int32_t>> partitions{};
+  /// The plan's interference factor (sched::gpulet_options::interference): what the
+  /// worker's wait for its lane and an emulated gpu-let's slowdown charge, as the manager
+  /// and the simulator do, so that a node's workers need no setting of their own.
+  double interference = sched::gpulet_options{}.interference;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, step_lanes& x) {
+  return f(caf::meta::type_name("step_lanes"), x.lanes, x.shares, x.partitions, x.interference);
+}
+
+/// One forward step of a batch through one shard: the dispatch core's plan with its rows'
+/// inputs (engine::step_input), the route and the lanes. Each stage runs it on its runner
+/// and sends it on to the next stage's worker of the same tensor-parallel rank (`route`,
+/// one worker per stage); the reply travels back along the chain: the last stage's rank 0
+/// samples the tokens.
 struct step_request {
   std::string model;
-  uint64_t batch_id = 0;
-  int32_t step = 0;
+  computron::engine::step_input input;
+  /// The previous stage's output (empty on the first stage).
+  tensor_payload hidden;
   /// Pipeline stage this message is for (index into route).
   int32_t stage = 0;
-  std::vector<std::vector<int64_t>> prompts;
-  std::vector<int64_t> tokens;
-  /// Step 0: each row's sampling settings (the sampling rank makes its samplers from them
-  /// and keeps them); later steps may leave it empty.
-  std::vector<row_sampling> sampling;
-  tensor_payload hidden;
-  /// The batch ends after this step: workers drop its caches.
-  bool last = false;
   std::vector<step_stage_actor> route;
-  /// Decode steps: which rows of the previous step go on (their positions in it, in
-  /// order); rows that finished leave the caches and the samplers. Empty: all of them.
-  std::vector<int32_t> keep;
-  /// Step 0 of rows joining a running batch (continuous batching): after this prefill,
-  /// every stage appends this batch's caches and samplers after those of batch
-  /// `join_into`, and this batch id is gone. 0: an ordinary step.
-  uint64_t join_into = 0;
-  /// Chunked prefill (step 0 computed in several steps, so that a running batch's decode
-  /// steps go between them instead of waiting for a whole long prompt): `prompts` are the
-  /// whole prompts on every chunk, `prefill_chunk` > 0 is the most tokens of a prompt this
-  /// step computes and `prefill_left` the tokens of each prompt left for later chunks. Row
-  /// i computes the tokens of its prefill_window (common/prefill_window.hpp): the prompts
-  /// end together, in the chunk with `prefill_left` 0, whose logits are sampled (earlier
-  /// chunks answer no tokens and no logits). `prefill_chunk` 0: the whole prompt at once.
-  int32_t prefill_chunk = 0;
-  int32_t prefill_left = 0;
+  step_lanes lanes{};
   /// The request's one deadline, carried to the workers: milliseconds left, when the
   /// request is sent, until the latest deadline of the step's rows (0: none), and the
   /// manager's estimate of the step's compute over all its stages. A stage that starts so
@@ -123,37 +83,12 @@ struct step_request {
   /// instead of computing tokens nobody waits for; each stage passes on what is left.
   int64_t deadline_ms = 0;
   double expected_ms = 0;
-  /// KV blocks the ledger holds for the model (on each of its devices) when the step was
-  /// sent: a stage's block pool takes chunks of device memory beyond a step's own need only
-  /// up to it, so that what the pools allocate is what the ledger counts. 0: no bound (a
-  /// model whose KV is not in the ledger).
-  int64_t kv_blocks = 0;
-  /// Gpu-lets: per stage (as `route`), the compute lane of that stage's device this step
-  /// runs on, the lane's share of the device's SMs (percent) and the device's partition
-  /// (every lane's share, lane 0 first: a GPU splits its SMs for all its lanes at once).
-  /// Empty: lane 0, the whole device.
-  std::vector<int32_t> lanes{};
-  std::vector<int32_t> shares{};
-  std::vector<std::vector<int32_t>> partitions{};
-  /// LoRA adapters (models/lora_adapter.hpp): step 0 (a first chunk, or rows joining),
-  /// the adapter each row runs with, named as registered ("": the base alone), which
-  /// every stage holds beside the model's shard. The rows keep theirs for the batch's
-  /// later steps. Empty: every row runs the base alone.
-  std::vector<std::string> adapters{};
-  /// The plan's interference factor (sched::gpulet_options::interference): what the
-  /// worker's wait for its lane and an emulated gpu-let's slowdown charge, as the manager
-  /// and the simulator do, so that a node's workers need no setting of their own.
-  double interference = sched::gpulet_options{}.interference;
-
-  bool partial_prefill() const { return prefill_chunk > 0 && prefill_left > 0; }
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_request& x) {
-  return f(caf::meta::type_name("step_request"), x.model, x.batch_id, x.step, x.stage, x.prompts,
-           x.tokens, x.sampling, x.hidden, x.last, x.route, x.keep, x.join_into, x.prefill_chunk,
-           x.prefill_left, x.deadline_ms, x.expected_ms, x.kv_blocks, x.lanes, x.shares,
-           x.partitions, x.adapters, x.interference);
+  return f(caf::meta::type_name("step_request"), x.model, x.input, x.hidden, x.stage, x.route,
+           x.lanes, x.deadline_ms, x.expected_ms);
 }
 
 /// The tokens a step produced (rank 0 of the last stage; other ranks answer empty).

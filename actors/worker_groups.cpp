@@ -25,7 +25,7 @@ std::string group_name(const std::string& scope, const shard_spec& s) {
 }
 
 /// The shard is here but its cross-node group is new (a peer's node restarted and the
-/// group met again elsewhere): joins the new group and rebuilds the program over the
+/// group met again elsewhere): joins the new group and rebuilds the runner over the
 /// weights already held.
 caf::result<shard_report> rejoin(worker_pointer self, const std::string& name, shard_spec s) {
   auto& st = self->state;
@@ -52,9 +52,9 @@ caf::result<shard_report> rejoin(worker_pointer self, const std::string& name, s
     auto g = groups->join(s.group_address, group, s.tp_rank, s.model.tp, bind_host, timeout);
     if (!g) return g.error();
     fresh->group = std::shared_ptr<gpu::collective>(std::move(*g));
-    auto p = eng->make_program(s, *weights, *fresh->group);
-    if (!p) return p.error();
-    fresh->program = std::shared_ptr<shard_program>(std::move(*p));
+    auto b = eng->make_backend(s, *weights, *fresh->group);
+    if (!b) return b.error();
+    fresh->runner = runner_of(s, std::move(*b));
     return {};
   }};
   auto rp = self->make_response_promise<shard_report>();

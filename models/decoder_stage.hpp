@@ -12,6 +12,7 @@
 #include "gpu/collective.hpp"
 #include "gpu/weight_store.hpp"
 #include "models/decoder_spec.hpp"
+#include "models/host_tensor.hpp"
 #include "models/sampling.hpp"
 
 /// The decoder stage over the weight store, one core for every family (the KV cache,
@@ -20,15 +21,6 @@
 /// models/llama_block.cpp). Torch stays inside the .cpp files: this header only speaks
 /// bytes, so activations can cross processes as messages.
 namespace computron::models {
-
-/// Activations or logits between stages, as plain bytes.
-struct host_tensor {
-  gpu::dtype type = gpu::dtype::f32;
-  std::vector<int64_t> shape;
-  std::vector<std::byte> bytes;
-  /// The elements as floats (f32, bf16 or f16).
-  std::vector<float> to_floats() const;
-};
 
 /// Device memory for a stage's KV blocks, as its allocator hands it out.
 struct kv_memory {

@@ -54,19 +54,24 @@ struct step_plan {
   /// The batch id the workers run the step under: the batch's own, or a join's (its rows
   /// are cached under it until they join `into`).
   batch_id batch = 0;
-  /// A join's last step: its rows join this batch after it (step_request::join_into); 0:
-  /// none (an ordinary step, or a chunk that leaves more for later).
+  /// A join's last step: its rows join this batch after it (their caches, row keys and
+  /// samplers go after its own on every shard); 0: none (an ordinary step, or a chunk that
+  /// leaves more for later).
   batch_id into = 0;
   std::vector<planned_row> rows;
   /// Rows of the batch's previous step that are not in this one (finished, failed or
-  /// preempted at the boundary): the workers drop their caches.
+  /// preempted at the boundary): the workers drop their caches. A worker's runner reads
+  /// the same from the row keys (engine::kept_rows: what its caches hold and `rows`).
   std::vector<uint64_t> finished;
   /// KV blocks the scheduler holds for the batch when it planned the step. The ledger
   /// counts blocks; the block ids are the workers' block pools' to choose
-  /// (models/kv_blocks), so the plan carries the count, not ids.
+  /// (models/kv_blocks), so the plan carries the count, not ids. The pools take device
+  /// memory beyond a step's own need only up to it (0: no bound, a model whose KV is not
+  /// in the ledger).
   uint64_t kv_blocks = 0;
-  /// A chunked prefill's chunk and the tokens of every prompt left after it (the step
-  /// protocol's prefill_chunk and prefill_left); 0 and 0 otherwise.
+  /// A chunked prefill's chunk and the tokens of every prompt left after it
+  /// (common/prefill_window.hpp: row i computes its window, and the prompts end together in
+  /// the chunk with `left` 0, whose logits are sampled); 0 and 0 otherwise.
   int32_t chunk = 0;
   int32_t left = 0;
 

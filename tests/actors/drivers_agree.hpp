@@ -356,14 +356,14 @@ inline shard_worker_actor::behavior_type paced_worker(shard_worker_actor::pointe
         auto t = now;
         // Rows with adapters (named at their first step) start once the adapters' bytes
         // are there, as the forward waits for them.
-        for (auto& a : r.adapters)
+        for (auto& a : r.input.adapters)
           for (auto& [stage, dev] : stages)
             if (auto e = w->load_end.find({a, dev}); !a.empty() && e != w->load_end.end())
               t = std::max(t, e->second);
         for (auto& [stage, dev] : stages) {
           const auto k = static_cast<size_t>(stage);
-          const int32_t lane = k < r.lanes.size() ? r.lanes[k] : 0;
-          const int32_t pct = k < r.shares.size() ? r.shares[k] : 100;
+          const int32_t lane = k < r.lanes.lanes.size() ? r.lanes.lanes[k] : 0;
+          const int32_t pct = k < r.lanes.shares.size() ? r.lanes.shares[k] : 100;
           auto& free = w->lane_free[{dev, lane}];
           t = std::max(t, free);
           if (auto e = w->load_end.find({r.model, dev}); e != w->load_end.end())
@@ -372,7 +372,7 @@ inline shard_worker_actor::behavior_type paced_worker(shard_worker_actor::pointe
               std::chrono::duration<double>(part * 100.0 / pct));
           free = t;
         }
-        auto rows = r.step == 0 ? r.prompts.size() : r.tokens.size();
+        auto rows = r.input.rows();
         auto rp = self->make_response_promise<step_result>();
         reply_after(self, w, t - now, rp,
                     step_result{std::vector<int64_t>(rows, 7), w->step_s[r.model] * 1e3});

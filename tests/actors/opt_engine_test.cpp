@@ -87,14 +87,14 @@ TEST_CASE("an OPT shape outside the catalogue comes from the config", "[actors][
   CHECK_THAT(render(validate_model(engines, m, kinds)), Catch::Contains("shape needs 6 numbers"));
 }
 
-/// One f32 OPT shard on an emulated device, loaded, and the engine's program over it.
+/// One f32 OPT shard on an emulated device, loaded, and the kind's backend over it.
 struct loaded_opt {
   engine_registry engines = all_engines();
   shard_spec s{opt("f32", {0}), 0, 0, {}};
   gpu::device_ptr dev;
   std::unique_ptr<gpu::weight_shard> w;
   std::unique_ptr<gpu::collective> group = gpu::make_solo_collective();
-  caf::expected<std::unique_ptr<shard_program>> program{nullptr};
+  caf::expected<std::unique_ptr<backend>> program{nullptr};
 
   loaded_opt() {
     auto& e = *engines.at("opt");
@@ -111,7 +111,7 @@ struct loaded_opt {
     REQUIRE_FALSE(e.fill(s, *w));
     REQUIRE_FALSE(w->load({1ull << 20}));
     REQUIRE_FALSE(w->wait_loaded(std::chrono::seconds{30}));
-    program = e.make_program(s, *w, *group);
+    program = e.make_backend(s, *w, *group);
     REQUIRE(program);
   }
 };
@@ -121,12 +121,8 @@ TEST_CASE("a batch's head follows its step-0 settings: candidates, or whole rows
   loaded_opt f;
   auto& program = f.program;
   auto step0 = [&](uint64_t batch, row_sampling r) {
-    step_request q;
-    q.model = "m";
-    q.batch_id = batch;
-    q.prompts = {{2, 100, 37}, {2, 9}};
-    q.sampling = {r, r};
-    auto out = (*program)->run(q, nullptr);
+    auto q = engine::prefill_step(batch, {{2, 100, 37}, {2, 9}}, {r, r});
+    auto out = (*program)->run(q, {}, nullptr);
     REQUIRE(out);
     return out->shape;
   };
@@ -141,12 +137,9 @@ TEST_CASE("a batch's head follows its step-0 settings: candidates, or whole rows
   auto scored = greedy;
   scored.logprobs = 1;
   CHECK(step0(3, scored) == std::vector<int64_t>{2, 512});
-  step_request next;
-  next.model = "m";
-  next.batch_id = 3;
-  next.step = 1;
-  next.tokens = {5, 6};
-  auto out = (*program)->run(next, nullptr);
+  auto next = engine::prefill_step(3, {{2, 100, 37}, {2, 9}}, {});
+  engine::next_decode_step(next, {5, 6});
+  auto out = (*program)->run(next, {}, nullptr);
   REQUIRE(out);
   CHECK(out->shape == std::vector<int64_t>{2, 512});
 }
@@ -157,17 +150,14 @@ TEST_CASE("a chunked step 0 answers nothing until its last chunk, then what one 
   auto& program = f.program;
   const std::vector<std::vector<int64_t>> prompts = {{2, 100, 37, 5, 400, 12, 9}, {2, 9}};
   auto request = [&](uint64_t batch, int32_t step) {
-    step_request q;
-    q.model = "m";
-    q.batch_id = batch;
-    q.step = step;
-    q.prompts = prompts;
+    auto q = engine::prefill_step(batch, prompts, {});
+    if (step > 0) engine::next_decode_step(q, {});
     return q;
   };
   // The one-step prefill: greedy rows take one candidate each.
   auto one = request(1, 0);
   one.sampling = {row_sampling{}, row_sampling{}};
-  auto want = (*program)->run(one, nullptr);
+  auto want = (*program)->run(one, {}, nullptr);
   REQUIRE(want);
   REQUIRE(want->shape == std::vector<int64_t>{2, 1, 2});
   // Chunks of 3 (7 tokens: 1, 3 and 3 of the long prompt); only the first carries the
@@ -175,10 +165,10 @@ TEST_CASE("a chunked step 0 answers nothing until its last chunk, then what one 
   for (int32_t left : {6, 3, 0}) {
     INFO("left " << left);
     auto q = request(2, 0);
-    q.prefill_chunk = 3;
-    q.prefill_left = left;
+    q.plan.chunk = 3;
+    q.plan.left = left;
     if (left == 6) q.sampling = {row_sampling{}, row_sampling{}};
-    auto out = (*program)->run(q, nullptr);
+    auto out = (*program)->run(q, {}, nullptr);
     INFO((out ? std::string{} : render(out.error())));
     REQUIRE(out);
     if (left > 0) {
@@ -196,36 +186,36 @@ TEST_CASE("a chunked step 0 answers nothing until its last chunk, then what one 
   // The chunked batch decodes on as the one-step batch does.
   auto next = request(2, 1);
   next.tokens = {5, 6};
-  auto d = (*program)->run(next, nullptr);
+  auto d = (*program)->run(next, {}, nullptr);
   REQUIRE(d);
-  next.batch_id = 1;
-  auto d_one = (*program)->run(next, nullptr);
+  next.plan.batch = 1;
+  auto d_one = (*program)->run(next, {}, nullptr);
   REQUIRE(d_one);
   CHECK(d->shape == d_one->shape);
   CHECK(d->to_floats()[1] == d_one->to_floats()[1]);
   // Prompt log-probabilities need the whole prompt in one step.
   auto scored = request(3, 0);
-  scored.prefill_chunk = 3;
-  scored.prefill_left = 6;
+  scored.plan.chunk = 3;
+  scored.plan.left = 6;
   row_sampling logprobs;
   logprobs.prompt_logprobs = 1;
   scored.sampling = {logprobs, row_sampling{}};
-  auto refused = (*program)->run(scored, nullptr);
+  auto refused = (*program)->run(scored, {}, nullptr);
   REQUIRE_FALSE(refused);
   CHECK(is(refused.error(), ec::invalid_request));
   // A chunk its batch's cache does not match is an error, and the batch ends (the
   // worker's rule for a failed step): its next step finds no cache.
   auto stale = request(2, 0);
-  stale.prefill_chunk = 3;
-  stale.prefill_left = 3;
-  CHECK_FALSE((*program)->run(stale, nullptr));
-  next.batch_id = 2;
-  CHECK_FALSE((*program)->run(next, nullptr));
+  stale.plan.chunk = 3;
+  stale.plan.left = 3;
+  CHECK_FALSE((*program)->run(stale, {}, nullptr));
+  next.plan.batch = 2;
+  CHECK_FALSE((*program)->run(next, {}, nullptr));
 }
 
 TEST_CASE("a decoder shard's KV blocks come out of its device's memory and go back",
           "[actors][engine][kv]") {
-  // The worker's program takes KV chunks from the shard's own device (beside the
+  // The worker's backend takes KV chunks from the shard's own device (beside the
   // weights), and a batch that ends gives them back.
   loaded_opt f;
   auto& program = f.program;
@@ -233,14 +223,10 @@ TEST_CASE("a decoder shard's KV blocks come out of its device's memory and go ba
   auto spec = models::find_spec("opt-tiny");
   REQUIRE(spec);
   const auto block = models::kv_block_bytes(*spec, gpu::dtype::f32, {1, 1}, {0, 0});
-  step_request q;
-  q.model = "m";
-  q.batch_id = 1;
-  q.prompts = {{2, 100, 37}, {2, 9}};
-  q.sampling = {row_sampling{}, row_sampling{}};
-  REQUIRE((*program)->run(q, nullptr));
+  auto q = engine::prefill_step(1, {{2, 100, 37}, {2, 9}}, {row_sampling{}, row_sampling{}});
+  REQUIRE((*program)->run(q, {}, nullptr));
   // One chunk of the pool's smallest size (16 blocks), in whole pages of the device,
-  // holds the two rows' blocks; the program reports what its pool holds.
+  // holds the two rows' blocks; the backend reports what its pool holds.
   CHECK(f.dev->used_bytes() == weights + f.dev->pages_of(16 * block));
   CHECK((*program)->kv_device_bytes() == f.dev->pages_of(16 * block));
   (*program)->end_batch(1);
@@ -280,18 +266,15 @@ struct loaded_adapter {
 };
 
 /// Step 0 of `prompts` with each row's adapter; every row's whole logits.
-caf::expected<std::vector<float>> prefill_logits(shard_program& p, uint64_t batch,
+caf::expected<std::vector<float>> prefill_logits(backend& p, uint64_t batch,
                                                  std::vector<std::vector<int64_t>> prompts,
                                                  std::vector<std::string> adapters) {
-  step_request q;
-  q.model = "m";
-  q.batch_id = batch;
-  q.prompts = std::move(prompts);
   row_sampling whole;
   whole.logprobs = 1;  // whole rows, not candidates
-  q.sampling.assign(q.prompts.size(), whole);
+  std::vector<row_sampling> sampling(prompts.size(), whole);
+  auto q = engine::prefill_step(batch, std::move(prompts), std::move(sampling));
   q.adapters = std::move(adapters);
-  auto out = p.run(q, nullptr);
+  auto out = p.run(q, {}, nullptr);
   if (!out) return out.error();
   return out->to_floats();
 }
@@ -338,12 +321,9 @@ TEST_CASE("a decoder shard runs each row with its own LoRA adapter", "[actors][e
   // reads nothing of the adapter's memory.
   REQUIRE(prefill_logits(program, 6, {p}, {"a"}));
   program.unbind_adapter("a");
-  step_request next;
-  next.model = "m";
-  next.batch_id = 6;
-  next.step = 1;
-  next.tokens = {5};
-  auto after = program.run(next, nullptr);
+  auto next = engine::prefill_step(6, {p}, {});
+  engine::next_decode_step(next, {5});
+  auto after = program.run(next, {}, nullptr);
   REQUIRE_FALSE(after);
   CHECK(is(after.error(), ec::invalid_request));
   // Bound again under the name with other weights (a new registration): a new id.

@@ -377,10 +377,8 @@ TEST_CASE("one deadline: a running request ends at it, a worker refuses a step t
   // A worker's refusal: 1 ms of deadline left and 1 s of compute expected.
   step_request s;
   s.model = "slow";
-  s.batch_id = 999;
-  s.prompts = {{1, 2}};
-  s.sampling = {row_sampling{}};
-  s.last = true;
+  s.input = engine::prefill_step(999, {{1, 2}}, {row_sampling{}});
+  s.input.last = true;
   s.route = {caf::actor_cast<step_stage_actor>(f.rt.node.workers[0])};
   s.deadline_ms = 1;
   s.expected_ms = 1000;

@@ -60,10 +60,8 @@ struct worker_fixture {
   static step_request prefill(const std::string& model, uint64_t batch) {
     step_request r;
     r.model = model;
-    r.batch_id = batch;
-    r.prompts = {{3, 1, 4}};
-    r.sampling = {row_sampling{}};
-    r.last = true;
+    r.input = engine::prefill_step(batch, {{3, 1, 4}}, {row_sampling{}});
+    r.input.last = true;
     return r;
   }
 };

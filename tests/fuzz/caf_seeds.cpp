@@ -63,11 +63,14 @@ int main(int argc, char** argv) {
   r.drop_late = true;
   step_request st;
   st.model = "opt-a";
-  st.prompts = {{1, 2}, {3}};
-  st.tokens = {5, 6};
-  st.sampling = {s, s};
+  st.input.plan.batch = 3;
+  st.input.plan.rows = {{0, 2, 0, 2}, {1, 1, 0, 1}};
+  st.input.plan.finished = {9};
+  st.input.prompts = {{1, 2}, {3}};
+  st.input.sampling = {s, s};
+  st.input.plan.kv_blocks = 4;
   st.hidden = tensor_payload{2, {1, 2, 4}, std::vector<uint8_t>(16, 7)};
-  st.keep = {0};
+  st.lanes.lanes = {0, 1};
   device_report d;
   d.device = 1;
   d.name = "emulated:1";

@@ -26,7 +26,7 @@ namespace {
 
 /// The toy model, except that "broken-*" models fail every step with a device error and
 /// "slow-*" models take 1.5 s per step.
-class faulty_engine final : public engine {
+class faulty_engine final : public model_kind {
  public:
   caf::error validate(const model_config& cfg,
                       const std::vector<gpu::device_kind>& placed) const override {
@@ -40,36 +40,36 @@ class faulty_engine final : public engine {
   caf::error fill(const shard_spec& s, gpu::weight_shard& w) const override {
     return toy_->fill(s, w);
   }
-  caf::expected<std::unique_ptr<shard_program>> make_program(const shard_spec& s,
-                                                             gpu::weight_shard& w,
-                                                             gpu::collective& g) const override {
-    auto inner = toy_->make_program(s, w, g);
+  caf::expected<std::unique_ptr<backend>> make_backend(const shard_spec& s, gpu::weight_shard& w,
+                                                       gpu::collective& g) const override {
+    auto inner = toy_->make_backend(s, w, g);
     if (!inner) return inner.error();
-    return std::unique_ptr<shard_program>{new program(s.model.name, s.pp_rank, std::move(*inner))};
+    return std::unique_ptr<backend>{new program(s.model.name, s.pp_rank, std::move(*inner))};
   }
 
  private:
-  class program final : public shard_program {
+  class program final : public backend {
    public:
-    program(std::string model, int32_t stage, std::unique_ptr<shard_program> inner)
+    program(std::string model, int32_t stage, std::unique_ptr<backend> inner)
         : model_(std::move(model)), stage_(stage), inner_(std::move(inner)) {}
-    caf::expected<models::host_tensor> run(const step_request& req,
+    caf::expected<models::host_tensor> run(const engine::step_input& req,
+                                           const std::vector<int32_t>& keep,
                                            const models::host_tensor* hidden) override {
       if (model_.rfind("broken", 0) == 0)
         return make_error(ec::device_error,
                           "uncorrectable ECC error in stage " + std::to_string(stage_));
       if (model_.rfind("slow", 0) == 0) std::this_thread::sleep_for(1500ms);
-      return inner_->run(req, hidden);
+      return inner_->run(req, keep, hidden);
     }
     void end_batch(uint64_t batch_id) override { inner_->end_batch(batch_id); }
 
    private:
     std::string model_;
     int32_t stage_;
-    std::unique_ptr<shard_program> inner_;
+    std::unique_ptr<backend> inner_;
   };
 
-  std::shared_ptr<const engine> toy_ = make_toy_engine();
+  std::shared_ptr<const model_kind> toy_ = make_toy_engine();
 };
 
 model_config faulty(const std::string& name, int32_t device) {

@@ -8,6 +8,7 @@
 #include <caf/scheduler/test_coordinator.hpp>
 
 #include "actors/node.hpp"
+#include "engine/runner.hpp"
 
 /// Deterministic actor tests under Catch2 (CAF_0.17.md §7): CAF's test coordinator runs
 /// every actor on the test thread; time moves only when the test advances it.
@@ -66,16 +67,19 @@ struct fake_worker_script {
   std::map<std::string, int> unregistered;
   /// Models whose eviction fails.
   std::set<std::string> failing_evict{};
-  /// Rows of each step the worker ran, and its keep list.
+  /// Rows of each step the worker ran, and its keep list (which rows of the batch's
+  /// previous step go on, as a worker's runner derives it from the plan's row keys).
   std::vector<size_t> step_rows;
   std::vector<std::vector<int32_t>> keeps;
+  /// The rows each batch holds, as a worker's runner tracks them.
+  engine::batch_rows rows;
   /// Per step, how many rows' sampling settings it carried (the prefill only).
   std::vector<size_t> sampling_rows;
   /// Per batch, its rows' settings as the prefill gave them, kept as a worker keeps them.
   std::map<uint64_t, std::vector<actors::row_sampling>> batch_sampling;
-  /// Per step, the batch its rows joined (step_request::join_into; 0: none).
+  /// Per step, the batch its rows joined (its plan's `into`; 0: none).
   std::vector<uint64_t> joins;
-  /// Per step, its rows' LoRA adapters (step_request::adapters).
+  /// Per step, its rows' LoRA adapters (engine::step_input::adapters).
   std::vector<std::vector<std::string>> adapters;
   /// Holds hanging loads until it receives ok_atom (promises are delivered by their
   /// owner only, so the test releases them through this actor).
@@ -135,24 +139,28 @@ inline actors::shard_worker_actor::behavior_type fake_worker(
         ++script->unregistered[m];
         return true;
       },
-      [=](step_atom, step_request& r) {
+      [=](step_atom, step_request& req) -> caf::result<step_result> {
         // Prefill samples 7 for every row; each decode step samples the row's last
         // token plus one. The steps' row counts and keep lists are recorded.
-        script->step_rows.push_back(r.step == 0 ? r.prompts.size() : r.tokens.size());
-        script->keeps.push_back(r.keep);
+        auto& r = req.input;
+        const auto batch = r.plan.batch;
+        script->step_rows.push_back(r.prefills() ? r.prompts.size() : r.tokens.size());
+        auto keep = script->rows.step(r.plan);
+        if (!keep) return keep.error();
+        script->keeps.push_back(*keep);
         script->sampling_rows.push_back(r.sampling.size());
-        auto& kept = script->batch_sampling[r.batch_id];
-        if (r.step == 0) {
+        auto& kept = script->batch_sampling[batch];
+        if (r.prefills()) {
           kept = r.sampling;
-        } else if (!r.keep.empty()) {
+        } else if (!keep->empty()) {
           std::vector<row_sampling> still;
-          for (auto k : r.keep) still.push_back(kept.at(static_cast<size_t>(k)));
+          for (auto k : *keep) still.push_back(kept.at(static_cast<size_t>(k)));
           kept = std::move(still);
         }
-        script->joins.push_back(r.join_into);
+        script->joins.push_back(r.plan.into);
         script->adapters.push_back(r.adapters);
         std::vector<int64_t> next;
-        if (r.step == 0)
+        if (r.prefills())
           next.assign(r.prompts.size(), 7);
         else
           for (auto t : r.tokens) next.push_back(t + 1);
@@ -164,12 +172,14 @@ inline actors::shard_worker_actor::behavior_type fake_worker(
             auto lp = static_cast<float>(-static_cast<double>(next[i]) / 100);
             lps[i] = token_logprobs{lp, {next[i]}, {lp}};
           }
-        if (r.join_into != 0) {
+        if (r.plan.into != 0 && !r.partial_prefill()) {
           // The joined rows' settings go after the running batch's, as a worker's samplers.
-          auto& into = script->batch_sampling[r.join_into];
+          auto& into = script->batch_sampling[r.plan.into];
           into.insert(into.end(), kept.begin(), kept.end());
-          script->batch_sampling.erase(r.batch_id);
+          script->batch_sampling.erase(batch);
+          if (auto err = script->rows.join(batch, r.plan.into)) return err;
         }
+        if (r.last) script->rows.end(batch);
         return step_result{next, 0, lps};
       },
       [=](cancel_atom, std::string&, uint64_t) {},

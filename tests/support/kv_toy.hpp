@@ -10,7 +10,7 @@
 namespace computron::testing {
 
 /// The toy engine with KV blocks of `block_bytes` per shard (the toy itself keeps none).
-class kv_toy final : public actors::engine {
+class kv_toy final : public actors::model_kind {
  public:
   explicit kv_toy(uint64_t block_bytes) : toy_(actors::make_toy_engine()), block_(block_bytes) {}
   caf::error validate(const actors::model_config& cfg,
@@ -28,13 +28,14 @@ class kv_toy final : public actors::engine {
   caf::error fill(const actors::shard_spec& s, gpu::weight_shard& w) const override {
     return toy_->fill(s, w);
   }
-  caf::expected<std::unique_ptr<actors::shard_program>> make_program(
-      const actors::shard_spec& s, gpu::weight_shard& w, gpu::collective& g) const override {
-    return toy_->make_program(s, w, g);
+  caf::expected<std::unique_ptr<actors::backend>> make_backend(const actors::shard_spec& s,
+                                                               gpu::weight_shard& w,
+                                                               gpu::collective& g) const override {
+    return toy_->make_backend(s, w, g);
   }
 
  private:
-  std::shared_ptr<const actors::engine> toy_;
+  std::shared_ptr<const actors::model_kind> toy_;
   uint64_t block_;
 };
 

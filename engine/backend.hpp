@@ -1,0 +1,62 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <caf/error.hpp>
+#include <caf/expected.hpp>
+
+#include "common/error.hpp"
+#include "engine/step.hpp"
+#include "gpu/weight_store.hpp"
+#include "models/host_tensor.hpp"
+
+/// A backend runs steps of one shard: its forward pass over the shard's weights and caches.
+/// The runner (engine/runner.hpp) drives it; today's backends are the decoder over libtorch
+/// ops (actors/opt_engine.cpp, every device) and the toy (actors/engine.cpp). A second one,
+/// CUDA graphs over the kernels of engine/cuda/, is a sibling that changes no caller.
+namespace computron::engine {
+
+/// One shard's compute. Not thread-safe: its runner's caller (a worker's compute lane) is
+/// the only one.
+class backend {
+ public:
+  virtual ~backend() = default;
+
+  /// Runs `in` on this shard. `keep` (decode steps) says which rows of the batch's previous
+  /// step go on, by their positions in it, in order; empty: all of them (the runner derives
+  /// it from the plan's row keys). `hidden` is the previous stage's output (null on the
+  /// first stage). Returns hidden states for the next stage, or on the last stage the
+  /// logits of each row's next token, [rows, vocab] f32 (or candidates, [rows, k, 2]).
+  virtual caf::expected<models::host_tensor> run(const step_input& in,
+                                                 const std::vector<int32_t>& keep,
+                                                 const models::host_tensor* hidden) = 0;
+
+  /// Forgets a batch's caches.
+  virtual void end_batch(uint64_t batch) = 0;
+
+  /// Bytes of device pages its KV pool holds now (0: none, or no pool).
+  virtual uint64_t kv_device_bytes() const { return 0; }
+
+  /// Appends batch `from`'s rows (just prefilled) after batch `into`'s, whose next step
+  /// then runs them all; `from` is gone. Continuous batching: requests join a running
+  /// batch at a step boundary. Stateless backends have nothing to join.
+  virtual caf::error join_batch(uint64_t from, uint64_t into) { return {}; }
+
+  /// Makes LoRA adapter `name` (its shard for this backend's shard, as the model kind laid
+  /// it out and filled it) available to the rows that name it (step_input::adapters). The
+  /// backend keeps `weights` alive while bound; the same shard again is a no-op, another
+  /// one under the name replaces it (the old one's rows fail clearly, none reads freed
+  /// memory). Errors: kinds without adapters, a shard that is not an adapter of this one.
+  virtual caf::error bind_adapter(const std::string& name,
+                                  std::shared_ptr<gpu::weight_shard> weights) {
+    return make_error(ec::invalid_request, "this model kind runs no LoRA adapters (" + name + ")");
+  }
+
+  /// Forgets adapter `name` (unregistered); unknown names are ignored.
+  virtual void unbind_adapter(const std::string& name) {}
+};
+
+}  // namespace computron::engine

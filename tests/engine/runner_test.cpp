@@ -1,0 +1,223 @@
+// The runner (engine/runner.hpp) over a recording backend: which rows of a batch go on (from
+// the plan's row keys, not from positions the manager counted), joins, the batch's end, the
+// samplers it keeps, and the steps it refuses. Torch-free.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "common/error.hpp"
+#include "engine/runner.hpp"
+
+using namespace computron;
+using namespace computron::engine;
+
+namespace {
+
+/// Logits that peak at each row's own value, so that a greedy sampler answers it; every
+/// call is recorded.
+struct recording_backend final : backend {
+  struct call {
+    uint64_t batch = 0;
+    bool prefill = false;
+    std::vector<int32_t> keep;
+  };
+  std::vector<call> calls;
+  std::vector<uint64_t> ended;
+  std::vector<std::pair<uint64_t, uint64_t>> joined;
+  /// The row values the next run answers (default: 10 + the row's position).
+  std::vector<int64_t> answer;
+  bool fail = false;
+
+  caf::expected<models::host_tensor> run(const step_input& in, const std::vector<int32_t>& keep,
+                                         const models::host_tensor*) override {
+    calls.push_back({in.plan.batch, in.prefills(), keep});
+    if (fail) return make_error(ec::device_error, "injected");
+    if (in.partial_prefill()) return models::host_tensor{};
+    const int64_t vocab = 64;
+    models::host_tensor t;
+    t.shape = {static_cast<int64_t>(in.rows()), vocab};
+    std::vector<float> v(in.rows() * vocab, 0.0f);
+    for (size_t r = 0; r < in.rows(); ++r) {
+      auto peak = r < answer.size() ? answer[r] : static_cast<int64_t>(10 + r);
+      v[r * vocab + static_cast<size_t>(peak)] = 5.0f;
+    }
+    t.bytes.resize(v.size() * sizeof(float));
+    std::memcpy(t.bytes.data(), v.data(), t.bytes.size());
+    return t;
+  }
+  void end_batch(uint64_t batch) override { ended.push_back(batch); }
+  caf::error join_batch(uint64_t from, uint64_t into) override {
+    joined.emplace_back(from, into);
+    return {};
+  }
+};
+
+/// A decode step of `batch` over rows `keys` (their prompts of one token, `done` computed).
+step_input decode(uint64_t batch, std::vector<uint64_t> keys, int64_t done = 2) {
+  step_input in;
+  in.step = 1;
+  in.plan.batch = batch;
+  for (auto k : keys) {
+    in.plan.rows.push_back({k, 1, done, 1});
+    in.tokens.push_back(static_cast<int64_t>(k));
+  }
+  return in;
+}
+
+step_input prefill(uint64_t batch, std::vector<uint64_t> keys) {
+  std::vector<std::vector<int64_t>> prompts(keys.size(), std::vector<int64_t>{1});
+  auto in = prefill_step(batch, prompts, std::vector<row_sampling>(keys.size()));
+  for (size_t r = 0; r < keys.size(); ++r) in.plan.rows[r].key = keys[r];
+  return in;
+}
+
+}  // namespace
+
+TEST_CASE("which rows go on is read from the plan's keys", "[engine][runner]") {
+  sched::step_plan plan;
+  plan.batch = 4;
+  plan.rows = {{7, 1, 1, 1}, {9, 1, 1, 1}};
+  auto keep = kept_rows({5, 7, 8, 9}, plan);
+  REQUIRE(keep);
+  CHECK(*keep == std::vector<int32_t>{1, 3});
+  // Every row on, in order: nothing to say.
+  auto all = kept_rows({7, 9}, plan);
+  REQUIRE(all);
+  CHECK(all->empty());
+  // Reordered rows are named.
+  auto swapped = kept_rows({9, 7}, plan);
+  REQUIRE(swapped);
+  CHECK(*swapped == std::vector<int32_t>{1, 0});
+  // A row the batch does not hold, or one named twice, is refused.
+  auto unknown = kept_rows({5, 7}, plan);
+  REQUIRE_FALSE(unknown);
+  CHECK(is(unknown.error(), ec::invalid_request));
+  CHECK_THAT(render(unknown.error()), Catch::Contains("holds no row 9"));
+  plan.rows = {{7, 1, 1, 1}, {7, 1, 1, 1}};
+  auto twice = kept_rows({7, 9}, plan);
+  REQUIRE_FALSE(twice);
+  CHECK_THAT(render(twice.error()), Catch::Contains("twice"));
+}
+
+TEST_CASE("a runner keeps rows and samplers as its batch's plans move them", "[engine][runner]") {
+  auto b = std::make_shared<recording_backend>();
+  runner r{b, true, true};
+  // Prefill of three rows: each samples its own value.
+  auto first = r.step(prefill(1, {100, 101, 102}), nullptr);
+  REQUIRE(first);
+  CHECK(first->tokens == std::vector<int64_t>{10, 11, 12});
+  CHECK(b->calls.back().keep.empty());
+  // Row 101 finished: the next step names 100 and 102, and the backend keeps rows 0 and 2.
+  b->answer = {20, 22};
+  auto second = r.step(decode(1, {100, 102}), nullptr);
+  REQUIRE(second);
+  CHECK(b->calls.back().keep == std::vector<int32_t>{0, 2});
+  CHECK(second->tokens == std::vector<int64_t>{20, 22});
+  // Two rows join from batch 2 (their prefill under its own id): their samplers and keys
+  // go after batch 1's, and batch 2 is gone.
+  b->answer = {30, 31};
+  auto join = prefill(2, {200, 201});
+  join.plan.into = 1;
+  auto joined = r.step(join, nullptr);
+  REQUIRE(joined);
+  CHECK(joined->tokens == std::vector<int64_t>{30, 31});
+  CHECK(b->joined == std::vector<std::pair<uint64_t, uint64_t>>{{2, 1}});
+  // Batch 1 now holds 100, 102, 200, 201; row 102 leaves.
+  b->answer = {40, 41, 42};
+  auto third = r.step(decode(1, {100, 200, 201}), nullptr);
+  REQUIRE(third);
+  CHECK(b->calls.back().keep == std::vector<int32_t>{0, 2, 3});
+  CHECK(third->tokens == std::vector<int64_t>{40, 41, 42});
+  // The last step ends the batch everywhere: the backend's caches too.
+  auto last = decode(1, {100, 200, 201});
+  last.last = true;
+  REQUIRE(r.step(last, nullptr));
+  CHECK(b->ended.back() == 1);
+  CHECK(r.batches() == 0);
+}
+
+TEST_CASE("a row preempted and prefilled again joins under its old key", "[engine][runner]") {
+  auto b = std::make_shared<recording_backend>();
+  runner r{b, true, true};
+  REQUIRE(r.step(prefill(1, {5, 6}), nullptr));
+  // Row 6 was preempted at the boundary and comes back in a join before the step that
+  // drops it: its old position is no longer its.
+  auto again = prefill(2, {6});
+  again.plan.into = 1;
+  REQUIRE(r.step(again, nullptr));
+  auto next = r.step(decode(1, {5, 6}), nullptr);
+  REQUIRE(next);
+  CHECK(b->calls.back().keep == std::vector<int32_t>{0, 2});
+}
+
+TEST_CASE("a chunked prefill samples at its last chunk only", "[engine][runner]") {
+  auto b = std::make_shared<recording_backend>();
+  runner r{b, true, true};
+  auto chunk = prefill(3, {1, 2});
+  chunk.plan.chunk = 4;
+  chunk.plan.left = 4;
+  auto part = r.step(chunk, nullptr);
+  REQUIRE(part);
+  CHECK(part->tokens.empty());
+  chunk.plan.left = 0;
+  auto done = r.step(chunk, nullptr);
+  REQUIRE(done);
+  CHECK(done->tokens == std::vector<int64_t>{10, 11});
+  // A rank that does not sample, or a stage before the last, answers no tokens.
+  auto other = std::make_shared<recording_backend>();
+  runner quiet{other, true, false};
+  auto none = quiet.step(prefill(3, {1, 2}), nullptr);
+  REQUIRE(none);
+  CHECK(none->tokens.empty());
+  runner middle{std::make_shared<recording_backend>(), false, true};
+  auto hidden = middle.step(prefill(3, {1, 2}), nullptr);
+  REQUIRE(hidden);
+  CHECK(hidden->tokens.empty());
+  CHECK(hidden->hidden.shape == std::vector<int64_t>{2, 64});
+}
+
+TEST_CASE("a runner refuses steps that do not describe its batch, and a failure ends it",
+          "[engine][runner]") {
+  auto b = std::make_shared<recording_backend>();
+  runner r{b, true, true};
+  REQUIRE(r.step(prefill(1, {5, 6}), nullptr));
+  // A decode step naming a row the batch never had.
+  auto stray = r.step(decode(1, {5, 7}), nullptr);
+  REQUIRE_FALSE(stray);
+  CHECK(is(stray.error(), ec::invalid_request));
+  // The batch is gone after a failed step: its next step is refused, never run on stale
+  // rows.
+  CHECK(r.batches() == 0);
+  CHECK(b->ended.back() == 1);
+  auto ended = r.step(decode(1, {5, 6}), nullptr);
+  REQUIRE_FALSE(ended);
+  CHECK_THAT(render(ended.error()), Catch::Contains("holds no rows here to decode"));
+  // Rows and inputs that disagree, a step of no rows, and a mixed step.
+  auto short_inputs = prefill(2, {1, 2});
+  short_inputs.prompts.pop_back();
+  auto refused = r.step(short_inputs, nullptr);
+  REQUIRE_FALSE(refused);
+  CHECK_THAT(render(refused.error()), Catch::Contains("plans 2 rows and brings 1 prompts"));
+  step_input empty;
+  empty.plan.batch = 3;
+  CHECK_FALSE(r.step(empty, nullptr));
+  auto mixed = prefill(4, {1});
+  mixed.plan.rows.push_back({2, 1, 1, 1});
+  mixed.prompts.push_back({1});
+  auto m = r.step(mixed, nullptr);
+  REQUIRE_FALSE(m);
+  CHECK_THAT(render(m.error()), Catch::Contains("mixes"));
+  // Joining a batch this shard does not hold.
+  auto orphan = prefill(5, {1});
+  orphan.plan.into = 99;
+  CHECK_FALSE(r.step(orphan, nullptr));
+  // A backend's error comes back as it is, and ends the batch.
+  b->fail = true;
+  auto failed = r.step(prefill(6, {1}), nullptr);
+  REQUIRE_FALSE(failed);
+  CHECK(is(failed.error(), ec::device_error));
+  CHECK(r.batches() == 0);
+}
