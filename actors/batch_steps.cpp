@@ -260,6 +260,12 @@ void prefill_joiners(manager_pointer self, const batch_ptr& b, const sched::join
                      int64_t step, std::vector<size_t> joined) {
   auto& st = self->state;
   if (joined.empty()) {
+    // Every joiner was cancelled in the queue or lost its adapter: with no running row
+    // left either, the batch ends here (a step of no rows is refused by the workers).
+    if (b->sent.empty() && b->pending.empty()) {
+      finish_batch(self, b, nullptr);
+      return;
+    }
     run_step(self, b, step + 1);
     return;
   }

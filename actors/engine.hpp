@@ -12,9 +12,10 @@
 #include "engine/backend.hpp"
 #include "engine/runner.hpp"
 #include "engine/sampling.hpp"
+#include "engine/toy/toy_backend.hpp"
 #include "gpu/collective.hpp"
 #include "gpu/weight_store.hpp"
-#include "models/decoder_stage.hpp"
+#include "models/host_tensor.hpp"
 
 /// Model kinds behind the shard workers. An engine knows how a kind lays out and fills one
 /// shard, and makes the backend that runs it; workers and managers stay the same for every
@@ -94,10 +95,8 @@ using engine_registry = std::map<std::string, std::shared_ptr<const model_kind>>
 /// Vocabulary 1024; for tests and overhead benchmarks.
 std::shared_ptr<const model_kind> make_toy_engine();
 
-/// The toy's stage is this many equal layers: layer i waits for the first (i+1)/n of the
-/// shard's bytes, then computes 1/n of the stage's toy_compute_ms, so compute overlaps a
-/// load as the OPT forward's per-layer waits do.
-inline constexpr int toy_layers_per_stage = 8;
+/// The toy's stage is this many equal layers (engine/toy/toy_backend.hpp).
+using computron::engine::toy_layers_per_stage;
 
 /// The registry with every engine of this build that needs no torch ("toy").
 engine_registry torch_free_engines();

@@ -65,7 +65,7 @@ caf::result<step_result> run_step(worker_pointer self, step_request& req) {
   if (!lane) return lane.error();
   // A model that moves to another lane (a re-plan) runs nothing there until what its
   // old lane still holds of it (a batch's end_batch, say) is done: one caller at a
-  // time per program.
+  // time per runner.
   const int32_t previous_lane = e.lane;
   e.lane = lane_index;
   auto clock = st.gpulets;

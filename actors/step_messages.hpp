@@ -99,7 +99,7 @@ struct step_result {
   /// One per row when any row asks for log-probabilities (empty entries for the others);
   /// empty otherwise. (`{}`: aggregate initialisations may leave it out.)
   std::vector<token_logprobs> logprobs{};
-  /// Step 0: per row, its prompt tokens' log-probabilities (from the second token on)
+  /// A prefill: per row, its prompt tokens' log-probabilities (from the second token on)
   /// where the row asks for them (row_sampling::prompt_logprobs); empty otherwise.
   std::vector<std::vector<token_logprobs>> prompt_logprobs{};
   /// Gpu-lets: the largest fraction of a stage's compute during which other lanes of its

@@ -10,9 +10,9 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
+#include "engine/torch/decoder_stage.hpp"
 #include "gpu/backends.hpp"
 #include "gpu/collective.hpp"
-#include "models/decoder_stage.hpp"
 #include "models/weights.hpp"
 
 namespace computron::bench {

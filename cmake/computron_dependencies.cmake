@@ -107,7 +107,7 @@ if(COMPUTRON_TORCH_FMT_VERSION)
   endif()
 endif()
 # 2. A CUDA libtorch lets the OPT forward cap libtorch's caching allocator to the
-#    activation workspace (models/torch_interop.cpp is the only user).
+#    activation workspace (engine/torch/torch_interop.cpp is the only user).
 if(TORCH_CUDA_LIBRARIES OR TARGET c10_cuda)
   set(COMPUTRON_TORCH_CUDA ON)
   message(STATUS "computron: libtorch ${Torch_VERSION} with CUDA")

@@ -5,7 +5,7 @@
 
 /// The chunk window of a chunked prefill, the one rule the scheduler (which plans the
 /// chunks and counts their tokens: sched/step_plan) and the forward pass (which computes
-/// them: models/chunked_prefill.cpp) must agree on. It lives here, dependency-free, since
+/// them: engine/torch/chunked_prefill.cpp) must agree on. It lives here, dependency-free, since
 /// models/ sits below sched/ and both need it, as the KV block size is shared.
 namespace computron {
 

@@ -14,9 +14,10 @@
 #include "models/host_tensor.hpp"
 
 /// A backend runs steps of one shard: its forward pass over the shard's weights and caches.
-/// The runner (engine/runner.hpp) drives it; today's backends are the decoder over libtorch
-/// ops (actors/opt_engine.cpp, every device) and the toy (actors/engine.cpp). A second one,
-/// CUDA graphs over the kernels of engine/cuda/, is a sibling that changes no caller.
+/// The runner (engine/runner.hpp) drives it. The backends are sibling folders: the decoder
+/// over libtorch ops (engine/torch/decoder_backend.hpp, every device) and the toy
+/// (engine/toy/). Another one, such as CUDA graphs over the kernels of engine/cuda/, is one
+/// more sibling and changes no caller.
 namespace computron::engine {
 
 /// One shard's compute. Not thread-safe: its runner's caller (a worker's compute lane) is
@@ -34,7 +35,8 @@ class backend {
                                                  const std::vector<int32_t>& keep,
                                                  const models::host_tensor* hidden) = 0;
 
-  /// Forgets a batch's caches.
+  /// Forgets a batch's caches. Unknown and repeated ids are ignored: the runner ends a
+  /// batch after its last step or an error whatever the backend did itself.
   virtual void end_batch(uint64_t batch) = 0;
 
   /// Bytes of device pages its KV pool holds now (0: none, or no pool).

@@ -5,7 +5,7 @@
 // CPU's path and the reference the CUDA kernel is tested against) and the CUDA kernel
 // (cuda/paged_attention.cu), so that what the host tests check is what the GPU computes.
 //
-// The layout is the KV block pool's (models/kv_blocks.hpp): one tensor per chunk, [layers,
+// The layout is the KV block pool's (engine/torch/kv_blocks.hpp): one tensor per chunk, [layers,
 // 2 (keys, values), kv heads, blocks, block tokens, head dim]. A call is one layer: for each
 // chunk the step reads, its keys and values of that layer ([kv heads, blocks, block tokens,
 // head dim]). Each row's block table names, in position order, the blocks that hold its

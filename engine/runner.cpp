@@ -117,9 +117,29 @@ void runner::end_batch(uint64_t batch) {
   rows_.end(batch);
   samplers_.erase(batch);
   backend_->end_batch(batch);
+  if (!ended_set_.insert(batch).second) return;
+  ended_.push_back(batch);
+  if (ended_.size() > remembered_ends) {
+    ended_set_.erase(ended_.front());
+    ended_.pop_front();
+  }
+}
+
+size_t runner::batches() const {
+  std::set<uint64_t> held;
+  for (auto& [b, _] : samplers_) held.insert(b);
+  size_t n = rows_.batches();
+  for (auto b : held)
+    if (!rows_.holds(b)) ++n;
+  return n;
 }
 
 caf::expected<step_output> runner::step(const step_input& in, const models::host_tensor* hidden) {
+  // Nothing of an ended batch is made again (its caches, rows or samplers), and it is not
+  // ended twice.
+  if (ended_set_.count(in.plan.batch) > 0)
+    return make_error(ec::invalid_state,
+                      "batch " + std::to_string(in.plan.batch) + " has ended here");
   auto out = run(in, hidden);
   // A failed step leaves nothing of its batch here: the manager fails its rows.
   if (!out) end_batch(in.plan.batch);
@@ -171,14 +191,17 @@ caf::expected<step_output> runner::run(const step_input& in, const models::host_
   if (in.plan.into != 0 && !in.partial_prefill()) {
     // The rows join a running batch: their caches, keys and samplers go after its own.
     const auto into = in.plan.into;
+    // Checked before the backend joins its caches, so that a refused join leaves the
+    // running batch as it was.
+    auto to = samplers_.find(into);
+    if (!rows_.holds(into) || (samples_ && to == samplers_.end()))
+      return make_error(ec::invalid_request, "rows of batch " + std::to_string(batch) +
+                                                 " join batch " + std::to_string(into) +
+                                                 ", which is not held here");
     if (auto err = backend_->join_batch(batch, into)) return err;
     if (auto err = rows_.join(batch, into)) return err;
     if (samples_) {
       auto from = samplers_.find(batch);
-      auto to = samplers_.find(into);
-      if (to == samplers_.end())
-        return make_error(ec::invalid_request, "rows join batch " + std::to_string(into) +
-                                                   ", which holds no samplers here");
       if (from != samplers_.end()) {
         for (auto& s : from->second) to->second.push_back(std::move(s));
         samplers_.erase(from);

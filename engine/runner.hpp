@@ -1,8 +1,10 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include <caf/error.hpp>
@@ -57,6 +59,7 @@ class batch_rows {
   /// old position there.
   caf::error join(uint64_t from, uint64_t into);
   void end(uint64_t batch) { rows_.erase(batch); }
+  bool holds(uint64_t batch) const { return rows_.count(batch) > 0; }
   /// The keys of a batch's rows, in order (empty: unknown).
   const std::vector<uint64_t>& of(uint64_t batch) const;
   size_t batches() const { return rows_.size(); }
@@ -77,13 +80,15 @@ class runner {
   /// its rows, and a later step of it is refused.
   caf::expected<step_output> step(const step_input& in, const models::host_tensor* hidden);
 
-  /// Forgets a batch (the manager ended it early: failed, cancelled).
+  /// Forgets a batch (the manager ended it early: failed, cancelled). A step of it that
+  /// still arrives (a prefill a stage before this one sent on before the cancel came) is
+  /// refused, so nothing of it is made again here.
   void end_batch(uint64_t batch);
 
   backend& compute() { return *backend_; }
   uint64_t kv_device_bytes() const { return backend_->kv_device_bytes(); }
   /// Batches it holds rows or samplers of (tests: nothing is left behind).
-  size_t batches() const { return rows_.batches() + samplers_.size(); }
+  size_t batches() const;
 
  private:
   caf::expected<step_output> run(const step_input& in, const models::host_tensor* hidden);
@@ -94,6 +99,11 @@ class runner {
   batch_rows rows_;
   /// The sampling rank's: per batch, one sampler per row, in the rows' order.
   std::map<uint64_t, std::vector<models::sampler>> samplers_;
+  /// The batches ended here, newest last (at most `remembered_ends`; the manager's batch
+  /// ids only grow, so an old one never comes back).
+  std::deque<uint64_t> ended_;
+  std::set<uint64_t> ended_set_;
+  static constexpr size_t remembered_ends = 4096;
 };
 
 }  // namespace computron::engine

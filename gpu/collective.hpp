@@ -11,7 +11,7 @@
 namespace computron::gpu {
 
 /// A tensor-parallel group's collective: the sum of a buffer over every rank, left on
-/// every rank. NCCL on GPUs (gpu/cuda), Gloo on CPUs (models/gloo_collective). Calls are
+/// every rank. NCCL on GPUs (gpu/cuda), Gloo on CPUs (engine/torch/gloo_collective). Calls are
 /// blocking and every rank must make the same calls in the same order.
 class collective {
  public:
@@ -37,7 +37,7 @@ caf::expected<std::unique_ptr<collective>> join_local_group(const std::string& n
 
 /// Groups whose ranks live in different processes: one rank's worker hosts a
 /// rendezvous point, its address travels to the others in CAF messages, and each joins.
-/// Implemented with Gloo (models/gloo_collective); processes built without it have none.
+/// Implemented with Gloo (engine/torch/gloo_collective); processes built without it have none.
 class group_provider {
  public:
   virtual ~group_provider() = default;

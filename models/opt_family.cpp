@@ -26,7 +26,7 @@ void opt_params(const decoder_spec& spec, const parallel_config& par, const shar
   if (first) {
     add("embed_tokens.weight", {spec.vocab, h}, split_kind::vocab, init_kind::embedding);
     // OPT's learned positions are offset by 2 (a fairseq legacy). Cut by hidden column:
-    // each rank adds its columns before the embedding's all-reduce (models/opt_block.cpp).
+    // each rank adds its columns before the embedding's all-reduce (engine/torch/opt_block.cpp).
     add("embed_positions.weight", {spec.max_positions + 2, h}, split_kind::dim1,
         init_kind::embedding);
   }

@@ -230,8 +230,8 @@ dispatch_effects dispatcher::step_boundary(batch_id id, const std::vector<uint64
     else
       going.push_back(k);
   }
-  // Rows that left give their blocks back to the batch (once the workers applied the next
-  // step's keep list); those going on cached a token.
+  // Rows that left give their blocks back to the batch (once the workers ran the next step,
+  // whose plan no longer names them); those going on cached a token.
   std::unordered_map<uint64_t, int64_t> steps_run;
   for (auto k : going) steps_run[k] = b.steps_run[k] + 1;
   b.leaving = 0;
@@ -260,8 +260,8 @@ dispatch_effects dispatcher::step_boundary(batch_id id, const std::vector<uint64
     out.dispatched = true;
   }
   if (models_[model].kv) {
-    // A join's prefill (or chunk) runs before the step whose keep list frees the blocks
-    // of rows that left.
+    // A join's prefill (or chunk) runs before the step that frees the blocks of rows that
+    // left (its plan no longer names them).
     const bool prefill_first = !joiners.empty() || b.chunking;
     auto need = kv_need_of(b, joiners) + (prefill_first ? b.leaving : 0);
     if (need > b.kv_held) {
@@ -275,7 +275,7 @@ dispatch_effects dispatcher::step_boundary(batch_id id, const std::vector<uint64
       b.joiners = std::move(joiners);
       b.waiting = kv_wait::step;
       // At least what the running rows and a chunked join need (with the blocks of rows
-      // that left, which a chunk's step runs before the keep list frees).
+      // that left, which a chunk's step runs before the next step frees them).
       const auto least = kv_need_of(b, {}) + (b.chunking ? b.leaving : 0);
       out.kv_asks.push_back(
           {id, model, want - std::min(want, b.kv_held), least - std::min(least, b.kv_held), false});

@@ -68,8 +68,8 @@ struct formed_batch {
 /// batch `id` and appends that to batch `into` (whose next step then runs them all).
 /// A chunked prefill (`chunk` > 0; batching_options::prefill_chunk) comes as one plan per
 /// step boundary, all of one `id` and `rows`: each computes every prompt's
-/// prefill_window(n, chunk, left) (common/prefill_window.hpp; step_request's
-/// prefill_chunk and prefill_left). A partial chunk (`left` > 0) joins nothing: the
+/// prefill_window(n, chunk, left) (common/prefill_window.hpp; the step plan's chunk and
+/// left). A partial chunk (`left` > 0) joins nothing: the
 /// batch's next step runs its own rows after it. The last (`left` 0) joins.
 struct join_plan {
   batch_id into = 0;
@@ -300,7 +300,8 @@ class dispatcher {
     std::vector<uint64_t> going{};
     std::vector<queued_entry> joiners{};
     /// Blocks of rows that left at this boundary (finished or preempted): the workers free
-    /// them with the next step's keep list, after a join's prefill, which cannot use them.
+    /// them at the next step (its plan no longer names them), after a join's prefill, which
+    /// cannot use them.
     uint64_t leaving = 0;
     /// The keys of those rows (the next step's plan lists them as finished).
     std::vector<uint64_t> left_rows{};

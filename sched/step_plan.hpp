@@ -60,12 +60,13 @@ struct step_plan {
   batch_id into = 0;
   std::vector<planned_row> rows;
   /// Rows of the batch's previous step that are not in this one (finished, failed or
-  /// preempted at the boundary): the workers drop their caches. A worker's runner reads
-  /// the same from the row keys (engine::kept_rows: what its caches hold and `rows`).
+  /// preempted at the boundary): the workers drop their caches. A worker's runner does not
+  /// read it: it goes by the rows `rows` names (engine::kept_rows), which the manager
+  /// writes as it sends them.
   std::vector<uint64_t> finished;
   /// KV blocks the scheduler holds for the batch when it planned the step. The ledger
   /// counts blocks; the block ids are the workers' block pools' to choose
-  /// (models/kv_blocks), so the plan carries the count, not ids. The pools take device
+  /// (engine/torch/kv_blocks.hpp), so the plan carries the count, not ids. The pools take device
   /// memory beyond a step's own need only up to it (0: no bound, a model whose KV is not
   /// in the ledger).
   uint64_t kv_blocks = 0;

@@ -148,30 +148,66 @@ TEST_CASE("a row preempted and prefilled again joins under its old key", "[engin
   auto again = prefill(2, {6});
   again.plan.into = 1;
   REQUIRE(r.step(again, nullptr));
+  b->answer = {60, 61};
   auto next = r.step(decode(1, {5, 6}), nullptr);
   REQUIRE(next);
   CHECK(b->calls.back().keep == std::vector<int32_t>{0, 2});
+  // Each row samples with its own sampler: two rows, two tokens, in the plan's order.
+  CHECK(next->tokens == std::vector<int64_t>{60, 61});
 }
 
-TEST_CASE("a chunked prefill samples at its last chunk only", "[engine][runner]") {
+TEST_CASE("a join's chunks run between the running batch's decode steps", "[engine][runner]") {
   auto b = std::make_shared<recording_backend>();
   runner r{b, true, true};
-  auto chunk = prefill(3, {1, 2});
+  REQUIRE(r.step(prefill(1, {10, 11}), nullptr));
+  // Two prompts of 8 tokens join in chunks of 4 under the join's own id 2: the first chunk
+  // answers nothing and leaves batch 1 as it was.
+  auto chunk = prefill(2, {20, 21});
+  chunk.prompts = {std::vector<int64_t>(8, 1), std::vector<int64_t>(8, 2)};
+  for (auto& row : chunk.plan.rows) row = {row.key, 8, 0, 4};
   chunk.plan.chunk = 4;
   chunk.plan.left = 4;
+  CHECK(chunk.plan.mode() == sched::step_mode::chunk);
   auto part = r.step(chunk, nullptr);
   REQUIRE(part);
   CHECK(part->tokens.empty());
+  CHECK(b->joined.empty());
+  // Batch 1 decodes between the chunks; row 11 finished.
+  b->answer = {30};
+  auto between = r.step(decode(1, {10}), nullptr);
+  REQUIRE(between);
+  CHECK(between->tokens == std::vector<int64_t>{30});
+  CHECK(b->calls.back().keep == std::vector<int32_t>{0});
+  // The last chunk samples the joiners and joins them after row 10.
+  for (auto& row : chunk.plan.rows) row = {row.key, 8, 4, 4};
   chunk.plan.left = 0;
-  auto done = r.step(chunk, nullptr);
-  REQUIRE(done);
-  CHECK(done->tokens == std::vector<int64_t>{10, 11});
-  // A rank that does not sample, or a stage before the last, answers no tokens.
-  auto other = std::make_shared<recording_backend>();
-  runner quiet{other, true, false};
-  auto none = quiet.step(prefill(3, {1, 2}), nullptr);
-  REQUIRE(none);
-  CHECK(none->tokens.empty());
+  chunk.plan.into = 1;
+  b->answer = {40, 41};
+  auto last = r.step(chunk, nullptr);
+  REQUIRE(last);
+  CHECK(last->tokens == std::vector<int64_t>{40, 41});
+  // The samplers follow the rows: row 21 leaves, rows 10 and 20 go on.
+  b->answer = {50, 51};
+  auto next = r.step(decode(1, {10, 20}), nullptr);
+  REQUIRE(next);
+  CHECK(b->calls.back().keep == std::vector<int32_t>{0, 1});
+  CHECK(next->tokens == std::vector<int64_t>{50, 51});
+  CHECK(r.batches() == 1);
+}
+
+TEST_CASE("ranks that do not sample join and keep rows as the sampling rank does",
+          "[engine][runner]") {
+  auto b = std::make_shared<recording_backend>();
+  runner quiet{b, true, false};
+  auto first = quiet.step(prefill(1, {5, 6}), nullptr);
+  REQUIRE(first);
+  CHECK(first->tokens.empty());
+  auto join = prefill(2, {7});
+  join.plan.into = 1;
+  REQUIRE(quiet.step(join, nullptr));
+  REQUIRE(quiet.step(decode(1, {5, 7}), nullptr));
+  CHECK(b->calls.back().keep == std::vector<int32_t>{0, 2});
+  // A stage before the last answers its hidden states, not tokens.
   runner middle{std::make_shared<recording_backend>(), false, true};
   auto hidden = middle.step(prefill(3, {1, 2}), nullptr);
   REQUIRE(hidden);
@@ -194,7 +230,11 @@ TEST_CASE("a runner refuses steps that do not describe its batch, and a failure 
   CHECK(b->ended.back() == 1);
   auto ended = r.step(decode(1, {5, 6}), nullptr);
   REQUIRE_FALSE(ended);
-  CHECK_THAT(render(ended.error()), Catch::Contains("holds no rows here to decode"));
+  CHECK_THAT(render(ended.error()), Catch::Contains("has ended here"));
+  // A decode step of a batch never prefilled here.
+  auto stranger = r.step(decode(50, {1}), nullptr);
+  REQUIRE_FALSE(stranger);
+  CHECK_THAT(render(stranger.error()), Catch::Contains("holds no rows here to decode"));
   // Rows and inputs that disagree, a step of no rows, and a mixed step.
   auto short_inputs = prefill(2, {1, 2});
   short_inputs.prompts.pop_back();
@@ -219,5 +259,14 @@ TEST_CASE("a runner refuses steps that do not describe its batch, and a failure 
   auto failed = r.step(prefill(6, {1}), nullptr);
   REQUIRE_FALSE(failed);
   CHECK(is(failed.error(), ec::device_error));
+  CHECK(r.batches() == 0);
+  // A batch the manager ended (cancelled) makes nothing again: a prefill of it that a
+  // stage before this one sent on before the cancel came is refused.
+  b->fail = false;
+  REQUIRE(r.step(prefill(7, {1}), nullptr));
+  r.end_batch(7);
+  auto late = r.step(prefill(7, {1}), nullptr);
+  REQUIRE_FALSE(late);
+  CHECK_THAT(render(late.error()), Catch::Contains("has ended here"));
   CHECK(r.batches() == 0);
 }

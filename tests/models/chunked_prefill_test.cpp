@@ -12,7 +12,7 @@
 #include <memory>
 
 #include "common/error.hpp"
-#include "models/decoder_stage.hpp"
+#include "engine/torch/decoder_stage.hpp"
 #include "tests/support/sharded_model.hpp"
 
 using namespace computron;

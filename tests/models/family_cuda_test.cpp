@@ -9,8 +9,8 @@
 #include <cstring>
 
 #include "common/error.hpp"
+#include "engine/torch/decoder_stage.hpp"
 #include "models/checkpoint.hpp"
-#include "models/decoder_stage.hpp"
 #include "models/weights.hpp"
 #include "tests/support/devices.hpp"
 #include "tests/support/llama_reference.hpp"

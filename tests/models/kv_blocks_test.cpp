@@ -12,8 +12,8 @@
 #include <sstream>
 
 #include "common/error.hpp"
+#include "engine/torch/decoder_stage.hpp"
 #include "gpu/emulated_device.hpp"
-#include "models/decoder_stage.hpp"
 #include "tests/support/sharded_model.hpp"
 
 using namespace computron;

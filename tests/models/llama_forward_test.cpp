@@ -8,8 +8,8 @@
 #include <cmath>
 
 #include "common/error.hpp"
+#include "engine/torch/decoder_stage.hpp"
 #include "models/checkpoint.hpp"
-#include "models/decoder_stage.hpp"
 #include "models/weights.hpp"
 #include "tests/support/llama_reference.hpp"
 #include "tests/support/sharded_model.hpp"

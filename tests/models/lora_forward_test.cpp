@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "common/error.hpp"
-#include "models/decoder_stage.hpp"
+#include "engine/torch/decoder_stage.hpp"
 #include "models/lora_adapter.hpp"
 #include "models/weights.hpp"
 #include "tests/support/peft_folder.hpp"

@@ -20,8 +20,8 @@
 
 #include "common/child_process.hpp"
 #include "common/error.hpp"
+#include "engine/torch/decoder_stage.hpp"
 #include "models/checkpoint.hpp"
-#include "models/decoder_stage.hpp"
 #include "models/lora_adapter.hpp"
 #include "models/weights.hpp"
 #include "tests/support/peft_folder.hpp"

@@ -8,9 +8,9 @@
 #include <cstring>
 
 #include "common/error.hpp"
+#include "engine/torch/decoder_stage.hpp"
 #include "gpu/backends.hpp"
 #include "gpu/emulated_device.hpp"
-#include "models/decoder_stage.hpp"
 #include "models/weights.hpp"
 
 using namespace computron;

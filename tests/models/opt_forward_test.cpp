@@ -11,9 +11,9 @@
 #include <thread>
 
 #include "common/error.hpp"
+#include "engine/torch/decoder_stage.hpp"
+#include "engine/torch/gloo_collective.hpp"
 #include "gpu/emulated_device.hpp"
-#include "models/decoder_stage.hpp"
-#include "models/gloo_collective.hpp"
 #include "models/weights.hpp"
 #include "tests/support/sharded_model.hpp"
 

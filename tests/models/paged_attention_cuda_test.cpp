@@ -7,7 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include "common/error.hpp"
-#include "models/decoder_stage.hpp"
+#include "engine/torch/decoder_stage.hpp"
 #include "models/weights.hpp"
 #include "tests/support/devices.hpp"
 #include "tests/support/sharded_model.hpp"

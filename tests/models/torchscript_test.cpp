@@ -6,8 +6,8 @@
 #include <fstream>
 
 #include "common/error.hpp"
+#include "engine/torch/torchscript_model.hpp"
 #include "gpu/emulated_device.hpp"
-#include "models/torchscript_model.hpp"
 #include "models/weights.hpp"
 #include "tests/support/temp_files.hpp"
 

@@ -71,8 +71,8 @@ struct fake_worker_script {
   /// previous step go on, as a worker's runner derives it from the plan's row keys).
   std::vector<size_t> step_rows;
   std::vector<std::vector<int32_t>> keeps;
-  /// The rows each batch holds, as a worker's runner tracks them.
-  engine::batch_rows rows;
+  /// Per device, the rows each batch holds, as a worker's runner tracks them.
+  std::map<int32_t, engine::batch_rows> rows;
   /// Per step, how many rows' sampling settings it carried (the prefill only).
   std::vector<size_t> sampling_rows;
   /// Per batch, its rows' settings as the prefill gave them, kept as a worker keeps them.
@@ -145,7 +145,7 @@ inline actors::shard_worker_actor::behavior_type fake_worker(
         auto& r = req.input;
         const auto batch = r.plan.batch;
         script->step_rows.push_back(r.prefills() ? r.prompts.size() : r.tokens.size());
-        auto keep = script->rows.step(r.plan);
+        auto keep = script->rows[device].step(r.plan);
         if (!keep) return keep.error();
         script->keeps.push_back(*keep);
         script->sampling_rows.push_back(r.sampling.size());
@@ -177,12 +177,12 @@ inline actors::shard_worker_actor::behavior_type fake_worker(
           auto& into = script->batch_sampling[r.plan.into];
           into.insert(into.end(), kept.begin(), kept.end());
           script->batch_sampling.erase(batch);
-          if (auto err = script->rows.join(batch, r.plan.into)) return err;
+          if (auto err = script->rows[device].join(batch, r.plan.into)) return err;
         }
-        if (r.last) script->rows.end(batch);
+        if (r.last) script->rows[device].end(batch);
         return step_result{next, 0, lps};
       },
-      [=](cancel_atom, std::string&, uint64_t) {},
+      [=](cancel_atom, std::string&, uint64_t batch) { script->rows[device].end(batch); },
       [=](devices_atom) { return device_report{}; },
       [=](group_atom, std::string&, int32_t) -> caf::result<std::string> {
         return make_error(ec::invalid_configuration, "fake workers host no groups");

@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "engine/torch/decoder_stage.hpp"
+#include "engine/torch/gloo_collective.hpp"
 #include "gpu/emulated_device.hpp"
-#include "models/decoder_stage.hpp"
-#include "models/gloo_collective.hpp"
 #include "models/weights.hpp"
 
 namespace computron::test {

@@ -1,7 +1,7 @@
 // One stage's KV block pool (chunks of device memory cut into blocks) and a step's writes
 // into and reads from the blocks. The tables that say which blocks a row holds, and the
 // plans of each step, are kv_cache.cpp's.
-#include "models/kv_blocks.hpp"
+#include "engine/torch/kv_blocks.hpp"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -12,7 +12,7 @@
 #include <map>
 
 #include "common/error.hpp"
-#include "models/torch_interop.hpp"
+#include "engine/torch/torch_interop.hpp"
 
 namespace computron::models::detail {
 

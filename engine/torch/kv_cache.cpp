@@ -12,7 +12,7 @@
 
 #include "common/error.hpp"
 #include "engine/paged_attention.hpp"
-#include "models/kv_blocks.hpp"
+#include "engine/torch/kv_blocks.hpp"
 
 namespace computron::models {
 

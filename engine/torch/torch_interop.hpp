@@ -8,8 +8,8 @@
 #include <exception>
 #include <string>
 
+#include "engine/torch/decoder_stage.hpp"
 #include "gpu/weight_store.hpp"
-#include "models/decoder_stage.hpp"
 
 namespace computron::models::detail {
 

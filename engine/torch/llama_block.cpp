@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "models/decoder_block.hpp"
+#include "engine/torch/decoder_block.hpp"
 
 namespace computron::models::detail {
 

@@ -7,8 +7,8 @@
 
 #include <caf/expected.hpp>
 
+#include "engine/torch/decoder_stage.hpp"
 #include "gpu/weight_store.hpp"
-#include "models/decoder_stage.hpp"
 
 /// The second model kind: a single-shard TorchScript module (torch::jit::load). Its
 /// parameters and buffers move into one weight shard at registration, so it swaps like

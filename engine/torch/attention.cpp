@@ -11,9 +11,9 @@
 #include <stdexcept>
 
 #include "engine/paged_attention.hpp"
-#include "models/decoder_block.hpp"
-#include "models/kv_blocks.hpp"
-#include "models/torch_interop.hpp"
+#include "engine/torch/decoder_block.hpp"
+#include "engine/torch/kv_blocks.hpp"
+#include "engine/torch/torch_interop.hpp"
 #ifdef COMPUTRON_WITH_CUDA_KERNELS
 #include "engine/cuda/paged_attention.hpp"
 #endif

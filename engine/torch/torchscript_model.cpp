@@ -1,4 +1,4 @@
-#include "models/torchscript_model.hpp"
+#include "engine/torch/torchscript_model.hpp"
 
 #include <cstring>
 
@@ -7,7 +7,7 @@
 #include <torch/torch.h>
 
 #include "common/error.hpp"
-#include "models/torch_interop.hpp"
+#include "engine/torch/torch_interop.hpp"
 #include "models/weights.hpp"
 
 namespace computron::models {

@@ -18,10 +18,10 @@
 #include <vector>
 
 #include "common/error.hpp"
-#include "models/decoder_block.hpp"
-#include "models/decoder_stage.hpp"
-#include "models/kv_blocks.hpp"
-#include "models/torch_interop.hpp"
+#include "engine/torch/decoder_block.hpp"
+#include "engine/torch/decoder_stage.hpp"
+#include "engine/torch/kv_blocks.hpp"
+#include "engine/torch/torch_interop.hpp"
 
 namespace computron::models {
 
@@ -72,7 +72,7 @@ struct decoder_stage::impl : detail::stage_state {
   /// Bytes of the shard that must be on the device before layer i (relative index) runs;
   /// the embeddings come first, the final norm and LM head last.
   std::vector<uint64_t> layer_ready_bytes;
-  /// Attached LoRA adapters by id (models/lora_forward.cpp).
+  /// Attached LoRA adapters by id (engine/torch/lora_forward.cpp).
   std::map<int64_t, detail::attached_adapter> adapters;
 
   /// Refuses a step's adapter ids for a batch of `rows` prompts: a size other than the

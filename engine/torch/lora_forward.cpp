@@ -12,9 +12,9 @@
 #include <string_view>
 
 #include "common/error.hpp"
-#include "models/decoder_stage.hpp"
-#include "models/decoder_stage_impl.hpp"
-#include "models/kv_blocks.hpp"
+#include "engine/torch/decoder_stage.hpp"
+#include "engine/torch/decoder_stage_impl.hpp"
+#include "engine/torch/kv_blocks.hpp"
 #include "models/lora_adapter.hpp"
 
 namespace computron::models {

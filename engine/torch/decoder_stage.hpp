@@ -17,8 +17,8 @@
 
 /// The decoder stage over the weight store, one core for every family (the KV cache,
 /// per-layer waits for the weights' bytes, the tensor-parallel all-reduce, host tensors
-/// between stages) running the family's block (models/opt_block.cpp,
-/// models/llama_block.cpp). Torch stays inside the .cpp files: this header only speaks
+/// between stages) running the family's block (engine/torch/opt_block.cpp,
+/// engine/torch/llama_block.cpp). Torch stays inside the .cpp files: this header only speaks
 /// bytes, so activations can cross processes as messages.
 namespace computron::models {
 
@@ -178,7 +178,7 @@ class decoder_stage {
                                      const std::vector<bool>& score = {}, head_output out = {},
                                      const std::vector<int64_t>& adapters = {});
 
-  /// One step of a chunked prefill (models/chunked_prefill.cpp): the batch's prompts are
+  /// One step of a chunked prefill (engine/torch/chunked_prefill.cpp): the batch's prompts are
   /// computed over several steps, so that a running batch's decode steps go between them.
   /// `prompts` are the whole prompts on every chunk; row i computes the tokens of its
   /// prefill_window(n_i, chunk, left) (common/prefill_window.hpp), so the prompts end

@@ -1,4 +1,4 @@
-#include "models/gloo_collective.hpp"
+#include "engine/torch/gloo_collective.hpp"
 
 #include <cstdlib>
 #include <map>

@@ -10,8 +10,8 @@
 #include <algorithm>
 
 #include "common/prefill_window.hpp"
-#include "models/decoder_stage.hpp"
-#include "models/decoder_stage_impl.hpp"
+#include "engine/torch/decoder_stage.hpp"
+#include "engine/torch/decoder_stage_impl.hpp"
 
 namespace computron::models {
 

@@ -18,8 +18,8 @@
 #include <utility>
 #include <vector>
 
+#include "engine/torch/decoder_stage.hpp"
 #include "models/decoder_spec.hpp"
-#include "models/decoder_stage.hpp"
 
 namespace computron::models::detail {
 

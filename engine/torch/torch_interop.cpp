@@ -1,4 +1,4 @@
-#include "models/torch_interop.hpp"
+#include "engine/torch/torch_interop.hpp"
 
 #include <algorithm>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "models/decoder_stage.hpp"
+#include "engine/torch/decoder_stage.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -10,11 +10,11 @@
 #include <torch/torch.h>
 
 #include "common/error.hpp"
-#include "models/decoder_block.hpp"
-#include "models/decoder_stage_impl.hpp"
-#include "models/kv_blocks.hpp"
+#include "engine/torch/decoder_block.hpp"
+#include "engine/torch/decoder_stage_impl.hpp"
+#include "engine/torch/kv_blocks.hpp"
+#include "engine/torch/torch_interop.hpp"
 #include "models/lora_adapter.hpp"
-#include "models/torch_interop.hpp"
 #include "models/weights.hpp"
 
 namespace computron::models {

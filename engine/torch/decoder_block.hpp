@@ -14,18 +14,18 @@
 #include <utility>
 #include <vector>
 
+#include "engine/torch/decoder_stage.hpp"
 #include "gpu/collective.hpp"
 #include "gpu/weight_store.hpp"
 #include "models/decoder_spec.hpp"
-#include "models/decoder_stage.hpp"
 
 namespace computron::models::detail {
 
-/// What a step does with the KV blocks (models/kv_blocks.hpp).
+/// What a step does with the KV blocks (engine/torch/kv_blocks.hpp).
 struct kv_step;
 
 /// One LoRA adapter's rows of a step: the rows (batch positions) that run with it and its
-/// per-rank matrices, viewed in place in its weight shard (models/lora_forward.cpp).
+/// per-rank matrices, viewed in place in its weight shard (engine/torch/lora_forward.cpp).
 struct lora_group {
   /// The rows, on the device; undefined when the adapter runs every row of the step.
   at::Tensor rows;
