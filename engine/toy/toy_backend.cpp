@@ -23,8 +23,7 @@ class toy_backend final : public backend {
   toy_backend(toy_shard s, gpu::weight_shard& w, gpu::collective& g)
       : spec_(std::move(s)), weights_(w), group_(g) {}
 
-  caf::expected<models::host_tensor> run(const step_input& in,
-                                         const std::vector<int32_t>& keep,
+  caf::expected<models::host_tensor> run(const step_input& in, const std::vector<int32_t>& keep,
                                          const models::host_tensor* hidden) override {
     const bool first = spec_.stage == 0;
     const bool last = spec_.stage == spec_.stages - 1;
@@ -146,8 +145,8 @@ class toy_backend final : public backend {
         if (in.adapters[r].empty()) continue;
         auto a = adapters_.find(in.adapters[r]);
         if (a == adapters_.end())
-          return make_error(ec::invalid_request, "toy: adapter " + in.adapters[r] +
-                                                     " is not bound to " + spec_.model);
+          return make_error(ec::invalid_request,
+                            "toy: adapter " + in.adapters[r] + " is not bound to " + spec_.model);
         mine[r] = a->second;
       }
       return mine;
