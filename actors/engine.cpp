@@ -5,7 +5,6 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
-#include <future>
 #include <set>
 #include <thread>
 #include <unordered_map>
@@ -13,6 +12,7 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/random.hpp"
+#include "engine/generate.hpp"
 #include "engine/toy/toy_backend.hpp"
 
 namespace computron::actors {
@@ -202,43 +202,11 @@ caf::expected<std::vector<std::vector<int64_t>>> direct_generate(
     if (!b) return b.error();
     s.runner = runner_of(s.spec, std::move(*b));
   }
-  // The same plans the dispatch core makes: the rows' whole prompts, then one token each.
-  std::vector<row_sampling> rows(prompts.size(), sampling);
-  for (size_t r = 0; r < rows.size(); ++r) rows[r].seed = sampling.seed + r;
-  auto in = computron::engine::prefill_step(1, prompts, std::move(rows));
-  std::vector<std::vector<int64_t>> out(prompts.size());
-  for (int64_t step = 0; step < max_tokens; ++step) {
-    in.last = step + 1 == max_tokens;
-    std::vector<computron::engine::step_output> hidden(static_cast<size_t>(tp));
-    for (int stage = 0; stage < pp; ++stage) {
-      std::vector<std::future<caf::expected<computron::engine::step_output>>> runs;
-      for (int r = 0; r < tp; ++r) {
-        auto& s = shards[static_cast<size_t>(stage * tp + r)];
-        const models::host_tensor* h =
-            stage == 0 ? nullptr : &hidden[static_cast<size_t>(r)].hidden;
-        runs.push_back(
-            std::async(std::launch::async, [&s, &in, h] { return s.runner->step(in, h); }));
-      }
-      caf::error first_error;
-      for (int r = 0; r < tp; ++r) {
-        auto res = runs[static_cast<size_t>(r)].get();
-        if (!res) {
-          if (!first_error) first_error = res.error();
-        } else {
-          hidden[static_cast<size_t>(r)] = std::move(*res);
-        }
-      }
-      if (first_error) return first_error;
-    }
-    auto& next = hidden[0].tokens;
-    if (next.size() != out.size())
-      return make_error(ec::invalid_state, "a step sampled " + std::to_string(next.size()) +
-                                               " tokens for " + std::to_string(out.size()) +
-                                               " rows");
-    for (size_t r = 0; r < out.size(); ++r) out[r].push_back(next[r]);
-    computron::engine::next_decode_step(in, next);
-  }
-  return out;
+  std::vector<std::vector<std::shared_ptr<computron::engine::runner>>> stages(
+      static_cast<size_t>(pp));
+  for (int i = 0; i < tp * pp; ++i)
+    stages[static_cast<size_t>(i / tp)].push_back(shards[static_cast<size_t>(i)].runner);
+  return computron::engine::generate(stages, prompts, max_tokens, sampling);
 }
 
 }  // namespace computron::actors

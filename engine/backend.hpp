@@ -28,11 +28,14 @@ class backend {
 
   /// Runs `in` on this shard. `keep` (decode steps) says which rows of the batch's previous
   /// step go on, by their positions in it, in order; empty: all of them (the runner derives
-  /// it from the plan's row keys). `hidden` is the previous stage's output (null on the
-  /// first stage). Returns hidden states for the next stage, or on the last stage the
-  /// logits of each row's next token, [rows, vocab] f32 (or candidates, [rows, k, 2]).
+  /// it from the plan's row keys). `tables`: each row's KV block table after the step, in
+  /// the plan's order, covering its positions then (the runner's, from the plans' ids).
+  /// `hidden` is the previous stage's output (null on the first stage). Returns hidden
+  /// states for the next stage, or on the last stage the logits of each row's next token,
+  /// [rows, vocab] f32 (or candidates, [rows, k, 2]).
   virtual caf::expected<models::host_tensor> run(const step_input& in,
                                                  const std::vector<int32_t>& keep,
+                                                 const std::vector<std::vector<uint32_t>>& tables,
                                                  const models::host_tensor* hidden) = 0;
 
   /// Forgets a batch's caches. Unknown and repeated ids are ignored: the runner ends a

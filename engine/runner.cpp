@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "common/error.hpp"
+#include "sched/kv_blocks.hpp"
 
 namespace computron::engine {
 
@@ -16,6 +17,7 @@ namespace {
 constexpr uint64_t gone = std::numeric_limits<uint64_t>::max();
 
 const std::vector<uint64_t> no_rows;
+const std::vector<block_table> no_tables;
 
 }  // namespace
 
@@ -23,9 +25,12 @@ step_input prefill_step(uint64_t batch, std::vector<std::vector<int64_t>> prompt
                         std::vector<row_sampling> sampling) {
   step_input in;
   in.plan.batch = batch;
+  uint32_t next_block = 0;
   for (size_t r = 0; r < prompts.size(); ++r) {
     const auto n = std::max<int64_t>(1, static_cast<int64_t>(prompts[r].size()));
-    in.plan.rows.push_back({r, n, 0, n});
+    sched::planned_row row{r, n, 0, n};
+    for (auto b = sched::kv_blocks_for(n); b-- > 0;) row.blocks.push_back(next_block++);
+    in.plan.rows.push_back(std::move(row));
   }
   in.prompts = std::move(prompts);
   in.sampling = std::move(sampling);
@@ -38,9 +43,17 @@ void next_decode_step(step_input& in, std::vector<int64_t> tokens) {
   in.prompts.clear();
   in.sampling.clear();
   in.adapters.clear();
+  // Rows never leave this loop's batch: the blocks named so far are ids 0 .. n - 1.
+  uint32_t next_block = 0;
+  for (auto& row : in.plan.rows)
+    next_block += static_cast<uint32_t>(sched::kv_blocks_for(row.computed + row.scheduled));
   for (auto& row : in.plan.rows) {
+    const auto had = sched::kv_blocks_for(row.computed + row.scheduled);
     row.computed += row.scheduled;
     row.scheduled = 1;
+    row.blocks.clear();
+    for (auto b = sched::kv_blocks_for(row.computed + 1) - had; b-- > 0;)
+      row.blocks.push_back(next_block++);
   }
   in.plan.chunk = 0;
   in.plan.left = 0;
@@ -72,22 +85,78 @@ caf::expected<std::vector<int32_t>> kept_rows(const std::vector<uint64_t>& previ
   return keep;
 }
 
-caf::expected<std::vector<int32_t>> batch_rows::step(const sched::step_plan& plan) {
-  std::vector<uint64_t> keys;
-  keys.reserve(plan.rows.size());
-  for (auto& r : plan.rows) keys.push_back(r.key);
+caf::expected<std::vector<int32_t>> batch_rows::step(const sched::step_plan& plan,
+                                                     std::vector<uint64_t>* stale) {
   auto i = rows_.find(plan.batch);
+  std::vector<int32_t> keep;
   if (i == rows_.end()) {
     if (plan.mode() == sched::step_mode::decode)
       return make_error(ec::invalid_request, "batch " + std::to_string(plan.batch) +
                                                  " holds no rows here to decode (ended, or "
                                                  "never prefilled)");
-    rows_.emplace(plan.batch, std::move(keys));
-    return std::vector<int32_t>{};
+  } else {
+    auto k = kept_rows(i->second.keys, plan);
+    if (!k) return k.error();
+    keep = std::move(*k);
   }
-  auto keep = kept_rows(i->second, plan);
-  if (!keep) return keep.error();
-  i->second = std::move(keys);
+  // Checked before anything changes: the rows' new blocks (none may be held by a row of
+  // this batch that the step keeps, nor named twice), and every table must cover its
+  // row's positions after the step. A block that a row of another batch holds is the
+  // dispatch core's to name again only once that batch's caches are gone everywhere: the
+  // batch is stale here (its end never came, as when its node was cut off) and ends.
+  const size_t before = i == rows_.end() ? 0 : i->second.keys.size();
+  std::vector<bool> kept(before, keep.empty());
+  for (auto pos : keep) kept[static_cast<size_t>(pos)] = true;
+  std::set<uint32_t> dropped;
+  for (size_t r = 0; r < before; ++r)
+    if (!kept[r]) dropped.insert(i->second.tables[r].begin(), i->second.tables[r].end());
+  std::set<uint32_t> named;
+  std::set<uint64_t> old;
+  for (size_t r = 0; r < plan.rows.size(); ++r) {
+    auto& row = plan.rows[r];
+    for (auto id : row.blocks) {
+      auto h = held_.find(id);
+      const bool mine = h != held_.end() && h->second == plan.batch && dropped.count(id) == 0;
+      if (mine || !named.insert(id).second)
+        return make_error(ec::invalid_request, "a step of batch " + std::to_string(plan.batch) +
+                                                   " gives row " + std::to_string(row.key) +
+                                                   " KV block " + std::to_string(id) +
+                                                   ", which a row of the batch holds");
+      if (h != held_.end() && h->second != plan.batch) old.insert(h->second);
+    }
+    size_t had = 0;
+    if (i != rows_.end())
+      had = i->second.tables[keep.empty() ? r : static_cast<size_t>(keep[r])].size();
+    const auto blocks = had + row.blocks.size();
+    if (static_cast<int64_t>(blocks) < sched::kv_blocks_for(row.computed + row.scheduled))
+      return make_error(ec::invalid_request, "a step of batch " + std::to_string(plan.batch) +
+                                                 " leaves row " + std::to_string(row.key) + " " +
+                                                 std::to_string(blocks) + " KV blocks for " +
+                                                 std::to_string(row.computed + row.scheduled) +
+                                                 " positions");
+  }
+  for (auto b : old) {
+    end(b);
+    if (stale) stale->push_back(b);
+  }
+  for (auto id : dropped) held_.erase(id);
+  for (auto id : named) held_[id] = plan.batch;
+  // (`i` survives: ending other batches erases only their own entries.)
+  if (i == rows_.end()) i = rows_.emplace(plan.batch, rows{}).first;
+  auto& mine = i->second;
+  if (!keep.empty()) {
+    std::vector<block_table> tables;
+    tables.reserve(keep.size());
+    for (auto pos : keep) tables.push_back(std::move(mine.tables[static_cast<size_t>(pos)]));
+    mine.tables = std::move(tables);
+  }
+  mine.tables.resize(plan.rows.size());
+  mine.keys.clear();
+  for (size_t r = 0; r < plan.rows.size(); ++r) {
+    mine.keys.push_back(plan.rows[r].key);
+    auto& t = mine.tables[r];
+    t.insert(t.end(), plan.rows[r].blocks.begin(), plan.rows[r].blocks.end());
+  }
   return keep;
 }
 
@@ -99,15 +168,35 @@ caf::error batch_rows::join(uint64_t from, uint64_t into) {
                                                " join batch " + std::to_string(into) +
                                                ", which is not held here");
   auto& to = t->second;
-  for (auto k : f->second) std::replace(to.begin(), to.end(), k, gone);
-  to.insert(to.end(), f->second.begin(), f->second.end());
+  for (auto k : f->second.keys) std::replace(to.keys.begin(), to.keys.end(), k, gone);
+  to.keys.insert(to.keys.end(), f->second.keys.begin(), f->second.keys.end());
+  for (auto& table : f->second.tables) {
+    for (auto id : table) held_[id] = into;
+    to.tables.push_back(std::move(table));
+  }
   rows_.erase(f);
   return {};
 }
 
+void batch_rows::release(const block_table& t) {
+  for (auto id : t) held_.erase(id);
+}
+
+void batch_rows::end(uint64_t batch) {
+  auto i = rows_.find(batch);
+  if (i == rows_.end()) return;
+  for (auto& t : i->second.tables) release(t);
+  rows_.erase(i);
+}
+
 const std::vector<uint64_t>& batch_rows::of(uint64_t batch) const {
   auto i = rows_.find(batch);
-  return i == rows_.end() ? no_rows : i->second;
+  return i == rows_.end() ? no_rows : i->second.keys;
+}
+
+const std::vector<block_table>& batch_rows::tables(uint64_t batch) const {
+  auto i = rows_.find(batch);
+  return i == rows_.end() ? no_tables : i->second.tables;
 }
 
 runner::runner(std::shared_ptr<backend> b, bool last_stage, bool samples)
@@ -163,9 +252,11 @@ caf::expected<step_output> runner::run(const step_input& in, const models::host_
                           (in.prefills() ? " prompts" : " tokens"));
   // Which of the batch's rows go on: those its plan names, by key (the rows that left are
   // the plan's `finished`). A prefill's batch is new here, or a chunk's the same rows.
-  auto keep = rows_.step(in.plan);
+  std::vector<uint64_t> stale;
+  auto keep = rows_.step(in.plan, &stale);
   if (!keep) return keep.error();
-  auto r = backend_->run(in, *keep, hidden);
+  for (auto b : stale) end_batch(b);
+  auto r = backend_->run(in, *keep, rows_.tables(batch), hidden);
   if (!r) return r.error();
   step_output out;
   if (!last_stage_) {

@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <unordered_map>
 #include <vector>
 
 #include <caf/error.hpp>
@@ -20,8 +21,12 @@
 /// dispatch core planned, `step(step_input) -> step_output`. It owns what a batch keeps
 /// between steps apart from the backend's caches: which rows (by the plan's keys) the caches
 /// hold, in their order, and on the sampling rank each row's sampler. A shard worker runs
-/// `step` on its compute lane and no longer interprets steps; `computron generate`'s
-/// reference loop (actors::direct_generate) runs the same runners without actors.
+/// `step` on its compute lane and no longer interprets steps. It owns the rows' KV block
+/// tables too: the dispatch core names the ids in its plans, and a backend gets each row's
+/// whole table with its step. The libtorch backend's pool still places each block in its
+/// chunks itself and checks the tables against what it holds; a backend whose KV lies at
+/// fixed addresses (CUDA graphs) can read block i at slot i. `computron generate`'s
+/// reference loop (engine/generate.hpp) runs the same runners without actors.
 namespace computron::engine {
 
 /// What a step gives back on one shard.
@@ -44,28 +49,51 @@ struct step_output {
 caf::expected<std::vector<int32_t>> kept_rows(const std::vector<uint64_t>& previous,
                                               const sched::step_plan& plan);
 
-/// The rows a shard's caches hold, per batch, as the plans move them: a step's rows replace
-/// its batch's (after kept_rows), a join appends the joining batch's rows after its
-/// target's, and a batch's last step drops it. The runner keeps one; so do the tests' stand-in
-/// workers, which check what a worker would do without running a model.
+/// A row's KV block table: the ids the dispatch core named for it (sched/kv_block_ids.hpp),
+/// in position order.
+using block_table = std::vector<uint32_t>;
+
+/// The rows a shard's caches hold, per batch, as the plans move them, with each row's KV
+/// block table: a step's rows replace its batch's (after kept_rows) and gain the blocks
+/// its plan names, a join appends the joining batch's rows after its target's, and a
+/// batch's last step drops it. The runner keeps one; so do the tests' stand-in workers,
+/// which check what a worker would do without running a model.
 class batch_rows {
  public:
   /// The keep list of `plan`'s step over the rows its batch holds (kept_rows; empty for a
   /// batch this shard has not seen, whose step prefills: a decode step of one is refused),
-  /// and the plan's rows become the batch's. On error nothing changes.
-  caf::expected<std::vector<int32_t>> step(const sched::step_plan& plan);
+  /// and the plan's rows become the batch's, each table extended by its new blocks.
+  /// Refused (invalid_request) as well: a row whose table would not cover its positions
+  /// after the step (planned_row::blocks_after), and a block named twice or held by a row
+  /// of the batch that goes on. On error nothing changes. A block that a row of another
+  /// batch holds ends that batch here: the dispatch core names a block again only after
+  /// the step that dropped it ran everywhere, so that batch's end was lost (its node was
+  /// cut off and came back); its id goes to `stale` for the caller to end its caches.
+  caf::expected<std::vector<int32_t>> step(const sched::step_plan& plan,
+                                           std::vector<uint64_t>* stale = nullptr);
   /// After a join's last step: `from`'s rows go after `into`'s, and `from` is gone. A key
   /// already in `into` (a row preempted there and prefilled again) no longer names its
   /// old position there.
   caf::error join(uint64_t from, uint64_t into);
-  void end(uint64_t batch) { rows_.erase(batch); }
+  void end(uint64_t batch);
   bool holds(uint64_t batch) const { return rows_.count(batch) > 0; }
   /// The keys of a batch's rows, in order (empty: unknown).
   const std::vector<uint64_t>& of(uint64_t batch) const;
+  /// Their block tables, in the same order.
+  const std::vector<block_table>& tables(uint64_t batch) const;
   size_t batches() const { return rows_.size(); }
+  /// Blocks the rows of every batch hold.
+  size_t blocks_held() const { return held_.size(); }
 
  private:
-  std::map<uint64_t, std::vector<uint64_t>> rows_;
+  struct rows {
+    std::vector<uint64_t> keys;
+    std::vector<block_table> tables;
+  };
+  void release(const block_table& t);
+  std::map<uint64_t, rows> rows_;
+  /// Each held block's batch.
+  std::unordered_map<uint32_t, uint64_t> held_;
 };
 
 class runner {

@@ -16,7 +16,8 @@ namespace computron::sched {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, planned_row& x) {
-  return f(caf::meta::type_name("planned_row"), x.key, x.prompt_tokens, x.computed, x.scheduled);
+  return f(caf::meta::type_name("planned_row"), x.key, x.prompt_tokens, x.computed, x.scheduled,
+           x.blocks);
 }
 
 template <class Inspector>
@@ -110,13 +111,15 @@ typename Inspector::result_type inspect(Inspector& f, step_input& x) {
 }
 
 /// A batch's first step, as the dispatch core plans one: every row's whole prompt, rows
-/// keyed 0..n-1 (an empty prompt counts as one token). The reference loop's
-/// (actors::direct_generate) and the tests'.
+/// keyed 0..n-1 (an empty prompt counts as one token), its KV blocks named in row order
+/// from id 0. The reference loop's
+/// (engine::generate) and the tests'.
 step_input prefill_step(uint64_t batch, std::vector<std::vector<int64_t>> prompts,
                         std::vector<row_sampling> sampling);
 
 /// Makes `in` its batch's next decode step after it gave `tokens` (one per row): each row's
-/// caches then hold what it computed, and it computes its last token.
+/// caches then hold what it computed, and it computes its last token (with a block named
+/// where it crosses into one; every row of the batch goes on).
 void next_decode_step(step_input& in, std::vector<int64_t> tokens);
 
 }  // namespace computron::engine

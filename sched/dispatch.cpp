@@ -109,6 +109,7 @@ void dispatcher::run_pass(time_point now, dispatch_effects& out) {
     b.going.clear();
     for (auto& e : live) b.going.push_back(e.key);
     auto plan = prefill_plan(id, live);
+    name_blocks(b, plan);
     plan.kv_blocks = kv_held_by(b.model);
     out.started.push_back({id, b.model, std::move(live), start, std::move(plan)});
   }
@@ -189,6 +190,10 @@ dispatch_effects dispatcher::batch_done(batch_id id, time_point now, bool ok, do
   if (i == batches_.end()) return out;
   auto model = i->second.model;
   kv_trim(i->second, 0, out);
+  // Its workers dropped its caches with its last step (or the driver ended it on them).
+  auto& ids = models_[model].block_ids;
+  ids.give_back(i->second.freed);
+  for (auto& [key, table] : i->second.tables) ids.give_back(table);
   auto units = std::move(i->second.units);
   batches_.erase(i);
   unblock();
@@ -220,6 +225,10 @@ dispatch_effects dispatcher::step_boundary(batch_id id, const std::vector<uint64
   if (i == batches_.end() || !i->second.started) return out;
   auto& b = i->second;
   const auto model = b.model;
+  // The step after the previous boundary ran everywhere: the rows that left then are gone
+  // from every worker, and their blocks may be named again.
+  models_[model].block_ids.give_back(b.freed);
+  b.freed.clear();
   // Rows past their deadline end here; they leave as finished rows do.
   std::vector<uint64_t> going;
   for (auto k : rows_on) {
@@ -239,6 +248,7 @@ dispatch_effects dispatcher::step_boundary(batch_id id, const std::vector<uint64
   for (auto& [k, n] : b.steps_run)
     if (steps_run.count(k) == 0) {
       b.left_rows.push_back(k);
+      free_row(b, k);
       if (auto* e = row_of(b, k)) b.leaving += kv_need(*e, n);
     }
   b.steps_run = std::move(steps_run);
@@ -355,6 +365,7 @@ void dispatcher::kv_continue(batch_id id, batch_state& b, uint64_t ceiling, time
       b.steps_run.erase(key);
       b.leaving += kv_need(row, done);
       b.left_rows.push_back(key);
+      free_row(b, key);
       // Recomputed later: what it generated becomes part of its prompt (the manager
       // rewrites its request by the same rule).
       row = recompute_row(std::move(row), done);
@@ -402,6 +413,7 @@ void dispatcher::kv_continue(batch_id id, batch_state& b, uint64_t ceiling, time
       if (auto* e = row_of(b, k)) next.rows.push_back(decode_row(*e, b.steps_run[k]));
     next.finished = b.left_rows;
     std::sort(next.finished.begin(), next.finished.end());
+    name_blocks(b, next);
     next.kv_blocks = kv_held_by(model);
     out.plans.push_back(std::move(next));
   }
@@ -419,6 +431,7 @@ void dispatcher::plan_joins(batch_id id, batch_state& b, std::vector<queued_entr
       b.steps_run[e.key] = 1;
     }
     auto step = join_step_plan(jid, id, rows, static_cast<int32_t>(c), 0);
+    name_blocks(b, step);
     step.kv_blocks = kv_held_by(model);
     out.joins.push_back({id, jid, model, std::move(rows), static_cast<int32_t>(c), 0, step});
   };
@@ -427,6 +440,7 @@ void dispatcher::plan_joins(batch_id id, batch_state& b, std::vector<queued_entr
                       int64_t left) {
     const auto c = static_cast<int32_t>(n), l = static_cast<int32_t>(left);
     auto step = join_step_plan(jid, id, rows, c, l);
+    name_blocks(b, step);
     step.kv_blocks = kv_held_by(model);
     out.joins.push_back({id, jid, model, rows, c, l, std::move(step)});
   };
@@ -521,6 +535,35 @@ dispatch_effects dispatcher::kv_granted(batch_id id, uint32_t model, uint64_t bl
   runnable_.push_back(id);
   run_pass(now, out);
   return out;
+}
+
+void dispatcher::name_blocks(batch_state& b, step_plan& p) {
+  auto& ids = models_[b.model].block_ids;
+  for (auto& r : p.rows) {
+    auto& table = b.tables[r.key];
+    const auto need = static_cast<size_t>(p.blocks_after(r));
+    if (table.size() >= need) continue;
+    r.blocks = ids.take(need - table.size());
+    table.insert(table.end(), r.blocks.begin(), r.blocks.end());
+  }
+}
+
+void dispatcher::free_row(batch_state& b, uint64_t key) {
+  auto t = b.tables.find(key);
+  if (t == b.tables.end()) return;
+  b.freed.insert(b.freed.end(), t->second.begin(), t->second.end());
+  b.tables.erase(t);
+}
+
+size_t dispatcher::kv_ids_held(uint32_t model) const {
+  return model < models_.size() ? models_[model].block_ids.held() : 0;
+}
+
+std::vector<uint32_t> dispatcher::kv_table(batch_id id, uint64_t key) const {
+  auto i = batches_.find(id);
+  if (i == batches_.end()) return {};
+  auto t = i->second.tables.find(key);
+  return t == i->second.tables.end() ? std::vector<uint32_t>{} : t->second;
 }
 
 uint64_t dispatcher::kv_held(batch_id id) const {

@@ -12,6 +12,7 @@
 #include "sched/batching.hpp"
 #include "sched/clock.hpp"
 #include "sched/gpulets.hpp"
+#include "sched/kv_block_ids.hpp"
 #include "sched/step_plan.hpp"
 
 /// The dispatch core: queues and batch formation (the batcher), leases asked for and
@@ -232,6 +233,10 @@ class dispatcher {
   uint64_t kv_held(batch_id id) const;
   /// KV blocks all of a model's batches hold: what the ledger counts for it per device.
   uint64_t kv_held_by(uint32_t model) const;
+  /// KV block ids a model's rows hold, with those waiting to be free (tests: none leak).
+  size_t kv_ids_held(uint32_t model) const;
+  /// A row's KV block table (empty: unknown batch or row).
+  std::vector<uint32_t> kv_table(batch_id id, uint64_t key) const;
   /// A started batch ended: its devices and lease are free; with `ok`, its `steps` steps
   /// took `compute_s` (the estimates learn). A run pass and a dispatch pass.
   dispatch_effects batch_done(batch_id id, time_point now, bool ok, double compute_s,
@@ -282,6 +287,8 @@ class dispatcher {
     double arrivals = 0, prompt_tokens = 0, steps = 0;
     /// Unregistered (remove_model).
     bool gone = false;
+    /// The names of its KV blocks (every model's rows get tables, in the ledger or not).
+    kv_block_ids block_ids{};
   };
   enum class kv_wait : uint8_t { none, start, step };
   struct batch_state {
@@ -313,7 +320,17 @@ class dispatcher {
       int64_t left = 0;
     };
     std::optional<chunked_join> chunking{};
+    /// Each row's KV block table (by key; joiners' too, from their first chunk), and the
+    /// ids of rows that left at this boundary: the workers hold those until the next step
+    /// has run (a join's step at this boundary runs before it), so they are named again
+    /// only from the next boundary, or the batch's end, on.
+    std::unordered_map<uint64_t, std::vector<uint32_t>> tables{};
+    std::vector<uint32_t> freed{};
   };
+  /// Names the blocks each row of `p` gains (planned_row::blocks; p.blocks_after).
+  void name_blocks(batch_state& b, step_plan& p);
+  /// A row left the batch: its table's ids are freed at the next boundary.
+  void free_row(batch_state& b, uint64_t key);
   /// Blocks row `e` needs for its next step after `steps_run` steps, and with lookahead.
   static uint64_t kv_need(const queued_entry& e, int64_t steps_run);
   static uint64_t kv_want(const queued_entry& e, int64_t steps_run);

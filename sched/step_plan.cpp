@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/prefill_window.hpp"
+#include "sched/kv_blocks.hpp"
 
 namespace computron::sched {
 
@@ -24,6 +25,10 @@ int64_t step_plan::tokens() const {
   int64_t n = 0;
   for (auto& r : rows) n += r.scheduled;
   return n;
+}
+
+int64_t step_plan::blocks_after(const planned_row& r) const {
+  return kv_blocks_for(r.computed + r.scheduled + (into != 0 ? 1 : 0));
 }
 
 step_mode step_plan::mode() const {

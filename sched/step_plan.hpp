@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "sched/batching.hpp"
+#include "sched/kv_block_ids.hpp"
 
 /// One forward step of a batch as the dispatch core decided it (vLLM's SchedulerOutput,
 /// SGLang's ForwardMode): per row the tokens its caches hold and those the step computes,
@@ -44,6 +45,10 @@ struct planned_row {
   /// Tokens the step computes for it: its prompt's window at a prefill or chunk, one at a
   /// decode step.
   int64_t scheduled = 0;
+  /// The KV blocks it gains in the step (sched/kv_block_ids.hpp), in position order: its
+  /// table is what its earlier steps named plus these. The dispatch core names them when it
+  /// plans the step (step_plan::blocks_after says how many a row holds then).
+  std::vector<uint32_t> blocks{};
 
   /// It holds its whole prompt: it generates.
   bool decoding() const { return computed >= prompt_tokens; }
@@ -64,11 +69,9 @@ struct step_plan {
   /// read it: it goes by the rows `rows` names (engine::kept_rows), which the manager
   /// writes as it sends them.
   std::vector<uint64_t> finished;
-  /// KV blocks the scheduler holds for the batch when it planned the step. The ledger
-  /// counts blocks; the block ids are the workers' block pools' to choose
-  /// (engine/torch/kv_blocks.hpp), so the plan carries the count, not ids. The pools take device
-  /// memory beyond a step's own need only up to it (0: no bound, a model whose KV is not
-  /// in the ledger).
+  /// KV blocks the ledger holds for the batch's model when the step was planned (the rows'
+  /// ids name those in use): a pool takes device memory beyond a step's own need only up to
+  /// it (0: no bound, a model whose KV is not in the ledger).
   uint64_t kv_blocks = 0;
   /// A chunked prefill's chunk and the tokens of every prompt left after it
   /// (common/prefill_window.hpp: row i computes its window, and the prompts end together in
@@ -78,6 +81,10 @@ struct step_plan {
 
   /// Tokens the step computes over all its rows (what a step's cost is a line in).
   int64_t tokens() const;
+  /// KV blocks row `r` holds after the step: its positions then, and on a join's last
+  /// step one more, for its first decode step in the batch it joins (the drivers extend
+  /// that step's plan with the row, decode_row(e, 1), without naming blocks).
+  int64_t blocks_after(const planned_row& r) const;
   step_mode mode() const;
   /// Whether a captured graph can run it: a decode step of at least one row and at most
   /// `max_graph_rows` (the largest batch bucket captured).

@@ -9,6 +9,7 @@
 
 #include "common/error.hpp"
 #include "engine/sampling.hpp"
+#include "sched/kv_blocks.hpp"
 
 namespace computron::engine {
 
@@ -20,6 +21,7 @@ class decoder_backend final : public backend {
       : stage_(std::move(stage)) {}
 
   caf::expected<models::host_tensor> run(const step_input& req, const std::vector<int32_t>& keep,
+                                         const std::vector<std::vector<uint32_t>>& tables,
                                          const models::host_tensor* hidden) override {
     const auto batch = req.plan.batch;
     if (req.plan.kv_blocks > 0) stage_->set_kv_budget(static_cast<int64_t>(req.plan.kv_blocks));
@@ -66,6 +68,21 @@ class decoder_backend final : public backend {
       out = stage_->prefill(req.prompts, hidden, cache, score, head_of(batch), *ids);
     } else {
       out = stage_->decode(req.tokens, hidden, cache, head_of(batch));
+    }
+    if (out && !req.last) {
+      // The pool places the blocks itself (a page table of its own); the runner's tables,
+      // named by the dispatch core, must cover what the cache holds all the same.
+      auto lengths = cache.lengths();
+      if (lengths.size() != tables.size())
+        out = make_error(ec::invalid_state,
+                         fmt::format("batch {}: the KV cache holds {} rows and the step's "
+                                     "tables {}",
+                                     batch, lengths.size(), tables.size()));
+      for (size_t r = 0; out && r < lengths.size(); ++r)
+        if (static_cast<size_t>(sched::kv_blocks_for(lengths[r])) > tables[r].size())
+          out = make_error(ec::invalid_state,
+                           fmt::format("batch {} row {}: {} positions cached, {} KV blocks named",
+                                       batch, r, lengths[r], tables[r].size()));
     }
     if (req.last || !out) end_batch(batch);
     return out;

@@ -544,3 +544,33 @@ TEST_CASE("a model larger than its device is refused at registration, before any
   REQUIRE(f.ask<model_info>(f.registry, register_atom_v, big));
   CHECK(f.script.prepares["big"] == 1);
 }
+
+TEST_CASE("the workers' KV block tables follow the plans through a join and the rows' ends",
+          "[actors][manager][continuous][kv]") {
+  manager_fixture f;
+  // a's 15-token prompt fills one block, and its second decode step needs another.
+  auto a_req = long_and_short(6);
+  a_req.tokens.assign(15, 1);
+  auto a = f.self->request(f.manager, caf::timespan{24h}, infer_atom_v, a_req);
+  f.sched.run();
+  f.sched.advance_time(6ms);
+  f.run_steps(2);
+  // b (31 tokens) joins: two blocks at its prefill, a third for its 33rd position.
+  auto b_req = long_and_short(3);
+  b_req.tokens.assign(31, 2);
+  auto b = f.self->request(f.manager, caf::timespan{24h}, infer_atom_v, b_req);
+  f.settle();
+  infer_reply ra, rb;
+  std::move(a).receive([&](infer_reply& r) { ra = r; }, [](caf::error& e) { FAIL(render(e)); });
+  std::move(b).receive([&](infer_reply& r) { rb = r; }, [](caf::error& e) { FAIL(render(e)); });
+  // Each stand-in worker checked every step as a runner does: no row short of blocks, no
+  // block named twice. Nothing is held after the batch.
+  CHECK(ra.tokens == std::vector<int64_t>{7, 8, 9, 10, 11, 12});
+  CHECK(rb.tokens == std::vector<int64_t>{7, 8, 9});
+  CHECK(rb.batch_size == 2);
+  REQUIRE_FALSE(f.script.rows.empty());
+  for (auto& [shard, rows] : f.script.rows) {
+    CHECK(rows.batches() == 0);
+    CHECK(rows.blocks_held() == 0);
+  }
+}

@@ -10,6 +10,7 @@
 #include "gpu/emulated_device.hpp"
 #include "gpu/weight_store.hpp"
 #include "models/decoder_spec.hpp"
+#include "sched/kv_blocks.hpp"
 #include "tests/support/peft_folder.hpp"
 #include "tests/support/sharded_model.hpp"
 
@@ -18,6 +19,19 @@ using namespace computron::actors;
 using gpu::device_kind;
 
 namespace {
+
+/// Block tables that cover each row's positions after the step, as a runner hands them
+/// to its backend (the tests call the backend directly).
+std::vector<std::vector<uint32_t>> tables_for(const engine::step_input& in) {
+  std::vector<std::vector<uint32_t>> tables;
+  uint32_t next = 0;
+  for (auto& r : in.plan.rows) {
+    tables.emplace_back();
+    for (auto b = sched::kv_blocks_for(r.computed + r.scheduled); b-- > 0;)
+      tables.back().push_back(next++);
+  }
+  return tables;
+}
 
 model_config opt(const std::string& dtype, std::vector<int32_t> devices, int tp = 1, int pp = 1) {
   model_config m;
@@ -122,7 +136,7 @@ TEST_CASE("a batch's head follows its step-0 settings: candidates, or whole rows
   auto& program = f.program;
   auto step0 = [&](uint64_t batch, row_sampling r) {
     auto q = engine::prefill_step(batch, {{2, 100, 37}, {2, 9}}, {r, r});
-    auto out = (*program)->run(q, {}, nullptr);
+    auto out = (*program)->run(q, {}, tables_for(q), nullptr);
     REQUIRE(out);
     return out->shape;
   };
@@ -139,9 +153,15 @@ TEST_CASE("a batch's head follows its step-0 settings: candidates, or whole rows
   CHECK(step0(3, scored) == std::vector<int64_t>{2, 512});
   auto next = engine::prefill_step(3, {{2, 100, 37}, {2, 9}}, {});
   engine::next_decode_step(next, {5, 6});
-  auto out = (*program)->run(next, {}, nullptr);
+  auto out = (*program)->run(next, {}, tables_for(next), nullptr);
   REQUIRE(out);
-  CHECK(out->shape == std::vector<int64_t>{2, 512});
+  CHECK(out->shape == std::vector<int64_t>{2, 512});  // A step whose tables do not cover its rows
+                                                      // is refused: the runner's tables and the
+  // pool's blocks must agree.
+  auto bare = engine::prefill_step(9, {{2, 100, 37}, {2, 9}}, {greedy, greedy});
+  auto refused = (*program)->run(bare, {}, {{0}}, nullptr);
+  REQUIRE_FALSE(refused);
+  CHECK_THAT(render(refused.error()), Catch::Contains("the step's tables 1"));
 }
 
 TEST_CASE("a chunked step 0 answers nothing until its last chunk, then what one step answers",
@@ -157,7 +177,7 @@ TEST_CASE("a chunked step 0 answers nothing until its last chunk, then what one 
   // The one-step prefill: greedy rows take one candidate each.
   auto one = request(1, 0);
   one.sampling = {row_sampling{}, row_sampling{}};
-  auto want = (*program)->run(one, {}, nullptr);
+  auto want = (*program)->run(one, {}, tables_for(one), nullptr);
   REQUIRE(want);
   REQUIRE(want->shape == std::vector<int64_t>{2, 1, 2});
   // Chunks of 3 (7 tokens: 1, 3 and 3 of the long prompt); only the first carries the
@@ -168,7 +188,7 @@ TEST_CASE("a chunked step 0 answers nothing until its last chunk, then what one 
     q.plan.chunk = 3;
     q.plan.left = left;
     if (left == 6) q.sampling = {row_sampling{}, row_sampling{}};
-    auto out = (*program)->run(q, {}, nullptr);
+    auto out = (*program)->run(q, {}, tables_for(q), nullptr);
     INFO((out ? std::string{} : render(out.error())));
     REQUIRE(out);
     if (left > 0) {
@@ -186,10 +206,10 @@ TEST_CASE("a chunked step 0 answers nothing until its last chunk, then what one 
   // The chunked batch decodes on as the one-step batch does.
   auto next = request(2, 1);
   next.tokens = {5, 6};
-  auto d = (*program)->run(next, {}, nullptr);
+  auto d = (*program)->run(next, {}, tables_for(next), nullptr);
   REQUIRE(d);
   next.plan.batch = 1;
-  auto d_one = (*program)->run(next, {}, nullptr);
+  auto d_one = (*program)->run(next, {}, tables_for(next), nullptr);
   REQUIRE(d_one);
   CHECK(d->shape == d_one->shape);
   CHECK(d->to_floats()[1] == d_one->to_floats()[1]);
@@ -200,7 +220,7 @@ TEST_CASE("a chunked step 0 answers nothing until its last chunk, then what one 
   row_sampling logprobs;
   logprobs.prompt_logprobs = 1;
   scored.sampling = {logprobs, row_sampling{}};
-  auto refused = (*program)->run(scored, {}, nullptr);
+  auto refused = (*program)->run(scored, {}, tables_for(scored), nullptr);
   REQUIRE_FALSE(refused);
   CHECK(is(refused.error(), ec::invalid_request));
   // A chunk its batch's cache does not match is an error, and the batch ends (the
@@ -208,9 +228,9 @@ TEST_CASE("a chunked step 0 answers nothing until its last chunk, then what one 
   auto stale = request(2, 0);
   stale.plan.chunk = 3;
   stale.plan.left = 3;
-  CHECK_FALSE((*program)->run(stale, {}, nullptr));
+  CHECK_FALSE((*program)->run(stale, {}, tables_for(stale), nullptr));
   next.plan.batch = 2;
-  CHECK_FALSE((*program)->run(next, {}, nullptr));
+  CHECK_FALSE((*program)->run(next, {}, tables_for(next), nullptr));
 }
 
 TEST_CASE("a decoder shard's KV blocks come out of its device's memory and go back",
@@ -224,7 +244,7 @@ TEST_CASE("a decoder shard's KV blocks come out of its device's memory and go ba
   REQUIRE(spec);
   const auto block = models::kv_block_bytes(*spec, gpu::dtype::f32, {1, 1}, {0, 0});
   auto q = engine::prefill_step(1, {{2, 100, 37}, {2, 9}}, {row_sampling{}, row_sampling{}});
-  REQUIRE((*program)->run(q, {}, nullptr));
+  REQUIRE((*program)->run(q, {}, tables_for(q), nullptr));
   // One chunk of the pool's smallest size (16 blocks), in whole pages of the device,
   // holds the two rows' blocks; the backend reports what its pool holds.
   CHECK(f.dev->used_bytes() == weights + f.dev->pages_of(16 * block));
@@ -274,7 +294,7 @@ caf::expected<std::vector<float>> prefill_logits(backend& p, uint64_t batch,
   std::vector<row_sampling> sampling(prompts.size(), whole);
   auto q = engine::prefill_step(batch, std::move(prompts), std::move(sampling));
   q.adapters = std::move(adapters);
-  auto out = p.run(q, {}, nullptr);
+  auto out = p.run(q, {}, tables_for(q), nullptr);
   if (!out) return out.error();
   return out->to_floats();
 }
@@ -323,7 +343,7 @@ TEST_CASE("a decoder shard runs each row with its own LoRA adapter", "[actors][e
   program.unbind_adapter("a");
   auto next = engine::prefill_step(6, {p}, {});
   engine::next_decode_step(next, {5});
-  auto after = program.run(next, {}, nullptr);
+  auto after = program.run(next, {}, tables_for(next), nullptr);
   REQUIRE_FALSE(after);
   CHECK(is(after.error(), ec::invalid_request));
   // Bound again under the name with other weights (a new registration): a new id.

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "engine/generate.hpp"
 #include "engine/runner.hpp"
 
 using namespace computron;
@@ -23,6 +24,7 @@ struct recording_backend final : backend {
     uint64_t batch = 0;
     bool prefill = false;
     std::vector<int32_t> keep;
+    std::vector<std::vector<uint32_t>> tables;
   };
   std::vector<call> calls;
   std::vector<uint64_t> ended;
@@ -32,8 +34,9 @@ struct recording_backend final : backend {
   bool fail = false;
 
   caf::expected<models::host_tensor> run(const step_input& in, const std::vector<int32_t>& keep,
+                                         const std::vector<std::vector<uint32_t>>& tables,
                                          const models::host_tensor*) override {
-    calls.push_back({in.plan.batch, in.prefills(), keep});
+    calls.push_back({in.plan.batch, in.prefills(), keep, tables});
     if (fail) return make_error(ec::device_error, "injected");
     if (in.partial_prefill()) return models::host_tensor{};
     const int64_t vocab = 64;
@@ -67,10 +70,22 @@ step_input decode(uint64_t batch, std::vector<uint64_t> keys, int64_t done = 2) 
   return in;
 }
 
+/// KV block ids no other row of the test holds (the dispatch core's are per model; a
+/// runner refuses a block a row of it still holds).
+std::vector<uint32_t> fresh(size_t n) {
+  static uint32_t next = 1000;
+  std::vector<uint32_t> ids;
+  for (size_t i = 0; i < n; ++i) ids.push_back(next++);
+  return ids;
+}
+
 step_input prefill(uint64_t batch, std::vector<uint64_t> keys) {
   std::vector<std::vector<int64_t>> prompts(keys.size(), std::vector<int64_t>{1});
   auto in = prefill_step(batch, prompts, std::vector<row_sampling>(keys.size()));
-  for (size_t r = 0; r < keys.size(); ++r) in.plan.rows[r].key = keys[r];
+  for (size_t r = 0; r < keys.size(); ++r) {
+    in.plan.rows[r].key = keys[r];
+    in.plan.rows[r].blocks = fresh(1);
+  }
   return in;
 }
 
@@ -164,7 +179,7 @@ TEST_CASE("a join's chunks run between the running batch's decode steps", "[engi
   // answers nothing and leaves batch 1 as it was.
   auto chunk = prefill(2, {20, 21});
   chunk.prompts = {std::vector<int64_t>(8, 1), std::vector<int64_t>(8, 2)};
-  for (auto& row : chunk.plan.rows) row = {row.key, 8, 0, 4};
+  for (auto& row : chunk.plan.rows) row = {row.key, 8, 0, 4, fresh(1)};
   chunk.plan.chunk = 4;
   chunk.plan.left = 4;
   CHECK(chunk.plan.mode() == sched::step_mode::chunk);
@@ -269,4 +284,85 @@ TEST_CASE("a runner refuses steps that do not describe its batch, and a failure 
   REQUIRE_FALSE(late);
   CHECK_THAT(render(late.error()), Catch::Contains("has ended here"));
   CHECK(r.batches() == 0);
+}
+
+TEST_CASE("a runner keeps each row's KV block table as the plans name its blocks",
+          "[engine][runner][kv]") {
+  auto b = std::make_shared<recording_backend>();
+  runner r{b, true, true};
+  auto first = prefill(1, {5, 6});
+  const auto a = first.plan.rows[0].blocks.at(0), c = first.plan.rows[1].blocks.at(0);
+  REQUIRE(r.step(first, nullptr));
+  CHECK(b->calls.back().tables == std::vector<std::vector<uint32_t>>{{a}, {c}});
+  // Their 17th positions cross into second blocks, which the plan names.
+  auto step = decode(1, {5, 6}, 15);
+  const auto more = fresh(2);
+  step.plan.rows[0].blocks = {more[0]};
+  step.plan.rows[1].blocks = {more[1]};
+  REQUIRE(r.step(step, nullptr));
+  CHECK(b->calls.back().tables == std::vector<std::vector<uint32_t>>{{a, more[0]}, {c, more[1]}});
+  // Row 5 finished: its table goes with it, and row 6 keeps its own.
+  REQUIRE(r.step(decode(1, {6}, 16), nullptr));
+  CHECK(b->calls.back().tables == std::vector<std::vector<uint32_t>>{{c, more[1]}});
+  // Row 5's blocks are free here and another batch may take them.
+  auto other = prefill(2, {7});
+  other.plan.rows[0].blocks = {a};
+  REQUIRE(r.step(other, nullptr));
+  // A block a row of the batch holds, named for it again, is refused (and the batch ends).
+  auto again = decode(2, {7}, 15);
+  again.plan.rows[0].blocks = {a};
+  auto twice = r.step(again, nullptr);
+  REQUIRE_FALSE(twice);
+  CHECK(is(twice.error(), ec::invalid_request));
+  CHECK_THAT(render(twice.error()), Catch::Contains("which a row of the batch holds"));
+  // A step that leaves a row's positions without blocks is refused, and ends its batch.
+  auto bare = r.step(decode(1, {6}, 32), nullptr);
+  REQUIRE_FALSE(bare);
+  CHECK_THAT(render(bare.error()), Catch::Contains("2 KV blocks for 33 positions"));
+  CHECK(r.batches() == 0);
+  // A block another batch holds is named only after that batch's caches are gone
+  // everywhere: here that batch's end was lost (its node was cut off), and it ends now.
+  auto lost = prefill(4, {9});
+  REQUIRE(r.step(lost, nullptr));
+  auto next = prefill(5, {10});
+  next.plan.rows[0].blocks = lost.plan.rows[0].blocks;
+  REQUIRE(r.step(next, nullptr));
+  CHECK(b->ended.back() == 4);
+  CHECK(r.batches() == 1);
+  auto late = r.step(decode(4, {9}), nullptr);
+  REQUIRE_FALSE(late);
+  CHECK_THAT(render(late.error()), Catch::Contains("has ended here"));
+}
+
+TEST_CASE("the reference loop steps a model's runners stage after stage", "[engine][runner]") {
+  auto first = std::make_shared<recording_backend>();
+  auto last = std::make_shared<recording_backend>();
+  std::vector<std::vector<std::shared_ptr<runner>>> stages{
+      {std::make_shared<runner>(first, false, false)},
+      {std::make_shared<runner>(last, true, true)}};
+  auto out = generate(stages, {{1, 2, 3}, std::vector<int64_t>(32, 4)}, 3, row_sampling{});
+  REQUIRE(out);
+  CHECK(*out == std::vector<std::vector<int64_t>>{{10, 10, 10}, {11, 11, 11}});
+  // Both stages ran the same three plans, the second one fed the first one's hidden states,
+  // and their tables grew as the rows did (the 32-token row's 33rd position is in its third
+  // block): a prefill, then decode steps whose last ended the batch.
+  REQUIRE(last->calls.size() == 3);
+  CHECK(first->calls.size() == 3);
+  CHECK(last->calls[0].prefill);
+  CHECK(last->calls[1].tables == std::vector<std::vector<uint32_t>>{{0}, {1, 2, 3}});
+  CHECK(last->calls[2].tables == last->calls[1].tables);
+  CHECK(stages[0][0]->batches() == 0);
+  CHECK(stages[1][0]->batches() == 0);
+  // A failing stage fails the loop, and no runner keeps the batch.
+  auto broken = std::make_shared<recording_backend>();
+  broken->fail = true;
+  stages = {{std::make_shared<runner>(first, false, false)},
+            {std::make_shared<runner>(broken, true, true)}};
+  auto failed = generate(stages, {{1}}, 2, row_sampling{});
+  REQUIRE_FALSE(failed);
+  CHECK(is(failed.error(), ec::device_error));
+  CHECK(stages[0][0]->batches() == 0);
+  auto none = generate(stages, {}, 2, row_sampling{});
+  REQUIRE_FALSE(none);
+  CHECK(is(none.error(), ec::invalid_request));
 }

@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
   step_request st;
   st.model = "opt-a";
   st.input.plan.batch = 3;
-  st.input.plan.rows = {{0, 2, 0, 2}, {1, 1, 0, 1}};
+  st.input.plan.rows = {{0, 2, 0, 2, {0}}, {1, 1, 0, 1, {1}}};
   st.input.plan.finished = {9};
   st.input.prompts = {{1, 2}, {3}};
   st.input.sampling = {s, s};

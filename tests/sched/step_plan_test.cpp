@@ -20,6 +20,20 @@ step_plan plan_of(std::vector<planned_row> rows) {
   return p;
 }
 
+/// A dispatch core over one device: batches of up to 4 rows formed at once, prompts
+/// joining in chunks of `chunk` tokens (0: whole).
+std::unique_ptr<dispatcher> one_device_core(int32_t chunk) {
+  batching_options o;
+  o.batch_window = 0ms;
+  o.max_batch_size = 4;
+  o.default_deadline = 10s;
+  o.prefill_chunk = chunk;
+  refusal why;
+  auto d = dispatcher::make(o, 1, &why);
+  REQUIRE(d);
+  return d;
+}
+
 const step_plan* plan_for(const dispatch_effects& e, batch_id id) {
   for (auto& p : e.plans)
     if (p.batch == id) return &p;
@@ -56,14 +70,7 @@ TEST_CASE(
     "the dispatch core plans a batch's steps: its prompts, a chunked join's windows, "
     "the next decode step and the rows that left",
     "[step_plan][cores][kv]") {
-  batching_options o;
-  o.batch_window = 0ms;
-  o.max_batch_size = 4;
-  o.default_deadline = 10s;
-  o.prefill_chunk = 8;
-  refusal why;
-  auto d = dispatcher::make(o, 1, &why);
-  REQUIRE(d);
+  auto d = one_device_core(8);
   auto k = d->add_model("k", 1, 1, {0}, 0, true);
   time_point t{};
   // A 15-token prompt, 40 steps: its first step is the prefill of its prompt.
@@ -126,4 +133,78 @@ TEST_CASE(
   CHECK(next->rows[0].key == 2);
   CHECK(next->rows[0].computed == 21);
   CHECK(next->rows[0].scheduled == 1);
+}
+
+TEST_CASE(
+    "the dispatch core names each row's KV blocks, and names a block again only after the "
+    "step that drops it has run",
+    "[step_plan][cores][kv]") {
+  auto d = one_device_core(0);
+  auto k = d->add_model("k", 1, 1, {0}, 0, true);
+  time_point t{};
+  auto blocks_of = [](const step_plan& p, uint64_t key) {
+    for (auto& r : p.rows)
+      if (r.key == key) return r.blocks;
+    FAIL("no row " << key);
+    return std::vector<uint32_t>{};
+  };
+  // Row 1: a 15-token prompt fills one block.
+  auto id = d->admit(k, 1, t, 0, 40, false, 15).formed.at(0).id;
+  REQUIRE(d->leased(id, {t, false, 0, 0, std::nullopt}, t).kv_asks.size() == 1);
+  auto e = d->kv_granted(id, k, 10, 100, t);
+  REQUIRE(e.started.size() == 1);
+  CHECK(blocks_of(e.started[0].plan, 1) == std::vector<uint32_t>{0});
+  // Row 2 (33 tokens) joins: three blocks, the third for its first decode step in the
+  // batch (34 positions), whose plan the driver extends without naming blocks. Row 1's
+  // 16th position still fits its block.
+  CHECK(d->admit(k, 2, t, 0, 40, false, 33).formed.empty());
+  e = d->step_boundary(id, {1}, t);
+  REQUIRE(e.joins.size() == 1);
+  CHECK(e.joins[0].step.into == id);
+  CHECK(blocks_of(e.joins[0].step, 2) == std::vector<uint32_t>{1, 2, 3});
+  auto* next = plan_for(e, id);
+  REQUIRE(next);
+  CHECK(blocks_of(*next, 1).empty());
+  // Row 1's 17th position takes a new block; row 2's 35th fits its three.
+  e = d->step_boundary(id, {1, 2}, t);
+  next = plan_for(e, id);
+  REQUIRE(next);
+  CHECK(blocks_of(*next, 1) == std::vector<uint32_t>{4});
+  CHECK(blocks_of(*next, 2).empty());
+  CHECK(d->kv_table(id, 1) == std::vector<uint32_t>{0, 4});
+  CHECK(d->kv_table(id, 2) == std::vector<uint32_t>{1, 2, 3});
+  CHECK(d->kv_ids_held(k) == 5);
+  // Row 2 leaves. Row 3 joins at this boundary, whose join step runs before the step that
+  // drops row 2's caches: it gets new ids, not row 2's.
+  CHECK(d->admit(k, 3, t, 0, 40, false, 40).formed.empty());
+  e = d->step_boundary(id, {1}, t);
+  REQUIRE(e.joins.size() == 1);
+  auto three = blocks_of(e.joins[0].step, 3);
+  CHECK(three == std::vector<uint32_t>{5, 6, 7});
+  CHECK(d->kv_table(id, 2).empty());
+  CHECK(d->kv_ids_held(k) == 8);  // row 2's three wait for the next boundary
+  // At the next boundary they are free: row 4 (20 tokens, two blocks) takes the lowest.
+  CHECK(d->admit(k, 4, t, 0, 40, false, 20).formed.empty());
+  e = d->step_boundary(id, {1, 3}, t);
+  REQUIRE(e.joins.size() == 1);
+  CHECK(blocks_of(e.joins[0].step, 4) == std::vector<uint32_t>{1, 2});
+  CHECK(d->kv_ids_held(k) == 7);
+  // The batch ends: every id is free.
+  d->batch_done(id, t, true, 0.1, 4);
+  CHECK(d->kv_ids_held(k) == 0);
+}
+
+TEST_CASE("KV block ids are named lowest first and given back", "[step_plan][kv]") {
+  kv_block_ids ids;
+  CHECK(ids.take(3) == std::vector<uint32_t>{0, 1, 2});
+  ids.give_back({1});
+  CHECK(ids.held() == 2);
+  CHECK(ids.take(2) == std::vector<uint32_t>{1, 3});
+  // Giving back the top lowers the bound; an id not held costs nothing.
+  ids.give_back({3, 2, 2, 9});
+  CHECK(ids.bound() == 2);
+  CHECK(ids.held() == 2);
+  ids.give_back({0, 1});
+  CHECK(ids.held() == 0);
+  CHECK(ids.bound() == 0);
 }

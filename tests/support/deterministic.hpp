@@ -71,8 +71,9 @@ struct fake_worker_script {
   /// previous step go on, as a worker's runner derives it from the plan's row keys).
   std::vector<size_t> step_rows;
   std::vector<std::vector<int32_t>> keeps;
-  /// Per device, the rows each batch holds, as a worker's runner tracks them.
-  std::map<int32_t, engine::batch_rows> rows;
+  /// Per device and model (a shard), the rows each batch holds and their KV block tables,
+  /// as a shard's runner tracks them.
+  std::map<std::pair<int32_t, std::string>, engine::batch_rows> rows;
   /// Per step, how many rows' sampling settings it carried (the prefill only).
   std::vector<size_t> sampling_rows;
   /// Per batch, its rows' settings as the prefill gave them, kept as a worker keeps them.
@@ -145,7 +146,8 @@ inline actors::shard_worker_actor::behavior_type fake_worker(
         auto& r = req.input;
         const auto batch = r.plan.batch;
         script->step_rows.push_back(r.prefills() ? r.prompts.size() : r.tokens.size());
-        auto keep = script->rows[device].step(r.plan);
+        auto& shard_rows = script->rows[{device, req.model}];
+        auto keep = shard_rows.step(r.plan);
         if (!keep) return keep.error();
         script->keeps.push_back(*keep);
         script->sampling_rows.push_back(r.sampling.size());
@@ -177,12 +179,14 @@ inline actors::shard_worker_actor::behavior_type fake_worker(
           auto& into = script->batch_sampling[r.plan.into];
           into.insert(into.end(), kept.begin(), kept.end());
           script->batch_sampling.erase(batch);
-          if (auto err = script->rows[device].join(batch, r.plan.into)) return err;
+          if (auto err = shard_rows.join(batch, r.plan.into)) return err;
         }
-        if (r.last) script->rows[device].end(batch);
+        if (r.last) shard_rows.end(batch);
         return step_result{next, 0, lps};
       },
-      [=](cancel_atom, std::string&, uint64_t batch) { script->rows[device].end(batch); },
+      [=](cancel_atom, std::string& m, uint64_t batch) {
+        script->rows[{device, m}].end(batch);
+      },
       [=](devices_atom) { return device_report{}; },
       [=](group_atom, std::string&, int32_t) -> caf::result<std::string> {
         return make_error(ec::invalid_configuration, "fake workers host no groups");
