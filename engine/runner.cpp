@@ -87,6 +87,10 @@ caf::expected<std::vector<int32_t>> kept_rows(const std::vector<uint64_t>& previ
 
 caf::expected<std::vector<int32_t>> batch_rows::step(const sched::step_plan& plan,
                                                      std::vector<uint64_t>* stale) {
+  // (An empty keep list means every row goes on: a plan of no rows would keep them all.)
+  if (plan.rows.empty())
+    return make_error(ec::invalid_request,
+                      "a step of batch " + std::to_string(plan.batch) + " has no rows");
   auto i = rows_.find(plan.batch);
   std::vector<int32_t> keep;
   if (i == rows_.end()) {

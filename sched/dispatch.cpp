@@ -107,7 +107,12 @@ void dispatcher::run_pass(time_point now, dispatch_effects& out) {
     b.started = true;
     b.units = m.units;
     b.going.clear();
-    for (auto& e : live) b.going.push_back(e.key);
+    // Every started row is counted from its prefill on: one that leaves at the first
+    // boundary (it finished at its prefill) leaves as any other does, its blocks with it.
+    for (auto& e : live) {
+      b.going.push_back(e.key);
+      b.steps_run[e.key] = 0;
+    }
     auto plan = prefill_plan(id, live);
     name_blocks(b, plan);
     plan.kv_blocks = kv_held_by(b.model);

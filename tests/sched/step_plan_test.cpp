@@ -194,6 +194,30 @@ TEST_CASE(
   CHECK(d->kv_ids_held(k) == 0);
 }
 
+TEST_CASE("a row that leaves at its batch's first boundary gives its KV blocks back",
+          "[step_plan][cores][kv]") {
+  auto d = one_device_core(0);
+  auto k = d->add_model("k", 1, 1, {0}, 0, true);
+  time_point t{};
+  auto id = d->admit(k, 1, t, 0, 1, false, 15).formed.at(0).id;
+  REQUIRE(d->leased(id, {t, false, 0, 0, std::nullopt}, t).kv_asks.size() == 1);
+  REQUIRE(d->kv_granted(id, k, 10, 100, t).started.size() == 1);
+  // Row 1 finished at its prefill; row 2 joins at that boundary, before the step that
+  // would drop row 1's caches: it does not get row 1's block, which the plan lists.
+  CHECK(d->admit(k, 2, t, 0, 4, false, 20).formed.empty());
+  auto e = d->step_boundary(id, {}, t);
+  REQUIRE(e.joins.size() == 1);
+  REQUIRE(e.joins[0].step.rows.size() == 1);
+  CHECK(e.joins[0].step.rows[0].blocks == std::vector<uint32_t>{1, 2});
+  CHECK(d->kv_ids_held(k) == 3);
+  auto* next = plan_for(e, id);
+  REQUIRE(next);
+  CHECK(next->finished == std::vector<uint64_t>{1});
+  // At the next boundary row 1's block is free.
+  d->step_boundary(id, {2}, t);
+  CHECK(d->kv_ids_held(k) == 2);
+}
+
 TEST_CASE("KV block ids are named lowest first and given back", "[step_plan][kv]") {
   kv_block_ids ids;
   CHECK(ids.take(3) == std::vector<uint32_t>{0, 1, 2});
