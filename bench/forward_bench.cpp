@@ -13,6 +13,7 @@
 #include "engine/torch/decoder_stage.hpp"
 #include "gpu/backends.hpp"
 #include "gpu/collective.hpp"
+#include "models/sampling.hpp"
 #include "models/weights.hpp"
 
 namespace computron::bench {
@@ -45,6 +46,8 @@ caf::expected<forward_bench_result> run_forward_bench(const forward_bench_option
                       fmt::format("--seq plus --decode-tokens plus the one step the counters "
                                   "take must fit {}'s {} positions",
                                   spec->name, spec->max_positions));
+  if (o.sampling != "none" && o.sampling != "host" && o.sampling != "device")
+    return make_error(ec::invalid_request, "--sampling is none, host or device, not " + o.sampling);
   if (o.decode_tokens < 0 || o.repeats < 1 || o.threads < 0)
     return make_error(ec::invalid_request, "--decode-tokens >= 0, --repeats >= 1, --threads >= 0");
   auto table = models::shard_layout(*spec, *type, {1, 1}, {0, 0});
@@ -69,6 +72,8 @@ caf::expected<forward_bench_result> run_forward_bench(const forward_bench_option
   r.model = spec->name;
   r.dtype = gpu::to_string(*type);
   r.device_kind = gpu::to_string(devs->front()->info().kind);
+  r.sampling = o.sampling;
+  r.fused = o.fused;
   r.batch = o.batch;
   r.seq = o.seq;
   r.threads = threads;
@@ -79,7 +84,9 @@ caf::expected<forward_bench_result> run_forward_bench(const forward_bench_option
   r.load_seconds = since(t0);
 
   auto solo = gpu::make_solo_collective();
-  auto stage = models::decoder_stage::create(*spec, {1, 1}, {0, 0}, **shard, *solo);
+  models::compute_options compute;
+  compute.fused_norms = compute.fused_rope = o.fused;
+  auto stage = models::decoder_stage::create(*spec, {1, 1}, {0, 0}, **shard, *solo, {}, compute);
   if (!stage) return std::move(stage.error());
   // Zero-copy: what the forward reads is the weight store's device copy itself.
   auto base = (*shard)->device_data();
@@ -95,9 +102,41 @@ caf::expected<forward_bench_result> run_forward_bench(const forward_bench_option
   for (auto& p : prompts)
     for (int64_t i = 0; i < o.seq; ++i) p.push_back(tok(rng));
   std::vector<int64_t> next(static_cast<size_t>(o.batch), 5);
+  // One decode step as the sampling mode runs it, next tokens included.
+  std::vector<models::sampler> samplers;
+  auto start_rows = [&] {
+    next.assign(static_cast<size_t>(o.batch), 5);  // every round runs the same steps
+    samplers.clear();
+    for (int64_t r = 0; r < o.batch; ++r)
+      samplers.emplace_back(
+          models::sampling_params{0.8, 0, 0.95, o.seed + static_cast<uint64_t>(r)});
+  };
+  auto decode_step = [&](models::kv_cache& cache) -> caf::error {
+    if (o.sampling == "none") {
+      auto step = (*stage)->decode(next, nullptr, cache);
+      return step ? caf::error{} : std::move(step.error());
+    }
+    std::vector<models::device_draw> draws;
+    models::head_output head;
+    if (o.sampling == "device") {
+      for (auto& s : samplers) draws.push_back(*s.next_device_draw());
+      head = models::head_output{0, true, &draws};
+    }
+    auto step = (*stage)->decode(next, nullptr, cache, head);
+    if (!step) return std::move(step.error());
+    auto* data = reinterpret_cast<const float*>(step->bytes.data());
+    const auto width = step->shape.back() == 2 && step->shape.size() == 3 ? 2 : step->shape[1];
+    for (size_t r = 0; r < samplers.size(); ++r) {
+      const float* row = data + static_cast<int64_t>(r) * width;
+      next[r] = width == 2 ? static_cast<int64_t>(row[1]) : samplers[r].next(row, width);
+      if (width == 2) samplers[r].next(row, 1);  // the same number the device used
+    }
+    return {};
+  };
   std::vector<double> prefills, decodes;
   for (int i = 0; i <= o.repeats; ++i) {  // round 0 warms up
     models::kv_cache cache;
+    start_rows();
     auto p0 = clock_type::now();
     auto out = (*stage)->prefill(prompts, nullptr, cache);
     if (!out) return std::move(out.error());
@@ -105,8 +144,7 @@ caf::expected<forward_bench_result> run_forward_bench(const forward_bench_option
     std::vector<double> steps;
     for (int64_t k = 0; k < o.decode_tokens; ++k) {
       auto d0 = clock_type::now();
-      auto step = (*stage)->decode(next, nullptr, cache);
-      if (!step) return std::move(step.error());
+      if (auto err = decode_step(cache)) return err;
       steps.push_back(since(d0));
     }
     if (i == 0) continue;
@@ -119,14 +157,12 @@ caf::expected<forward_bench_result> run_forward_bench(const forward_bench_option
     models::kv_cache cache;
     auto out = (*stage)->prefill(prompts, nullptr, cache);
     if (!out) return std::move(out.error());
+    start_rows();
     for (int64_t k = 0; k < o.decode_tokens; ++k)
-      if (auto step = (*stage)->decode(next, nullptr, cache); !step) return std::move(step.error());
+      if (auto err = decode_step(cache)) return err;
     int cuda =
         devs->front()->info().kind == gpu::device_kind::cuda ? devs->front()->info().ordinal : -1;
-    auto one_step = [&]() -> caf::error {
-      auto step = (*stage)->decode(next, nullptr, cache);
-      return step ? caf::error{} : std::move(step.error());
-    };
+    auto one_step = [&]() -> caf::error { return decode_step(cache); };
     auto counts = count_step(cuda, one_step);
     if (!counts) return std::move(counts.error());
     r.decode_alloc_bytes_per_step = counts->alloc_bytes;
@@ -150,6 +186,8 @@ std::string to_json(const forward_bench_result& r) {
   nlohmann::json j{{"model", r.model},
                    {"dtype", r.dtype},
                    {"device_kind", r.device_kind},
+                   {"sampling", r.sampling},
+                   {"fused", r.fused},
                    {"batch", r.batch},
                    {"seq", r.seq},
                    {"threads", r.threads},
@@ -181,8 +219,8 @@ void print_table(std::ostream& out, const forward_bench_result& r) {
                      r.load_seconds);
   out << fmt::format("prefill  batch {} x {} tokens: {:.4f} s ({:.0f} tokens/s)\n", r.batch, r.seq,
                      r.prefill_seconds, r.prefill_tokens_per_second);
-  out << fmt::format("decode   {:.4f} s per step ({} new tokens each)\n",
-                     r.decode_seconds_per_token, r.batch);
+  out << fmt::format("decode   {:.4f} s per step ({} new tokens each; sampling: {}; fused: {})\n",
+                     r.decode_seconds_per_token, r.batch, r.sampling, r.fused ? "on" : "off");
   out << fmt::format("per step {} bytes allocated, {} ops ({:.1f} per layer)\n",
                      r.decode_alloc_bytes_per_step, r.decode_ops_per_step, r.decode_ops_per_layer);
   if (r.decode_profile) {

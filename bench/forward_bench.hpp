@@ -29,12 +29,22 @@ struct forward_bench_options {
   bool profile = false;
   /// Rows of the profile kept (longest first).
   int profile_rows = 30;
+  /// What a decode step does with its logits: "none" (whole rows to the host, no token
+  /// drawn: the figures before sampling was timed), "host" (whole rows to the host, each
+  /// row's sampler draws), or "device" (drawn where the logits lie, only ids come back).
+  /// Both samplers draw with temperature 0.8 and top_p 0.95, a seed per row.
+  std::string sampling = "none";
+  /// The fused residual-add + RMSNorm and rotary calls (engine/norms.hpp, engine/rope.hpp;
+  /// the Llama family); false: the same layers as libtorch ops.
+  bool fused = true;
 };
 
 struct forward_bench_result {
   std::string model;
   std::string dtype;
   std::string device_kind;
+  std::string sampling;
+  bool fused = true;
   int64_t batch = 0;
   int64_t seq = 0;
   int threads = 0;

@@ -12,6 +12,7 @@
 #include "engine/step.hpp"
 #include "gpu/weight_store.hpp"
 #include "models/host_tensor.hpp"
+#include "models/sampling.hpp"
 
 /// A backend runs steps of one shard: its forward pass over the shard's weights and caches.
 /// The runner (engine/runner.hpp) drives it. The backends are sibling folders: the decoder
@@ -33,10 +34,15 @@ class backend {
   /// `hidden` is the previous stage's output (null on the first stage). Returns hidden
   /// states for the next stage, or on the last stage the logits of each row's next token,
   /// [rows, vocab] f32 (or candidates, [rows, k, 2]).
-  virtual caf::expected<models::host_tensor> run(const step_input& in,
-                                                 const std::vector<int32_t>& keep,
-                                                 const std::vector<std::vector<uint32_t>>& tables,
-                                                 const models::host_tensor* hidden) = 0;
+  /// `draws` (the last stage's sampling rank only; null elsewhere): one per row, in the
+  /// plan's order, when every row's next token can be drawn where the logits lie
+  /// (models::sampler::next_device_draw), else empty. A backend may then return each row's
+  /// drawn token as its one candidate ([rows, 1, 2]); one that ignores them returns logits
+  /// as before, and the samplers draw the same tokens from either.
+  virtual caf::expected<models::host_tensor> run(
+      const step_input& in, const std::vector<int32_t>& keep,
+      const std::vector<std::vector<uint32_t>>& tables, const models::host_tensor* hidden,
+      const std::vector<models::device_draw>* draws = nullptr) = 0;
 
   /// Forgets a batch's caches. Unknown and repeated ids are ignored: the runner ends a
   /// batch after its last step or an error whatever the backend did itself.

@@ -1,4 +1,5 @@
 #include "engine/paged_attention.hpp"
+#include "engine/host_elements.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -31,41 +32,6 @@ const char* paged_attention_host_refusal(const paged_attention_args& a) {
 }
 
 namespace {
-
-float bf16_to_float(uint16_t bits) {
-  uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &wide, sizeof f);
-  return f;
-}
-
-/// Round to nearest, ties to even, as c10::BFloat16 does; NaN stays NaN.
-uint16_t float_to_bf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-/// `n` elements of type `t` from `p` + `at`, as floats.
-void load(element_type t, const void* p, int64_t at, int32_t n, float* into) {
-  if (t == element_type::f32) {
-    std::memcpy(into, static_cast<const float*>(p) + at, sizeof(float) * static_cast<size_t>(n));
-    return;
-  }
-  const auto* src = static_cast<const uint16_t*>(p) + at;
-  for (int32_t i = 0; i < n; ++i) into[i] = bf16_to_float(src[i]);
-}
-
-void store(element_type t, void* p, int64_t at, int32_t n, const float* from) {
-  if (t == element_type::f32) {
-    std::memcpy(static_cast<float*>(p) + at, from, sizeof(float) * static_cast<size_t>(n));
-    return;
-  }
-  auto* dst = static_cast<uint16_t*>(p) + at;
-  for (int32_t i = 0; i < n; ++i) dst[i] = float_to_bf16(from[i]);
-}
 
 /// Eight running sums, so that the compiler may keep them in vector lanes (a float sum in
 /// one accumulator cannot be reordered without -ffast-math).

@@ -227,6 +227,31 @@ size_t runner::batches() const {
   return n;
 }
 
+namespace {
+
+/// Each row's next draw as a device can make it, when every row has one (empty otherwise).
+/// A prefill's samplers are made here, before the step, when every row can be drawn on the
+/// device; any other prefill makes them after it (sample_rows), as it always did.
+std::vector<models::device_draw> device_draws(std::vector<models::sampler>& samplers,
+                                              const step_input& in) {
+  std::vector<models::device_draw> draws;
+  if (samplers.empty() && in.prefills() && in.sampling.size() == in.rows() &&
+      std::all_of(in.sampling.begin(), in.sampling.end(),
+                  [](const row_sampling& s) { return device_drawable(s); }))
+    for (size_t r = 0; r < in.sampling.size(); ++r)
+      samplers.emplace_back(to_sampling_params(in.sampling[r]),
+                            r < in.prompts.size() ? in.prompts[r] : std::vector<int64_t>{});
+  if (samplers.size() != in.rows()) return draws;
+  for (auto& s : samplers) {
+    auto d = s.next_device_draw();
+    if (!d) return {};
+    draws.push_back(*d);
+  }
+  return draws;
+}
+
+}  // namespace
+
 caf::expected<step_output> runner::step(const step_input& in, const models::host_tensor* hidden) {
   // Nothing of an ended batch is made again (its caches, rows or samplers), and it is not
   // ended twice.
@@ -260,12 +285,9 @@ caf::expected<step_output> runner::run(const step_input& in, const models::host_
   auto keep = rows_.step(in.plan, &stale);
   if (!keep) return keep.error();
   for (auto b : stale) end_batch(b);
-  auto r = backend_->run(in, *keep, rows_.tables(batch), hidden);
-  if (!r) return r.error();
-  step_output out;
-  if (!last_stage_) {
-    out.hidden = std::move(*r);
-  } else if (samples_ && !in.partial_prefill()) {
+  const bool sampling = last_stage_ && samples_ && !in.partial_prefill();
+  std::vector<models::device_draw> draws;
+  if (sampling) {
     auto& samplers = samplers_[batch];
     if (!keep->empty() && !samplers.empty()) {
       // Rows that left the batch take their samplers with them.
@@ -278,6 +300,15 @@ caf::expected<step_output> runner::run(const step_input& in, const models::host_
       }
       samplers = std::move(kept);
     }
+    draws = device_draws(samplers, in);
+  }
+  auto r = backend_->run(in, *keep, rows_.tables(batch), hidden, sampling ? &draws : nullptr);
+  if (!r) return r.error();
+  step_output out;
+  if (!last_stage_) {
+    out.hidden = std::move(*r);
+  } else if (sampling) {
+    auto& samplers = samplers_[batch];
     auto tokens =
         sample_rows(*r, samplers, in.sampling, in.prompts, &out.logprobs, &out.prompt_logprobs);
     if (!tokens) return tokens.error();

@@ -25,11 +25,14 @@ models::sampling_params to_sampling_params(const row_sampling& s) {
   return p;
 }
 
+bool device_drawable(const row_sampling& s) {
+  return s.logprobs < 0 && s.prompt_logprobs < 0 && s.bias_ids.empty() &&
+         s.repetition_penalty == 1.0 && s.presence_penalty == 0 && s.frequency_penalty == 0 &&
+         (s.min_tokens == 0 || s.suppress.empty());
+}
+
 int64_t candidates_of(const row_sampling& s) {
-  bool plain = s.logprobs < 0 && s.prompt_logprobs < 0 && s.bias_ids.empty() &&
-               s.repetition_penalty == 1.0 && s.presence_penalty == 0 && s.frequency_penalty == 0 &&
-               (s.min_tokens == 0 || s.suppress.empty());
-  if (!plain) return 0;
+  if (!device_drawable(s)) return 0;
   if (s.temperature == 0) return 1;
   // The sampler keeps the top_k most likely first (min_p and top_p cut within them).
   return s.top_k >= 1 && s.top_k <= max_candidates ? s.top_k : 0;

@@ -16,6 +16,12 @@ namespace computron::engine {
 /// A row's sampling settings as the sampler takes them.
 models::sampling_params to_sampling_params(const row_sampling& s);
 
+/// Whether a row's tokens depend on its logits, temperature, top_k, top_p and min_p only
+/// (no bias, penalties, min_tokens suppression or log-probabilities): such a row can be
+/// drawn where the logits lie (models::sampler::next_device_draw), whatever its settings
+/// for the four.
+bool device_drawable(const row_sampling& s);
+
 /// How many of its row's most likely ids a row's token is drawn from, when they are all it
 /// needs: 1 when greedy, k for top_k k (up to max_candidates), with no processor (bias,
 /// penalties, min_tokens suppression) and no log-probabilities; 0 when it needs the whole

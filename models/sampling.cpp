@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <numeric>
 
@@ -22,7 +23,8 @@ bool in_vocab(int64_t id, int64_t vocab) {
 /// Temperature -> min_p -> top_k -> top_p -> draw, over logits already processed. With min_p
 /// at 0 this is operation for operation the sampler that came before the new parameters, so
 /// a seed still gives the same tokens.
-int64_t draw(const float* logits, int64_t vocab, const sampling_params& p, std::mt19937_64& rng) {
+int64_t draw(const float* logits, int64_t vocab, const sampling_params& p,
+             const std::function<double()>& uniform) {
   std::vector<int64_t> ids(static_cast<size_t>(vocab));
   std::iota(ids.begin(), ids.end(), 0);
   // Most likely first; a stable order keeps equal logits deterministic.
@@ -57,7 +59,9 @@ int64_t draw(const float* logits, int64_t vocab, const sampling_params& p, std::
   }
   double total =
       std::accumulate(probs.begin(), probs.begin() + static_cast<ptrdiff_t>(nucleus), 0.0);
-  double r = std::uniform_real_distribution<double>(0, total)(rng);
+  // uniform_real_distribution(0, total) is total times one generate_canonical draw (as
+  // libstdc++ computes it), so a number taken ahead (next_device_draw) gives the same r.
+  double r = total * uniform();
   for (size_t i = 0; i < nucleus; ++i) {
     r -= probs[i];
     if (r < 0) return ids[i];
@@ -91,6 +95,11 @@ std::vector<int64_t> top_ids(const float* logits, int64_t vocab, int64_t k) {
   }
   std::sort_heap(heap.begin(), heap.end(), better);
   return heap;
+}
+
+/// One number in [0, 1) from the stream, as uniform_real_distribution<double> takes it.
+double canonical(std::mt19937_64& rng) {
+  return std::generate_canonical<double, std::numeric_limits<double>::digits>(rng);
 }
 
 /// log(sum(exp(logits))) in double, shifted by the max so large logits do not overflow.
@@ -199,7 +208,12 @@ void sampler::apply_processors(float* logits, int64_t vocab) const {
 int64_t sampler::pick(const float* logits, int64_t vocab) {
   int64_t token = params_.temperature == 0  // greedy; ties go to the lowest id
                       ? std::max_element(logits, logits + vocab) - logits
-                      : draw(logits, vocab, params_, rng_);
+                      : draw(logits, vocab, params_, [this] {
+                          if (!pending_) return canonical(rng_);
+                          double u = *pending_;
+                          pending_.reset();
+                          return u;
+                        });
   ++drawn_;
   if (params_.repetition_penalty != 1.0 || params_.presence_penalty != 0 ||
       params_.frequency_penalty != 0)
@@ -214,6 +228,16 @@ int64_t sampler::next(const float* logits, int64_t vocab) {
   std::vector<float> work(logits, logits + vocab);
   apply_processors(work.data(), vocab);
   return pick(work.data(), vocab);
+}
+
+std::optional<device_draw> sampler::next_device_draw() {
+  if (processing_active() || wants_logprobs()) return std::nullopt;
+  device_draw d{params_.temperature, params_.top_k, params_.top_p, params_.min_p, 0};
+  if (d.temperature > 0) {
+    if (!pending_) pending_ = canonical(rng_);
+    d.uniform = *pending_;
+  }
+  return d;
 }
 
 token_choice sampler::choose(const float* logits, int64_t vocab) {

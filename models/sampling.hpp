@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <unordered_map>
 #include <utility>
@@ -61,6 +62,19 @@ struct token_choice {
   std::vector<float> top_logprobs;
 };
 
+/// What a draw on the device (engine/torch/device_sampling.hpp) needs of one row whose next
+/// token depends on its logits and these four parameters only: no processor is active and
+/// no log-probabilities are asked (sampler::device_draw). `uniform` is the row's next
+/// number in [0, 1) from its own seeded stream, the one the host sampler would use: the
+/// device draws the token the host would draw, and only its id comes back.
+struct device_draw {
+  double temperature = 0;  // 0: greedy (no number is drawn)
+  int64_t top_k = 0;
+  double top_p = 1.0;
+  double min_p = 0;
+  double uniform = 0;
+};
+
 /// Draws tokens for one sequence; holds its own seeded generator and what it has drawn (for
 /// the penalties and min_tokens). Copyable: batches keep and drop rows by copying samplers.
 class sampler {
@@ -78,6 +92,13 @@ class sampler {
   void apply_processors(float* logits, int64_t vocab) const;
   /// How many tokens this sampler has drawn.
   int64_t drawn() const { return drawn_; }
+  /// The next draw as a device can make it, when the next token depends on nothing but the
+  /// logits, the temperature, top_k, top_p and min_p (no processor active, no
+  /// log-probabilities asked); nullopt otherwise. Its `uniform` is the number the next draw
+  /// will use, taken from the stream now and kept: asking again gives the same one, and
+  /// next() over the one candidate the device returns ([that logit], 1) draws that same
+  /// candidate with it, so the stream stays where the host path leaves it.
+  std::optional<device_draw> next_device_draw();
 
  private:
   /// True when apply_processors would change something for the next draw.
@@ -87,6 +108,8 @@ class sampler {
 
   sampling_params params_;
   std::mt19937_64 rng_;
+  /// The next draw's number, once next_device_draw took it from rng_.
+  std::optional<double> pending_;
   /// Prompt ids, sorted and unique; kept only when the repetition penalty is on.
   std::vector<int64_t> prompt_;
   /// How often each id was generated; kept only when some penalty is on.

@@ -146,6 +146,16 @@ bench_cli::bench_cli(CLI::App& bench_cmd) {
   fwd_cmd
       ->add_option("--profile-rows", fwd.profile_rows, "rows of the profile shown (longest first)")
       ->capture_default_str();
+  fwd_cmd
+      ->add_option("--sampling", fwd.sampling,
+                   "what a decode step does with its logits: none (whole rows to the host), "
+                   "host (whole rows, sampled there) or device (drawn on the device, ids back); "
+                   "temperature 0.8, top_p 0.95")
+      ->check(CLI::IsMember({"none", "host", "device"}))
+      ->capture_default_str();
+  fwd_cmd->add_flag("--fused,!--no-fused", fwd.fused,
+                    "residual add + RMSNorm and the rotary embedding each in one call (default), "
+                    "or as libtorch ops");
   fwd_cmd->add_flag("--json", fwd_json, "print one JSON object");
 
   // bench colocate

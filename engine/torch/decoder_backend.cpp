@@ -17,13 +17,20 @@ namespace {
 
 class decoder_backend final : public backend {
  public:
-  explicit decoder_backend(std::unique_ptr<models::decoder_stage> stage)
-      : stage_(std::move(stage)) {}
+  decoder_backend(std::unique_ptr<models::decoder_stage> stage, decoder_backend_options options)
+      : stage_(std::move(stage)), options_(options) {}
 
   caf::expected<models::host_tensor> run(const step_input& req, const std::vector<int32_t>& keep,
                                          const std::vector<std::vector<uint32_t>>& tables,
-                                         const models::host_tensor* hidden) override {
+                                         const models::host_tensor* hidden,
+                                         const std::vector<models::device_draw>* draws) override {
     const auto batch = req.plan.batch;
+    // The draws live in the caller's frame: held for this step only.
+    draws_ = draws;
+    struct forget {
+      const std::vector<models::device_draw>*& d;
+      ~forget() { d = nullptr; }
+    } forget_draws{draws_};
     if (req.plan.kv_blocks > 0) stage_->set_kv_budget(static_cast<int64_t>(req.plan.kv_blocks));
     auto& cache = caches_[batch];
     if (!req.prefills() && !keep.empty()) {
@@ -104,10 +111,14 @@ class decoder_backend final : public backend {
                                                  std::to_string(into) + ": no such batch here");
     }
     auto err = i->second.append(std::move(f->second));
-    // Candidates only while every row of the joined batch needs no more than them.
-    auto a = head_of(into).top, b = head_of(from).top;
-    if (a > 0 && b > 0)
-      top_[into] = std::max(a, b);
+    // Candidates only while every row of the joined batch needs no more than them; draws
+    // on the device while every row can be drawn there (a row of candidates can).
+    auto a = head_of(into), b = head_of(from);
+    auto drawable = [](const models::head_output& h) { return h.top > 0 || h.draw; };
+    if (a.top > 0 && b.top > 0)
+      top_[into] = models::head_output{std::max(a.top, b.top)};
+    else if (drawable(a) && drawable(b))
+      top_[into] = models::head_output{0, true};
     else
       top_.erase(into);
     end_batch(from);
@@ -119,21 +130,35 @@ class decoder_backend final : public backend {
   /// rows when some row needs them. Every rank of the stage got the same settings, so all
   /// take the same head (and make the same collective calls). The batch keeps it: later
   /// steps carry none.
+  /// When some row needs its whole row of logits but every row's token depends on its
+  /// logits and plain settings only (device_drawable), the batch draws on the device
+  /// instead (decoder_backend_options::device_sampling).
   void choose_head(const step_input& req) {
     int64_t top = req.sampling.empty() ? 0 : 1;
+    using where = decoder_backend_options::sampling_on;
+    bool drawable =
+        !req.sampling.empty() && (options_.device_sampling == where::always ||
+                                  (options_.device_sampling == where::gpu && stage_->on_gpu()));
     for (auto& s : req.sampling) {
       auto k = candidates_of(s);
       top = k == 0 || top == 0 ? 0 : std::max(top, k);
+      drawable = drawable && device_drawable(s);
     }
     if (top > 0)
-      top_[req.plan.batch] = top;
+      top_[req.plan.batch] = models::head_output{top};
+    else if (drawable)
+      top_[req.plan.batch] = models::head_output{0, true};
     else
       top_.erase(req.plan.batch);  // a batch id used again starts afresh
   }
 
+  /// The batch's head, with this step's draws (the sampling rank's) where it draws.
   models::head_output head_of(uint64_t batch_id) const {
     auto i = top_.find(batch_id);
-    return models::head_output{i == top_.end() ? 0 : i->second};
+    if (i == top_.end()) return {};
+    auto h = i->second;
+    if (h.draw) h.draws = draws_;
+    return h;
   }
 
   /// The stage's adapter id of each row of a prefill (0: the base alone; empty: all).
@@ -196,19 +221,24 @@ class decoder_backend final : public backend {
   };
 
   std::unique_ptr<models::decoder_stage> stage_;
+  decoder_backend_options options_;
+  /// The step in progress's draws (run's argument; null on ranks that do not sample).
+  const std::vector<models::device_draw>* draws_ = nullptr;
   /// Bound adapters by name, with the ids the stage knows them by (never reused: a row's
   /// id names one adapter's weights for the batch's life).
   std::unordered_map<std::string, bound_adapter> adapters_;
   int64_t next_adapter_ = 1;
   std::unordered_map<uint64_t, models::kv_cache> caches_;
-  /// Batches whose rows need only candidates: how many the last stage returns.
-  std::unordered_map<uint64_t, int64_t> top_;
+  /// Batches whose rows need only candidates (how many the last stage returns), or whose
+  /// tokens are drawn on the device.
+  std::unordered_map<uint64_t, models::head_output> top_;
 };
 
 }  // namespace
 
-std::unique_ptr<backend> make_decoder_backend(std::unique_ptr<models::decoder_stage> stage) {
-  return std::make_unique<decoder_backend>(std::move(stage));
+std::unique_ptr<backend> make_decoder_backend(std::unique_ptr<models::decoder_stage> stage,
+                                              decoder_backend_options options) {
+  return std::make_unique<decoder_backend>(std::move(stage), options);
 }
 
 }  // namespace computron::engine

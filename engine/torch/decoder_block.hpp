@@ -10,6 +10,7 @@
 #include <initializer_list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -77,6 +78,12 @@ struct stage_state {
   /// on the CPU or an emulated device) or the CUDA kernel.
   enum class paged_kernel : uint8_t { none, host, cuda };
   paged_kernel paged = paged_kernel::none;
+  /// Where RMSNorm and its residual add run as one call (engine/norms.hpp), with the same
+  /// choice of builds; none: as libtorch ops (compute_options::fused_norms false, or f16 on
+  /// the CPU).
+  paged_kernel norms = paged_kernel::none;
+  /// Likewise the rotary embedding of q and k in one call (engine/rope.hpp).
+  paged_kernel rope = paged_kernel::none;
 
   bool first() const { return shard.pp_rank == 0; }
   bool last() const { return shard.pp_rank == par.pp - 1; }
@@ -136,6 +143,26 @@ struct stage_state {
   bool in_place(int64_t t) const;
   /// attend's extend step in place: `q` [b, heads, t, d], stage-relative `layer`.
   at::Tensor attend_in_place(const at::Tensor& q, int64_t layer, const kv_step& kv) const;
+  /// transformers' RMSNorm of `x` [..., width]: the mean square in f32, the normalised row
+  /// rounded to x's dtype, then times `weight` (engine/torch/fused_ops.cpp).
+  at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) const;
+  /// The residual stream after a block's output and the next norm of it, in one call where
+  /// a build of engine/norms.hpp runs: {x + delta (+ bias, where defined), rms_norm of
+  /// that}, rounded as the ops `x + delta`, `+ bias` and rms_norm round.
+  std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& delta,
+                                                 const at::Tensor& bias, const at::Tensor& weight,
+                                                 double eps) const;
+  /// The rotary embedding of a step's queries `q` [b, t, heads, d] and keys `k` [b, t, kv
+  /// heads, d] (views of the projection's output, each head's d elements contiguous) at
+  /// `positions` [b, t] (int64, on the device) with `inv_freq` [d / 2] (f32, on the
+  /// device), q times `q_scale`: {q [b, heads, t, d], k [b, kv heads, t, d]}, contiguous, in
+  /// one call where a build of engine/rope.hpp runs; nullopt where none does (the caller
+  /// computes the ops).
+  std::optional<std::pair<at::Tensor, at::Tensor>> fused_rope(const at::Tensor& q,
+                                                              const at::Tensor& k,
+                                                              const at::Tensor& positions,
+                                                              const at::Tensor& inv_freq,
+                                                              double q_scale) const;
 };
 
 /// A family's decoder: token embedding, one layer, the head. Stateless apart from what

@@ -121,7 +121,10 @@ namespace {
 /// -inf: torch would rank it above every number, and the merge needs a strict order. In
 /// place: `logits` is the head's own output, and a copy would cost a row per step.
 at::Tensor best_columns(at::Tensor logits, int64_t k) {
-  logits.nan_to_num_(-std::numeric_limits<double>::infinity());
+  // Infinities stay what they are (nan_to_num would make them the largest finite floats):
+  // a row of -inf must reach the sampler as -inf, which then draws no number.
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  logits.nan_to_num_(-inf, inf, -inf);
   at::Tensor values, columns;
   if (k == 1) {
     columns = logits.argmax(1, true);
@@ -189,10 +192,14 @@ bool decoder_stage::first() const {
 bool decoder_stage::last() const {
   return impl_->last();
 }
+bool decoder_stage::on_gpu() const {
+  return impl_->options.device().is_cuda();
+}
 
 caf::expected<std::unique_ptr<decoder_stage>> decoder_stage::create(
     const decoder_spec& spec, const parallel_config& par, const shard_index& shard,
-    gpu::weight_shard& weights, gpu::collective& tp_group, kv_pool_options kv) {
+    gpu::weight_shard& weights, gpu::collective& tp_group, kv_pool_options kv,
+    compute_options compute) {
   if (weights.table().entries().empty()) return bad("the weight shard has no tensors");
   auto type = weights.table().entries().front().type;
   auto layout = shard_layout(spec, type, par, shard);
@@ -261,6 +268,16 @@ caf::expected<std::unique_ptr<decoder_stage>> decoder_stage::create(
     else if (p->options.device().is_cuda())
       p->paged = detail::stage_state::paged_kernel::cuda;
   }
+  // The fused ops run where a build of them does: the host build on the CPU (not f16),
+  // the kernels on CUDA.
+  auto build = [&](bool on) {
+    if (on && p->options.device().is_cpu() && type != gpu::dtype::f16)
+      return detail::stage_state::paged_kernel::host;
+    if (on && p->options.device().is_cuda()) return detail::stage_state::paged_kernel::cuda;
+    return detail::stage_state::paged_kernel::none;
+  };
+  p->norms = build(compute.fused_norms);
+  p->rope = build(compute.fused_rope);
   p->kv_pool = std::make_shared<detail::kv_block_pool>(
       fmt::format("{} stage {} tp rank {}", spec.name, shard.pp_rank, shard.tp_rank),
       p->layer_end - p->layer_begin, p->local_kv_heads, p->head_dim, p->options, std::move(kv));
@@ -328,9 +345,14 @@ caf::expected<host_tensor> decoder_stage::prefill(const std::vector<std::vector<
       return bad("hidden states do not match the batch");
     sub = select_rows(*hidden, first_rows);
   }
+  // Draws are per row, not per distinct prompt: the sampling rank gets the distinct rows'
+  // logits whole and its samplers draw from them on the host (a prefill's one step).
+  static const std::vector<device_draw> host_draws;
+  if (out.draw && out.draws != nullptr) out.draws = &host_draws;
   auto rows = prefill_rows(distinct, hidden ? &sub : nullptr, cache, {}, out, distinct_adapters);
   if (!rows) return rows;
   if (auto err = cache.keep_rows(expand)) return err;
+  if (rows->shape.empty()) return rows;  // a rank that does not sample: nothing to expand
   return select_rows(*rows, expand);
 }
 

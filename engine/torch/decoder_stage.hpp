@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <caf/expected.hpp>
@@ -48,6 +49,17 @@ struct kv_pool_options {
   /// False: each step gathers every row's blocks per layer (the path the in-place one is
   /// checked against).
   bool paged_attention = true;
+};
+
+/// How a stage computes what it can compute more than one way: the figures of the issue
+/// "Decode near the memory floor" compare the two.
+struct compute_options {
+  /// RMSNorm and the residual add before it in one call (engine/norms.hpp: the host build
+  /// on the CPU, the kernel on CUDA). False: libtorch ops, about nine a norm.
+  bool fused_norms = true;
+  /// The rotary embedding of q and k in one call (engine/rope.hpp). False: libtorch ops,
+  /// about eight each.
+  bool fused_rope = true;
 };
 
 /// A stage's KV block pool, in blocks of kv_block_bytes (models/decoder_spec.hpp).
@@ -108,9 +120,25 @@ class kv_cache {
 /// (but on rows with NaN logits, which rank as -inf here): the vocabulary-parallel head's
 /// ranks exchange k candidates each instead of their slices, and only the candidates leave
 /// the device. A vocabulary of 2^24 ids or more (ids travel as floats) gives whole rows.
+///
+/// `draw` (with `top` 0): each row's token is drawn where the logits lie
+/// (device_sampling.hpp), and the last stage returns [rows, 1, 2]: the one candidate, which
+/// the row's sampler draws again from with the same number. Every rank of the stage makes
+/// the same collective as for whole rows; a rank given no `draws` (one that does not
+/// sample) returns an empty tensor, and `draws` of another length than the rows (some row
+/// cannot be drawn on the device this step) gives whole rows, which the host samples.
 struct head_output {
   int64_t top = 0;
+  bool draw = false;
+  const std::vector<device_draw>* draws = nullptr;
 };
+
+/// One (logit, id) per row of `logits` [rows, vocab] (f32, row-major), drawn as a last stage
+/// with `head_output::draw` draws them (engine/torch/device_sampling.hpp), on the CPU or on
+/// CUDA device `cuda_ordinal` (>= 0): what the tests hold against the host sampler.
+caf::expected<std::vector<std::pair<float, int64_t>>> draw_tokens(
+    const std::vector<float>& logits, int64_t rows, int64_t vocab,
+    const std::vector<device_draw>& draws, int cuda_ordinal = -1);
 
 /// One shard of a decoder: a tensor-parallel rank of one pipeline stage. Reads its
 /// parameters in place from the weight shard's device copy (zero-copy views), layer by
@@ -122,11 +150,14 @@ class decoder_stage {
   /// where the stage's KV blocks come from.
   static caf::expected<std::unique_ptr<decoder_stage>> create(
       const decoder_spec& spec, const parallel_config& par, const shard_index& shard,
-      gpu::weight_shard& weights, gpu::collective& tp_group, kv_pool_options kv = {});
+      gpu::weight_shard& weights, gpu::collective& tp_group, kv_pool_options kv = {},
+      compute_options compute = {});
   ~decoder_stage();
 
   bool first() const;
   bool last() const;
+  /// Whether the stage computes on a GPU (CUDA), not on the CPU.
+  bool on_gpu() const;
 
   /// The stage's KV block pool: blocks allocated and in use (what the ledger counts beside
   /// the weights). Thread-safe.

@@ -20,6 +20,7 @@
 #include "common/error.hpp"
 #include "engine/torch/decoder_block.hpp"
 #include "engine/torch/decoder_stage.hpp"
+#include "engine/torch/device_sampling.hpp"
 #include "engine/torch/kv_blocks.hpp"
 #include "engine/torch/torch_interop.hpp"
 
@@ -138,6 +139,16 @@ struct decoder_stage::impl : detail::stage_state {
       rows = at::cat(parts, 0);
     }
     auto local = block->head(*this, rows);
+    if (out.draw && out.top == 0 && scored.empty()) {
+      auto full = gather_vocab(local);  // every rank: the whole rows' collective
+      if (!full) return std::move(full.error());
+      if (out.draws == nullptr) return host_tensor{};
+      // Ids travel as floats, exact up to 2^24: a larger vocabulary gives its whole rows.
+      if (static_cast<int64_t>(out.draws->size()) != full->size(0) ||
+          spec.vocab >= (int64_t{1} << 24))
+        return detail::to_host(*full);
+      return detail::to_host(detail::draw_on_device(*full, *out.draws));
+    }
     auto result = out.top > 0 && scored.empty() ? top_vocab(local, out.top) : gather_vocab(local);
     if (!result) return std::move(result.error());
     return detail::to_host(*result);

@@ -4,6 +4,7 @@
 // attention, Qwen3's per-head q/k norms before the rotation, the SwiGLU MLP, and a tied or
 // untied head.
 #include <cmath>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -73,7 +74,7 @@ class llama_block final : public decoder_block {
     auto b = x.size(0);
     auto t = x.size(1);
     auto residual = x;
-    auto h = rms_norm(x, s.param(p + "input_layernorm.weight"), spec.norm_eps);
+    auto h = s.rms_norm(x, s.param(p + "input_layernorm.weight"), spec.norm_eps);
     // q, k and v in one product over their weights side by side (and biases, Qwen2's).
     auto qkv =
         spec.qkv_bias
@@ -86,23 +87,31 @@ class llama_block final : public decoder_block {
     auto k = qkv[1].view({b, t, s.local_kv_heads, s.head_dim});
     auto v = qkv[2].view({b, t, s.local_kv_heads, s.head_dim}).transpose(1, 2);
     if (spec.qk_norm) {
-      q = rms_norm(q, s.param(a + "q_norm.weight"), spec.norm_eps);
-      k = rms_norm(k, s.param(a + "k_norm.weight"), spec.norm_eps);
+      q = s.rms_norm(q, s.param(a + "q_norm.weight"), spec.norm_eps);
+      k = s.rms_norm(k, s.param(a + "k_norm.weight"), spec.norm_eps);
     }
-    q = q.transpose(1, 2);
-    k = k.transpose(1, 2);
-    const auto& [cos, sin] = rotary(positions, q.scalar_type());
-    q = q * cos + rotate_half(q) * sin;
-    k = k * cos + rotate_half(k) * sin;
-    q = q * (1.0 / std::sqrt(static_cast<double>(s.head_dim)));
+    const double q_scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
+    if (auto rotated = s.fused_rope(q, k, positions, inv_freq_, q_scale)) {
+      // One call: both rotated, q scaled, each head major as attention reads them.
+      q = std::move(rotated->first);
+      k = std::move(rotated->second);
+    } else {
+      q = q.transpose(1, 2);
+      k = k.transpose(1, 2);
+      const auto& [cos, sin] = rotary(positions, q.scalar_type());
+      q = q * cos + rotate_half(q) * sin;
+      k = k * cos + rotate_half(k) * sin;
+      q = q * q_scale;
+    }
     auto o = s.attend(q, k, v, i, kv);
     // Row-parallel: the adapter's delta is a partial sum like the base's, so it joins the
     // all-reduce; o_proj's bias is added once, after it.
     o = s.project(o, i, "o_proj", s.param(a + "o_proj.weight"));
     if (auto err = s.all_reduce(o)) return err;
-    x = residual + o;
-    if (spec.o_bias) x = x + s.param(a + "o_proj.bias");
-    h = rms_norm(x, s.param(p + "post_attention_layernorm.weight"), spec.norm_eps);
+    // The residual add (and o_proj's bias) and the next norm in one call.
+    std::tie(x, h) =
+        s.add_rms_norm(residual, o, spec.o_bias ? s.param(a + "o_proj.bias") : at::Tensor{},
+                       s.param(p + "post_attention_layernorm.weight"), spec.norm_eps);
     auto gate_up = s.project_fused(h, i, {"gate_proj", "up_proj"},
                                    {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"});
     h = s.project(at::silu(gate_up[0]) * gate_up[1], i, "down_proj",
@@ -112,7 +121,7 @@ class llama_block final : public decoder_block {
   }
 
   at::Tensor head(const stage_state& s, const at::Tensor& last) const override {
-    auto normed = rms_norm(last, s.param("norm.weight"), s.spec.norm_eps);
+    auto normed = s.rms_norm(last, s.param("norm.weight"), s.spec.norm_eps);
     auto w = s.spec.tied_embeddings ? s.param("embed_tokens.weight") : s.param("lm_head.weight");
     return at::matmul(normed, w.t()).to(at::kFloat);
   }
@@ -133,13 +142,6 @@ class llama_block final : public decoder_block {
       cached_positions_ = positions;
     }
     return rotary_;
-  }
-
-  /// transformers' RMSNorm: the mean square in f32, the weight applied in the input dtype.
-  static at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-    auto f = x.to(at::kFloat);
-    auto var = f.pow(2).mean(-1, true);
-    return weight * (f * at::rsqrt(var + eps)).to(x.scalar_type());
   }
 
   at::Tensor inv_freq_;

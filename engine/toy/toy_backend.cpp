@@ -25,7 +25,8 @@ class toy_backend final : public backend {
 
   caf::expected<models::host_tensor> run(const step_input& in, const std::vector<int32_t>& keep,
                                          const std::vector<std::vector<uint32_t>>&,
-                                         const models::host_tensor* hidden) override {
+                                         const models::host_tensor* hidden,
+                                         const std::vector<models::device_draw>*) override {
     const bool first = spec_.stage == 0;
     const bool last = spec_.stage == spec_.stages - 1;
     const size_t rows = in.rows();

@@ -25,6 +25,8 @@ struct recording_backend final : backend {
     bool prefill = false;
     std::vector<int32_t> keep;
     std::vector<std::vector<uint32_t>> tables;
+    /// The draws it was given: -1 none (a rank that does not sample), else how many.
+    int draws = -1;
   };
   std::vector<call> calls;
   std::vector<uint64_t> ended;
@@ -35,8 +37,10 @@ struct recording_backend final : backend {
 
   caf::expected<models::host_tensor> run(const step_input& in, const std::vector<int32_t>& keep,
                                          const std::vector<std::vector<uint32_t>>& tables,
-                                         const models::host_tensor*) override {
-    calls.push_back({in.plan.batch, in.prefills(), keep, tables});
+                                         const models::host_tensor*,
+                                         const std::vector<models::device_draw>* draws) override {
+    calls.push_back(
+        {in.plan.batch, in.prefills(), keep, tables, draws ? static_cast<int>(draws->size()) : -1});
     if (fail) return make_error(ec::device_error, "injected");
     if (in.partial_prefill()) return models::host_tensor{};
     const int64_t vocab = 64;
@@ -125,11 +129,14 @@ TEST_CASE("a runner keeps rows and samplers as its batch's plans move them", "[e
   REQUIRE(first);
   CHECK(first->tokens == std::vector<int64_t>{10, 11, 12});
   CHECK(b->calls.back().keep.empty());
+  // Greedy rows can be drawn on a device: the sampling rank offers one draw per row.
+  CHECK(b->calls.back().draws == 3);
   // Row 101 finished: the next step names 100 and 102, and the backend keeps rows 0 and 2.
   b->answer = {20, 22};
   auto second = r.step(decode(1, {100, 102}), nullptr);
   REQUIRE(second);
   CHECK(b->calls.back().keep == std::vector<int32_t>{0, 2});
+  CHECK(b->calls.back().draws == 2);  // the rows that went on, their samplers aligned first
   CHECK(second->tokens == std::vector<int64_t>{20, 22});
   // Two rows join from batch 2 (their prefill under its own id): their samplers and keys
   // go after batch 1's, and batch 2 is gone.
@@ -210,6 +217,19 @@ TEST_CASE("a join's chunks run between the running batch's decode steps", "[engi
   CHECK(r.batches() == 1);
 }
 
+TEST_CASE("a batch with a row that needs its whole logits offers no draws", "[engine][runner]") {
+  auto b = std::make_shared<recording_backend>();
+  runner r{b, true, true};
+  auto in = prefill(1, {1, 2});
+  in.sampling[1].logprobs = 2;  // log-probabilities come from the whole row, on the host
+  auto first = r.step(in, nullptr);
+  REQUIRE(first);
+  CHECK(b->calls.back().draws == 0);
+  CHECK(first->tokens == std::vector<int64_t>{10, 11});
+  REQUIRE(r.step(decode(1, {1, 2}), nullptr));
+  CHECK(b->calls.back().draws == 0);
+}
+
 TEST_CASE("ranks that do not sample join and keep rows as the sampling rank does",
           "[engine][runner]") {
   auto b = std::make_shared<recording_backend>();
@@ -222,6 +242,7 @@ TEST_CASE("ranks that do not sample join and keep rows as the sampling rank does
   REQUIRE(quiet.step(join, nullptr));
   REQUIRE(quiet.step(decode(1, {5, 7}), nullptr));
   CHECK(b->calls.back().keep == std::vector<int32_t>{0, 2});
+  for (auto& c : b->calls) CHECK(c.draws == -1);  // no samplers, no draws
   // A stage before the last answers its hidden states, not tokens.
   runner middle{std::make_shared<recording_backend>(), false, true};
   auto hidden = middle.step(prefill(3, {1, 2}), nullptr);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 
 #include "common/error.hpp"
 #include "engine/torch/decoder_stage.hpp"
@@ -34,7 +35,8 @@ struct single {
   std::unique_ptr<gpu::collective> group;
   std::unique_ptr<decoder_stage> stage;
 
-  single(const decoder_spec& spec, gpu::dtype type, gpu::device_ptr dev, const filler& fill) {
+  single(const decoder_spec& spec, gpu::dtype type, gpu::device_ptr dev, const filler& fill,
+         compute_options compute = {}) {
     auto table = shard_layout(spec, type, {1, 1}, {0, 0});
     REQUIRE(table);
     auto s = gpu::weight_shard::create(std::move(dev), *table);
@@ -44,7 +46,7 @@ struct single {
     REQUIRE_FALSE(shard->load());
     REQUIRE_FALSE(shard->wait_loaded(60s));
     group = gpu::make_solo_collective();
-    auto st = decoder_stage::create(spec, {1, 1}, {0, 0}, *shard, *group);
+    auto st = decoder_stage::create(spec, {1, 1}, {0, 0}, *shard, *group, {}, compute);
     REQUIRE(st);
     stage = std::move(*st);
   }
@@ -63,6 +65,28 @@ struct single {
       out.push_back(*next);
     }
     return out;
+  }
+};
+
+/// A tiny Llama-family folder as save_pretrained writes it, its spec, and a filler of
+/// whole-model shards from its files.
+struct tiny_folder {
+  test::temp_dir dir;
+  decoder_spec spec;
+  std::shared_ptr<checkpoint> file;
+  filler fill;
+
+  explicit tiny_folder(const test::tiny_llama_options& opts) {
+    test::write_tiny_llama_folder(dir.path(), opts);
+    auto config = read_hf_config(dir.path());
+    REQUIRE(config);
+    spec = config->spec;
+    auto f = checkpoint::open(dir.path());
+    REQUIRE(f);
+    file = std::make_shared<checkpoint>(std::move(*f));
+    fill = [spec = spec, file = file](const shard_index& idx, gpu::weight_shard& w) {
+      return fill_from_checkpoint(spec, {1, 1}, idx, w.table(), w.host_data(), *file);
+    };
   }
 };
 
@@ -87,16 +111,9 @@ TEST_CASE("the Llama family's f16, bf16 and f32 CUDA forward agree with the CPU 
   auto cpu_dev = test::emulated(0);
   for (auto& [what, opts] : test::llama_variants()) {
     SECTION(what) {
-      test::temp_dir dir;
-      test::write_tiny_llama_folder(dir.path(), opts);
-      auto config = read_hf_config(dir.path());
-      REQUIRE(config);
-      auto file = checkpoint::open(dir.path());
-      REQUIRE(file);
-      auto spec = config->spec;
-      filler fill = [&](const shard_index& idx, gpu::weight_shard& w) {
-        return fill_from_checkpoint(spec, {1, 1}, idx, w.table(), w.host_data(), *file);
-      };
+      tiny_folder folder{opts};
+      const auto& spec = folder.spec;
+      const auto& fill = folder.fill;
       single ref{spec, gpu::dtype::f32, cpu_dev, fill};
       auto expected = ref.run();
       for (auto type : {gpu::dtype::f16, gpu::dtype::bf16, gpu::dtype::f32}) {
@@ -113,6 +130,35 @@ TEST_CASE("the Llama family's f16, bf16 and f32 CUDA forward agree with the CPU 
         }
         WARN(what << " " << gpu::to_string(type) << " vs CPU f32: last step "
                   << relative_error(expected.back(), got.back()));
+      }
+    }
+  }
+}
+
+TEST_CASE("the fused residual-add, RMSNorm and rotary kernels equal libtorch's ops on a GPU",
+          "[cuda][llama][norms][rope]") {
+  // engine/cuda/norms.cu and rope.cu against the same stage computed by ops
+  // (compute_options), on the same GPU, in every dtype, for every variant (o_proj biases,
+  // q/k norms, rope scalings).
+  auto gpu_dev = test::cuda(0);
+  for (auto& [what, opts] : test::llama_variants()) {
+    tiny_folder folder{opts};
+    const auto& spec = folder.spec;
+    const auto& fill = folder.fill;
+    for (auto type : {gpu::dtype::f16, gpu::dtype::bf16, gpu::dtype::f32}) {
+      single fused{spec, type, gpu_dev, fill};
+      single plain{spec, type, gpu_dev, fill, compute_options{false, false}};
+      auto a = fused.run();
+      auto b = plain.run();
+      REQUIRE(a.size() == b.size());
+      // The kernel's sum of squares runs in another order than torch's reduction, and its
+      // rsqrt, cos and sin are CUDA's: an element may round to the neighbouring
+      // half-precision value.
+      double bound = type == gpu::dtype::f32 ? 1e-5 : type == gpu::dtype::f16 ? 5e-3 : 3e-2;
+      for (size_t k = 0; k < a.size(); ++k) {
+        auto e = relative_error(b[k], a[k]);
+        INFO(what << " " << gpu::to_string(type) << " step " << k << ": " << e);
+        CHECK(e <= bound);
       }
     }
   }

@@ -240,3 +240,42 @@ TEST_CASE("bf16 and f16 Llama checkpoints are read and converted", "[llama]") {
     }
   }
 }
+
+TEST_CASE("fused residual adds, RMSNorms and rotary embeddings equal the ops one at a time",
+          "[llama][norms][rope]") {
+  // Every variant (biases, q/k norms, tied heads, llama3 and linear rope scaling), unsplit
+  // and at TP2 x PP2, in f32 and bf16: the stage with compute_options' fused norms and
+  // rotary embeddings (the host builds of engine/norms.hpp and engine/rope.hpp on the CPU)
+  // against the same shards computed by libtorch ops.
+  const std::vector<std::vector<int64_t>> prompts = {prompt, {3, 9, 27}, {250}};
+  for (auto& [name, opts] : test::llama_variants()) {
+    test::temp_dir dir;
+    test::write_tiny_llama_folder(dir.path(), opts);
+    hf_model hf{dir.path()};
+    for (auto par : {parallel_config{1, 1}, parallel_config{2, 2}})
+      for (auto type : {gpu::dtype::f32, gpu::dtype::bf16}) {
+        INFO(name << " tp " << par.tp << " pp " << par.pp << " " << gpu::to_string(type));
+        auto fused = hf.load(par, type);
+        auto plain = hf.load(par, type);
+        for (int s = 0; s < par.pp; ++s)
+          for (int r = 0; r < par.tp; ++r) {
+            auto i = static_cast<size_t>(s * par.tp + r);
+            auto st = decoder_stage::create(plain.spec, par, {r, s}, *plain.shards[i],
+                                            *plain.groups[i], {}, compute_options{false, false});
+            REQUIRE(st);
+            plain.stages[i] = std::move(*st);
+          }
+        auto a = run_greedy(fused, prompts, 5);
+        auto b = run_greedy(plain, prompts, 5);
+        // f32: the mean square's sum in another order, an ulp or so; bf16: a row's element
+        // may round to the neighbouring value, and the layers carry it on.
+        const double tolerance = type == gpu::dtype::f32 ? 1e-5 : 3e-2;
+        for (size_t step = 0; step < b.logits.size(); ++step)
+          for (size_t row = 0; row < prompts.size(); ++row) {
+            std::vector<double> want(b.logits[step][row].begin(), b.logits[step][row].end());
+            CHECK(relative_error(a.logits[step][row], want) < tolerance);
+          }
+        if (type == gpu::dtype::f32) CHECK(a.tokens == b.tokens);
+      }
+  }
+}

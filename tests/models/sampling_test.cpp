@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "common/error.hpp"
@@ -421,4 +422,49 @@ TEST_CASE("new sampling parameters are validated with OpenAI's names", "[models]
   CHECK_FALSE(validate(ok));
   ok.logprobs = -1;
   CHECK_FALSE(validate(ok));
+}
+
+TEST_CASE("a draw made ready for the device takes the stream's next number and nothing else",
+          "[models][sampling][device_sampling]") {
+  sampling_params p;
+  p.temperature = 0.7;
+  p.top_p = 0.9;
+  p.seed = 1234;
+  sampler s(p);
+  // The number is the one uniform_real_distribution draws first from the same stream, so
+  // the host's draws are those of every earlier release.
+  std::mt19937_64 stream{1234};
+  double want = std::uniform_real_distribution<double>(0, 1)(stream);
+  auto d = s.next_device_draw();
+  REQUIRE(d);
+  CHECK(d->uniform == want);
+  CHECK(d->temperature == 0.7);
+  CHECK(d->top_p == 0.9);
+  // Asking before each draw leaves the tokens those of a sampler that never asked.
+  sampler plain(p);
+  std::vector<float> logits{0.3f, 1.2f, -0.4f, 0.9f, 1.1f, 0.0f};
+  for (int i = 0; i < 200; ++i) {
+    REQUIRE(s.next_device_draw());
+    CHECK(s.next(logits.data(), 6) == plain.next(logits.data(), 6));
+  }
+  // Greedy rows use no number.
+  sampling_params g;
+  auto gd = sampler(g).next_device_draw();
+  REQUIRE(gd);
+  CHECK(gd->temperature == 0);
+  CHECK(gd->uniform == 0);
+  // A row whose draw needs processors or log-probabilities stays on the host.
+  auto biased = p;
+  biased.logit_bias = {{1, 5.0}};
+  CHECK_FALSE(sampler(biased).next_device_draw());
+  auto scored = p;
+  scored.logprobs = 2;
+  CHECK_FALSE(sampler(scored).next_device_draw());
+  auto held = p;
+  held.min_tokens = 1;
+  held.suppress = {2};
+  sampler h(held);
+  CHECK_FALSE(h.next_device_draw());
+  h.next(logits.data(), 6);  // min_tokens met: nothing is suppressed any more
+  CHECK(h.next_device_draw());
 }

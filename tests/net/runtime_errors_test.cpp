@@ -55,12 +55,13 @@ class faulty_engine final : public model_kind {
     caf::expected<models::host_tensor> run(const engine::step_input& req,
                                            const std::vector<int32_t>& keep,
                                            const std::vector<std::vector<uint32_t>>& tables,
-                                           const models::host_tensor* hidden) override {
+                                           const models::host_tensor* hidden,
+                                           const std::vector<models::device_draw>* draws) override {
       if (model_.rfind("broken", 0) == 0)
         return make_error(ec::device_error,
                           "uncorrectable ECC error in stage " + std::to_string(stage_));
       if (model_.rfind("slow", 0) == 0) std::this_thread::sleep_for(1500ms);
-      return inner_->run(req, keep, tables, hidden);
+      return inner_->run(req, keep, tables, hidden, draws);
     }
     void end_batch(uint64_t batch_id) override { inner_->end_batch(batch_id); }
 

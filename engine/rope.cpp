@@ -1,0 +1,70 @@
+#include "engine/rope.hpp"
+
+#include <cmath>
+#include <vector>
+
+#include "engine/host_elements.hpp"
+
+namespace computron::engine {
+
+const char* rope_refusal(const rope_args& a) {
+  if (a.rows <= 0 || a.columns <= 0 || a.heads <= 0 || a.kv_heads <= 0)
+    return "no rows, columns or heads";
+  if (a.head_dim <= 0 || a.head_dim % 2 != 0 || a.head_dim > 4096)
+    return "the head dim must be even and at most 4096";
+  if (a.q == nullptr || a.k == nullptr || a.positions == nullptr || a.inv_freq == nullptr ||
+      a.q_out == nullptr || a.k_out == nullptr)
+    return "a null pointer";
+  return nullptr;
+}
+
+const char* rope_host_refusal(const rope_args& a) {
+  if (a.type == element_type::f16) return "f16 on the host (CPUs run f32 and bf16)";
+  return rope_refusal(a);
+}
+
+namespace {
+
+/// One head's rotation: `in` (head_dim floats) to `out`, with the column's cos and sin
+/// (already rounded to the type), then times `scale` where it is not 1.
+void rotate(element_type t, const float* in, const float* cos, const float* sin, int32_t d,
+            float* out, bool scaled, float scale) {
+  const int32_t half = d / 2;
+  for (int32_t i = 0; i < d; ++i) {
+    float rotated = i < half ? -in[i + half] : in[i - half];
+    float v = round_to(t, round_to(t, in[i] * cos[i]) + round_to(t, rotated * sin[i]));
+    out[i] = scaled ? round_to(t, v * scale) : v;
+  }
+}
+
+}  // namespace
+
+void rope_host(const rope_args& a, int64_t begin, int64_t end) {
+  const auto d = static_cast<int32_t>(a.head_dim);
+  const int32_t half = d / 2;
+  std::vector<float> cos(static_cast<size_t>(d)), sin(static_cast<size_t>(d)),
+      in(static_cast<size_t>(d)), out(static_cast<size_t>(d));
+  // The scale as libtorch applies a double to a tensor of the type: in f32.
+  const auto scale = static_cast<float>(a.q_scale);
+  for (int64_t item = begin; item < end; ++item) {
+    const int64_t r = item / a.columns, c = item % a.columns;
+    const auto pos = static_cast<float>(a.positions[item]);
+    for (int32_t i = 0; i < half; ++i) {
+      const float angle = pos * a.inv_freq[i];
+      cos[i] = cos[i + half] = round_to(a.type, std::cos(angle));
+      sin[i] = sin[i + half] = round_to(a.type, std::sin(angle));
+    }
+    for (int64_t h = 0; h < a.heads; ++h) {
+      load(a.type, a.q, r * a.q_row_stride + c * a.q_column_stride + h * d, d, in.data());
+      rotate(a.type, in.data(), cos.data(), sin.data(), d, out.data(), true, scale);
+      store(a.type, a.q_out, ((r * a.heads + h) * a.columns + c) * d, d, out.data());
+    }
+    for (int64_t h = 0; h < a.kv_heads; ++h) {
+      load(a.type, a.k, r * a.k_row_stride + c * a.k_column_stride + h * d, d, in.data());
+      rotate(a.type, in.data(), cos.data(), sin.data(), d, out.data(), false, 1.0f);
+      store(a.type, a.k_out, ((r * a.kv_heads + h) * a.columns + c) * d, d, out.data());
+    }
+  }
+}
+
+}  // namespace computron::engine

@@ -1,0 +1,55 @@
+#pragma once
+
+// Rotary position embeddings of a step's queries and keys in one call: q and k read once
+// from the projection's output (a view of the fused q/k/v product), rotated by
+// rotate-half at each row's positions, q scaled by 1 / sqrt(head dim), and written head
+// major ([rows, heads, columns, head dim]), as attention reads them. The arithmetic is the
+// unfused path's (llama_block.cpp), rounding where it rounds: cos and sin of f32 angles
+// rounded to the activations' type, then q x cos and rotate_half(q) x sin each rounded,
+// their sum rounded, and the scaled query rounded. The host build (rope.cpp) is the CPU's
+// path and the reference of the CUDA build (cuda/rope.cu).
+//
+// Torch-free and CUDA-free.
+#include <cstdint>
+
+#include "engine/paged_attention.hpp"
+
+namespace computron::engine {
+
+struct rope_args {
+  element_type type = element_type::f32;
+  int64_t rows = 0;
+  int64_t columns = 0;
+  int64_t heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  /// Queries: head h of column c of row r at r x q_row_stride + c x q_column_stride +
+  /// h x head_dim (each head's head_dim elements contiguous), likewise keys.
+  const void* q = nullptr;
+  int64_t q_row_stride = 0;
+  int64_t q_column_stride = 0;
+  const void* k = nullptr;
+  int64_t k_row_stride = 0;
+  int64_t k_column_stride = 0;
+  /// [rows, columns]: each query column's position.
+  const int64_t* positions = nullptr;
+  /// [head_dim / 2] f32: the rotary inverse frequencies (scaling applied).
+  const float* inv_freq = nullptr;
+  /// What the rotated queries are multiplied by (1 / sqrt(head dim)).
+  double q_scale = 1.0;
+  /// [rows, heads, columns, head dim] and [rows, kv heads, columns, head dim], contiguous.
+  void* q_out = nullptr;
+  void* k_out = nullptr;
+};
+
+/// Why a call cannot run (nullptr: it can).
+const char* rope_refusal(const rope_args& a);
+
+/// rope_refusal, and f16 (the GPU's type; CPUs run f32 and bf16).
+const char* rope_host_refusal(const rope_args& a);
+
+/// The host build over (row, column) items [begin, end) of rows x columns, each
+/// independent. Only with arguments rope_host_refusal accepts.
+void rope_host(const rope_args& a, int64_t begin, int64_t end);
+
+}  // namespace computron::engine
