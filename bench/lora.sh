@@ -23,6 +23,8 @@
 # About 20 minutes on 2 cores (part 1 about 8), peak RSS about 7.5 GiB (parts 1 and 3).
 # Usage: bench/lora.sh [path/to/computron]   (PORT, LORA_COUNT, LORA_8B_LAYERS, PARTS="1 2 3 4 5")
 set -euo pipefail
+# Part 1 registers adapters through POST /v1/load_lora_adapter, which is off unless asked.
+export VLLM_ALLOW_RUNTIME_LORA_UPDATING=true
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${1:-$root/build/apps/computron/computron}
 venv=${COMPUTRON_VENV:-$HOME/.cache/computron/venv}

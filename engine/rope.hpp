@@ -6,8 +6,9 @@
 // major ([rows, heads, columns, head dim]), as attention reads them. The arithmetic is the
 // unfused path's (llama_block.cpp), rounding where it rounds: cos and sin of f32 angles
 // rounded to the activations' type, then q x cos and rotate_half(q) x sin each rounded,
-// their sum rounded, and the scaled query rounded. The host build (rope.cpp) is the CPU's
-// path and the reference of the CUDA build (cuda/rope.cu).
+// their sum rounded, and the scaled query rounded; cos and sin are libm's (the host) or
+// CUDA's, where libtorch's vectorised ones may differ in an f32's last bit. The host build
+// (rope.cpp) is the CPU's path and the reference of the CUDA build (cuda/rope.cu).
 //
 // Torch-free and CUDA-free.
 #include <cstdint>

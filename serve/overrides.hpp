@@ -54,6 +54,9 @@ struct serve_overrides {
   /// and optionally "base_model_name". Each PEFT folder is served as an adapter of the
   /// model it names (or that its adapter_config.json names).
   std::vector<std::string> lora_modules;
+  /// --allow-runtime-lora-updating (or VLLM_ALLOW_RUNTIME_LORA_UPDATING=true/1): the
+  /// load and unload routes of adapters answer (http_options::runtime_lora_updates).
+  bool allow_runtime_lora_updating = false;
 };
 
 /// The config the flags start from: the config file (or the built-in defaults) with the

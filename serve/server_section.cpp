@@ -17,12 +17,15 @@ caf::error read_http(const nlohmann::json& file, const std::string& where, serve
   if (h == file.end()) return {};
   auto hw = where + " http";
   caf::error e;
-  if ((e = check_keys(*h, hw, {"host", "port", "threads", "max_body_bytes", "max_batch_rows"})))
+  if ((e = check_keys(*h, hw,
+                      {"host", "port", "threads", "max_body_bytes", "max_batch_rows",
+                       "allow_runtime_lora_updating"})))
     return e;
   if ((e = read(*h, "host", hw, c.http.host)) || (e = read(*h, "port", hw, c.http.port)) ||
       (e = read(*h, "threads", hw, c.http.threads)) ||
       (e = read(*h, "max_body_bytes", hw, c.http.max_body_bytes)) ||
-      (e = read(*h, "max_batch_rows", hw, c.http.max_batch_rows)))
+      (e = read(*h, "max_batch_rows", hw, c.http.max_batch_rows)) ||
+      (e = read(*h, "allow_runtime_lora_updating", hw, c.http.runtime_lora_updates)))
     return e;
   if (c.http.threads < 1 || c.http.threads > 256) return bad(hw, "threads must be from 1 to 256");
   return {};

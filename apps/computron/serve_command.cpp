@@ -18,6 +18,10 @@ namespace {
 int run(serve::serve_overrides flags) {
   if (const char* k = std::getenv("COMPUTRON_API_KEY"); k && *k && flags.api_key.empty())
     flags.api_key = k;
+  // vLLM's switch for the adapter routes, as its users set it.
+  if (const char* v = std::getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING"))
+    if (std::string s = v; s == "1" || s == "true" || s == "True" || s == "TRUE")
+      flags.allow_runtime_lora_updating = true;
   auto cfg = serve::base_serve_config(flags);
   if (!cfg) {
     std::cerr << "computron serve: " << render(cfg.error()) << '\n';
@@ -83,6 +87,10 @@ const registration serve_command{
                       "served model, else the one model served");
        // vLLM needs it for adapters; here they are always on.
        cmd.add_flag("--enable-lora", "accepted for vLLM's command lines; adapters are always on");
+       cmd.add_flag("--allow-runtime-lora-updating", f->allow_runtime_lora_updating,
+                    "answer POST /v1/load_lora_adapter and /v1/unload_lora_adapter, which read "
+                    "folders on this machine's disk on a client's word (default: off, 404, as "
+                    "vLLM without VLLM_ALLOW_RUNTIME_LORA_UPDATING=true, which turns it on too)");
        cmd.add_option("--console-port", f->console_port,
                       "console port on 127.0.0.1 (default 4242; 0 picks one; -1 turns it off)")
            ->check(CLI::Range(-1, 65535));

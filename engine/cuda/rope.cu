@@ -34,10 +34,12 @@ __global__ void __launch_bounds__(rope_threads) rope_kernel(rope_args a, float s
                         : k + r * a.k_row_stride + c * a.k_column_stride + head * d;
     const float x = to_float(in[i]);
     const float rotated = i < half ? -to_float(in[i + half]) : to_float(in[i - half]);
-    float v = to_float(
-        from_float<T>(to_float(from_float<T>(x * cs)) + to_float(from_float<T>(rotated * sn))));
+    // _rn: no contraction into a fused multiply-add, which the unfused ops (separate
+    // kernels) never do; in f32 it would move the last bit.
+    float v = to_float(from_float<T>(__fadd_rn(to_float(from_float<T>(__fmul_rn(x, cs))),
+                                               to_float(from_float<T>(__fmul_rn(rotated, sn))))));
     if (query) {
-      v = to_float(from_float<T>(v * scale));
+      v = to_float(from_float<T>(__fmul_rn(v, scale)));
       q_out[((r * a.heads + head) * a.columns + c) * d + i] = from_float<T>(v);
     } else {
       k_out[((r * a.kv_heads + head) * a.columns + c) * d + i] = from_float<T>(v);

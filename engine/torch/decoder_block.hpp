@@ -84,6 +84,8 @@ struct stage_state {
   paged_kernel norms = paged_kernel::none;
   /// Likewise the rotary embedding of q and k in one call (engine/rope.hpp).
   paged_kernel rope = paged_kernel::none;
+  /// Calls of the fused builds so far (tests: the fused path ran, not the ops' fallback).
+  mutable uint64_t fused_calls = 0;
 
   bool first() const { return shard.pp_rank == 0; }
   bool last() const { return shard.pp_rank == par.pp - 1; }

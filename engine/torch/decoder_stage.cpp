@@ -195,6 +195,9 @@ bool decoder_stage::last() const {
 bool decoder_stage::on_gpu() const {
   return impl_->options.device().is_cuda();
 }
+uint64_t decoder_stage::fused_calls() const {
+  return impl_->fused_calls;
+}
 
 caf::expected<std::unique_ptr<decoder_stage>> decoder_stage::create(
     const decoder_spec& spec, const parallel_config& par, const shard_index& shard,

@@ -158,6 +158,9 @@ class decoder_stage {
   bool last() const;
   /// Whether the stage computes on a GPU (CUDA), not on the CPU.
   bool on_gpu() const;
+  /// Calls of the fused norm and rotary builds so far (compute_options): 0 where every
+  /// layer ran libtorch's ops.
+  uint64_t fused_calls() const;
 
   /// The stage's KV block pool: blocks allocated and in use (what the ledger counts beside
   /// the weights). Thread-safe.

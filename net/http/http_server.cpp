@@ -39,6 +39,15 @@ void http_server::impl::route(const request& req, responder reply, sse_opener op
       return tokenize(req.body(), m.id == route_id::tokenize, std::move(reply));
     case route_id::load_lora_adapter:
     case route_id::unload_lora_adapter:
+      if (!opts.runtime_lora_updates) {
+        // As an unknown route (vLLM does not register them unless told to), with a hint.
+        std::string why =
+            std::string{m.id == route_id::load_lora_adapter ? "/v1/load_lora_adapter"
+                                                            : "/v1/unload_lora_adapter"} +
+            " is off: adapters load at run time only on a server started with "
+            "--allow-runtime-lora-updating (or VLLM_ALLOW_RUNTIME_LORA_UPDATING=true)";
+        return reply(make_json(http::status::not_found, openai_error(404, why, "not_found")));
+      }
       return lora_adapter(req.body(), m.id == route_id::load_lora_adapter, std::move(reply));
     case route_id::model_card:
       return info_of(

@@ -40,6 +40,11 @@ struct http_options {
   /// Non-empty: every route but the health probes and the metrics answers 401 unless the
   /// request carries `Authorization: Bearer <api_key>` (serve's --api-key).
   std::string api_key;
+  /// POST /v1/load_lora_adapter and /v1/unload_lora_adapter read a folder on the server's
+  /// disk on a client's word, so they answer 404 unless this is on, as vLLM's do unless
+  /// VLLM_ALLOW_RUNTIME_LORA_UPDATING is set (serve's --allow-runtime-lora-updating, the
+  /// config's http.allow_runtime_lora_updating, or that variable).
+  bool runtime_lora_updates = false;
 };
 
 class http_server {

@@ -151,6 +151,9 @@ TEST_CASE("the fused residual-add, RMSNorm and rotary kernels equal libtorch's o
       auto a = fused.run();
       auto b = plain.run();
       REQUIRE(a.size() == b.size());
+      // The kernels ran (not the ops' fallback): two norms and a rotation a layer, at least.
+      CHECK(fused.stage->fused_calls() >= 3 * static_cast<uint64_t>(spec.layers));
+      CHECK(plain.stage->fused_calls() == 0);
       // The kernel's sum of squares runs in another order than torch's reduction, and its
       // rsqrt, cos and sin are CUDA's: an element may round to the neighbouring
       // half-precision value.

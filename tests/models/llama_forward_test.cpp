@@ -276,6 +276,11 @@ TEST_CASE("fused residual adds, RMSNorms and rotary embeddings equal the ops one
             CHECK(relative_error(a.logits[step][row], want) < tolerance);
           }
         if (type == gpu::dtype::f32) CHECK(a.tokens == b.tokens);
+        // The fused builds ran on every stage (not the ops' fallback), and only there.
+        for (size_t i = 0; i < fused.stages.size(); ++i) {
+          CHECK(fused.stages[i]->fused_calls() > 0);
+          CHECK(plain.stages[i]->fused_calls() == 0);
+        }
       }
   }
 }

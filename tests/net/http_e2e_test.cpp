@@ -197,6 +197,13 @@ TEST_CASE("bad inputs get the right 4xx and the server keeps serving", "[net][e2
       fresh->request("POST", "/v2/models/tiny/infer", infer_body({{1, 2, 3}}, 2).dump()).value();
   CHECK(ok.status == 200);
   CHECK(fresh->request("GET", "/v2/health/live").value().status == 200);
+  // The adapter routes read folders on the server's disk: off unless the server was started
+  // with them on (http_options::runtime_lora_updates), a 404 that says how, as vLLM.
+  for (auto route : {"/v1/load_lora_adapter", "/v1/unload_lora_adapter"}) {
+    auto off = fresh->request("POST", route, R"({"lora_name":"a","lora_path":"/tmp"})").value();
+    CHECK(off.status == 404);
+    CHECK_THAT(off.body, Catch::Contains("--allow-runtime-lora-updating"));
+  }
 }
 
 namespace {

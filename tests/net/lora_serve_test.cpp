@@ -107,7 +107,7 @@ TEST_CASE(
   // Rank 128 is over the server's maximum (64): refused when it registers, naming `r`.
   adapter(hf->spec, dir.path() + "/too-wide", 55, 128);
   json cfg{{"devices", {{"kind", "emulated"}, {"count", 4}, {"capacity_mb", 64}, {"link_gbps", 1}}},
-           {"http", {{"host", "127.0.0.1"}, {"port", 0}}},
+           {"http", {{"host", "127.0.0.1"}, {"port", 0}, {"allow_runtime_lora_updating", true}}},
            {"repository", "repo"}};
   std::ofstream{dir.path() + "/config.json"} << cfg.dump();
   child_process proc{std::vector<std::string>{"/usr/bin/timeout", "300", COMPUTRON_BINARY, "serve",

@@ -30,7 +30,7 @@ TEST_CASE("a serve config fills each section and resolves paths from its folder"
   test::temp_dir dir{"serve-config"};
   auto c = read_config(dir, R"({
     "devices": {"kind": "emulated", "count": 2, "capacity_mb": 64, "link_gbps": 4},
-    "http": {"port": 0, "threads": 3},
+    "http": {"port": 0, "threads": 3, "allow_runtime_lora_updating": true},
     "scheduler": {"policy": "cost", "load_timeout_s": 7},
     "batching": {"max_batch_size": 16, "batch_window_ms": 2},
     "frontend": {"max_outstanding": 9},
@@ -42,6 +42,7 @@ TEST_CASE("a serve config fills each section and resolves paths from its folder"
   CHECK(c->runtime.devices.count == 2);
   CHECK(c->runtime.devices.emulated_capacity_bytes == 64ull << 20);
   CHECK(c->http.threads == 3);
+  CHECK(c->http.runtime_lora_updates);
   CHECK(c->runtime.scheduler.ledger.policy == "cost");
   CHECK(c->runtime.scheduler.load_timeout == std::chrono::seconds(7));
   CHECK(c->runtime.manager.batching.max_batch_size == 16);
@@ -84,6 +85,10 @@ TEST_CASE("serve's flags override the config, and --capacity-mb sets only emulat
   CHECK(c->runtime.devices.count == 2);
   CHECK(c->console_port == -1);
   CHECK(c->http.api_key == "k");
+  CHECK_FALSE(c->http.runtime_lora_updates);  // the adapter routes are off unless asked
+  o.allow_runtime_lora_updating = true;
+  CHECK(serve::apply_overrides(*c, o).empty());
+  CHECK(c->http.runtime_lora_updates);
 
   auto gpus = serve::default_serve_config();
   gpus.runtime.devices.kind = "cuda";
