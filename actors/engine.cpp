@@ -148,6 +148,8 @@ caf::error validate_model(const engine_registry& engines, const model_config& cf
   }
   if (cfg.tp < 1 || cfg.pp < 1 || cfg.tp > 64 || cfg.pp > 64) return bad("tp and pp must be 1..64");
   if (cfg.slo_ms < 0) return bad("slo_ms must not be negative, got " + std::to_string(cfg.slo_ms));
+  if (cfg.max_lora_rank < 0)
+    return bad("max_lora_rank must not be negative, got " + std::to_string(cfg.max_lora_rank));
   auto shards = static_cast<size_t>(cfg.tp * cfg.pp);
   if (cfg.devices.size() != shards)
     return bad("needs " + std::to_string(shards) + " devices (tp x pp), got " +

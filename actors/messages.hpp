@@ -80,6 +80,10 @@ struct model_config {
   /// resident of the same ledger beside its base (sched::placement::base). Empty: a whole
   /// model.
   std::string base;
+  /// A LoRA adapter's largest rank accepted (vLLM's --max-lora-rank): the registry sets it
+  /// from its options, so that every worker that reads the folder refuses the same ranks.
+  /// 0: models::lora_limits' default.
+  int32_t max_lora_rank = 0;
 };
 
 /// model_config's fields, listed once: the members in order (fields) and, at the same
@@ -92,7 +96,7 @@ struct config_field {
   /// name only when every such field is equal (same_weights).
   bool shapes_weights;
 };
-inline constexpr std::array<config_field, 19> model_config_fields{{
+inline constexpr std::array<config_field, 20> model_config_fields{{
     {"name", false},
     {"kind", true},
     {"spec", true},
@@ -112,13 +116,14 @@ inline constexpr std::array<config_field, 19> model_config_fields{{
     {"tokenizer", false},
     {"slo_ms", false},
     {"base", true},
+    {"max_lora_rank", false},
 }};
 
 template <class Config>
 auto fields(Config& x) {
   return std::tie(x.name, x.kind, x.spec, x.shape, x.arch, x.dtype, x.checkpoint_dtype, x.tp, x.pp,
                   x.devices, x.seed, x.weights_path, x.toy_shard_bytes, x.toy_compute_ms, x.pinned,
-                  x.priority, x.tokenizer, x.slo_ms, x.base);
+                  x.priority, x.tokenizer, x.slo_ms, x.base, x.max_lora_rank);
 }
 static_assert(std::tuple_size_v<decltype(fields(std::declval<model_config&>()))> ==
                   model_config_fields.size(),

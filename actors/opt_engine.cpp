@@ -67,7 +67,9 @@ class decoder_engine final : public model_kind {
   static caf::expected<models::lora_rank_adapter> adapter_part(const shard_spec& sh) {
     auto s = shape_of(sh.model);
     if (!s) return s.error();
-    auto a = models::read_lora_adapter(sh.model.weights_path, s->spec);
+    models::lora_limits limits;
+    if (sh.model.max_lora_rank > 0) limits.max_rank = sh.model.max_lora_rank;
+    auto a = models::read_lora_adapter(sh.model.weights_path, s->spec, limits);
     if (!a) return with_context(a.error(), "adapter " + sh.model.name);
     return models::slice_lora_adapter(*a, s->par, {sh.tp_rank, sh.pp_rank}, s->type);
   }

@@ -183,6 +183,7 @@ static caf::expected<model_config> adapter_config(const registry_state& st,
   cfg.priority = requested.priority;
   if (!requested.tokenizer.empty()) cfg.tokenizer = requested.tokenizer;
   if (requested.slo_ms > 0) cfg.slo_ms = requested.slo_ms;
+  cfg.max_lora_rank = st.opts.max_lora_rank;
   return cfg;
 }
 

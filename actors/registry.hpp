@@ -47,6 +47,9 @@ struct registry_options {
   /// KV in the ledger: registration gives the scheduler each shard's KV block bytes,
   /// so the ledger counts KV with the weights. Off: KV is not counted.
   bool kv_in_ledger = true;
+  /// The largest LoRA rank an adapter may have (vLLM's --max-lora-rank); a larger one is
+  /// refused at registration, naming r and this limit.
+  int32_t max_lora_rank = 64;
 };
 
 /// Spawns the registry over `workers` (index = global device index), the scheduler that

@@ -20,10 +20,12 @@ serve_start() {  # LABEL SED_SCRIPT
   serve_config "$1" "$dir/config-$1.json"
 }
 
-serve_config() {  # LABEL CONFIG (a config whose http.port is $port)
-  "$bin" serve --config "$2" >"$dir/serve-$1.log" 2>&1 &
+serve_config() {  # LABEL CONFIG [ARGS...] (a config whose http.port is $port; more serve flags)
+  local label=$1 config=$2
+  shift 2
+  "$bin" serve --config "$config" "$@" >"$dir/serve-$label.log" 2>&1 &
   bench_pid=$!
-  serve_wait "$1"
+  serve_wait "$label"
 }
 
 serve_args() {  # LABEL ARGS...

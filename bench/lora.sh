@@ -21,7 +21,8 @@
 #   5. registering a model beside 0, 100 and 300 adapters (SmolLM2-135M shape, 1.84 MB each):
 #      a second base added to the repository and loaded, twice each.
 # About 20 minutes on 2 cores (part 1 about 8), peak RSS about 7.5 GiB (parts 1 and 3).
-# Usage: bench/lora.sh [path/to/computron]   (PORT, LORA_COUNT, LORA_8B_LAYERS, PARTS="1 2 3 4 5")
+# Usage: bench/lora.sh [path/to/computron]   (PORT, LORA_COUNT, LORA_8B_LAYERS, PARTS="1 2 3 4 5",
+#   PREFAULT=true|false, DTYPE: every base's dtype, e.g. float32 where bf16 products are slow)
 set -euo pipefail
 # Part 1 registers adapters through POST /v1/load_lora_adapter, which is off unless asked.
 export VLLM_ALLOW_RUNTIME_LORA_UPDATING=true
@@ -32,6 +33,11 @@ port=${PORT:-8141}
 count=${LORA_COUNT:-2000}
 layers8b=${LORA_8B_LAYERS:-8}
 parts=${PARTS:-1 2 3 4 5}
+# Emulated device memory touched at start (devices.prefault), so that an adapter's first
+# load into fresh pages runs at the link's rate, not this machine's page-fault rate.
+prefault=${PREFAULT:-true}
+dtype_flag=()
+[[ -n ${DTYPE:-} ]] && dtype_flag=(--dtype "$DTYPE")
 # 2000 adapters take about 5 minutes to register here (bench/RESULTS.md).
 export READY_WAIT_S=${READY_WAIT_S:-900}
 py() { "$venv/bin/python3" "$root/bench/lora_bench.py" "$@"; }
@@ -41,7 +47,8 @@ bench_scratch
 
 config() {  # FILE REPOSITORY CAPACITY_MB LINK_GBPS [MAX_BATCH]
   cat >"$1" <<EOF
-{"devices": {"kind": "emulated", "count": 1, "capacity_mb": $3, "link_gbps": $4},
+{"devices": {"kind": "emulated", "count": 1, "capacity_mb": $3, "link_gbps": $4,
+             "prefault": $prefault},
  "http": {"host": "127.0.0.1", "port": $port, "max_batch_rows": 256},
  "scheduler": {"load_timeout_s": 600},
  "batching": {"max_batch_size": ${5:-32}, "continuous": true, "max_queue": 4096},
@@ -56,7 +63,7 @@ ready_line() { grep -o 'ready (.*)' "$dir/serve-$1.log" | tail -1; }
 timed_start() {  # LABEL CONFIG
   local t0 t1
   t0=$(date +%s.%N)
-  serve_config "$1" "$2"
+  serve_config "$1" "$2" "${dtype_flag[@]}"
   t1=$(date +%s.%N)
   start_s=$(echo "$t1 - $t0" | bc -l)
 }
@@ -115,7 +122,7 @@ if [[ " $parts " == *" 2 "* ]]; then
   py adapters "$dir/smol-repo" --base-dir "$dir/smol-repo/smol" --base-name smol \
     --prefix smol-lora --count 8 --distinct 8
   config "$dir/smol.json" "$dir/smol-repo" 2048 2
-  serve_config smol "$dir/smol.json"
+  serve_config smol "$dir/smol.json" "${dtype_flag[@]}"
   loras=$(echo smol-lora-0000{0..7} | tr ' ' ,)
   # Warm: every adapter resident and the base's first batches done.
   py decode "$port" --models smol --max-tokens 4 >/dev/null
@@ -137,7 +144,7 @@ if [[ " $parts " == *" 3 "* ]]; then
   file_bytes=$(stat -c %s "$dir/big-lora/adapter_model.safetensors")
   for link in 2 25; do
     config "$dir/big-$link.json" "$dir/big-repo" 8192 "$link"
-    serve_config "big-$link" "$dir/big-$link.json"
+    serve_config "big-$link" "$dir/big-$link.json" "${dtype_flag[@]}"
     py complete "$port" big --max-tokens 1 >/dev/null
     base_bytes=$(registered_bytes big "big-$link")
     echo "link $link GB/s: the base's own load $(load_s big) s for $base_bytes bytes;" \
@@ -170,7 +177,7 @@ if [[ " $parts " == *" 4 "* ]]; then
     --projs "$all" --seed 600
   # Room for one 0.5B model (988 MB) and its adapters, not two models.
   config "$dir/ft.json" "$dir/ft-repo" 1536 2
-  serve_config ft "$dir/ft.json"
+  serve_config ft "$dir/ft.json" "${dtype_flag[@]}"
   py complete "$port" qwen >/dev/null
   py complete "$port" ft-a >/dev/null
   : >"$dir/switch"
@@ -210,7 +217,7 @@ if [[ " $parts " == *" 5 "* ]]; then
     [ "$n" -gt 0 ] && py adapters "$dir/reg-repo" --base-dir "$dir/reg-repo/smol" \
       --base-name smol --prefix a --count "$n" --distinct 4 >/dev/null
     config "$dir/reg.json" "$dir/reg-repo" 4096 2
-    serve_config "reg-$n" "$dir/reg.json"
+    serve_config "reg-$n" "$dir/reg.json" "${dtype_flag[@]}"
     cp -al "$dir/reg-repo/smol" "$dir/reg-repo/smol2"
     first=$(register_model smol2)
     cp -al "$dir/reg-repo/smol" "$dir/reg-repo/smol3"

@@ -60,6 +60,7 @@ caf::expected<std::vector<device_ptr>> open_emulated(const device_options& opts)
     eo.ordinal = i;
     eo.capacity_bytes = opts.emulated_capacity_bytes;
     eo.link_gbps = opts.emulated_link_gbps;
+    eo.prefault = opts.emulated_prefault;
     auto dev = emulated_device::make(eo);
     if (!dev) return std::move(dev.error());
     out.push_back(std::move(*dev));

@@ -18,6 +18,8 @@ struct device_options {
   uint64_t emulated_capacity_bytes = 4ull << 30;
   /// Emulated: link rate per device, GB/s.
   double emulated_link_gbps = 2.0;
+  /// Emulated: touch each device's memory at start (emulated_device_options::prefault).
+  bool emulated_prefault = false;
   /// CUDA: bytes left outside the weights arena on each GPU for the CUDA context,
   /// activations and KV caches (OPT-1.3B in f16 at batch 32 x 128 tokens needs more than
   /// 1 GiB: measured on an H100).

@@ -47,6 +47,17 @@ std::byte* trim_to_aligned(std::byte* base, uint64_t bytes) {
   return reinterpret_cast<std::byte*>(aligned);
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14's; older glibc headers lack it
+#endif
+
+/// Makes [p, p + bytes) resident and writable: one call where the kernel has
+/// MADV_POPULATE_WRITE, else a write to every 4 KiB page (the pages hold zeros either way).
+void prefault_pages(std::byte* p, uint64_t bytes) {
+  if (::madvise(p, bytes, MADV_POPULATE_WRITE) == 0) return;
+  for (uint64_t at = 0; at < bytes; at += 4096) *reinterpret_cast<volatile std::byte*>(p + at) = {};
+}
+
 /// Moves the pages at `from` to `to` (which they replace) in one call that leaves `from`
 /// mapped, empty (MREMAP_DONTUNMAP, Linux 5.13 or later for these mappings): a plain mremap
 /// left a hole there that another thread's mmap could take before a placeholder went in,
@@ -140,6 +151,7 @@ caf::expected<std::shared_ptr<emulated_device>> emulated_device::make(
                                                           park_bytes, name, std::strerror(errno)));
   auto* aligned = trim_to_aligned(static_cast<std::byte*>(park), park_bytes);
   ::madvise(aligned, park_bytes, MADV_HUGEPAGE);  // best effort: fewer faults, faster copies
+  if (opts.prefault) prefault_pages(aligned, park_bytes);
   device_info info;
   info.kind = device_kind::emulated;
   info.ordinal = opts.ordinal;

@@ -27,6 +27,13 @@ struct emulated_device_options {
   /// under 64 MiB the size that gives it 32 pages (tests' small devices). The capacity
   /// is rounded down to whole pages.
   uint64_t page_bytes = 0;
+  /// Touch every page at start, so that the memory is resident before the first copy
+  /// into it. A GPU's memory costs nothing to write first; a host mapping's first write
+  /// of a page runs at the machine's page-fault rate (0.26-1.2 GB/s on the 2-core
+  /// machines, below the emulated links), so without this a first load into fresh pages
+  /// measures the kernel, not the link. Costs that much start-up and the capacity's
+  /// host memory at once.
+  bool prefault = false;
 };
 
 /// A device whose memory is host memory with a fixed capacity and whose link is a real

@@ -163,7 +163,8 @@ caf::expected<lora_adapter> read_lora_adapter(const std::string& folder, const d
   if (config->rank > limits.max_rank)
     return context(
         make_error(ec::invalid_configuration,
-                   fmt::format("adapter_config.json: r {} is over the largest rank accepted, {}",
+                   fmt::format("adapter_config.json: r {} is over the largest rank accepted, {} "
+                               "(a server's --max-lora-rank or scheduler.max_lora_rank)",
                                config->rank, limits.max_rank)));
   auto targets = lora_targets(*config, base);
   if (!targets) return context(targets.error());

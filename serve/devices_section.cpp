@@ -53,7 +53,7 @@ caf::error read_devices(const nlohmann::json& file, const std::string& where, se
   caf::error e;
   if ((e = check_keys(
            *d, dw,
-           {"kind", "count", "capacity_mb", "link_gbps", "reserved_mb", "gpulets",
+           {"kind", "count", "capacity_mb", "link_gbps", "prefault", "reserved_mb", "gpulets",
             "gpulets_per_device", "gpulet_interference", "gpulet_replan_ms", "gpulet_shares"})))
     return e;
   if ((e = read_gpulets(*d, dw, c.runtime.manager.gpulets))) return e;
@@ -62,6 +62,7 @@ caf::error read_devices(const nlohmann::json& file, const std::string& where, se
   if ((e = read(*d, "kind", dw, devices.kind)) || (e = read(*d, "count", dw, devices.count)) ||
       (e = read(*d, "capacity_mb", dw, cap)) ||
       (e = read(*d, "link_gbps", dw, devices.emulated_link_gbps)) ||
+      (e = read(*d, "prefault", dw, devices.emulated_prefault)) ||
       (e = read(*d, "reserved_mb", dw, reserved)))
     return e;
   if (!(cap > 0) || !(devices.emulated_link_gbps > 0))

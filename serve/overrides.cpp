@@ -164,6 +164,7 @@ std::string apply_overrides(serve_config& cfg, const serve_overrides& o) {
   if (!o.trace_file.empty()) cfg.trace_file = o.trace_file;
   if (!o.api_key.empty()) cfg.http.api_key = o.api_key;
   if (o.allow_runtime_lora_updating) cfg.http.runtime_lora_updates = true;
+  if (o.max_lora_rank > 0) cfg.runtime.registry.max_lora_rank = o.max_lora_rank;
   if (!o.nodes.empty()) {
     auto nodes = net::parse_node_list(o.nodes);
     if (!nodes) return render(nodes.error());

@@ -57,6 +57,9 @@ struct serve_overrides {
   /// --allow-runtime-lora-updating (or VLLM_ALLOW_RUNTIME_LORA_UPDATING=true/1): the
   /// load and unload routes of adapters answer (http_options::runtime_lora_updates).
   bool allow_runtime_lora_updating = false;
+  /// --max-lora-rank: the largest adapter rank accepted (scheduler.max_lora_rank); 0: the
+  /// config's.
+  int max_lora_rank = 0;
 };
 
 /// The config the flags start from: the config file (or the built-in defaults) with the

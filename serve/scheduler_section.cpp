@@ -14,9 +14,10 @@ caf::error read_scheduler(const nlohmann::json& file, const std::string& where, 
   auto sw = where + " scheduler";
   auto& sched = c.runtime.scheduler;
   caf::error e;
-  if ((e = check_keys(*s, sw,
-                      {"policy", "max_transfers_per_link", "workspace_mb", "load_timeout_s",
-                       "prefetch", "compute_while_loading", "kv_in_ledger", "kv_reserve_mb"})))
+  if ((e = check_keys(
+           *s, sw,
+           {"policy", "max_transfers_per_link", "workspace_mb", "load_timeout_s", "prefetch",
+            "compute_while_loading", "kv_in_ledger", "kv_reserve_mb", "max_lora_rank"})))
     return e;
   double ws = 0, kv_reserve = 0;
   int64_t timeout_s = 300;
@@ -26,8 +27,11 @@ caf::error read_scheduler(const nlohmann::json& file, const std::string& where, 
       (e = read(*s, "prefetch", sw, sched.ledger.prefetch)) ||
       (e = read(*s, "compute_while_loading", sw, sched.ledger.compute_while_loading)) ||
       (e = read(*s, "kv_in_ledger", sw, c.runtime.registry.kv_in_ledger)) ||
-      (e = read(*s, "kv_reserve_mb", sw, kv_reserve)))
+      (e = read(*s, "kv_reserve_mb", sw, kv_reserve)) ||
+      (e = read(*s, "max_lora_rank", sw, c.runtime.registry.max_lora_rank)))
     return e;
+  if (c.runtime.registry.max_lora_rank < 1 || c.runtime.registry.max_lora_rank > 4096)
+    return bad(sw, "max_lora_rank must be from 1 to 4096");
   if ((e = mib_to_bytes(kv_reserve, sw, "kv_reserve_mb", sched.ledger.kv_reserve_bytes))) return e;
   if ((e = mib_to_bytes(ws, sw, "workspace_mb", sched.workspace_bytes)) ||
       (e = check_time(timeout_s, 10'000'000, sw, "load_timeout_s")))

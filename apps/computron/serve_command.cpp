@@ -91,6 +91,10 @@ const registration serve_command{
                     "answer POST /v1/load_lora_adapter and /v1/unload_lora_adapter, which read "
                     "folders on this machine's disk on a client's word (default: off, 404, as "
                     "vLLM without VLLM_ALLOW_RUNTIME_LORA_UPDATING=true, which turns it on too)");
+       cmd.add_option("--max-lora-rank", f->max_lora_rank,
+                      "the largest rank r of a LoRA adapter; a larger one is refused when it "
+                      "is registered (default: scheduler.max_lora_rank, 64)")
+           ->check(CLI::Range(1, 4096));
        cmd.add_option("--console-port", f->console_port,
                       "console port on 127.0.0.1 (default 4242; 0 picks one; -1 turns it off)")
            ->check(CLI::Range(-1, 65535));

@@ -38,8 +38,26 @@ struct lora_group {
 
 /// A step's rows grouped by adapter, computed once per step (not per projection); base-only
 /// rows are in no group. A step without adapter rows has no lora_batch at all.
+/// A step's adapters' matrices side by side, for the one pass over several adapters:
+/// per (stage-relative layer x projection), the A of every group adapting it stacked
+/// [sum r x in] and their B [out x sum r], in the groups' order. Kept by the stage while
+/// the same adapters run in the same order (decode steps of one batch), so that a step
+/// does not copy them again per projection.
+struct lora_stacks {
+  /// Per group: its adapter's id and where its bytes lay when stacked.
+  std::vector<std::pair<int64_t, const std::byte*>> key;
+  std::vector<std::pair<at::Tensor, at::Tensor>> sites;
+};
+
+/// Site `at`'s A of every group that adapts it stacked, and their B side by side, in the
+/// groups' order; undefined when none does (engine/torch/lora_forward.cpp).
+std::pair<at::Tensor, at::Tensor> stack_site(const std::vector<lora_group>& groups, size_t site);
+
 struct lora_batch {
   std::vector<lora_group> groups;
+  /// The groups' matrices stacked (several groups, and small enough to keep); null: each
+  /// projection stacks them itself.
+  std::shared_ptr<const lora_stacks> stacks{};
   /// Steps of several adapters add their deltas in one pass per projection (lora_forward's
   /// project): per set of groups adapting it (a bit per group), which columns of the
   /// concatenated x A^T each row drops (another adapter's), built at the first projection

@@ -75,6 +75,9 @@ struct decoder_stage::impl : detail::stage_state {
   std::vector<uint64_t> layer_ready_bytes;
   /// Attached LoRA adapters by id (engine/torch/lora_forward.cpp).
   std::map<int64_t, detail::attached_adapter> adapters;
+  /// The last steps' adapters stacked (lora_batch::stacks), reused while they run in the
+  /// same order; dropped when an adapter is detached (its id may come back with new bytes).
+  std::shared_ptr<const detail::lora_stacks> lora_stacked;
 
   /// Refuses a step's adapter ids for a batch of `rows` prompts: a size other than the
   /// batch's (empty is every row on the base), a negative id, an id not attached.

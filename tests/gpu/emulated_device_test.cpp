@@ -1,10 +1,14 @@
 // What only the emulated device promises: its throttle, its pages, its options.
+#include <sys/mman.h>
+#include <unistd.h>
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "common/error.hpp"
 #include "gpu/emulated_device.hpp"
@@ -248,4 +252,29 @@ TEST_CASE("an emulated page stays in its range after an unmap until another rang
   auto stats = dev->stats();
   CHECK(stats.pages_mapped == 4 + 4 + 2 + 4 + dev->capacity_bytes() / page);
   CHECK(stats.pages_unmapped == 4 + 4 + 2 + 4);
+}
+
+TEST_CASE("a prefaulted emulated device's memory is resident before its first copy",
+          "[emulated][pages]") {
+  // mincore says which pages of a mapping are in memory: a fresh device's are not, so that
+  // its first copies would run at the page-fault rate; a prefaulted one's all are.
+  auto resident_share = [](bool prefault) {
+    gpu::emulated_device_options o;
+    o.capacity_bytes = 32ull << 20;
+    o.link_gbps = 4.0;
+    o.prefault = prefault;
+    auto dev = gpu::emulated_device::make(o);
+    REQUIRE(dev);
+    auto all = (*dev)->allocate((*dev)->capacity_bytes());
+    REQUIRE(all);
+    const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+    const auto bytes = (*dev)->capacity_bytes();
+    std::vector<unsigned char> in_core(bytes / page);
+    REQUIRE(::mincore(all->data(), bytes, in_core.data()) == 0);
+    auto resident =
+        std::count_if(in_core.begin(), in_core.end(), [](unsigned char c) { return c & 1; });
+    return static_cast<double>(resident) / static_cast<double>(in_core.size());
+  };
+  CHECK(resident_share(false) == 0.0);
+  CHECK(resident_share(true) == 1.0);
 }

@@ -285,6 +285,35 @@ TEST_CASE("a batch mixing 8 adapters and base rows gives every row its own model
   }
 }
 
+TEST_CASE("an adapter id attached again with other weights runs them in a mixed batch",
+          "[lora][forward][mixed]") {
+  // A mixed batch's adapters are stacked once and kept while the same ones run: an id
+  // detached and attached again (vLLM's load_inplace), likely at the same address, must not
+  // run the stacks of its old weights.
+  const auto spec = test::tiny_llama();
+  auto one = folder(spec, 21), two = folder(spec, 22), other = folder(spec, 23);
+  const std::vector<int64_t> ids = {1, 2, 0};
+  const std::vector<std::vector<int64_t>> ps = {prompts[0], prompts[1], prompts[2]};
+  auto alone = [&](const test::peft_folder* f, size_t row) {
+    auto merged = merged_model(spec, f);
+    return test::run_greedy(merged, {ps[row]}, 4);
+  };
+  test::sharded_model m(spec, gpu::dtype::f32, {1, 1}, test::seeded_filler(spec, base_seed));
+  adapter_shards keep;
+  attach(m, keep, 1, one);
+  attach(m, keep, 2, two);
+  auto before = test::run_greedy(m, ps, 4, ids);
+  check_row(before, 1, alone(&two, 1), 0);
+  REQUIRE_FALSE(m.stages[0]->detach_adapter(2));
+  keep.pop_back();  // adapter 2's pages are free for the next shard
+  attach(m, keep, 2, other);
+  auto after = test::run_greedy(m, ps, 4, ids);
+  check_row(after, 0, alone(&one, 0), 0);
+  check_row(after, 1, alone(&other, 1), 0);
+  check_row(after, 2, alone(nullptr, 2), 0);
+  CHECK(change(before, 1, after, 1) > 1e-2);
+}
+
 TEST_CASE("an OPT batch mixing adapters and base rows at tp 2 gives every row its own output",
           "[lora][forward][mixed]") {
   const auto spec = test::tiny_opt();

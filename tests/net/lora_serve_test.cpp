@@ -104,15 +104,16 @@ TEST_CASE(
   auto extra = adapter(hf->spec, dir.path() + "/extra", 22);
   auto late = adapter(hf->spec, dir.path() + "/late", 33);
   auto later = adapter(hf->spec, dir.path() + "/later", 44);
-  // Rank 128 is over the server's maximum (64): refused when it registers, naming `r`.
-  adapter(hf->spec, dir.path() + "/too-wide", 55, 128);
+  // Rank 16 is over this server's maximum (--max-lora-rank 8, where the default is 64):
+  // refused when it registers, naming `r` and the limit.
+  adapter(hf->spec, dir.path() + "/too-wide", 55, 16);
   json cfg{{"devices", {{"kind", "emulated"}, {"count", 4}, {"capacity_mb", 64}, {"link_gbps", 1}}},
            {"http", {{"host", "127.0.0.1"}, {"port", 0}, {"allow_runtime_lora_updating", true}}},
            {"repository", "repo"}};
   std::ofstream{dir.path() + "/config.json"} << cfg.dump();
-  child_process proc{std::vector<std::string>{"/usr/bin/timeout", "300", COMPUTRON_BINARY, "serve",
-                                              "--config", dir.path() + "/config.json",
-                                              "--lora-modules", "extra=" + dir.path() + "/extra"}};
+  child_process proc{std::vector<std::string>{
+      "/usr/bin/timeout", "300", COMPUTRON_BINARY, "serve", "--config", dir.path() + "/config.json",
+      "--lora-modules", "extra=" + dir.path() + "/extra", "--max-lora-rank", "8"}};
   auto port = test::wait_for_port(proc);
   REQUIRE(port > 0);
   auto c = std::move(net::http_client::connect("127.0.0.1", port, 5s).value());
@@ -191,7 +192,7 @@ TEST_CASE(
                    {{"lora_name", "wide"}, {"lora_path", dir.path() + "/too-wide"}});
   INFO(wide.body);
   CHECK(wide.status == 400);
-  CHECK_THAT(wide.body, Catch::Contains("rank"));
+  CHECK_THAT(wide.body, Catch::Contains("r 16 is over the largest rank accepted, 8"));
   auto nowhere = post(*c, "/v1/load_lora_adapter",
                       {{"lora_name", "nowhere"}, {"lora_path", dir.path() + "/nothing"}});
   CHECK(nowhere.status == 400);

@@ -29,9 +29,10 @@ TEST_CASE("a serve config fills each section and resolves paths from its folder"
           "[serve][config]") {
   test::temp_dir dir{"serve-config"};
   auto c = read_config(dir, R"({
-    "devices": {"kind": "emulated", "count": 2, "capacity_mb": 64, "link_gbps": 4},
+    "devices": {"kind": "emulated", "count": 2, "capacity_mb": 64, "link_gbps": 4,
+                "prefault": true},
     "http": {"port": 0, "threads": 3, "allow_runtime_lora_updating": true},
-    "scheduler": {"policy": "cost", "load_timeout_s": 7},
+    "scheduler": {"policy": "cost", "load_timeout_s": 7, "max_lora_rank": 128},
     "batching": {"max_batch_size": 16, "batch_window_ms": 2},
     "frontend": {"max_outstanding": 9},
     "console_port": -1,
@@ -41,10 +42,12 @@ TEST_CASE("a serve config fills each section and resolves paths from its folder"
   REQUIRE(c);
   CHECK(c->runtime.devices.count == 2);
   CHECK(c->runtime.devices.emulated_capacity_bytes == 64ull << 20);
+  CHECK(c->runtime.devices.emulated_prefault);
   CHECK(c->http.threads == 3);
   CHECK(c->http.runtime_lora_updates);
   CHECK(c->runtime.scheduler.ledger.policy == "cost");
   CHECK(c->runtime.scheduler.load_timeout == std::chrono::seconds(7));
+  CHECK(c->runtime.registry.max_lora_rank == 128);
   CHECK(c->runtime.manager.batching.max_batch_size == 16);
   CHECK(c->runtime.frontend.max_outstanding == 9);
   CHECK(c->console_port == -1);
@@ -52,6 +55,9 @@ TEST_CASE("a serve config fills each section and resolves paths from its folder"
   CHECK(c->runtime.worker.chunk_bytes == 8ull << 20);
   REQUIRE(c->models.size() == 1);
   CHECK(c->models[0].devices.empty());  // placed by the scheduler at registration
+  auto zero = read_config(dir, R"({"scheduler": {"max_lora_rank": 0}})");
+  REQUIRE_FALSE(zero);
+  CHECK_THAT(render(zero.error()), Catch::Contains("max_lora_rank must be from 1 to 4096"));
 }
 
 TEST_CASE("a serve config's first bad key in the file's order is the one named",
@@ -89,6 +95,10 @@ TEST_CASE("serve's flags override the config, and --capacity-mb sets only emulat
   o.allow_runtime_lora_updating = true;
   CHECK(serve::apply_overrides(*c, o).empty());
   CHECK(c->http.runtime_lora_updates);
+  CHECK(c->runtime.registry.max_lora_rank == 64);  // vLLM's default too (16 in older ones)
+  o.max_lora_rank = 256;
+  CHECK(serve::apply_overrides(*c, o).empty());
+  CHECK(c->runtime.registry.max_lora_rank == 256);
 
   auto gpus = serve::default_serve_config();
   gpus.runtime.devices.kind = "cuda";
