@@ -152,12 +152,15 @@ if [[ " $parts " == *" 3 "* ]]; then
     : >"$dir/big-loads-$link"
     for i in 1 2 3 4 5; do
       py register "$port" "big-lora-$i" "$dir/big-lora" >/dev/null
+      # Loaded on its own first (no request computing beside the copy on these 2 cores),
+      # then asked for.
+      wall=$(py load "$port" "big-lora-$i")
       req=$(py complete "$port" "big-lora-$i" --max-tokens 1)
-      echo "$(load_s "big-lora-$i") $req" >>"$dir/big-loads-$link"
+      echo "$(load_s "big-lora-$i") $wall $req" >>"$dir/big-loads-$link"
     done
     bytes=$(registered_bytes big-lora-1 "big-$link")
     echo "link $link GB/s: adapter file $file_bytes bytes, registered ${bytes:-?} bytes;" \
-      "load s (metrics) and its first request s: $(tr '\n' ';' <"$dir/big-loads-$link");" \
+      "load s (metrics), the load call's s and the first request's s: $(tr '\n' ';' <"$dir/big-loads-$link");" \
       "median load $(cut -d' ' -f1 "$dir/big-loads-$link" | median) s;" \
       "file bytes / link $(echo "$file_bytes / ($link * 10^9)" | bc -l | cut -c1-8) s;" \
       "RSS $(rss_mb) MiB"

@@ -235,6 +235,18 @@ def register(a):
     print(f"{dt:.4f}")
 
 
+def load(a):
+    """A registered model (an adapter too) onto its devices, before any request asks for it:
+    the load alone, with no compute beside it."""
+    t = time.perf_counter()
+    status, raw = post(a.port, f"/v2/repository/models/{a.name}/load", {})
+    dt = time.perf_counter() - t
+    if status != 200:
+        print(f"failed {status}: {raw[:300]!r}", file=sys.stderr)
+        sys.exit(1)
+    print(f"{dt:.4f}")
+
+
 def main():
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -283,9 +295,12 @@ def main():
     r.add_argument("name")
     r.add_argument("path")
     r.add_argument("base", nargs="?", default="")
+    lo = sub.add_parser("load")
+    lo.add_argument("port")
+    lo.add_argument("name")
     a = p.parse_args()
     {"base": write_base, "adapters": write_adapters, "spread": spread, "decode": decode,
-     "metrics": metrics, "complete": complete_cmd, "register": register}[a.cmd](a)
+     "metrics": metrics, "complete": complete_cmd, "register": register, "load": load}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,17 @@ const char* rope_refusal(const rope_args& a) {
   if (a.head_dim <= 0 || a.head_dim % 2 != 0 || a.head_dim > 4096)
     return "the head dim must be even and at most 4096";
   if (a.q == nullptr || a.k == nullptr || a.positions == nullptr || a.inv_freq == nullptr ||
-      a.q_out == nullptr || a.k_out == nullptr)
+      a.q_out == nullptr || (a.k_out == nullptr && a.cache_slots == nullptr))
     return "a null pointer";
+  if (a.cache_slots != nullptr) {
+    if (a.v == nullptr) return "a KV write without values";
+    if (a.cache_chunks < 1 || a.cache_chunks > paged_max_chunks)
+      return "a KV write into no chunk, or more than paged_max_chunks";
+    for (int32_t c = 0; c < a.cache_chunks; ++c)
+      if (a.cache[c].keys == nullptr || a.cache[c].values == nullptr ||
+          a.cache[c].head_stride < a.head_dim)
+        return "a KV chunk without memory";
+  }
   return nullptr;
 }
 
@@ -59,10 +68,22 @@ void rope_host(const rope_args& a, int64_t begin, int64_t end) {
       rotate(a.type, in.data(), cos.data(), sin.data(), d, out.data(), true, scale);
       store(a.type, a.q_out, ((r * a.heads + h) * a.columns + c) * d, d, out.data());
     }
+    // Where the KV write goes: nowhere (-1, or no write), else the slot's chunk; a chunk
+    // the call was not given is never written.
+    const int64_t slot = a.cache_slots != nullptr ? a.cache_slots[item] : -1;
+    const auto chunk = static_cast<int32_t>(slot >> 32);
+    const rope_kv_chunk* into = slot >= 0 && chunk < a.cache_chunks ? &a.cache[chunk] : nullptr;
+    const int64_t at = (slot & 0xffffffffLL) * d;
     for (int64_t h = 0; h < a.kv_heads; ++h) {
       load(a.type, a.k, r * a.k_row_stride + c * a.k_column_stride + h * d, d, in.data());
       rotate(a.type, in.data(), cos.data(), sin.data(), d, out.data(), false, 1.0f);
-      store(a.type, a.k_out, ((r * a.kv_heads + h) * a.columns + c) * d, d, out.data());
+      if (a.k_out != nullptr)
+        store(a.type, a.k_out, ((r * a.kv_heads + h) * a.columns + c) * d, d, out.data());
+      if (into == nullptr) continue;
+      store(a.type, into->keys, h * into->head_stride + at, d, out.data());
+      // The value as it is (a load and a store of the type: exact).
+      load(a.type, a.v, r * a.v_row_stride + c * a.v_column_stride + h * d, d, in.data());
+      store(a.type, into->values, h * into->head_stride + at, d, in.data());
     }
   }
 }

@@ -17,6 +17,15 @@
 
 namespace computron::engine {
 
+/// One KV pool chunk's keys and values of the call's layer, [kv heads, blocks x block
+/// tokens, head dim] each (paged_kv_chunk's layout, written).
+struct rope_kv_chunk {
+  void* keys = nullptr;
+  void* values = nullptr;
+  /// Elements from one kv head to the next.
+  int64_t head_stride = 0;
+};
+
 struct rope_args {
   element_type type = element_type::f32;
   int64_t rows = 0;
@@ -39,8 +48,22 @@ struct rope_args {
   /// What the rotated queries are multiplied by (1 / sqrt(head dim)).
   double q_scale = 1.0;
   /// [rows, heads, columns, head dim] and [rows, kv heads, columns, head dim], contiguous.
+  /// k_out may be null where the call writes the KV blocks (attention reads those).
   void* q_out = nullptr;
   void* k_out = nullptr;
+
+  /// RoPE with the KV write: the rotated keys and the values go straight into the KV
+  /// blocks, where kv_step::write would copy them after. Per item (row x columns +
+  /// column), (chunk << 32) | slot, the slot being block index in the chunk x block tokens
+  /// + offset, or -1 for a column that writes nothing (padding); chunk indexes `cache`.
+  /// Null: no blocks written.
+  const int64_t* cache_slots = nullptr;
+  /// The values, laid out as the keys are.
+  const void* v = nullptr;
+  int64_t v_row_stride = 0;
+  int64_t v_column_stride = 0;
+  int32_t cache_chunks = 0;
+  rope_kv_chunk cache[paged_max_chunks];
 };
 
 /// Why a call cannot run (nullptr: it can).

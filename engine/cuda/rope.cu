@@ -22,9 +22,22 @@ __global__ void __launch_bounds__(rope_threads) rope_kernel(rope_args a, float s
   const T* k = static_cast<const T*>(a.k);
   T* q_out = static_cast<T*>(a.q_out);
   T* k_out = static_cast<T*>(a.k_out);
-  const int64_t total = (a.heads + a.kv_heads) * d;
+  // The KV write's destination (engine/rope.hpp): nowhere, or the item's slot in a chunk.
+  const int64_t slot = a.cache_slots != nullptr ? a.cache_slots[item] : -1;
+  const int32_t chunk = static_cast<int32_t>(slot >> 32);
+  const bool writes = slot >= 0 && chunk < a.cache_chunks;
+  const int64_t at = (slot & 0xffffffffLL) * d;
+  // Query heads, key heads, then (with a KV write) the values, copied as they are.
+  const int64_t total = (a.heads + a.kv_heads * (writes ? 2 : 1)) * d;
   for (int64_t e = threadIdx.x; e < total; e += rope_threads) {
     const int64_t h = e / d, i = e % d;
+    if (h >= a.heads + a.kv_heads) {
+      const int64_t head = h - a.heads - a.kv_heads;
+      const T* v = static_cast<const T*>(a.v);
+      static_cast<T*>(a.cache[chunk].values)[head * a.cache[chunk].head_stride + at + i] =
+          v[r * a.v_row_stride + c * a.v_column_stride + head * d + i];
+      continue;
+    }
     const bool query = h < a.heads;
     const int64_t head = query ? h : h - a.heads;
     const float angle = pos * a.inv_freq[i % half];
@@ -42,7 +55,11 @@ __global__ void __launch_bounds__(rope_threads) rope_kernel(rope_args a, float s
       v = to_float(from_float<T>(__fmul_rn(v, scale)));
       q_out[((r * a.heads + head) * a.columns + c) * d + i] = from_float<T>(v);
     } else {
-      k_out[((r * a.kv_heads + head) * a.columns + c) * d + i] = from_float<T>(v);
+      if (k_out != nullptr)
+        k_out[((r * a.kv_heads + head) * a.columns + c) * d + i] = from_float<T>(v);
+      if (writes)
+        static_cast<T*>(a.cache[chunk].keys)[head * a.cache[chunk].head_stride + at + i] =
+            from_float<T>(v);
     }
   }
 }

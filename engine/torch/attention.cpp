@@ -114,7 +114,10 @@ at::Tensor detail::stage_state::attend(const at::Tensor& q, const at::Tensor& k,
   const auto t = q.size(2);
   const auto groups = local_heads / local_kv_heads;
   const auto layer = i - layer_begin;
-  kv.write(layer, k, v);
+  if (k.defined())
+    kv.write(layer, k, v);
+  else if (!kv.in_place)
+    throw std::logic_error("attend: no keys, and a step that does not read its blocks in place");
   if (kv.in_place) return attend_in_place(q, layer, kv);
   constexpr auto hidden = -std::numeric_limits<float>::infinity();
   if (kv.prefill) {

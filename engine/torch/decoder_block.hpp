@@ -154,7 +154,8 @@ struct stage_state {
   /// Attention of this rank's heads in layer `i` (absolute index): `q` [b, heads, t, d]
   /// already scaled, `k` and `v` [b, kv heads, t, d] of the step's positions, which go into
   /// the rows' KV blocks (keys and values are cached per key/value head; grouped queries
-  /// share them). Returns [b, t, heads x d]. Softmax runs in f32.
+  /// share them). Returns [b, t, heads x d]. Softmax runs in f32. `k` undefined: the step's
+  /// keys and values are in the blocks already (fused_rope wrote them; in-place steps only).
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t i,
                     const kv_step& kv) const;
   /// Whether an extend step of `t` columns reads its blocks in place (plan_extend's
@@ -177,12 +178,14 @@ struct stage_state {
   /// `positions` [b, t] (int64, on the device) with `inv_freq` [d / 2] (f32, on the
   /// device), q times `q_scale`: {q [b, heads, t, d], k [b, kv heads, t, d]}, contiguous, in
   /// one call where a build of engine/rope.hpp runs; nullopt where none does (the caller
-  /// computes the ops).
-  std::optional<std::pair<at::Tensor, at::Tensor>> fused_rope(const at::Tensor& q,
-                                                              const at::Tensor& k,
-                                                              const at::Tensor& positions,
-                                                              const at::Tensor& inv_freq,
-                                                              double q_scale) const;
+  /// computes the ops). On an in-place step (`kv`, stage-relative `layer`) the same call
+  /// writes the rotated keys and the values `v` [b, t, kv heads, d] (laid out as `k`) into
+  /// the rows' blocks, and the k it returns is undefined: nothing is left for attend's
+  /// write, and attention reads the blocks.
+  std::optional<std::pair<at::Tensor, at::Tensor>> fused_rope(
+      const at::Tensor& q, const at::Tensor& k, const at::Tensor& positions,
+      const at::Tensor& inv_freq, double q_scale, const at::Tensor& v = {},
+      const kv_step* kv = nullptr, int64_t layer = 0) const;
 };
 
 /// A family's decoder: token embedding, one layer, the head. Stateless apart from what

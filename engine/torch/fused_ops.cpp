@@ -14,6 +14,7 @@
 #include "engine/norms.hpp"
 #include "engine/rope.hpp"
 #include "engine/torch/decoder_block.hpp"
+#include "engine/torch/kv_blocks.hpp"
 #include "engine/torch/torch_interop.hpp"
 #ifdef COMPUTRON_WITH_CUDA_KERNELS
 #include "engine/cuda/norms.hpp"
@@ -139,7 +140,8 @@ std::pair<at::Tensor, at::Tensor> stage_state::add_rms_norm(const at::Tensor& x,
 
 std::optional<std::pair<at::Tensor, at::Tensor>> stage_state::fused_rope(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& positions,
-    const at::Tensor& inv_freq, double q_scale) const {
+    const at::Tensor& inv_freq, double q_scale, const at::Tensor& v, const kv_step* kv,
+    int64_t layer) const {
   auto type = element_of(q.scalar_type());
   if (!has_build(rope) || !type || q.dim() != 4 || k.dim() != 4 || q.size(3) % 2 != 0 ||
       q.size(3) > 4096 || k.scalar_type() != q.scalar_type() || q.size(3) != k.size(3) ||
@@ -151,8 +153,15 @@ std::optional<std::pair<at::Tensor, at::Tensor>> stage_state::fused_rope(
   const auto b = q.size(0), t = q.size(1), d = q.size(3);
   auto pos = positions.contiguous();
   auto freq = inv_freq.contiguous();
+  // An in-place step's keys and values go into the blocks in this call (the values as
+  // they are, laid out as the keys), and no head-major copy of the keys is made.
+  const bool into_blocks = kv != nullptr && kv->in_place && v.defined() && v.sizes() == k.sizes() &&
+                           v.scalar_type() == k.scalar_type() && v.stride(3) == 1 &&
+                           v.stride(2) == d && static_cast<int64_t>(kv->slots.size()) == b * t &&
+                           !kv->chunks.empty() &&
+                           static_cast<int64_t>(kv->chunks.size()) <= engine::paged_max_chunks;
   auto q_out = at::empty({b, q.size(2), t, d}, q.options());
-  auto k_out = at::empty({b, k.size(2), t, d}, k.options());
+  auto k_out = into_blocks ? at::Tensor{} : at::empty({b, k.size(2), t, d}, k.options());
   engine::rope_args a;
   a.type = *type;
   a.rows = b;
@@ -170,7 +179,24 @@ std::optional<std::pair<at::Tensor, at::Tensor>> stage_state::fused_rope(
   a.inv_freq = freq.const_data_ptr<float>();
   a.q_scale = q_scale;
   a.q_out = q_out.data_ptr();
-  a.k_out = k_out.data_ptr();
+  a.k_out = into_blocks ? nullptr : k_out.data_ptr();
+  if (into_blocks) {
+    a.v = v.const_data_ptr();
+    a.v_row_stride = v.stride(0);
+    a.v_column_stride = v.stride(1);
+    a.cache_chunks = static_cast<int32_t>(kv->chunks.size());
+    for (size_t c = 0; c < kv->chunks.size(); ++c) {
+      auto& chunk = a.cache[c];
+      // The pool's memory is the step's to write here, as kv_step::write writes it.
+      chunk.keys =
+          const_cast<void*>(kv->pool->layer_data(kv->chunks[c], layer, 0, chunk.head_stride));
+      chunk.values =
+          const_cast<void*>(kv->pool->layer_data(kv->chunks[c], layer, 1, chunk.head_stride));
+    }
+    a.cache_slots = rope == paged_kernel::host ? kv->slots.data()
+                                               : kv->on_device.const_data_ptr<int64_t>() +
+                                                     kv->table.size() + kv->limits.size();
+  }
   if (rope == paged_kernel::host) {
     if (auto why = engine::rope_host_refusal(a))
       throw std::invalid_argument(fmt::format("rope: {}", why));

@@ -136,6 +136,12 @@ struct kv_step {
   /// holds both (table first) on the pool's device where that is not the CPU.
   std::vector<int64_t> table;
   std::vector<int64_t> limits;
+  /// In place: per query column (rows x t), (place in `chunks` << 32) | slot (block index
+  /// in the chunk x kv_block_tokens + offset) where the column's key and value go, -1 where
+  /// it writes none (padding). The rotary embedding writes them there in its own call
+  /// (engine/rope.hpp), so `write` has nothing left to copy.
+  std::vector<int64_t> slots;
+  /// On a GPU: table, limits and slots, in that order, on the pool's device.
   at::Tensor on_device;
   /// Prefill: where a query may look, [b, 1, t, t] (causal, padding).
   at::Tensor visible;

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <optional>
 #include <set>
@@ -325,6 +326,8 @@ caf::expected<kv_step> plan_extend(kv_cache_rows& c, const std::vector<int64_t>&
   // Limits: query column j of row r sees the positions below limits[r x t + j].
   chunk_lists writes, reads;
   std::vector<int64_t> limits(b * static_cast<size_t>(t), 1);
+  // Per written column: (column, chunk, slot), for an in-place step's `slots`.
+  std::vector<std::array<int64_t, 3>> wrote;
   int64_t read_blocks = 0, read_positions = 0;
   std::optional<block_id> filler;
   for (size_t r = 0; r < b; ++r) {
@@ -336,6 +339,7 @@ caf::expected<kv_step> plan_extend(kv_cache_rows& c, const std::vector<int64_t>&
       auto& w = writes[chunk_of(blk)];
       w.first.push_back(index_in_chunk(blk) * kv_block_tokens + p % kv_block_tokens);
       w.second.push_back(static_cast<int64_t>(r) * t + pad + k);
+      wrote.push_back({w.second.back(), chunk_of(blk), w.first.back()});
       limits[r * static_cast<size_t>(t) + static_cast<size_t>(pad + k)] = p + 1;
     }
     row.length += added[r];
@@ -351,12 +355,19 @@ caf::expected<kv_step> plan_extend(kv_cache_rows& c, const std::vector<int64_t>&
   part_builder parts;
   parts.add_writes(writes, s.rows * t);
   if (in_place && plan_in_place(c, read_blocks, limits, s)) {
-    // Nothing is gathered. The writes' lists go to the device, and on a GPU the table and
-    // limits go with them in the same copy; the CPU reads the host lists.
+    // Nothing is gathered. The writes' lists go to the device, and on a GPU the table,
+    // limits and slots go with them in the same copy; the CPU reads the host lists.
+    s.slots.assign(limits.size(), -1);
+    for (auto [column, chunk, slot] : wrote) {
+      // Every written block is one of the rows' blocks, so its chunk has a place.
+      auto place = std::find(s.chunks.begin(), s.chunks.end(), chunk) - s.chunks.begin();
+      s.slots[static_cast<size_t>(column)] = (static_cast<int64_t>(place) << 32) | slot;
+    }
     std::optional<size_t> index_at;
     if (!pool.options().device().is_cpu()) {
       auto all = s.table;
       all.insert(all.end(), s.limits.begin(), s.limits.end());
+      all.insert(all.end(), s.slots.begin(), s.slots.end());
       index_at = parts.pack.add(all);
     }
     auto tensors = parts.pack.tensors(pool.options().device());

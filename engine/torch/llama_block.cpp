@@ -85,14 +85,17 @@ class llama_block final : public decoder_block {
                               {a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"});
     auto q = qkv[0].view({b, t, s.local_heads, s.head_dim});
     auto k = qkv[1].view({b, t, s.local_kv_heads, s.head_dim});
-    auto v = qkv[2].view({b, t, s.local_kv_heads, s.head_dim}).transpose(1, 2);
+    auto v_rows = qkv[2].view({b, t, s.local_kv_heads, s.head_dim});
+    auto v = v_rows.transpose(1, 2);
     if (spec.qk_norm) {
       q = s.rms_norm(q, s.param(a + "q_norm.weight"), spec.norm_eps);
       k = s.rms_norm(k, s.param(a + "k_norm.weight"), spec.norm_eps);
     }
     const double q_scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
-    if (auto rotated = s.fused_rope(q, k, positions, inv_freq_, q_scale)) {
-      // One call: both rotated, q scaled, each head major as attention reads them.
+    if (auto rotated =
+            s.fused_rope(q, k, positions, inv_freq_, q_scale, v_rows, &kv, i - s.layer_begin)) {
+      // One call: both rotated, q scaled, each head major as attention reads them; on an
+      // in-place step the keys and values written into the blocks too (k undefined).
       q = std::move(rotated->first);
       k = std::move(rotated->second);
     } else {

@@ -14,6 +14,36 @@
 
 using namespace computron::engine;
 
+namespace {
+
+struct rope_shape {
+  int64_t rows, columns, heads, kv_heads, head_dim;
+};
+
+/// A call over one q/k/v product's output [rows, columns, (heads + 2 kv heads) x d] in the
+/// type's bytes at `product`: q, then k, then v in each column; no outputs set.
+rope_args product_args(element_type type, rope_shape s, const uint8_t* product,
+                       const int64_t* positions, const float* inv_freq) {
+  const size_t esize = type == element_type::f32 ? 4 : 2;
+  const int64_t width = (s.heads + 2 * s.kv_heads) * s.head_dim;
+  rope_args a;
+  a.type = type;
+  a.rows = s.rows;
+  a.columns = s.columns;
+  a.heads = s.heads;
+  a.kv_heads = s.kv_heads;
+  a.head_dim = s.head_dim;
+  a.q = product;
+  a.q_row_stride = a.k_row_stride = s.columns * width;
+  a.q_column_stride = a.k_column_stride = width;
+  a.k = product + static_cast<size_t>(s.heads * s.head_dim) * esize;
+  a.positions = positions;
+  a.inv_freq = inv_freq;
+  return a;
+}
+
+}  // namespace
+
 TEST_CASE("the fused rotary embedding equals the ops one at a time", "[engine][rope]") {
   std::mt19937 rng{11};
   std::normal_distribution<float> normal(0, 2.0f);
@@ -60,21 +90,8 @@ TEST_CASE("the fused rotary embedding equals the ops one at a time", "[engine][r
     std::vector<uint8_t> in(product.size() * esize);
     store(type, in.data(), 0, static_cast<int32_t>(product.size()), product.data());
     std::vector<uint8_t> q_out(want_q.size() * esize), k_out(want_k.size() * esize);
-    rope_args a;
-    a.type = type;
-    a.rows = rows;
-    a.columns = columns;
-    a.heads = heads;
-    a.kv_heads = kv_heads;
-    a.head_dim = d;
-    a.q = in.data();
-    a.q_row_stride = columns * width;
-    a.q_column_stride = width;
-    a.k = in.data() + static_cast<size_t>(heads * d) * esize;
-    a.k_row_stride = columns * width;
-    a.k_column_stride = width;
-    a.positions = positions.data();
-    a.inv_freq = inv_freq.data();
+    auto a = product_args(type, {rows, columns, heads, kv_heads, d}, in.data(), positions.data(),
+                          inv_freq.data());
     a.q_scale = scale;
     a.q_out = q_out.data();
     a.k_out = k_out.data();
@@ -116,4 +133,102 @@ TEST_CASE("the fused rotary embedding refuses what it cannot compute", "[engine]
   b = a;
   b.kv_heads = 0;
   CHECK(rope_refusal(b) != nullptr);
+  // A KV write needs its values and chunks; then the head-major keys may be left out.
+  std::vector<int64_t> slots(2, -1);
+  b = a;
+  b.k_out = nullptr;
+  CHECK(std::string(rope_refusal(b)) == "a null pointer");
+  b.cache_slots = slots.data();
+  CHECK(std::string(rope_refusal(b)).find("without values") != std::string::npos);
+  b.v = x.data();
+  CHECK(std::string(rope_refusal(b)).find("no chunk") != std::string::npos);
+  b.cache_chunks = 1;
+  CHECK(std::string(rope_refusal(b)).find("without memory") != std::string::npos);
+  b.cache[0] = {x.data(), x.data(), 8};
+  CHECK(rope_host_refusal(b) == nullptr);
+}
+
+TEST_CASE("the fused rotary embedding writes keys and values into KV slots of several chunks",
+          "[engine][rope]") {
+  // Two rows of three columns over two chunks of 4 slots, 2 kv heads of d 4: row 0's
+  // columns go to chunk 1 slots 3, 0 and 2 (its blocks out of order), row 1's first column
+  // is padding and its others go to chunk 0 slots 1 and 2. What rotates into a slot must be
+  // what the head-major keys hold for that column, and the value as it is.
+  for (auto type : {element_type::f32, element_type::bf16}) {
+    INFO("type " << static_cast<int>(type));
+    const int64_t rows = 2, columns = 3, heads = 2, kv_heads = 2, d = 4, slots_per_chunk = 4;
+    const int64_t width = (heads + 2 * kv_heads) * d;
+    std::mt19937 rng{5};
+    std::normal_distribution<float> normal(0, 1.0f);
+    std::vector<float> product(static_cast<size_t>(rows * columns * width));
+    for (auto& x : product) x = round_to(type, normal(rng));
+    const size_t esize = type == element_type::f32 ? 4 : 2;
+    std::vector<uint8_t> in(product.size() * esize);
+    store(type, in.data(), 0, static_cast<int32_t>(product.size()), product.data());
+    std::vector<float> inv_freq = {1.0f, 0.01f};
+    std::vector<int64_t> positions = {0, 1, 2, 5, 6, 7};
+    std::vector<int64_t> slots = {(1LL << 32) | 3, (1LL << 32) | 0, (1LL << 32) | 2, -1, 1, 2};
+    const auto chunk_elems = kv_heads * slots_per_chunk * d;
+    const float poison = -7.5f;  // exact in bf16 too
+    std::vector<std::vector<uint8_t>> keys(2), values(2);
+    for (auto* side : {&keys, &values})
+      for (auto& c : *side) {
+        std::vector<float> filled(static_cast<size_t>(chunk_elems), poison);
+        c.resize(static_cast<size_t>(chunk_elems) * esize);
+        store(type, c.data(), 0, static_cast<int32_t>(chunk_elems), filled.data());
+      }
+    std::vector<uint8_t> q_out(static_cast<size_t>(rows * heads * columns * d) * esize),
+        k_out(static_cast<size_t>(rows * kv_heads * columns * d) * esize);
+    auto a = product_args(type, {rows, columns, heads, kv_heads, d}, in.data(), positions.data(),
+                          inv_freq.data());
+    a.q_out = q_out.data();
+    a.k_out = k_out.data();  // kept here, to compare with what went into the slots
+    REQUIRE(rope_host_refusal(a) == nullptr);
+    rope_host(a, 0, rows * columns);
+    std::vector<uint8_t> q_plain = q_out;
+    a.v = in.data() + static_cast<size_t>((heads + kv_heads) * d) * esize;
+    a.v_row_stride = a.q_row_stride;
+    a.v_column_stride = width;
+    a.cache_slots = slots.data();
+    a.cache_chunks = 2;
+    for (int c = 0; c < 2; ++c)
+      a.cache[c] = {keys[c].data(), values[c].data(), slots_per_chunk * d};
+    a.k_out = nullptr;
+    REQUIRE(rope_host_refusal(a) == nullptr);
+    rope_host(a, 0, 4);
+    rope_host(a, 4, rows * columns);
+    CHECK(q_out == q_plain);  // the queries are the same with or without the write
+    std::vector<float> rotated(k_out.size() / esize);
+    load(type, k_out.data(), 0, static_cast<int32_t>(rotated.size()), rotated.data());
+    std::vector<std::vector<float>> got_k(2, std::vector<float>(static_cast<size_t>(chunk_elems))),
+        got_v = got_k;
+    for (int c = 0; c < 2; ++c) {
+      load(type, keys[c].data(), 0, static_cast<int32_t>(chunk_elems), got_k[c].data());
+      load(type, values[c].data(), 0, static_cast<int32_t>(chunk_elems), got_v[c].data());
+    }
+    int written = 0;
+    for (int64_t item = 0; item < rows * columns; ++item) {
+      const int64_t r = item / columns, col = item % columns, slot = slots[item];
+      if (slot < 0) continue;
+      const auto c = static_cast<size_t>(slot >> 32);
+      const int64_t at = (slot & 0xffffffff) * d;
+      for (int64_t h = 0; h < kv_heads; ++h)
+        for (int64_t i = 0; i < d; ++i) {
+          const auto e = static_cast<size_t>(h * slots_per_chunk * d + at + i);
+          CHECK(got_k[c][e] ==
+                rotated[static_cast<size_t>(((r * kv_heads + h) * columns + col) * d + i)]);
+          CHECK(got_v[c][e] == product[static_cast<size_t>((r * columns + col) * width +
+                                                           (heads + kv_heads + h) * d + i)]);
+          got_k[c][e] = got_v[c][e] = poison;  // seen: what is left must be untouched
+          ++written;
+        }
+    }
+    CHECK(written == 5 * kv_heads * d);
+    for (int c = 0; c < 2; ++c)
+      for (size_t e = 0; e < got_k[c].size(); ++e) {
+        INFO("chunk " << c << " element " << e);
+        CHECK(got_k[c][e] == poison);  // no other slot, and not the padding column's
+        CHECK(got_v[c][e] == poison);
+      }
+  }
 }
