@@ -78,10 +78,10 @@ class decoder_engine final : public model_kind {
   /// files as they are now, so that a folder changed on disk is read again.
   static std::string part_key(const shard_spec& sh) {
     namespace fs = std::filesystem;
-    std::string key =
-        fmt::format("{}|{}|{}|{}|{}|{}|{}x{}|{}|{}|{}", sh.model.name, sh.model.weights_path,
-                    sh.model.kind, sh.model.spec, sh.model.arch, fmt::join(sh.model.shape, ","),
-                    sh.model.tp, sh.model.pp, sh.tp_rank, sh.pp_rank, sh.model.dtype);
+    std::string key = fmt::format(
+        "{}|{}|{}|{}|{}|{}|{}x{}|{}|{}|{}|r<={}", sh.model.name, sh.model.weights_path,
+        sh.model.kind, sh.model.spec, sh.model.arch, fmt::join(sh.model.shape, ","), sh.model.tp,
+        sh.model.pp, sh.tp_rank, sh.pp_rank, sh.model.dtype, sh.model.max_lora_rank);
     // Size, inode and change time: a file replaced or rewritten changes at least one,
     // whatever its modification time says (cp -p and rsync keep that).
     for (auto* f : {"adapter_config.json", "adapter_model.safetensors"}) {

@@ -223,9 +223,9 @@ caf::expected<registry_actor> spawn_registry(caf::actor_system& sys,
     return make_error(ec::invalid_configuration, "the registry needs a scheduler and a manager");
   if (opts.prepare_timeout.count() <= 0 || opts.timeout.count() <= 0)
     return make_error(ec::invalid_configuration, "registry timeouts must be positive");
-  if (opts.max_lora_rank < 1)
-    return make_error(ec::invalid_configuration,
-                      "max_lora_rank must be positive, got " + std::to_string(opts.max_lora_rank));
+  if (opts.max_lora_rank < 1 || opts.max_lora_rank > 4096)
+    return make_error(ec::invalid_configuration, "max_lora_rank must be from 1 to 4096, got " +
+                                                     std::to_string(opts.max_lora_rank));
   registry_detail::registry_state init;
   init.opts = std::move(opts);
   init.engines = std::move(engines);

@@ -4,7 +4,8 @@
 #   bench_scratch                 ($dir: a scratch folder, removed at exit with the server)
 #   serve_start LABEL SED_SCRIPT  (a config derived from configs/opt-seeded.json, the seeded
 #                                  OPT-125M models; SED_SCRIPT edits it, the port is set here)
-#   serve_config LABEL CONFIG     (a config file of its own, listening on $port)
+#   serve_config LABEL CONFIG [ARGS...]  (a config file of its own, listening on $port; more
+#                                         serve flags)
 #   serve_args LABEL ARGS...      (`computron serve ARGS...` on $port, no console)
 #   serve_stop
 #   smollm2_gguf, smollm2_tokenizer GGUF OUT  (the real model scripts/setup installs)

@@ -20,9 +20,12 @@
 #      the same size served as its own model (the device holds one of the two).
 #   5. registering a model beside 0, 100 and 300 adapters (SmolLM2-135M shape, 1.84 MB each):
 #      a second base added to the repository and loaded, twice each.
-# About 20 minutes on 2 cores (part 1 about 8), peak RSS about 7.5 GiB (parts 1 and 3).
+# About 20 minutes on 2 cores (part 1 about 8). With PREFAULT (the default) each server's
+# device memory is resident from its start: part 3's peak RSS is about 12.3 GiB (8 GiB of
+# device, the base's host copy), and part 1's start-up includes touching 1.5 GiB.
 # Usage: bench/lora.sh [path/to/computron]   (PORT, LORA_COUNT, LORA_8B_LAYERS, PARTS="1 2 3 4 5",
-#   PREFAULT=true|false, DTYPE: every base's dtype, e.g. float32 where bf16 products are slow)
+#   PREFAULT=true|false, DTYPE: part 2's dtype, e.g. float32 on a CPU whose bf16 products are
+#   slow (no AVX-512); the other parts' devices are sized for bf16)
 set -euo pipefail
 # Part 1 registers adapters through POST /v1/load_lora_adapter, which is off unless asked.
 export VLLM_ALLOW_RUNTIME_LORA_UPDATING=true
@@ -36,7 +39,7 @@ parts=${PARTS:-1 2 3 4 5}
 # Emulated device memory touched at start (devices.prefault), so that an adapter's first
 # load into fresh pages runs at the link's rate, not this machine's page-fault rate.
 prefault=${PREFAULT:-true}
-dtype_flag=()
+dtype_flag=()  # part 2's
 [[ -n ${DTYPE:-} ]] && dtype_flag=(--dtype "$DTYPE")
 # 2000 adapters take about 5 minutes to register here (bench/RESULTS.md).
 export READY_WAIT_S=${READY_WAIT_S:-900}
@@ -63,7 +66,7 @@ ready_line() { grep -o 'ready (.*)' "$dir/serve-$1.log" | tail -1; }
 timed_start() {  # LABEL CONFIG
   local t0 t1
   t0=$(date +%s.%N)
-  serve_config "$1" "$2" "${dtype_flag[@]}"
+  serve_config "$1" "$2"
   t1=$(date +%s.%N)
   start_s=$(echo "$t1 - $t0" | bc -l)
 }
@@ -144,7 +147,7 @@ if [[ " $parts " == *" 3 "* ]]; then
   file_bytes=$(stat -c %s "$dir/big-lora/adapter_model.safetensors")
   for link in 2 25; do
     config "$dir/big-$link.json" "$dir/big-repo" 8192 "$link"
-    serve_config "big-$link" "$dir/big-$link.json" "${dtype_flag[@]}"
+    serve_config "big-$link" "$dir/big-$link.json"
     py complete "$port" big --max-tokens 1 >/dev/null
     base_bytes=$(registered_bytes big "big-$link")
     echo "link $link GB/s: the base's own load $(load_s big) s for $base_bytes bytes;" \
@@ -180,7 +183,7 @@ if [[ " $parts " == *" 4 "* ]]; then
     --projs "$all" --seed 600
   # Room for one 0.5B model (988 MB) and its adapters, not two models.
   config "$dir/ft.json" "$dir/ft-repo" 1536 2
-  serve_config ft "$dir/ft.json" "${dtype_flag[@]}"
+  serve_config ft "$dir/ft.json"
   py complete "$port" qwen >/dev/null
   py complete "$port" ft-a >/dev/null
   : >"$dir/switch"
@@ -220,7 +223,7 @@ if [[ " $parts " == *" 5 "* ]]; then
     [ "$n" -gt 0 ] && py adapters "$dir/reg-repo" --base-dir "$dir/reg-repo/smol" \
       --base-name smol --prefix a --count "$n" --distinct 4 >/dev/null
     config "$dir/reg.json" "$dir/reg-repo" 4096 2
-    serve_config "reg-$n" "$dir/reg.json" "${dtype_flag[@]}"
+    serve_config "reg-$n" "$dir/reg.json"
     cp -al "$dir/reg-repo/smol" "$dir/reg-repo/smol2"
     first=$(register_model smol2)
     cp -al "$dir/reg-repo/smol" "$dir/reg-repo/smol3"

@@ -4,10 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <set>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -52,10 +54,17 @@ std::byte* trim_to_aligned(std::byte* base, uint64_t bytes) {
 #endif
 
 /// Makes [p, p + bytes) resident and writable: one call where the kernel has
-/// MADV_POPULATE_WRITE, else a write to every 4 KiB page (the pages hold zeros either way).
-void prefault_pages(std::byte* p, uint64_t bytes) {
-  if (::madvise(p, bytes, MADV_POPULATE_WRITE) == 0) return;
+/// MADV_POPULATE_WRITE, else (EINVAL: a kernel before 5.14) a write to every 4 KiB page;
+/// the pages hold zeros either way. Any other failure (no memory for them) is an error, as
+/// touching pages the machine cannot give would end the process instead.
+caf::error prefault_pages(std::byte* p, uint64_t bytes, const std::string& name) {
+  if (::madvise(p, bytes, MADV_POPULATE_WRITE) == 0) return {};
+  if (errno != EINVAL)
+    return make_error(ec::out_of_host_memory,
+                      fmt::format("cannot make the {} bytes of {} resident (devices.prefault): {}",
+                                  bytes, name, std::strerror(errno)));
   for (uint64_t at = 0; at < bytes; at += 4096) *reinterpret_cast<volatile std::byte*>(p + at) = {};
+  return {};
 }
 
 /// Moves the pages at `from` to `to` (which they replace) in one call that leaves `from`
@@ -151,7 +160,11 @@ caf::expected<std::shared_ptr<emulated_device>> emulated_device::make(
                                                           park_bytes, name, std::strerror(errno)));
   auto* aligned = trim_to_aligned(static_cast<std::byte*>(park), park_bytes);
   ::madvise(aligned, park_bytes, MADV_HUGEPAGE);  // best effort: fewer faults, faster copies
-  if (opts.prefault) prefault_pages(aligned, park_bytes);
+  if (opts.prefault)
+    if (auto err = prefault_pages(aligned, park_bytes, name)) {
+      ::munmap(aligned, park_bytes);
+      return err;
+    }
   device_info info;
   info.kind = device_kind::emulated;
   info.ordinal = opts.ordinal;

@@ -229,6 +229,7 @@ caf::expected<sim::sim_config> sim_config_from(const serve_config& cfg,
       a.weights_path = model.weights_path;
       a.checkpoint_dtype.clear();
       a.seed = model.seed;
+      a.max_lora_rank = cfg.runtime.registry.max_lora_rank;
       a.pinned = model.pinned;
       a.priority = model.priority;
       a.toy_shard_bytes = model.toy_shard_bytes > 0

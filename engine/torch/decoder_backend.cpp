@@ -98,6 +98,9 @@ class decoder_backend final : public backend {
   void end_batch(uint64_t batch_id) override {
     caches_.erase(batch_id);
     top_.erase(batch_id);
+    // Kept stacks belong to some batch's adapters: none outlives the batches (another
+    // batch still running stacks its own again at its next step).
+    stage_->drop_adapter_stacks();
   }
 
   uint64_t kv_device_bytes() const override { return stage_->kv_blocks().device_bytes; }

@@ -36,8 +36,6 @@ struct lora_group {
   const std::vector<std::pair<at::Tensor, at::Tensor>>* pairs = nullptr;
 };
 
-/// A step's rows grouped by adapter, computed once per step (not per projection); base-only
-/// rows are in no group. A step without adapter rows has no lora_batch at all.
 /// A step's adapters' matrices side by side, for the one pass over several adapters:
 /// per (stage-relative layer x projection), the A of every group adapting it stacked
 /// [sum r x in] and their B [out x sum r], in the groups' order. Kept by the stage while
@@ -53,6 +51,8 @@ struct lora_stacks {
 /// groups' order; undefined when none does (engine/torch/lora_forward.cpp).
 std::pair<at::Tensor, at::Tensor> stack_site(const std::vector<lora_group>& groups, size_t site);
 
+/// A step's rows grouped by adapter, computed once per step (not per projection); base-only
+/// rows are in no group. A step without adapter rows has no lora_batch at all.
 struct lora_batch {
   std::vector<lora_group> groups;
   /// The groups' matrices stacked (several groups, and small enough to keep); null: each

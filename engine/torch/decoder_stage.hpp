@@ -188,6 +188,10 @@ class decoder_stage {
   /// it fail their next step (invalid_request, naming the id): the stage never reads a
   /// detached adapter's memory. Errors: invalid_request for an id that is not attached.
   caf::error detach_adapter(int64_t id);
+  /// Frees the adapters' matrices kept stacked for the last steps of several adapters (a
+  /// copy outside the ledger's accounting): a batch ended, and the next such step stacks
+  /// them again.
+  void drop_adapter_stacks();
   /// Ids of the attached adapters, ascending.
   std::vector<int64_t> adapters() const;
 

@@ -155,11 +155,12 @@ std::optional<std::pair<at::Tensor, at::Tensor>> stage_state::fused_rope(
   auto freq = inv_freq.contiguous();
   // An in-place step's keys and values go into the blocks in this call (the values as
   // they are, laid out as the keys), and no head-major copy of the keys is made.
-  const bool into_blocks = kv != nullptr && kv->in_place && v.defined() && v.sizes() == k.sizes() &&
-                           v.scalar_type() == k.scalar_type() && v.stride(3) == 1 &&
-                           v.stride(2) == d && static_cast<int64_t>(kv->slots.size()) == b * t &&
-                           !kv->chunks.empty() &&
-                           static_cast<int64_t>(kv->chunks.size()) <= engine::paged_max_chunks;
+  const bool into_blocks =
+      kv != nullptr && kv->in_place && v.defined() && kv->pool->options().dtype() == k.dtype() &&
+      kv->pool->options().device() == k.device() && v.sizes() == k.sizes() &&
+      v.scalar_type() == k.scalar_type() && v.stride(3) == 1 && v.stride(2) == d &&
+      static_cast<int64_t>(kv->slots.size()) == b * t && !kv->chunks.empty() &&
+      static_cast<int64_t>(kv->chunks.size()) <= engine::paged_max_chunks;
   auto q_out = at::empty({b, q.size(2), t, d}, q.options());
   auto k_out = into_blocks ? at::Tensor{} : at::empty({b, k.size(2), t, d}, k.options());
   engine::rope_args a;

@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <stdexcept>
 
 #include "common/error.hpp"
 #include "engine/paged_attention.hpp"
@@ -361,6 +362,8 @@ caf::expected<kv_step> plan_extend(kv_cache_rows& c, const std::vector<int64_t>&
     for (auto [column, chunk, slot] : wrote) {
       // Every written block is one of the rows' blocks, so its chunk has a place.
       auto place = std::find(s.chunks.begin(), s.chunks.end(), chunk) - s.chunks.begin();
+      if (place == static_cast<std::ptrdiff_t>(s.chunks.size()))
+        throw std::logic_error("plan_extend: a written block outside the rows' chunks");
       s.slots[static_cast<size_t>(column)] = (static_cast<int64_t>(place) << 32) | slot;
     }
     std::optional<size_t> index_at;

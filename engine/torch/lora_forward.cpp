@@ -342,6 +342,10 @@ caf::error decoder_stage::detach_adapter(int64_t id) {
   return {};
 }
 
+void decoder_stage::drop_adapter_stacks() {
+  impl_->lora_stacked.reset();
+}
+
 std::vector<int64_t> decoder_stage::adapters() const {
   std::vector<int64_t> out;
   for (auto& [id, a] : impl_->adapters) out.push_back(id);

@@ -289,7 +289,8 @@ TEST_CASE("an adapter id attached again with other weights runs them in a mixed 
           "[lora][forward][mixed]") {
   // A mixed batch's adapters are stacked once and kept while the same ones run: an id
   // detached and attached again (vLLM's load_inplace), likely at the same address, must not
-  // run the stacks of its old weights.
+  // run the stacks of its old weights (the engine gives a reloaded adapter a new id; the
+  // stage does not count on it).
   const auto spec = test::tiny_llama();
   auto one = folder(spec, 21), two = folder(spec, 22), other = folder(spec, 23);
   const std::vector<int64_t> ids = {1, 2, 0};
@@ -304,9 +305,15 @@ TEST_CASE("an adapter id attached again with other weights runs them in a mixed 
   attach(m, keep, 2, two);
   auto before = test::run_greedy(m, ps, 4, ids);
   check_row(before, 1, alone(&two, 1), 0);
+  const auto old_at = keep.back()->device_data();
+  REQUIRE(old_at);
   REQUIRE_FALSE(m.stages[0]->detach_adapter(2));
   keep.pop_back();  // adapter 2's pages are free for the next shard
   attach(m, keep, 2, other);
+  // The new weights at the old address: only the detach can tell the kept stacks apart.
+  const auto new_at = keep.back()->device_data();
+  REQUIRE(new_at);
+  REQUIRE(*new_at == *old_at);
   auto after = test::run_greedy(m, ps, 4, ids);
   check_row(after, 0, alone(&one, 0), 0);
   check_row(after, 1, alone(&other, 1), 0);
