@@ -270,7 +270,7 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
           if (auto lane = compute_lane(self, b->second.lane)) {
             auto runner = b->second.runner;
             lane_job unbind{[=]() -> caf::error {
-              runner->compute().unbind_adapter(model);
+              runner->unbind_adapter(model);
               return {};
             }};
             self->request(*lane, st.opts.step_timeout, run_atom_v, std::move(unbind))

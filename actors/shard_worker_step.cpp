@@ -124,7 +124,7 @@ caf::result<step_result> run_step(worker_pointer self, step_request& req) {
       if (s != gpu::residency::resident && s != gpu::residency::loading)
         return make_error(ec::not_resident, "adapter " + name + " is " + gpu::to_string(s) +
                                                 " on device " + std::to_string(index));
-      if (auto err = runner->compute().bind_adapter(name, a.weights)) return err;
+      if (auto err = runner->bind_adapter(name, a.weights)) return err;
     }
     models::host_tensor h;
     const models::host_tensor* hp = nullptr;

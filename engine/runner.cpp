@@ -207,6 +207,7 @@ runner::runner(std::shared_ptr<backend> b, bool last_stage, bool samples)
     : backend_(std::move(b)), last_stage_(last_stage), samples_(samples && last_stage) {}
 
 void runner::end_batch(uint64_t batch) {
+  std::lock_guard<std::recursive_mutex> guard{mtx_};
   rows_.end(batch);
   samplers_.erase(batch);
   backend_->end_batch(batch);
@@ -218,7 +219,19 @@ void runner::end_batch(uint64_t batch) {
   }
 }
 
+caf::error runner::bind_adapter(const std::string& name,
+                                std::shared_ptr<gpu::weight_shard> weights) {
+  std::lock_guard<std::recursive_mutex> guard{mtx_};
+  return backend_->bind_adapter(name, std::move(weights));
+}
+
+void runner::unbind_adapter(const std::string& name) {
+  std::lock_guard<std::recursive_mutex> guard{mtx_};
+  backend_->unbind_adapter(name);
+}
+
 size_t runner::batches() const {
+  std::lock_guard<std::recursive_mutex> guard{mtx_};
   std::set<uint64_t> held;
   for (auto& [b, _] : samplers_) held.insert(b);
   size_t n = rows_.batches();
@@ -253,6 +266,7 @@ std::vector<models::device_draw> device_draws(std::vector<models::sampler>& samp
 }  // namespace
 
 caf::expected<step_output> runner::step(const step_input& in, const models::host_tensor* hidden) {
+  std::lock_guard<std::recursive_mutex> guard{mtx_};
   // Nothing of an ended batch is made again (its caches, rows or samplers), and it is not
   // ended twice.
   if (ended_set_.count(in.plan.batch) > 0)

@@ -4,7 +4,9 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -113,6 +115,11 @@ class runner {
   /// refused, so nothing of it is made again here.
   void end_batch(uint64_t batch);
 
+  /// The backend's adapter calls (backend::bind_adapter, unbind_adapter), one at a time
+  /// with steps and ends as those are.
+  caf::error bind_adapter(const std::string& name, std::shared_ptr<gpu::weight_shard> weights);
+  void unbind_adapter(const std::string& name);
+
   backend& compute() { return *backend_; }
   uint64_t kv_device_bytes() const { return backend_->kv_device_bytes(); }
   /// Batches it holds rows or samplers of (tests: nothing is left behind).
@@ -121,6 +128,11 @@ class runner {
  private:
   caf::expected<step_output> run(const step_input& in, const models::host_tensor* hidden);
 
+  /// Steps, ends and adapter calls one at a time. Its caller keeps them so already (one
+  /// compute lane per runner), except while a model moves to another lane: a cancel's end
+  /// or an adapter's unbind sent to the new lane could otherwise meet a step still running
+  /// on the old one. Recursive: a failed step ends its batch.
+  mutable std::recursive_mutex mtx_;
   std::shared_ptr<backend> backend_;
   bool last_stage_ = false;
   bool samples_ = false;

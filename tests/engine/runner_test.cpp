@@ -3,9 +3,13 @@
 // samplers it keeps, and the steps it refuses. Torch-free.
 #include <catch2/catch.hpp>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <memory>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "common/error.hpp"
@@ -19,7 +23,7 @@ namespace {
 
 /// Logits that peak at each row's own value, so that a greedy sampler answers it; every
 /// call is recorded.
-struct recording_backend final : backend {
+struct recording_backend : backend {
   struct call {
     uint64_t batch = 0;
     bool prefill = false;
@@ -82,6 +86,31 @@ std::vector<uint32_t> fresh(size_t n) {
   for (size_t i = 0; i < n; ++i) ids.push_back(next++);
   return ids;
 }
+
+/// A step that takes 100 ms, and whether an end or an unbind came while one ran.
+struct slow_backend final : recording_backend {
+  std::atomic<bool> running{false}, entered{false};
+  std::atomic<int> overlaps{0};
+
+  caf::expected<models::host_tensor> run(const step_input& in, const std::vector<int32_t>& keep,
+                                         const std::vector<std::vector<uint32_t>>& tables,
+                                         const models::host_tensor* hidden,
+                                         const std::vector<models::device_draw>* draws) override {
+    running = true;
+    entered = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    auto out = recording_backend::run(in, keep, tables, hidden, draws);
+    running = false;
+    return out;
+  }
+  void end_batch(uint64_t batch) override {
+    if (running) ++overlaps;
+    recording_backend::end_batch(batch);
+  }
+  void unbind_adapter(const std::string&) override {
+    if (running) ++overlaps;
+  }
+};
 
 step_input prefill(uint64_t batch, std::vector<uint64_t> keys) {
   std::vector<std::vector<int64_t>> prompts(keys.size(), std::vector<int64_t>{1});
@@ -386,4 +415,25 @@ TEST_CASE("the reference loop steps a model's runners stage after stage", "[engi
   auto none = generate(stages, {}, 2, row_sampling{});
   REQUIRE_FALSE(none);
   CHECK(is(none.error(), ec::invalid_request));
+}
+
+TEST_CASE("a runner's ends and adapter calls wait for a step running on another thread",
+          "[engine][runner]") {
+  // While a model moves to another compute lane, a cancel's end or an adapter's unbind sent
+  // to the new lane may come while its step still runs on the old one.
+  auto b = std::make_shared<slow_backend>();
+  runner r{b, true, true};
+  auto in = prefill(21, {1, 2});
+  caf::expected<step_output> out = make_error(ec::invalid_state, "not run");
+  std::thread stepping([&] { out = r.step(in, nullptr); });
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!b->entered && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  REQUIRE(b->entered);
+  r.unbind_adapter("a");
+  r.end_batch(21);
+  stepping.join();
+  CHECK(out);  // the step ran whole, then the batch ended
+  CHECK(b->overlaps == 0);
+  CHECK(b->ended == std::vector<uint64_t>{21});
+  CHECK(r.batches() == 0);
 }
