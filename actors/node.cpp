@@ -51,11 +51,18 @@ node_actor::behavior_type node(node_actor::stateful_pointer<node_state> self,
 
 }  // namespace
 
-system_config::system_config() {
+system_config::system_config(idle_polling polling) {
   add_message_types<caf::id_block::computron_atoms>();
   add_message_types<caf::id_block::computron_messages>();
   add_message_types<caf::id_block::computron_handles>();
   register_errors(*this);
+  if (polling == idle_polling::prompt) {
+    // No sleeping polls: straight from the quick ones to the condition variable, which
+    // every enqueue from outside the scheduler notifies. Work enqueued by a busy thread
+    // for itself is stolen by an idle one within the relaxed timeout.
+    set("work-stealing.moderate-poll-attempts", size_t{0});
+    set("work-stealing.relaxed-sleep-duration", caf::timespan{1ms});
+  }
 }
 
 caf::expected<node_handle> spawn_node(caf::actor_system& sys,

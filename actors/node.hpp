@@ -17,10 +17,23 @@
 
 namespace computron::actors {
 
+/// How CAF's scheduler threads wait for work once their queues are empty.
+enum class idle_polling {
+  /// CAF 0.17's own: 100 quick polls, then 500 polls 50 us apart (each sleep lasts 50-110 us
+  /// with Linux's timer slack), then a condition variable. A message that comes from a
+  /// thread of its own (a compute lane's reply, a scoped actor, the HTTP server) to a
+  /// thread in that middle phase waits out the sleep: on a decode step's round trip, that
+  /// was about half its host time (bench/RESULTS.md, issue 46's host share).
+  caf,
+  /// The quick polls, then the condition variable at once, which such a message wakes; an
+  /// idle thread still looks for work to steal every millisecond. The default.
+  prompt,
+};
+
 /// An actor system configuration with Computron's message types and error category
-/// registered (the same in every process of a cluster).
+/// registered (the same in every process of a cluster), and its scheduler's idle polling.
 struct system_config : caf::actor_system_config {
-  system_config();
+  explicit system_config(idle_polling polling = idle_polling::prompt);
 };
 
 /// A node's actor and its workers.

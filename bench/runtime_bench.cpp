@@ -68,11 +68,14 @@ caf::expected<double> timed(caf::scoped_actor& self, const runtime& rt, bool loa
 
 caf::expected<runtime_bench_result> run_runtime_bench(const runtime_bench_options& o) {
   if (o.clients < 1 || !(o.seconds > 0) || o.latency_requests < 1 || o.swap_repeats < 1 ||
-      o.swap_bytes < (4u << 20))
+      o.swap_bytes < (4u << 20) || o.decode_tokens < 1 || o.decode_rows < 1 || o.decode_rows > 64 ||
+      o.decode_repeats < 1)
     return make_error(ec::invalid_request,
-                      "clients, seconds, requests and repeats must be positive; swap >= 4 MiB");
+                      "clients, seconds, requests, tokens and repeats must be positive; decode "
+                      "rows 1-64; swap >= 4 MiB");
   runtime_bench_result res;
-  system_config cfg;
+  res.caf_polling = o.caf_polling;
+  system_config cfg{o.caf_polling ? idle_polling::caf : idle_polling::prompt};
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
 
@@ -108,6 +111,47 @@ caf::expected<runtime_bench_result> run_runtime_bench(const runtime_bench_option
     }
     res.added_p50_ms = percentile(added, 0.5);
     res.added_p99_ms = percentile(added, 0.99);
+    // Decode: what the actors add to each decode step of a running batch (the toy computes
+    // nothing): batch 1, then `decode_rows` rows that start together.
+    {
+      auto decode = [&](int rows) -> caf::expected<double> {
+        std::vector<std::thread> gen;
+        std::vector<caf::error> errs(static_cast<size_t>(rows));
+        std::vector<double> per_step(static_cast<size_t>(rows));
+        for (int c = 0; c < rows; ++c)
+          gen.emplace_back([&, c] {
+            caf::scoped_actor me{sys};
+            infer_request r;
+            r.model = "m";
+            r.tokens = {c + 1, 2, 3};
+            r.max_tokens = o.decode_tokens;
+            me->request(rt->frontend, 60s, infer_atom_v, r)
+                .receive(
+                    [&](infer_reply& rep) {
+                      per_step[static_cast<size_t>(c)] =
+                          (rep.total_ms - rep.queue_ms - rep.compute_ms) /
+                          static_cast<double>(std::max<size_t>(1, rep.tokens.size()));
+                    },
+                    [&](caf::error& e) { errs[static_cast<size_t>(c)] = e; });
+          });
+        for (auto& t : gen) t.join();
+        for (auto& e : errs)
+          if (e) return e;
+        return percentile(per_step, 0.5);
+      };
+      std::vector<double> one, many;
+      for (int i = 0; i < o.decode_repeats; ++i) {
+        auto a = decode(1);
+        if (!a) return a.error();
+        one.push_back(*a);
+        auto b = decode(o.decode_rows);
+        if (!b) return b.error();
+        many.push_back(*b);
+      }
+      res.decode_host_ms_1 = percentile(one, 0.5);
+      res.decode_host_ms_many = percentile(many, 0.5);
+      res.decode_rows = o.decode_rows;
+    }
     // Dispatch rate: closed loop, `clients` requests always in flight.
     std::atomic<uint64_t> done{0};
     std::atomic<uint64_t> batches{0};
@@ -209,23 +253,29 @@ std::string to_json(const runtime_bench_result& r) {
                         {"mean_batch_rows", r.mean_batch_rows},
                         {"added_latency_p50_ms", r.added_p50_ms},
                         {"added_latency_p99_ms", r.added_p99_ms},
+                        {"decode_host_ms_per_step_batch_1", r.decode_host_ms_1},
+                        {"decode_host_ms_per_step_batch_n", r.decode_host_ms_many},
+                        {"decode_rows", r.decode_rows},
                         {"http_requests_per_s", r.http_requests_per_s},
                         {"http_p50_ms", r.http_p50_ms},
                         {"load_4_shards_s", r.load_4_shards_s},
                         {"load_1_shard_s", r.load_1_shard_s},
                         {"swap_speedup", r.swap_speedup},
+                        {"idle_polling", r.caf_polling ? "caf" : "prompt"},
                         {"emulated", true}}
       .dump();
 }
 
 std::string to_table(const runtime_bench_result& r) {
   return fmt::format(
-      "actor path (toy model, emulated device)\n"
+      "actor path (toy model, emulated device, {} idle polling)\n"
       "  dispatch         {:.0f} batches/s, {:.0f} requests/s (mean batch {:.2f} rows)\n"
       "  added latency    p50 {:.3f} ms, p99 {:.3f} ms (round trip minus compute)\n"
+      "  decode step      {:.3f} ms host time at batch 1, {:.3f} ms at batch {}\n"
       "http (keep-alive)  {:.0f} requests/s, p50 {:.2f} ms\n"
       "swap via actors    4 shards {:.3f} s, 1 shard {:.3f} s: {:.2f}x\n",
-      r.batches_per_s, r.requests_per_s, r.mean_batch_rows, r.added_p50_ms, r.added_p99_ms,
+      r.caf_polling ? "CAF's" : "prompt", r.batches_per_s, r.requests_per_s, r.mean_batch_rows,
+      r.added_p50_ms, r.added_p99_ms, r.decode_host_ms_1, r.decode_host_ms_many, r.decode_rows,
       r.http_requests_per_s, r.http_p50_ms, r.load_4_shards_s, r.load_1_shard_s, r.swap_speedup);
 }
 

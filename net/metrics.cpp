@@ -4,6 +4,7 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <unordered_map>
 #include <utility>
 
 #include <prometheus/counter.h>
@@ -280,6 +281,24 @@ struct metrics::impl {
   /// its gauge (its busy counter stays, as counters do).
   std::mutex gpulets_mtx;
   std::map<std::pair<int32_t, int32_t>, pm::Gauge*> shares{};
+  /// The series a request or a batch updates, by model, found once (series_of): Family::Add
+  /// builds a whole metric, a histogram's buckets and all, before it looks its labels up,
+  /// which cost more per request than everything else the metrics do (bench runtime).
+  /// Families never remove a model's series, so the pointers stay valid.
+  struct model_series;
+  model_series& series_of(const std::string& model);
+  /// `key`'s counter in `m`, added to `family` under `labels()` the first time.
+  template <class Map, class Labels>
+  pm::Counter& counter_in(Map& m, const typename Map::key_type& key,
+                          pm::Family<pm::Counter>& family, Labels labels) {
+    std::lock_guard<std::mutex> guard{series_mtx};
+    auto& c = m[key];
+    if (!c) c = &family.Add(labels());
+    return *c;
+  }
+  std::mutex series_mtx;
+  std::unordered_map<std::string, std::unique_ptr<model_series>> series{};
+  std::map<std::pair<int, std::string>, pm::Counter*> http_codes{};
   pm::Gauge& resident_gauge = resident.Add({});
   pm::Histogram& rows_hist =
       batch_rows.Add({}, pm::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64});
@@ -312,6 +331,52 @@ pm::Labels vllm_labels(const std::string& model) {
 
 }  // namespace
 
+struct metrics::impl::model_series {
+  pm::Gauge *queue, *v_waiting, *running, *v_running;
+  pm::Histogram *latency, *ttft, *itl, *e2e, *queue_time, *swap_wait;
+  pm::Counter *prompt_tokens, *generation_tokens, *batches;
+  pm::Histogram *v_ttft, *v_prefill, *v_decode, *v_itl, *v_e2e, *v_queue, *v_request_prompt,
+      *v_request_generation;
+  pm::Counter *v_prompt_tokens, *v_generation_tokens;
+  /// By outcome (computron_requests_total) and by finish reason (vLLM's successes).
+  std::map<std::string, pm::Counter*> outcomes{}, reasons{};
+};
+
+metrics::impl::model_series& metrics::impl::series_of(const std::string& model) {
+  auto& i = *this;
+  std::lock_guard<std::mutex> guard{i.series_mtx};
+  auto& s = i.series[model];
+  if (s) return *s;
+  pm::Labels l{{"model", model}};
+  auto v = vllm_labels(model);
+  s.reset(new model_series{
+      &i.queue.Add(l),
+      &i.v_waiting.Add(v),
+      &i.running.Add(l),
+      &i.v_running.Add(v),
+      &i.latency.Add(l, pm::Histogram::BucketBoundaries{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
+                                                        2.5, 5, 10, 30}),
+      &i.ttft.Add(l, ttft_b),
+      &i.itl.Add(l, itl_b),
+      &i.e2e.Add(l, e2e_b),
+      &i.queue_time.Add(l, e2e_b),
+      &i.swap_wait.Add(l, ttft_b),
+      &i.prompt_tokens.Add(l),
+      &i.generation_tokens.Add(l),
+      &i.batches.Add(l),
+      &i.v_ttft.Add(v, ttft_b),
+      &i.v_prefill.Add(v, e2e_b),
+      &i.v_decode.Add(v, e2e_b),
+      &i.v_itl.Add(v, itl_b),
+      &i.v_e2e.Add(v, e2e_b),
+      &i.v_queue.Add(v, e2e_b),
+      &i.v_request_prompt.Add(v, tokens_b),
+      &i.v_request_generation.Add(v, tokens_b),
+      &i.v_prompt_tokens.Add(v),
+      &i.v_generation_tokens.Add(v)});
+  return *s;
+}
+
 metrics::metrics() : impl_(std::make_unique<impl>()) {}
 
 metrics::~metrics() = default;
@@ -323,56 +388,68 @@ std::string metrics::render() const {
 }
 
 void metrics::request_done(const std::string& model, const std::string& outcome, double seconds) {
-  impl_->requests.Add({{"model", model}, {"outcome", outcome}}).Increment();
-  if (outcome == "ok")
-    impl_->latency
-        .Add({{"model", model}}, pm::Histogram::BucketBoundaries{0.005, 0.01, 0.025, 0.05, 0.1,
-                                                                 0.25, 0.5, 1, 2.5, 5, 10, 30})
-        .Observe(seconds);
+  auto& m = impl_->series_of(model);
+  impl_
+      ->counter_in(m.outcomes, outcome, impl_->requests,
+                   [&] {
+                     return pm::Labels{{"model", model}, {"outcome", outcome}};
+                   })
+      .Increment();
+  if (outcome == "ok") m.latency->Observe(seconds);
 }
 
 void metrics::queue_depth(const std::string& model, size_t depth) {
-  impl_->queue.Add({{"model", model}}).Set(static_cast<double>(depth));
-  impl_->v_waiting.Add(vllm_labels(model)).Set(static_cast<double>(depth));
+  auto& m = impl_->series_of(model);
+  m.queue->Set(static_cast<double>(depth));
+  m.v_waiting->Set(static_cast<double>(depth));
 }
 
 void metrics::running_requests(const std::string& model, size_t rows) {
-  impl_->running.Add({{"model", model}}).Set(static_cast<double>(rows));
-  impl_->v_running.Add(vllm_labels(model)).Set(static_cast<double>(rows));
+  auto& m = impl_->series_of(model);
+  m.running->Set(static_cast<double>(rows));
+  m.v_running->Set(static_cast<double>(rows));
 }
 
 void metrics::request_timeline(const std::string& model, const actors::request_timeline& t) {
-  pm::Labels l{{"model", model}};
-  if (t.ttft_s >= 0) impl_->ttft.Add(l, ttft_b).Observe(t.ttft_s);
-  auto& itl = impl_->itl.Add(l, itl_b);
-  for (auto s : t.itl_s) itl.Observe(s);
-  impl_->e2e.Add(l, e2e_b).Observe(t.e2e_s);
-  impl_->queue_time.Add(l, e2e_b).Observe(t.queue_s);
-  impl_->swap_wait.Add(l, ttft_b).Observe(t.swap_s);
-  impl_->prompt_tokens.Add(l).Increment(static_cast<double>(t.prompt_tokens));
-  impl_->generation_tokens.Add(l).Increment(static_cast<double>(t.generation_tokens));
-  auto v = vllm_labels(model);
-  auto& i = *impl_;
+  auto& m = impl_->series_of(model);
   if (t.ttft_s >= 0) {
-    i.v_ttft.Add(v, ttft_b).Observe(t.ttft_s);
-    i.v_prefill.Add(v, e2e_b).Observe(std::max(0.0, t.ttft_s - t.queue_s));
-    i.v_decode.Add(v, e2e_b).Observe(std::max(0.0, t.e2e_s - t.ttft_s));
+    m.ttft->Observe(t.ttft_s);
+    m.v_ttft->Observe(t.ttft_s);
+    m.v_prefill->Observe(std::max(0.0, t.ttft_s - t.queue_s));
+    m.v_decode->Observe(std::max(0.0, t.e2e_s - t.ttft_s));
   }
-  auto& vitl = i.v_itl.Add(v, itl_b);
-  for (auto s : t.itl_s) vitl.Observe(s);
-  i.v_e2e.Add(v, e2e_b).Observe(t.e2e_s);
-  i.v_queue.Add(v, e2e_b).Observe(t.queue_s);
-  i.v_prompt_tokens.Add(v).Increment(static_cast<double>(t.prompt_tokens));
-  i.v_generation_tokens.Add(v).Increment(static_cast<double>(t.generation_tokens));
-  i.v_request_prompt.Add(v, tokens_b).Observe(static_cast<double>(t.prompt_tokens));
-  i.v_request_generation.Add(v, tokens_b).Observe(static_cast<double>(t.generation_tokens));
+  for (auto s : t.itl_s) {
+    m.itl->Observe(s);
+    m.v_itl->Observe(s);
+  }
+  m.e2e->Observe(t.e2e_s);
+  m.queue_time->Observe(t.queue_s);
+  m.swap_wait->Observe(t.swap_s);
+  m.prompt_tokens->Increment(static_cast<double>(t.prompt_tokens));
+  m.generation_tokens->Increment(static_cast<double>(t.generation_tokens));
+  m.v_e2e->Observe(t.e2e_s);
+  m.v_queue->Observe(t.queue_s);
+  m.v_prompt_tokens->Increment(static_cast<double>(t.prompt_tokens));
+  m.v_generation_tokens->Increment(static_cast<double>(t.generation_tokens));
+  m.v_request_prompt->Observe(static_cast<double>(t.prompt_tokens));
+  m.v_request_generation->Observe(static_cast<double>(t.generation_tokens));
   auto reason = t.finish_reason == "cancelled" ? std::string{"abort"} : t.finish_reason;
   if (!reason.empty())
-    i.v_success.Add({{"model_name", model}, {"finished_reason", reason}}).Increment();
+    impl_
+        ->counter_in(m.reasons, reason, impl_->v_success,
+                     [&] {
+                       return pm::Labels{{"model_name", model}, {"finished_reason", reason}};
+                     })
+        .Increment();
 }
 
 void metrics::http_response(const std::string& route, int status) {
-  impl_->http.Add({{"code", std::to_string(status)}, {"route", route}}).Increment();
+  impl_
+      ->counter_in(impl_->http_codes, {status, route}, impl_->http,
+                   [&] {
+                     return pm::Labels{{"code", std::to_string(status)}, {"route", route}};
+                   })
+      .Increment();
 }
 
 namespace {
@@ -385,7 +462,7 @@ pm::Labels lane_labels(int32_t device, int32_t lane) {
 
 void metrics::batch_done(const std::string& model, const std::vector<int32_t>& devices,
                          const std::vector<int32_t>& lanes, size_t rows, double, double seconds) {
-  impl_->batches.Add({{"model", model}}).Increment();
+  impl_->series_of(model).batches->Increment();
   impl_->rows_hist.Observe(static_cast<double>(rows));
   for (size_t k = 0; k < devices.size(); ++k)
     impl_->gpulet_busy.Add(lane_labels(devices[k], k < lanes.size() ? lanes[k] : 0))
@@ -412,32 +489,16 @@ void metrics::model_registered(const std::string& model, const std::vector<int32
   // Every series of a model from its registration on, at 0: a dashboard's rate() and an
   // alert on a counter need the series before its first event.
   auto& i = *impl_;
+  i.series_of(model);  // the series each request or batch updates
   pm::Labels l{{"model", model}};
   i.preemptions.Add(l);
   i.prefill_chunks.Add(l);
   i.prefill_chunk_tokens.Add(l);
-  i.prompt_tokens.Add(l);
-  i.generation_tokens.Add(l);
-  i.queue.Add(l);
-  i.running.Add(l);
-  i.batches.Add(l);
   auto v = vllm_labels(model);
-  i.v_running.Add(v);
-  i.v_waiting.Add(v);
   i.v_kv_usage.Add(v);
   i.v_preemptions.Add(v);
-  i.v_prompt_tokens.Add(v);
-  i.v_generation_tokens.Add(v);
   for (auto reason : {"stop", "length", "abort"})
     i.v_success.Add({{"model_name", model}, {"finished_reason", reason}});
-  i.v_request_prompt.Add(v, tokens_b);
-  i.v_request_generation.Add(v, tokens_b);
-  i.v_ttft.Add(v, ttft_b);
-  i.v_itl.Add(v, itl_b);
-  i.v_e2e.Add(v, e2e_b);
-  i.v_queue.Add(v, e2e_b);
-  i.v_prefill.Add(v, e2e_b);
-  i.v_decode.Add(v, e2e_b);
   {
     std::lock_guard<std::mutex> guard{i.kv_mtx};
     i.devices_of[model] = devices;

@@ -200,6 +200,14 @@ bench_cli::bench_cli(CLI::App& bench_cmd) {
       ->capture_default_str();
   rt_cmd->add_option("--latency-requests", rtb.latency_requests, "sequential requests timed")
       ->capture_default_str();
+  rt_cmd->add_option("--decode-tokens", rtb.decode_tokens, "tokens each decode request generates")
+      ->capture_default_str();
+  rt_cmd->add_option("--decode-rows", rtb.decode_rows, "rows of the decode part's larger batch")
+      ->capture_default_str();
+  rt_cmd->add_option("--decode-repeats", rtb.decode_repeats, "decode rounds (median)")
+      ->capture_default_str();
+  rt_cmd->add_flag("--caf-polling", rtb.caf_polling,
+                   "CAF's own idle polling instead of the default prompt one (a comparison)");
   rt_cmd->add_option("--swap-mb", rt_swap_mb, "model size of the swap part, MiB")
       ->capture_default_str();
   rt_cmd->add_option("--link-gbps", rtb.link_gbps, "emulated link rate, GB/s")

@@ -10,7 +10,9 @@
 #include <caf/binary_serializer.hpp>
 #include <caf/event_based_actor.hpp>
 #include <caf/message.hpp>
+#include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
+#include <caf/settings.hpp>
 
 #include "actors/interfaces.hpp"
 #include "actors/messages.hpp"
@@ -121,4 +123,33 @@ TEST_CASE("same_weights compares the fields that decide a shard's bytes, and onl
     INFO("change " << i);
     CHECK_FALSE(same_weights(m, c));
   }
+}
+
+TEST_CASE(
+    "every process's scheduler waits for work on its condition variable, not in 50 us "
+    "sleeps",
+    "[actors][messages]") {
+  // The prompt default (actors/node.hpp) skips CAF's sleeping polls, whose sleeps a message
+  // from a lane's thread waits out; the actor system's workers read these keys at start.
+  auto moderate = [](const caf::actor_system_config& c) {
+    return caf::get_or(c, "work-stealing.moderate-poll-attempts", size_t{999999});
+  };
+  auto relaxed = [](const caf::actor_system_config& c) {
+    return caf::get_or(c, "work-stealing.relaxed-sleep-duration", caf::timespan{0});
+  };
+  system_config prompt;
+  CHECK(moderate(prompt) == 0);
+  CHECK(relaxed(prompt) == caf::timespan{std::chrono::milliseconds(1)});
+  // CAF's own, for comparisons (computron bench runtime --caf-polling): nothing set.
+  system_config own{idle_polling::caf};
+  CHECK(moderate(own) == 999999);
+  CHECK(relaxed(own) == caf::timespan{0});
+  // A system starts and answers with the prompt settings.
+  caf::actor_system sys{prompt};
+  auto echo = sys.spawn([]() -> caf::behavior { return {[](int32_t x) { return x + 1; }}; });
+  caf::scoped_actor self{sys};
+  int32_t got = 0;
+  self->request(echo, std::chrono::seconds(10), int32_t{41})
+      .receive([&](int32_t x) { got = x; }, [](caf::error&) {});
+  CHECK(got == 42);
 }
