@@ -64,15 +64,30 @@ caf::expected<double> timed(caf::scoped_actor& self, const runtime& rt, bool loa
   return since(t0);
 }
 
+/// Shuts the runtime down however its part ends (an early error return too: the actor
+/// system's destructor would otherwise wait for the runtime's actors forever).
+struct running {
+  runtime rt;
+  ~running() { rt.shutdown(); }
+};
+
+caf::expected<std::unique_ptr<running>> start(caf::actor_system& sys, const runtime_options& ro) {
+  auto rt = start_runtime(sys, ro, torch_free_engines());
+  if (!rt) return rt.error();
+  auto r = std::make_unique<running>();  // no temporary whose destructor would shut it down
+  r->rt = std::move(*rt);
+  return r;
+}
+
 }  // namespace
 
 caf::expected<runtime_bench_result> run_runtime_bench(const runtime_bench_options& o) {
   if (o.clients < 1 || !(o.seconds > 0) || o.latency_requests < 1 || o.swap_repeats < 1 ||
-      o.swap_bytes < (4u << 20) || o.decode_tokens < 1 || o.decode_rows < 1 || o.decode_rows > 64 ||
-      o.decode_repeats < 1)
+      o.swap_bytes < (4u << 20) || o.decode_tokens < 1 || o.decode_tokens > 4000 ||
+      o.decode_rows < 1 || o.decode_rows > 64 || o.decode_repeats < 1)
     return make_error(ec::invalid_request,
-                      "clients, seconds, requests, tokens and repeats must be positive; decode "
-                      "rows 1-64; swap >= 4 MiB");
+                      "clients, seconds, requests and repeats must be positive; decode tokens "
+                      "1-4000 (the toy's 4096 positions); decode rows 1-64; swap >= 4 MiB");
   runtime_bench_result res;
   res.caf_polling = o.caf_polling;
   system_config cfg{o.caf_polling ? idle_polling::caf : idle_polling::prompt};
@@ -90,10 +105,11 @@ caf::expected<runtime_bench_result> run_runtime_bench(const runtime_bench_option
     ro.frontend.max_outstanding_per_model = 100000;
     auto metrics = std::make_shared<net::metrics>();
     ro.obs = metrics;
-    auto rt = start_runtime(sys, ro, torch_free_engines());
-    if (!rt) return rt.error();
-    if (auto err = add(self, *rt, toy("m", 1, {0}, 4096))) return err;
-    if (auto t = timed(self, *rt, true, "m"); !t) return t.error();
+    auto started = start(sys, ro);
+    if (!started) return started.error();
+    auto& rt = (*started)->rt;
+    if (auto err = add(self, rt, toy("m", 1, {0}, 4096))) return err;
+    if (auto t = timed(self, rt, true, "m"); !t) return t.error();
     // Added latency: one request at a time; what the actors add on top of the compute.
     std::vector<double> added;
     for (int i = 0; i < o.latency_requests; ++i) {
@@ -103,7 +119,7 @@ caf::expected<runtime_bench_result> run_runtime_bench(const runtime_bench_option
       auto t0 = clock_type::now();
       caf::error err;
       double compute_ms = 0;
-      self->request(rt->frontend, 10s, infer_atom_v, r)
+      self->request(rt.frontend, 10s, infer_atom_v, r)
           .receive([&](infer_reply& rep) { compute_ms = rep.compute_ms; },
                    [&](caf::error& e) { err = e; });
       if (err) return err;
@@ -111,47 +127,6 @@ caf::expected<runtime_bench_result> run_runtime_bench(const runtime_bench_option
     }
     res.added_p50_ms = percentile(added, 0.5);
     res.added_p99_ms = percentile(added, 0.99);
-    // Decode: what the actors add to each decode step of a running batch (the toy computes
-    // nothing): batch 1, then `decode_rows` rows that start together.
-    {
-      auto decode = [&](int rows) -> caf::expected<double> {
-        std::vector<std::thread> gen;
-        std::vector<caf::error> errs(static_cast<size_t>(rows));
-        std::vector<double> per_step(static_cast<size_t>(rows));
-        for (int c = 0; c < rows; ++c)
-          gen.emplace_back([&, c] {
-            caf::scoped_actor me{sys};
-            infer_request r;
-            r.model = "m";
-            r.tokens = {c + 1, 2, 3};
-            r.max_tokens = o.decode_tokens;
-            me->request(rt->frontend, 60s, infer_atom_v, r)
-                .receive(
-                    [&](infer_reply& rep) {
-                      per_step[static_cast<size_t>(c)] =
-                          (rep.total_ms - rep.queue_ms - rep.compute_ms) /
-                          static_cast<double>(std::max<size_t>(1, rep.tokens.size()));
-                    },
-                    [&](caf::error& e) { errs[static_cast<size_t>(c)] = e; });
-          });
-        for (auto& t : gen) t.join();
-        for (auto& e : errs)
-          if (e) return e;
-        return percentile(per_step, 0.5);
-      };
-      std::vector<double> one, many;
-      for (int i = 0; i < o.decode_repeats; ++i) {
-        auto a = decode(1);
-        if (!a) return a.error();
-        one.push_back(*a);
-        auto b = decode(o.decode_rows);
-        if (!b) return b.error();
-        many.push_back(*b);
-      }
-      res.decode_host_ms_1 = percentile(one, 0.5);
-      res.decode_host_ms_many = percentile(many, 0.5);
-      res.decode_rows = o.decode_rows;
-    }
     // Dispatch rate: closed loop, `clients` requests always in flight.
     std::atomic<uint64_t> done{0};
     std::atomic<uint64_t> batches{0};
@@ -166,7 +141,7 @@ caf::expected<runtime_bench_result> run_runtime_bench(const runtime_bench_option
           infer_request r;
           r.model = "m";
           r.tokens = {c + 1, 2};
-          me->request(rt->frontend, 10s, infer_atom_v, r)
+          me->request(rt.frontend, 10s, infer_atom_v, r)
               .receive(
                   [&](infer_reply& rep) {
                     ++done;
@@ -188,7 +163,7 @@ caf::expected<runtime_bench_result> run_runtime_bench(const runtime_bench_option
     // HTTP: the same model behind the real server, keep-alive connections.
     net::http_options ho;
     ho.port = 0;
-    auto srv = net::http_server::start(sys, rt->frontend, metrics, nullptr, ho);
+    auto srv = net::http_server::start(sys, rt.frontend, metrics, nullptr, ho);
     if (!srv) return srv.error();
     std::atomic<uint64_t> http_done{0};
     std::vector<std::vector<double>> lat(static_cast<size_t>(o.clients));
@@ -217,32 +192,91 @@ caf::expected<runtime_bench_result> run_runtime_bench(const runtime_bench_option
     for (auto& l : lat) all.insert(all.end(), l.begin(), l.end());
     res.http_p50_ms = percentile(all, 0.5);
     (*srv)->stop();
-    rt->shutdown();
   }
 
-  // Part 3: a swap through the actors: 4 shards on 4 links against 1 shard on 1 link.
+  // Part 3: decode. What the actors add to each decode step of a running batch (the toy
+  // computes nothing): batch 1, then `decode_rows` rows taken into one batch together (the
+  // batch window waits for them), so that no row joins a batch already running.
+  {
+    runtime_options ro;
+    ro.devices.kind = "emulated";
+    ro.devices.count = 1;
+    ro.devices.emulated_capacity_bytes = 64ull << 20;
+    ro.manager.batching.max_batch_size = std::max(8, o.decode_rows);
+    ro.manager.batching.batch_window = 50ms;
+    auto started = start(sys, ro);
+    if (!started) return started.error();
+    auto& rt = (*started)->rt;
+    if (auto err = add(self, rt, toy("m", 1, {0}, 4096))) return err;
+    if (auto t = timed(self, rt, true, "m"); !t) return t.error();
+    auto decode = [&](int rows) -> caf::expected<double> {
+      std::vector<std::thread> gen;
+      std::vector<caf::error> errs(static_cast<size_t>(rows));
+      std::vector<double> per_step(static_cast<size_t>(rows));
+      std::vector<uint32_t> together(static_cast<size_t>(rows));
+      for (int c = 0; c < rows; ++c)
+        gen.emplace_back([&, c] {
+          caf::scoped_actor me{sys};
+          infer_request r;
+          r.model = "m";
+          r.tokens = {c + 1, 2, 3};
+          r.max_tokens = o.decode_tokens;
+          me->request(rt.frontend, 60s, infer_atom_v, r)
+              .receive(
+                  [&](infer_reply& rep) {
+                    per_step[static_cast<size_t>(c)] =
+                        (rep.total_ms - rep.queue_ms - rep.compute_ms) /
+                        static_cast<double>(std::max<size_t>(1, rep.tokens.size()));
+                    together[static_cast<size_t>(c)] = rep.batch_size;
+                  },
+                  [&](caf::error& e) { errs[static_cast<size_t>(c)] = e; });
+        });
+      for (auto& t : gen) t.join();
+      for (auto& e : errs)
+        if (e) return e;
+      // Rows that joined a running batch would charge it steps they did not take.
+      if (*std::min_element(together.begin(), together.end()) != static_cast<uint32_t>(rows))
+        return make_error(ec::unavailable,
+                          fmt::format("the decode part's {} rows did not run as one batch", rows));
+      return percentile(per_step, 0.5);
+    };
+    std::vector<double> one, many;
+    for (int i = 0; i < o.decode_repeats; ++i) {
+      auto a = decode(1);
+      if (!a) return a.error();
+      one.push_back(*a);
+      auto b = decode(o.decode_rows);
+      if (!b) return b.error();
+      many.push_back(*b);
+    }
+    res.decode_host_ms_1 = percentile(one, 0.5);
+    res.decode_host_ms_many = percentile(many, 0.5);
+    res.decode_rows = o.decode_rows;
+  }
+
+  // Part 4: a swap through the actors: 4 shards on 4 links against 1 shard on 1 link.
   {
     runtime_options ro;
     ro.devices.kind = "emulated";
     ro.devices.count = 4;
     ro.devices.emulated_capacity_bytes = o.swap_bytes + (64ull << 20);
     ro.devices.emulated_link_gbps = o.link_gbps;
-    auto rt = start_runtime(sys, ro, torch_free_engines());
-    if (!rt) return rt.error();
-    if (auto err = add(self, *rt, toy("four", 4, {0, 1, 2, 3}, o.swap_bytes / 4))) return err;
-    if (auto err = add(self, *rt, toy("one", 1, {0}, o.swap_bytes))) return err;
+    auto started = start(sys, ro);
+    if (!started) return started.error();
+    auto& rt = (*started)->rt;
+    if (auto err = add(self, rt, toy("four", 4, {0, 1, 2, 3}, o.swap_bytes / 4))) return err;
+    if (auto err = add(self, rt, toy("one", 1, {0}, o.swap_bytes))) return err;
     std::vector<double> four, one;
     for (int i = 0; i < o.swap_repeats + 1; ++i)
       for (auto [name, out] : {std::pair{"four", &four}, std::pair{"one", &one}}) {
-        auto t = timed(self, *rt, true, name);
+        auto t = timed(self, rt, true, name);
         if (!t) return t.error();
         if (i > 0) out->push_back(*t);  // the first round faults the memory in
-        if (auto u = timed(self, *rt, false, name); !u) return u.error();
+        if (auto u = timed(self, rt, false, name); !u) return u.error();
       }
     res.load_4_shards_s = percentile(four, 0.5);
     res.load_1_shard_s = percentile(one, 0.5);
     res.swap_speedup = res.load_4_shards_s > 0 ? res.load_1_shard_s / res.load_4_shards_s : 0;
-    rt->shutdown();
   }
   return res;
 }

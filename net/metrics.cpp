@@ -299,6 +299,7 @@ struct metrics::impl {
   std::mutex series_mtx;
   std::unordered_map<std::string, std::unique_ptr<model_series>> series{};
   std::map<std::pair<int, std::string>, pm::Counter*> http_codes{};
+  std::map<std::pair<std::string, std::string>, pm::Counter*> outcomes{};
   pm::Gauge& resident_gauge = resident.Add({});
   pm::Histogram& rows_hist =
       batch_rows.Add({}, pm::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64});
@@ -338,8 +339,8 @@ struct metrics::impl::model_series {
   pm::Histogram *v_ttft, *v_prefill, *v_decode, *v_itl, *v_e2e, *v_queue, *v_request_prompt,
       *v_request_generation;
   pm::Counter *v_prompt_tokens, *v_generation_tokens;
-  /// By outcome (computron_requests_total) and by finish reason (vLLM's successes).
-  std::map<std::string, pm::Counter*> outcomes{}, reasons{};
+  /// By finish reason (vLLM's successes).
+  std::map<std::string, pm::Counter*> reasons{};
 };
 
 metrics::impl::model_series& metrics::impl::series_of(const std::string& model) {
@@ -388,14 +389,15 @@ std::string metrics::render() const {
 }
 
 void metrics::request_done(const std::string& model, const std::string& outcome, double seconds) {
-  auto& m = impl_->series_of(model);
+  // Not through series_of: the frontend counts an overloaded request before it knows
+  // whether its model exists, and a made-up name must cost one counter, not every series.
   impl_
-      ->counter_in(m.outcomes, outcome, impl_->requests,
+      ->counter_in(impl_->outcomes, {model, outcome}, impl_->requests,
                    [&] {
                      return pm::Labels{{"model", model}, {"outcome", outcome}};
                    })
       .Increment();
-  if (outcome == "ok") m.latency->Observe(seconds);
+  if (outcome == "ok") impl_->series_of(model).latency->Observe(seconds);
 }
 
 void metrics::queue_depth(const std::string& model, size_t depth) {
