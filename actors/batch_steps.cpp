@@ -101,9 +101,19 @@ void send_step(manager_pointer self, const batch_ptr& b, step_request req,
       r.lanes.partitions.push_back(st.disp->partition_of(m.index, pos));
     }
     auto first = r.route[0];
-    self->request(first, timeout, step_atom_v, std::move(r))
-        .then([=](step_result& res) { j->ok(rank, std::move(res)); },
-              [=](caf::error& e) { j->failed(std::move(e), rank); });
+    // Bounded by the manager's tick, not a CAF timeout (model_manager_state::step_waits).
+    auto w = std::make_shared<reply_wait>();
+    w->deadline = now(self) + timeout;
+    w->expire = [=] { j->failed(make_error(caf::sec::request_timeout), rank); };
+    watch_step(self, w);
+    self->request(first, caf::infinite, step_atom_v, std::move(r))
+        .then(
+            [=](step_result& res) {
+              if (w->answer()) j->ok(rank, std::move(res));
+            },
+            [=](caf::error& e) {
+              if (w->answer()) j->failed(std::move(e), rank);
+            });
   }
 }
 
@@ -323,6 +333,47 @@ void prefill_joiners(manager_pointer self, const batch_ptr& b, const sched::join
 }
 
 }  // namespace
+
+namespace {
+
+/// A tick at the earliest deadline of the steps awaited, unless one comes no later.
+void tick_for_steps(manager_pointer self) {
+  auto& st = self->state;
+  if (st.step_waits.empty()) return;
+  auto first = sched::time_point::max();
+  for (auto& w : st.step_waits)
+    if (!w->answered) first = std::min(first, w->deadline);
+  if (first == sched::time_point::max() || first >= st.step_tick_at) return;
+  st.step_tick_at = first;
+  // Rounded up: a tick that came a hair early would find nothing due and wait for none.
+  auto in = std::max(std::chrono::microseconds{0},
+                     std::chrono::ceil<std::chrono::microseconds>(first - now(self)));
+  self->delayed_send(self, in, tick_atom_v);
+}
+
+}  // namespace
+
+void watch_step(manager_pointer self, std::shared_ptr<reply_wait> w) {
+  auto& st = self->state;
+  // Answered waits leave at ticks; a long run of steps between two ticks (deadlines are
+  // minutes away) must not collect them.
+  if (st.step_waits.size() >= 64)
+    st.step_waits.erase(std::remove_if(st.step_waits.begin(), st.step_waits.end(),
+                                       [](auto& x) { return x->answered; }),
+                        st.step_waits.end());
+  st.step_waits.push_back(std::move(w));
+  tick_for_steps(self);
+}
+
+void expire_step_waits(manager_pointer self) {
+  auto& st = self->state;
+  auto t = now(self);
+  // The tick for `step_tick_at` has come (or another tick after it): the next is due anew.
+  if (st.step_tick_at <= t + std::chrono::milliseconds(1))
+    st.step_tick_at = sched::time_point::max();
+  expire_waits(st.step_waits, t);
+  tick_for_steps(self);
+}
 
 /// Runs step `step` of the rows in b->sent.
 void run_step(manager_pointer self, const batch_ptr& b, int64_t step,

@@ -44,7 +44,7 @@ void lease_adapters(manager_pointer self, const batch_ptr& b, const std::vector<
     // deadline the row fails as unavailable, which a client may retry, and the batch goes
     // on). The scheduler's answer is awaited without a timeout: a lease granted after the
     // manager gave up is given back at once, never left held by nobody.
-    auto w = std::make_shared<adapter_wait>();
+    auto w = std::make_shared<reply_wait>();
     w->deadline = deadline;
     w->expire = [=] {
       (*failed)[name] = make_error(
@@ -79,11 +79,8 @@ void lease_adapters(manager_pointer self, const batch_ptr& b, const std::vector<
   }
 }
 
-void expire_adapter_waits(manager_pointer self) {
-  auto& st = self->state;
-  auto t = now(self);
-  std::vector<std::shared_ptr<adapter_wait>> due;
-  auto& ws = st.adapter_waits;
+void expire_waits(std::vector<std::shared_ptr<reply_wait>>& ws, sched::time_point t) {
+  std::vector<std::shared_ptr<reply_wait>> due;
   for (auto i = ws.begin(); i != ws.end();) {
     if ((*i)->answered) {
       i = ws.erase(i);
@@ -95,7 +92,12 @@ void expire_adapter_waits(manager_pointer self) {
       ++i;
     }
   }
+  // After the list is settled: an expiry may start more waits.
   for (auto& w : due) w->expire();
+}
+
+void expire_adapter_waits(manager_pointer self) {
+  expire_waits(self->state.adapter_waits, now(self));
 }
 
 void release_unused_adapters(manager_pointer self, const batch_ptr& b,

@@ -498,6 +498,7 @@ model_manager_actor::behavior_type model_manager(manager_pointer self, model_man
       [=](report_atom) -> caf::result<caf::settings> { return report(self); },
       [=](tick_atom) {
         expire_adapter_waits(self);
+        expire_step_waits(self);
         carry_out(self, self->state.disp->tick(now(self)));
       },
   };

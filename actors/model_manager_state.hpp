@@ -127,13 +127,20 @@ struct managed_model {
   bool unregistering = false;
 };
 
-/// A batch's wait for one adapter lease (manager_adapters.cpp): bounded by `deadline`,
-/// checked at the manager's ticks. Given up: the lease, if it comes, goes straight back.
-struct adapter_wait {
+/// A wait for one reply, bounded by `deadline` and checked at the manager's ticks: a
+/// batch's wait for an adapter lease (manager_adapters.cpp; given up, the lease, if it
+/// comes, goes straight back), or for a rank's answer to a step (batch_steps.cpp).
+struct reply_wait {
   sched::time_point deadline{};
   bool answered = false;
   bool given_up = false;
   std::function<void()> expire;
+  /// The reply came before its deadline: true once, false if the wait was given up.
+  bool answer() {
+    if (given_up || answered) return false;
+    answered = true;
+    return true;
+  }
 };
 
 struct model_manager_state {
@@ -163,7 +170,13 @@ struct model_manager_state {
   /// Rows running per model (the running-requests gauge).
   std::map<std::string, size_t> running;
   /// Adapter leases batches wait for, each with its deadline.
-  std::vector<std::shared_ptr<adapter_wait>> adapter_waits;
+  std::vector<std::shared_ptr<reply_wait>> adapter_waits;
+  /// Steps awaited by their ranks, each with its deadline. A step's request carries no
+  /// CAF timeout: each would cost two wake-ups of CAF's timer thread per step (set, then
+  /// cancelled by the reply), a tenth of a decode step's host time. One tick at the
+  /// earliest deadline checks them all (`step_tick_at`: when it is due; none: max).
+  std::vector<std::shared_ptr<reply_wait>> step_waits;
+  sched::time_point step_tick_at = sched::time_point::max();
 
   sched::batcher& queues() { return disp->queues(); }
 };
@@ -237,7 +250,14 @@ void lease_adapters(manager_pointer self, const batch_ptr& b, const std::vector<
 /// (manager_report.cpp).
 caf::result<caf::settings> report(manager_pointer self);
 /// Gives up the adapter waits past their deadline (the manager's tick).
+/// Gives up on the waits in `ws` whose deadline passed (their `expire` runs) and drops
+/// those answered.
+void expire_waits(std::vector<std::shared_ptr<reply_wait>>& ws, sched::time_point t);
 void expire_adapter_waits(manager_pointer self);
+/// Awaits a step's reply until w->deadline (batch_steps.cpp); at the manager's ticks,
+/// expire_step_waits gives up on those past it (their `expire` runs).
+void watch_step(manager_pointer self, std::shared_ptr<reply_wait> w);
+void expire_step_waits(manager_pointer self);
 /// Gives back every adapter lease b holds.
 void release_adapters(manager_pointer self, const batch_ptr& b);
 /// Gives back the adapter leases of b that none of its running or joining rows uses (nor
