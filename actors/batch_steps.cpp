@@ -334,45 +334,13 @@ void prefill_joiners(manager_pointer self, const batch_ptr& b, const sched::join
 
 }  // namespace
 
-namespace {
-
-/// A tick at the earliest deadline of the steps awaited, unless one comes no later.
-void tick_for_steps(manager_pointer self) {
-  auto& st = self->state;
-  if (st.step_waits.empty()) return;
-  auto first = sched::time_point::max();
-  for (auto& w : st.step_waits)
-    if (!w->answered) first = std::min(first, w->deadline);
-  if (first == sched::time_point::max() || first >= st.step_tick_at) return;
-  st.step_tick_at = first;
-  // Rounded up: a tick that came a hair early would find nothing due and wait for none.
-  auto in = std::max(std::chrono::microseconds{0},
-                     std::chrono::ceil<std::chrono::microseconds>(first - now(self)));
-  self->delayed_send(self, in, tick_atom_v);
-}
-
-}  // namespace
-
 void watch_step(manager_pointer self, std::shared_ptr<reply_wait> w) {
-  auto& st = self->state;
-  // Answered waits leave at ticks; a long run of steps between two ticks (deadlines are
-  // minutes away) must not collect them.
-  if (st.step_waits.size() >= 64)
-    st.step_waits.erase(std::remove_if(st.step_waits.begin(), st.step_waits.end(),
-                                       [](auto& x) { return x->answered; }),
-                        st.step_waits.end());
-  st.step_waits.push_back(std::move(w));
-  tick_for_steps(self);
+  if (auto in = self->state.step_waits.watch(std::move(w), now(self)))
+    self->delayed_send(self, *in, tick_atom_v);
 }
 
 void expire_step_waits(manager_pointer self) {
-  auto& st = self->state;
-  auto t = now(self);
-  // The tick for `step_tick_at` has come (or another tick after it): the next is due anew.
-  if (st.step_tick_at <= t + std::chrono::milliseconds(1))
-    st.step_tick_at = sched::time_point::max();
-  expire_waits(st.step_waits, t);
-  tick_for_steps(self);
+  if (auto in = self->state.step_waits.tick(now(self))) self->delayed_send(self, *in, tick_atom_v);
 }
 
 /// Runs step `step` of the rows in b->sent.

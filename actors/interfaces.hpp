@@ -56,6 +56,9 @@ using shard_worker_actor = caf::typed_actor<
     caf::replies_to<step_atom, step_request>::with<step_result>,
     /// Drops the caches of a batch that ended early (model, batch id).
     caf::reacts_to<cancel_atom, std::string, uint64_t>,
+    /// Its own timer (it sends it to itself): steps whose compute lane has not answered by
+    /// their deadline fail (reply_waits).
+    caf::reacts_to<tick_atom>,
     /// The device's capacity, use and link, and the shards held.
     caf::replies_to<devices_atom>::with<device_report>,
     /// Hosts the rendezvous of a tensor-parallel group whose ranks live on several

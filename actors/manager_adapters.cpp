@@ -79,23 +79,6 @@ void lease_adapters(manager_pointer self, const batch_ptr& b, const std::vector<
   }
 }
 
-void expire_waits(std::vector<std::shared_ptr<reply_wait>>& ws, sched::time_point t) {
-  std::vector<std::shared_ptr<reply_wait>> due;
-  for (auto i = ws.begin(); i != ws.end();) {
-    if ((*i)->answered) {
-      i = ws.erase(i);
-    } else if ((*i)->deadline <= t) {
-      (*i)->given_up = true;
-      due.push_back(*i);
-      i = ws.erase(i);
-    } else {
-      ++i;
-    }
-  }
-  // After the list is settled: an expiry may start more waits.
-  for (auto& w : due) w->expire();
-}
-
 void expire_adapter_waits(manager_pointer self) {
   expire_waits(self->state.adapter_waits, now(self));
 }

@@ -14,6 +14,7 @@
 #include <caf/all.hpp>
 
 #include "actors/model_manager.hpp"
+#include "actors/reply_waits.hpp"
 #include "models/sampling.hpp"
 #include "sched/dispatch.hpp"
 #include "sched/ledger.hpp"
@@ -127,22 +128,6 @@ struct managed_model {
   bool unregistering = false;
 };
 
-/// A wait for one reply, bounded by `deadline` and checked at the manager's ticks: a
-/// batch's wait for an adapter lease (manager_adapters.cpp; given up, the lease, if it
-/// comes, goes straight back), or for a rank's answer to a step (batch_steps.cpp).
-struct reply_wait {
-  sched::time_point deadline{};
-  bool answered = false;
-  bool given_up = false;
-  std::function<void()> expire;
-  /// The reply came before its deadline: true once, false if the wait was given up.
-  bool answer() {
-    if (given_up || answered) return false;
-    answered = true;
-    return true;
-  }
-};
-
 struct model_manager_state {
   static constexpr const char* name = "model_manager";
   model_manager_options opts;
@@ -171,12 +156,8 @@ struct model_manager_state {
   std::map<std::string, size_t> running;
   /// Adapter leases batches wait for, each with its deadline.
   std::vector<std::shared_ptr<reply_wait>> adapter_waits;
-  /// Steps awaited by their ranks, each with its deadline. A step's request carries no
-  /// CAF timeout: each would cost two wake-ups of CAF's timer thread per step (set, then
-  /// cancelled by the reply), a tenth of a decode step's host time. One tick at the
-  /// earliest deadline checks them all (`step_tick_at`: when it is due; none: max).
-  std::vector<std::shared_ptr<reply_wait>> step_waits;
-  sched::time_point step_tick_at = sched::time_point::max();
+  /// Steps' answers awaited from their ranks, without CAF request timeouts (reply_waits).
+  reply_waits step_waits;
 
   sched::batcher& queues() { return disp->queues(); }
 };
@@ -250,9 +231,6 @@ void lease_adapters(manager_pointer self, const batch_ptr& b, const std::vector<
 /// (manager_report.cpp).
 caf::result<caf::settings> report(manager_pointer self);
 /// Gives up the adapter waits past their deadline (the manager's tick).
-/// Gives up on the waits in `ws` whose deadline passed (their `expire` runs) and drops
-/// those answered.
-void expire_waits(std::vector<std::shared_ptr<reply_wait>>& ws, sched::time_point t);
 void expire_adapter_waits(manager_pointer self);
 /// Awaits a step's reply until w->deadline (batch_steps.cpp); at the manager's ticks,
 /// expire_step_waits gives up on those past it (their `expire` runs).

@@ -316,6 +316,10 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
         self->request(*lane, st.opts.step_timeout, run_atom_v, std::move(job))
             .then([](bool) {}, [](caf::error&) {});
       },
+      [=](tick_atom) {
+        if (auto in = self->state.lane_waits.tick(self->clock().now()))
+          self->delayed_send(self, *in, tick_atom_v);
+      },
       [=](devices_atom) -> device_report {
         auto& st = self->state;
         auto& info = st.dev->info();

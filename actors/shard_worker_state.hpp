@@ -15,6 +15,7 @@
 #include <caf/all.hpp>
 
 #include "actors/gpulet_clock.hpp"
+#include "actors/reply_waits.hpp"
 #include "actors/shard_worker.hpp"
 #include "engine/runner.hpp"
 
@@ -62,6 +63,9 @@ struct shard_worker_state {
   bool emulate_gpulets = false;
   std::map<std::string, shard_entry> shards;
   std::set<std::string> preparing;
+  /// Steps' lane jobs awaited without CAF request timeouts (reply_waits): the worker gives
+  /// up on a wedged step at its deadline all the same.
+  reply_waits lane_waits;
   uint64_t loads = 0;
   uint64_t bytes_loaded = 0;
   double load_seconds = 0;

@@ -168,9 +168,17 @@ caf::result<step_result> run_step(worker_pointer self, step_request& req) {
       w->state() == gpu::residency::loading ? timeout + st.opts.load_timeout : timeout;
   auto target = *lane;
   auto submit = [=]() mutable {
-    self->request(target, lane_timeout, run_atom_v, job)
+    // Bounded by the worker's tick, not a CAF timeout (reply_waits): a wedged step fails
+    // at its deadline with request_timeout, as it did.
+    auto wait = std::make_shared<reply_wait>();
+    wait->deadline = self->clock().now() + lane_timeout;
+    wait->expire = [rp]() mutable { rp.deliver(caf::make_error(caf::sec::request_timeout)); };
+    if (auto in = self->state.lane_waits.watch(wait, self->clock().now()))
+      self->delayed_send(self, *in, tick_atom_v);
+    self->request(target, caf::infinite, run_atom_v, job)
         .then(
             [=](bool) mutable {
+              if (!wait->answer()) return;
               if (last_stage) {
                 rp.deliver(std::move(*out));
                 return;
@@ -205,7 +213,9 @@ caf::result<step_result> run_step(worker_pointer self, step_request& req) {
                       },
                       [=](caf::error& err) mutable { rp.deliver(std::move(err)); });
             },
-            [=](caf::error& err) mutable { rp.deliver(std::move(err)); });
+            [=](caf::error& err) mutable {
+              if (wait->answer()) rp.deliver(std::move(err));
+            });
   };
   if (previous_lane == lane_index) {
     submit();

@@ -144,6 +144,8 @@ worker_guard_actor::behavior_type worker_guard(guard_pointer self, shard_worker_
       [=](cancel_atom, std::string& m, uint64_t batch) {
         if (self->state.online) self->send(self->state.target, cancel_atom_v, std::move(m), batch);
       },
+      // The worker's own timer: the one behind this guard ticks itself.
+      [=](tick_atom) {},
       [=](devices_atom) -> caf::result<device_report> {
         auto& st = self->state;
         if (!st.online) {

@@ -379,6 +379,7 @@ inline shard_worker_actor::behavior_type paced_worker(shard_worker_actor::pointe
         return rp;
       },
       [=](cancel_atom, std::string&, uint64_t) {},
+      [=](tick_atom) {},
       [=](devices_atom) { return device_report{}; },
       [=](group_atom, std::string&, int32_t) -> caf::result<std::string> {
         return make_error(ec::invalid_configuration, "paced workers host no groups");

@@ -187,6 +187,7 @@ inline actors::shard_worker_actor::behavior_type fake_worker(
       [=](cancel_atom, std::string& m, uint64_t batch) {
         script->rows[{device, m}].end(batch);
       },
+      [=](actors::tick_atom) {},
       [=](devices_atom) { return device_report{}; },
       [=](group_atom, std::string&, int32_t) -> caf::result<std::string> {
         return make_error(ec::invalid_configuration, "fake workers host no groups");
