@@ -28,6 +28,7 @@ struct reply_wait {
   bool answer() {
     if (given_up || answered) return false;
     answered = true;
+    expire = nullptr;  // what it holds (a join, a batch, a promise) need not wait for a tick
     return true;
   }
 };
@@ -47,7 +48,11 @@ inline void expire_waits(std::vector<std::shared_ptr<reply_wait>>& ws, wait_cloc
       ++i;
     }
   }
-  for (auto& w : due) w->expire();
+  for (auto& w : due) {
+    auto f = std::move(w->expire);
+    w->expire = nullptr;
+    if (f) f();
+  }
 }
 
 /// An actor's awaited replies and its one tick. Plain state: the owner passes the time and

@@ -209,7 +209,7 @@ caf::expected<runtime_bench_result> run_runtime_bench(const runtime_bench_option
     auto& rt = (*started)->rt;
     if (auto err = add(self, rt, toy("m", 1, {0}, 4096))) return err;
     if (auto t = timed(self, rt, true, "m"); !t) return t.error();
-    auto decode = [&](int rows) -> caf::expected<double> {
+    auto decode_once = [&](int rows) -> caf::expected<double> {
       std::vector<std::thread> gen;
       std::vector<caf::error> errs(static_cast<size_t>(rows));
       std::vector<double> per_step(static_cast<size_t>(rows));
@@ -239,6 +239,15 @@ caf::expected<runtime_bench_result> run_runtime_bench(const runtime_bench_option
         return make_error(ec::unavailable,
                           fmt::format("the decode part's {} rows did not run as one batch", rows));
       return percentile(per_step, 0.5);
+    };
+    // A loaded machine may start a row after the window closed: that round runs again.
+    auto decode = [&](int rows) -> caf::expected<double> {
+      caf::expected<double> r{0.0};
+      for (int attempt = 0; attempt < 3; ++attempt) {
+        r = decode_once(rows);
+        if (r || !is(r.error(), ec::unavailable)) return r;
+      }
+      return r;
     };
     std::vector<double> one, many;
     for (int i = 0; i < o.decode_repeats; ++i) {

@@ -94,3 +94,23 @@ TEST_CASE("answered waits do not pile up between ticks", "[actors][reply_waits]"
   CHECK(*kept[0].expired == 0);
   CHECK(ws.size() == 0);
 }
+
+TEST_CASE("an expiry that starts another wait gets that wait its tick",
+          "[actors][reply_waits]") {
+  // A failed step's batch may start another (a retry, the next batch of the model).
+  reply_waits ws;
+  const auto t0 = wait_clock::time_point{} + 1h;
+  counted next{t0 + 15s};
+  std::optional<std::chrono::microseconds> asked;
+  auto first = std::make_shared<reply_wait>();
+  first->deadline = t0 + 10s;
+  first->expire = [&] { asked = ws.watch(next.w, t0 + 10s); };
+  REQUIRE(ws.watch(first, t0));
+  // The expiry asked for the new wait's tick itself; the tick asks for none more.
+  CHECK_FALSE(ws.tick(t0 + 10s));
+  REQUIRE(asked);
+  CHECK(*asked == std::chrono::microseconds{5'000'000});
+  CHECK(first->expire == nullptr);  // what it held is let go
+  CHECK_FALSE(ws.tick(t0 + 15s));
+  CHECK(*next.expired == 1);
+}
