@@ -95,8 +95,7 @@ TEST_CASE("answered waits do not pile up between ticks", "[actors][reply_waits]"
   CHECK(ws.size() == 0);
 }
 
-TEST_CASE("an expiry that starts another wait gets that wait its tick",
-          "[actors][reply_waits]") {
+TEST_CASE("an expiry that starts another wait gets that wait its tick", "[actors][reply_waits]") {
   // A failed step's batch may start another (a retry, the next batch of the model).
   reply_waits ws;
   const auto t0 = wait_clock::time_point{} + 1h;

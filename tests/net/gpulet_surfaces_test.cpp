@@ -121,3 +121,37 @@ TEST_CASE("metrics expose each gpu-let's share and the seconds batches kept it b
   CHECK(line_of(text, R"(computron_gpulet_busy_seconds_total{device="0",lane="1"})") ==
         R"(computron_gpulet_busy_seconds_total{device="0",lane="1"} 0.75)");
 }
+
+TEST_CASE(
+    "per-request metrics count into the series found once, and a made-up model name "
+    "costs one counter",
+    "[net][metrics]") {
+  // The metrics keep each model's series after the first lookup (metrics.cpp series_of):
+  // repeated requests must land in the same series, and a request refused before anyone
+  // knew whether its model exists must not create that name's whole set.
+  net::metrics m;
+  m.model_registered("a", {0});
+  for (int i = 0; i < 3; ++i) {
+    m.request_done("a", "ok", 0.02);
+    m.http_response("/v1/completions", 200);
+  }
+  m.request_done("a", "error", 0);
+  m.request_done("nope", "overloaded", 0);
+  auto text = "\n" + m.render();
+  INFO(text);
+  CHECK(line_of(text, R"(computron_requests_total{model="a",outcome="ok"})") ==
+        R"(computron_requests_total{model="a",outcome="ok"} 3)");
+  CHECK(line_of(text, R"(computron_requests_total{model="a",outcome="error"})") ==
+        R"(computron_requests_total{model="a",outcome="error"} 1)");
+  CHECK(line_of(text, R"(computron_request_latency_seconds_count{model="a"})") ==
+        R"(computron_request_latency_seconds_count{model="a"} 3)");
+  CHECK(line_of(text, R"(computron_http_responses_total{code="200",route="/v1/completions"})") ==
+        R"(computron_http_responses_total{code="200",route="/v1/completions"} 3)");
+  CHECK(line_of(text, R"(computron_requests_total{model="nope",outcome="overloaded"})") ==
+        R"(computron_requests_total{model="nope",outcome="overloaded"} 1)");
+  // That counter is the only series of the made-up name.
+  size_t nope = 0;
+  for (auto at = text.find("\"nope\""); at != std::string::npos; at = text.find("\"nope\"", at + 1))
+    ++nope;
+  CHECK(nope == 1);
+}
