@@ -150,6 +150,9 @@ caf::error validate_model(const engine_registry& engines, const model_config& cf
   if (cfg.slo_ms < 0) return bad("slo_ms must not be negative, got " + std::to_string(cfg.slo_ms));
   if (cfg.max_lora_rank < 0)
     return bad("max_lora_rank must not be negative, got " + std::to_string(cfg.max_lora_rank));
+  if (cfg.cuda_graph_max_batch < 0 || cfg.cuda_graph_max_batch > 256)
+    return bad("cuda_graph_max_batch must be from 0 (off) to 256, got " +
+               std::to_string(cfg.cuda_graph_max_batch));
   auto shards = static_cast<size_t>(cfg.tp * cfg.pp);
   if (cfg.devices.size() != shards)
     return bad("needs " + std::to_string(shards) + " devices (tp x pp), got " +

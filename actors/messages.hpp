@@ -84,6 +84,10 @@ struct model_config {
   /// from its options, so that every worker that reads the folder refuses the same ranks.
   /// 0: models::lora_limits' default.
   int32_t max_lora_rank = 0;
+  /// Decode steps of up to this many rows replay a CUDA graph captured per batch-size
+  /// bucket (engine/graph_inputs.hpp) at registration; larger batches, and every step where
+  /// a capture failed, run eagerly. 0: every step eagerly. CUDA devices only; at most 256.
+  int32_t cuda_graph_max_batch = 32;
 };
 
 /// model_config's fields, listed once: the members in order (fields) and, at the same
@@ -96,7 +100,7 @@ struct config_field {
   /// name only when every such field is equal (same_weights).
   bool shapes_weights;
 };
-inline constexpr std::array<config_field, 20> model_config_fields{{
+inline constexpr std::array<config_field, 21> model_config_fields{{
     {"name", false},
     {"kind", true},
     {"spec", true},
@@ -117,13 +121,15 @@ inline constexpr std::array<config_field, 20> model_config_fields{{
     {"slo_ms", false},
     {"base", true},
     {"max_lora_rank", false},
+    {"cuda_graph_max_batch", false},
 }};
 
 template <class Config>
 auto fields(Config& x) {
   return std::tie(x.name, x.kind, x.spec, x.shape, x.arch, x.dtype, x.checkpoint_dtype, x.tp, x.pp,
                   x.devices, x.seed, x.weights_path, x.toy_shard_bytes, x.toy_compute_ms, x.pinned,
-                  x.priority, x.tokenizer, x.slo_ms, x.base, x.max_lora_rank);
+                  x.priority, x.tokenizer, x.slo_ms, x.base, x.max_lora_rank,
+                  x.cuda_graph_max_batch);
 }
 static_assert(std::tuple_size_v<decltype(fields(std::declval<model_config&>()))> ==
                   model_config_fields.size(),

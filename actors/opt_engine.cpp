@@ -253,8 +253,12 @@ class decoder_engine final : public model_kind {
                                                        gpu::collective& g) const override {
     auto s = shape_of(sh.model);
     if (!s) return s.error();
+    // CUDA graphs where the shard is on a GPU (elsewhere there is no launch to save).
+    models::compute_options compute;
+    if (w.dev().info().kind == gpu::device_kind::cuda)
+      compute.graph_max_batch = sh.model.cuda_graph_max_batch;
     auto stage = models::decoder_stage::create(s->spec, s->par, {sh.tp_rank, sh.pp_rank}, w, g,
-                                               device_kv(w.dev()));
+                                               device_kv(w.dev()), compute);
     if (!stage) return stage.error();
     return computron::engine::make_decoder_backend(std::move(*stage));
   }

@@ -129,7 +129,14 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
                   if (device->info().kind == gpu::device_kind::emulated) return finish();
                   // The first forward on a GPU pays for the context and kernels: pay it
                   // now, on the lane that will run the forward steps.
-                  lane_job warm{[=]() -> caf::error { return eng->warm_up(s, device); }};
+                  // Then the backend's own preparation (the decoder's CUDA graphs), also
+                  // off the request path.
+                  lane_job warm{[=]() -> caf::error {
+                    auto warmed = eng->warm_up(s, device);
+                    auto prepared =
+                        entry->runner ? entry->runner->compute().prepare() : caf::error{};
+                    return warmed ? std::move(warmed) : std::move(prepared);
+                  }};
                   self->request(self->state.compute_lanes.front(),
                                 caf::timespan{std::chrono::minutes(5)}, run_atom_v, std::move(warm))
                       .then([=](bool) mutable { finish(); },

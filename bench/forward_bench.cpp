@@ -86,8 +86,11 @@ caf::expected<forward_bench_result> run_forward_bench(const forward_bench_option
   auto solo = gpu::make_solo_collective();
   models::compute_options compute;
   compute.fused_norms = compute.fused_rope = o.fused;
+  const bool on_cuda = devs->front()->info().kind == gpu::device_kind::cuda;
+  compute.graph_max_batch = o.graphs >= 0 ? o.graphs : on_cuda ? 32 : 0;
   auto stage = models::decoder_stage::create(*spec, {1, 1}, {0, 0}, **shard, *solo, {}, compute);
   if (!stage) return std::move(stage.error());
+  if (auto err = (*stage)->capture_graphs()) return err;
   // Zero-copy: what the forward reads is the weight store's device copy itself.
   auto base = (*shard)->device_data();
   r.zero_copy = true;
@@ -176,6 +179,10 @@ caf::expected<forward_bench_result> run_forward_bench(const forward_bench_option
       r.decode_profile = std::move(*p);
     }
   }
+  auto graphs = (*stage)->graphs();
+  r.graph_max_batch = graphs.buckets.empty() ? 0 : graphs.buckets.back();
+  r.graph_replays = graphs.replays;
+  r.graphs_off_because = graphs.off_because;
   r.prefill_seconds = median(prefills);
   r.prefill_tokens_per_second = static_cast<double>(o.batch * o.seq) / r.prefill_seconds;
   r.decode_seconds_per_token = decodes.empty() ? 0 : median(decodes);
@@ -188,6 +195,9 @@ std::string to_json(const forward_bench_result& r) {
                    {"device_kind", r.device_kind},
                    {"sampling", r.sampling},
                    {"fused", r.fused},
+                   {"graph_max_batch", r.graph_max_batch},
+                   {"graph_replays", r.graph_replays},
+                   {"graphs_off_because", r.graphs_off_because},
                    {"batch", r.batch},
                    {"seq", r.seq},
                    {"threads", r.threads},
@@ -221,6 +231,11 @@ void print_table(std::ostream& out, const forward_bench_result& r) {
                      r.prefill_seconds, r.prefill_tokens_per_second);
   out << fmt::format("decode   {:.4f} s per step ({} new tokens each; sampling: {}; fused: {})\n",
                      r.decode_seconds_per_token, r.batch, r.sampling, r.fused ? "on" : "off");
+  if (r.graph_max_batch > 0)
+    out << fmt::format("graphs   buckets up to {} rows, {} decode steps replayed one\n",
+                       r.graph_max_batch, r.graph_replays);
+  else if (!r.graphs_off_because.empty())
+    out << fmt::format("graphs   off: {}\n", r.graphs_off_because);
   out << fmt::format("per step {} bytes allocated, {} ops ({:.1f} per layer)\n",
                      r.decode_alloc_bytes_per_step, r.decode_ops_per_step, r.decode_ops_per_layer);
   if (r.decode_profile) {

@@ -37,6 +37,10 @@ struct forward_bench_options {
   /// The fused residual-add + RMSNorm and rotary calls (engine/norms.hpp, engine/rope.hpp;
   /// the Llama family); false: the same layers as libtorch ops.
   bool fused = true;
+  /// Decode steps of up to this many rows through a CUDA graph per batch bucket
+  /// (compute_options::graph_max_batch; the server's default, 32, on CUDA); -1: that
+  /// default on CUDA and none elsewhere; 0: every step eagerly.
+  int graphs = -1;
 };
 
 struct forward_bench_result {
@@ -45,6 +49,11 @@ struct forward_bench_result {
   std::string device_kind;
   std::string sampling;
   bool fused = true;
+  /// The largest graph bucket captured (0: none), the decode steps that replayed one, and
+  /// why none was, where graphs were asked for and are off.
+  int graph_max_batch = 0;
+  uint64_t graph_replays = 0;
+  std::string graphs_off_because;
   int64_t batch = 0;
   int64_t seq = 0;
   int threads = 0;

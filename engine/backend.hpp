@@ -44,6 +44,11 @@ class backend {
       const std::vector<std::vector<uint32_t>>& tables, const models::host_tensor* hidden,
       const std::vector<models::device_draw>* draws = nullptr) = 0;
 
+  /// Work done once before the first step, off the request path (the shard worker calls
+  /// it on the compute lane after registration's warm-up): the decoder captures its CUDA
+  /// graphs. A backend that cannot prepare still serves (eagerly); the error is logged.
+  virtual caf::error prepare() { return {}; }
+
   /// Forgets a batch's caches. Unknown and repeated ids are ignored: the runner ends a
   /// batch after its last step or an error whatever the backend did itself.
   virtual void end_batch(uint64_t batch) = 0;

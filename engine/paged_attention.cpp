@@ -17,9 +17,10 @@ const char* paged_attention_refusal(const paged_attention_args& a) {
       static_cast<int64_t>(a.table_width) * a.block_tokens < a.max_positions)
     return "the block table is narrower than the longest row's positions";
   if (a.chunks <= 0 || a.chunks > paged_max_chunks) return "chunks out of range";
-  for (int32_t c = 0; c < a.chunks; ++c)
-    if (a.chunk[c].keys == nullptr || a.chunk[c].values == nullptr || a.chunk[c].head_stride <= 0)
-      return "a chunk without keys, values or head stride";
+  if (a.chunk_table == nullptr)
+    for (int32_t c = 0; c < a.chunks; ++c)
+      if (a.chunk[c].keys == nullptr || a.chunk[c].values == nullptr || a.chunk[c].head_stride <= 0)
+        return "a chunk without keys, values or head stride";
   if (a.queries == nullptr || a.out == nullptr || a.limits == nullptr ||
       (a.max_positions > 0 && a.table == nullptr))
     return "a null pointer";
@@ -60,7 +61,7 @@ void attend_range(const paged_attention_args& a, int32_t row, int32_t kv_head, i
   constexpr float hidden = -std::numeric_limits<float>::infinity();
   for (int64_t tile = begin; tile < end; tile += bt) {
     const auto entry = paged_entry(a, row, tile / bt);
-    const auto& c = a.chunk[paged_entry_chunk(entry)];
+    const auto& c = paged_chunk(a, paged_entry_chunk(entry));
     const auto n = static_cast<int32_t>(std::min<int64_t>(bt, end - tile));
     // The tile's keys and values in f32, read once for all the group's queries.
     for (int32_t p = 0; p < n; ++p) {
@@ -134,7 +135,7 @@ void paged_attention_host(const paged_attention_args& a, int64_t begin, int64_t 
     std::fill(s.partial.begin(), s.partial.end(), paged_partial{hidden, 0.0f});
     for (int32_t split = 0; split < splits; ++split) {
       int64_t from = 0, to = 0;
-      paged_split_range(a, split, splits, from, to);
+      paged_split_range(a, split, splits, reach, from, to);
       to = std::min(to, reach);
       if (from >= to) continue;
       if (splits == 1) {

@@ -69,8 +69,20 @@ struct paged_attention_args {
   /// [rows x columns]: positions query column c of row r sees (0 .. limit - 1). 0: none;
   /// the output is zeros there (a padding column of a row that holds nothing yet).
   const int64_t* limits = nullptr;
+  /// Chunks the table's entries may name (0 .. chunks - 1).
   int32_t chunks = 0;
   paged_kv_chunk chunk[paged_max_chunks];
+  /// Where set, chunk c is chunk_table[c] ([chunks], in the memory the build runs in:
+  /// device memory for CUDA, host memory for the host build) and `chunk` is unused. A
+  /// captured CUDA graph keeps the arguments it was launched with, and the chunks a batch
+  /// reads change from step to step: a table in memory is read again at every replay.
+  const paged_kv_chunk* chunk_table = nullptr;
+  /// Split each (row, kv head) item's own reach (the largest of its columns' limits, at
+  /// most max_positions) into the splits, rather than max_positions. A graph captured with
+  /// max_positions at the table's capacity (table_width x block_tokens) and a fixed split
+  /// count then stays balanced at every context; without it, its splits past the rows'
+  /// real histories would read nothing while the first did all the work.
+  bool splits_by_reach = false;
 };
 
 /// Query heads per kv head.
@@ -98,24 +110,34 @@ COMPUTRON_HOST_DEVICE int64_t paged_entry(const paged_attention_args& a, int32_t
 COMPUTRON_HOST_DEVICE int32_t paged_entry_chunk(int64_t entry) {
   return static_cast<int32_t>(entry >> 32);
 }
+/// Chunk `c`'s keys and values: from the table where the call has one, else inline.
+COMPUTRON_HOST_DEVICE const paged_kv_chunk& paged_chunk(const paged_attention_args& a, int32_t c) {
+  return a.chunk_table != nullptr ? a.chunk_table[c] : a.chunk[c];
+}
 /// Element offset, in its chunk's keys or values, of token `token` of the block `entry`
 /// names, for kv head `kv_head`.
 COMPUTRON_HOST_DEVICE int64_t paged_kv_offset(const paged_attention_args& a, int64_t entry,
                                               int32_t kv_head, int32_t token) {
-  const auto& c = a.chunk[paged_entry_chunk(entry)];
+  const auto& c = paged_chunk(a, paged_entry_chunk(entry));
   return kv_head * c.head_stride +
          ((entry & 0xffffffffLL) * a.block_tokens + token) * static_cast<int64_t>(a.head_dim);
 }
 
-/// Positions [begin, end) that split `split` of `splits` reads: whole blocks, the longest
-/// row's history divided as evenly as blocks allow (an empty range where blocks run out).
+/// Positions [begin, end) that split `split` of `splits` reads for an item whose columns
+/// reach `reach` (the largest of their limits): whole blocks, the longest row's history
+/// (max_positions), or with splits_by_reach the item's own reach, divided as evenly as
+/// blocks allow (an empty range where blocks run out; its partial has sum 0, which the
+/// merge skips). The caller still stops each range at `reach`.
 COMPUTRON_HOST_DEVICE void paged_split_range(const paged_attention_args& a, int32_t split,
-                                             int32_t splits, int64_t& begin, int64_t& end) {
-  const int64_t blocks = (a.max_positions + a.block_tokens - 1) / a.block_tokens;
+                                             int32_t splits, int64_t reach, int64_t& begin,
+                                             int64_t& end) {
+  int64_t span = a.max_positions;
+  if (a.splits_by_reach && reach < span) span = reach > 0 ? reach : 0;
+  const int64_t blocks = (span + a.block_tokens - 1) / a.block_tokens;
   const int64_t per = (blocks + splits - 1) / splits;
   begin = split * per * a.block_tokens;
   end = begin + per * a.block_tokens;
-  if (end > a.max_positions) end = a.max_positions;
+  if (end > span) end = span;
   if (begin > end) begin = end;
 }
 
@@ -151,7 +173,8 @@ COMPUTRON_HOST_DEVICE void paged_merge_factors(paged_partial& into, paged_partia
 }
 
 /// Why a call cannot run (nullptr: it can): shapes, the table and the chunks. Checked on
-/// the host before either build runs.
+/// the host before either build runs. With a chunk_table only the chunk count is checked:
+/// the table may lie in device memory, which the host cannot read.
 const char* paged_attention_refusal(const paged_attention_args& a);
 
 /// paged_attention_refusal, and f16, which the host build does not read (CPUs run f32 and

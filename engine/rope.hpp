@@ -10,6 +10,9 @@
 // CUDA's, where libtorch's vectorised ones may differ in an f32's last bit. The host build
 // (rope.cpp) is the CPU's path and the reference of the CUDA build (cuda/rope.cu).
 //
+// With rotate = false a call is the KV write alone (a family without rotary embeddings,
+// such as OPT): each item's keys and values go into its KV slots as they are.
+//
 // Torch-free and CUDA-free.
 #include <cstdint>
 
@@ -64,9 +67,31 @@ struct rope_args {
   int64_t v_column_stride = 0;
   int32_t cache_chunks = 0;
   rope_kv_chunk cache[paged_max_chunks];
+  /// Where set, chunk c of the KV write is cache_table[c] ([cache_chunks], in the memory
+  /// the build runs in: device memory for CUDA), and `cache` is unused: a captured CUDA
+  /// graph keeps its arguments, and the chunks a batch writes change from step to step.
+  /// Its keys and values are written (const only because paged attention reads the same
+  /// table; the caller owns that memory).
+  const paged_kv_chunk* cache_table = nullptr;
+  /// False: no rotation, the KV write alone (heads 0; q, q_out, positions and inv_freq may
+  /// be null; cache_slots and v are needed). Keys go into their slots, and into k_out where
+  /// it is given, as they are.
+  bool rotate = true;
 };
 
-/// Why a call cannot run (nullptr: it can).
+/// Chunk `c` of the KV write: from the table where the call has one, else inline.
+COMPUTRON_HOST_DEVICE rope_kv_chunk rope_cache_chunk(const rope_args& a, int32_t c) {
+  if (a.cache_table == nullptr) return a.cache[c];
+  const paged_kv_chunk& t = a.cache_table[c];
+  rope_kv_chunk out;
+  out.keys = const_cast<void*>(t.keys);
+  out.values = const_cast<void*>(t.values);
+  out.head_stride = t.head_stride;
+  return out;
+}
+
+/// Why a call cannot run (nullptr: it can). With a cache_table only the chunk count is
+/// checked: the table may lie in device memory, which the host cannot read.
 const char* rope_refusal(const rope_args& a);
 
 /// rope_refusal, and f16 (the GPU's type; CPUs run f32 and bf16).

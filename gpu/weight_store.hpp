@@ -144,6 +144,9 @@ class weight_shard {
   /// Device address of the shard (valid while loading or resident), else an error. The
   /// same at every load: the range is reserved once, at create.
   caf::expected<std::byte*> device_data();
+  /// The device address the shard is loaded at, resident or not (reserved at create):
+  /// what a captured CUDA graph holds, valid again at every load.
+  std::byte* reserved_address() const { return static_cast<std::byte*>(device_copy_.data()); }
 
  private:
   weight_shard(device_ptr dev, tensor_table table, host_buffer host, device_allocation range);

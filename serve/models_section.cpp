@@ -43,7 +43,7 @@ caf::error read_model(const nlohmann::json& j, const std::string& where, const f
   if (auto e = check_keys(j, where,
                           {"name", "kind", "spec", "dtype", "tp", "pp", "devices", "seed",
                            "weights", "toy_shard_bytes", "toy_compute_ms", "pinned", "priority",
-                           "tokenizer", "slo_ms", "base"}))
+                           "tokenizer", "slo_ms", "base", "cuda_graph_max_batch"}))
     return e;
   std::string weights, tok;
   caf::error e;
@@ -56,9 +56,12 @@ caf::error read_model(const nlohmann::json& j, const std::string& where, const f
       (e = read(j, "toy_compute_ms", where, m.toy_compute_ms)) ||
       (e = read(j, "pinned", where, m.pinned)) || (e = read(j, "priority", where, m.priority)) ||
       (e = read(j, "tokenizer", where, tok)) || (e = read(j, "slo_ms", where, m.slo_ms)) ||
-      (e = read(j, "base", where, m.base)))
+      (e = read(j, "base", where, m.base)) ||
+      (e = read(j, "cuda_graph_max_batch", where, m.cuda_graph_max_batch)))
     return e;
   if (m.slo_ms < 0) return bad(where, "slo_ms must not be negative");
+  if (m.cuda_graph_max_batch < 0 || m.cuda_graph_max_batch > 256)
+    return bad(where, "cuda_graph_max_batch must be from 0 (off) to 256");
   // A catalogue shape names its family: the kind follows it unless given.
   if (!j.contains("kind") && !m.spec.empty())
     if (auto s = models::find_spec(m.spec)) m.kind = models::to_string(s->family);
@@ -151,6 +154,7 @@ caf::error read_model_from(const nlohmann::json& j, const std::string& where, co
   if (j.contains("slo_ms")) m.slo_ms = given.slo_ms;
   if (j.contains("tokenizer")) m.tokenizer = given.tokenizer;
   if (j.contains("base")) m.base = given.base;
+  if (j.contains("cuda_graph_max_batch")) m.cuda_graph_max_batch = given.cuda_graph_max_batch;
   return {};
 }
 

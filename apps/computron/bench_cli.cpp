@@ -156,6 +156,12 @@ bench_cli::bench_cli(CLI::App& bench_cmd) {
   fwd_cmd->add_flag("--fused,!--no-fused", fwd.fused,
                     "residual add + RMSNorm and the rotary embedding each in one call (default), "
                     "or as libtorch ops");
+  fwd_cmd
+      ->add_option("--graphs", fwd.graphs,
+                   "decode steps of up to this many rows replay a CUDA graph per batch bucket "
+                   "(0: eagerly; -1: 32 on CUDA, as the server)")
+      ->check(CLI::Range(-1, 256))
+      ->capture_default_str();
   fwd_cmd->add_flag("--json", fwd_json, "print one JSON object");
 
   // bench colocate

@@ -66,12 +66,12 @@ __global__ void __launch_bounds__(threads)
   float reach = 0;
   for (int32_t q = 0; q < nq; ++q) reach = fmaxf(reach, lim[q]);
   int64_t from = 0, to = 0;
-  paged_split_range(a, split, splits, from, to);
+  paged_split_range(a, split, splits, static_cast<int64_t>(reach), from, to);
   if (to > static_cast<int64_t>(reach)) to = static_cast<int64_t>(reach);
 
   for (int64_t tile = from; tile < to; tile += bt) {
     const int64_t entry = paged_entry(a, row, tile / bt);
-    const auto& c = a.chunk[paged_entry_chunk(entry)];
+    const auto& c = paged_chunk(a, paged_entry_chunk(entry));
     const int32_t n = static_cast<int32_t>(to - tile < bt ? to - tile : bt);
     const T* keys = static_cast<const T*>(c.keys);
     const T* values = static_cast<const T*>(c.values);
@@ -181,7 +181,8 @@ cudaError_t launch(const paged_attention_args& a, int32_t splits, float* workspa
                                     static_cast<int>(bytes));
     if (err != cudaSuccess) return err;
   }
-  dim3 grid(static_cast<unsigned>(a.kv_heads), static_cast<unsigned>(a.rows),
+  // The kernel reads its row from x and its kv head from y (as the merge does).
+  dim3 grid(static_cast<unsigned>(a.rows), static_cast<unsigned>(a.kv_heads),
             static_cast<unsigned>(splits));
   attend_kernel<T><<<grid, threads, bytes, stream>>>(a, splits, workspace);
   if (auto err = cudaGetLastError(); err != cudaSuccess) return err;

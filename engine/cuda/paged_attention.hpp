@@ -33,7 +33,9 @@ int32_t paged_attention_splits(const paged_attention_args& a);
 size_t paged_attention_workspace_bytes(const paged_attention_args& a, int32_t splits);
 
 /// Queues the kernel (and the merge where splits > 1) on `stream`. `workspace` holds
-/// paged_attention_workspace_bytes. Returns nullptr, or CUDA's error string.
+/// paged_attention_workspace_bytes. A chunk_table, where set, is device memory the kernel
+/// reads when it runs (at every replay of a graph that captured it). Returns nullptr, or
+/// CUDA's error string.
 const char* paged_attention_launch(const paged_attention_args& a, int32_t splits, void* workspace,
                                    void* stream);
 

@@ -11,13 +11,15 @@ namespace {
 constexpr int rope_threads = 128;
 
 /// Item blockIdx.x = row x columns + column: every query head's elements, then every key
-/// head's, rounded to T where the unfused ops round (engine/rope.hpp).
+/// head's, rounded to T where the unfused ops round (engine/rope.hpp); without rotation the
+/// keys alone, copied.
 template <typename T>
 __global__ void __launch_bounds__(rope_threads) rope_kernel(rope_args a, float scale) {
   const int64_t item = blockIdx.x;
   const int64_t r = item / a.columns, c = item % a.columns;
   const int64_t d = a.head_dim, half = d / 2;
-  const float pos = static_cast<float>(a.positions[item]);
+  // Without rotation there may be no positions to read.
+  const float pos = a.rotate ? static_cast<float>(a.positions[item]) : 0.0f;
   const T* q = static_cast<const T*>(a.q);
   const T* k = static_cast<const T*>(a.k);
   T* q_out = static_cast<T*>(a.q_out);
@@ -26,6 +28,9 @@ __global__ void __launch_bounds__(rope_threads) rope_kernel(rope_args a, float s
   const int64_t slot = a.cache_slots != nullptr ? a.cache_slots[item] : -1;
   const int32_t chunk = static_cast<int32_t>(slot >> 32);
   const bool writes = slot >= 0 && chunk < a.cache_chunks;
+  const rope_kv_chunk into = writes ? rope_cache_chunk(a, chunk) : rope_kv_chunk{};
+  T* cache_keys = static_cast<T*>(into.keys);
+  T* cache_values = static_cast<T*>(into.values);
   const int64_t at = (slot & 0xffffffffLL) * d;
   // Query heads, key heads, then (with a KV write) the values, copied as they are.
   const int64_t total = (a.heads + a.kv_heads * (writes ? 2 : 1)) * d;
@@ -34,17 +39,23 @@ __global__ void __launch_bounds__(rope_threads) rope_kernel(rope_args a, float s
     if (h >= a.heads + a.kv_heads) {
       const int64_t head = h - a.heads - a.kv_heads;
       const T* v = static_cast<const T*>(a.v);
-      static_cast<T*>(a.cache[chunk].values)[head * a.cache[chunk].head_stride + at + i] =
+      cache_values[head * into.head_stride + at + i] =
           v[r * a.v_row_stride + c * a.v_column_stride + head * d + i];
       continue;
     }
     const bool query = h < a.heads;
     const int64_t head = query ? h : h - a.heads;
+    const T* in = query ? q + r * a.q_row_stride + c * a.q_column_stride + head * d
+                        : k + r * a.k_row_stride + c * a.k_column_stride + head * d;
+    if (!a.rotate) {
+      // heads is 0: a key, as it is.
+      if (k_out != nullptr) k_out[((r * a.kv_heads + head) * a.columns + c) * d + i] = in[i];
+      if (writes) cache_keys[head * into.head_stride + at + i] = in[i];
+      continue;
+    }
     const float angle = pos * a.inv_freq[i % half];
     const float cs = to_float(from_float<T>(cosf(angle)));
     const float sn = to_float(from_float<T>(sinf(angle)));
-    const T* in = query ? q + r * a.q_row_stride + c * a.q_column_stride + head * d
-                        : k + r * a.k_row_stride + c * a.k_column_stride + head * d;
     const float x = to_float(in[i]);
     const float rotated = i < half ? -to_float(in[i + half]) : to_float(in[i - half]);
     // _rn: no contraction into a fused multiply-add, which the unfused ops (separate
@@ -57,9 +68,7 @@ __global__ void __launch_bounds__(rope_threads) rope_kernel(rope_args a, float s
     } else {
       if (k_out != nullptr)
         k_out[((r * a.kv_heads + head) * a.columns + c) * d + i] = from_float<T>(v);
-      if (writes)
-        static_cast<T*>(a.cache[chunk].keys)[head * a.cache[chunk].head_stride + at + i] =
-            from_float<T>(v);
+      if (writes) cache_keys[head * into.head_stride + at + i] = from_float<T>(v);
     }
   }
 }

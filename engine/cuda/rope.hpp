@@ -7,8 +7,9 @@
 
 namespace computron::engine::cuda {
 
-/// Queues the rotation on `stream`. Returns nullptr, or why not (a refusal, or CUDA's error
-/// string).
+/// Queues the rotation (with rotate false, the KV write alone) on `stream`. A cache_table,
+/// where set, is device memory the kernel reads when it runs (at every replay of a graph
+/// that captured it). Returns nullptr, or why not (a refusal, or CUDA's error string).
 const char* rope_launch(const rope_args& a, void* stream);
 
 }  // namespace computron::engine::cuda

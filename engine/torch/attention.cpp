@@ -73,10 +73,17 @@ at::Tensor detail::stage_state::attend_in_place(const at::Tensor& q, int64_t lay
   a.queries = queries.const_data_ptr();
   a.out = out.data_ptr();
   a.chunks = static_cast<int32_t>(kv.chunks.size());
-  for (size_t c = 0; c < kv.chunks.size(); ++c) {
-    auto& chunk = a.chunk[c];
-    chunk.keys = kv.pool->layer_data(kv.chunks[c], layer, 0, chunk.head_stride);
-    chunk.values = kv.pool->layer_data(kv.chunks[c], layer, 1, chunk.head_stride);
+  if (kv.chunk_table != nullptr) {
+    // A graph's step: the chunks as the pool's table holds them at the replay, and splits
+    // that follow each row's reach (the bucket's split count is fixed at its capture).
+    a.chunk_table = kv.chunk_table + layer * engine::paged_max_chunks;
+    a.splits_by_reach = true;
+  } else {
+    for (size_t c = 0; c < kv.chunks.size(); ++c) {
+      auto& chunk = a.chunk[c];
+      chunk.keys = kv.pool->layer_data(kv.chunks[c], layer, 0, chunk.head_stride);
+      chunk.values = kv.pool->layer_data(kv.chunks[c], layer, 1, chunk.head_stride);
+    }
   }
   if (paged == paged_kernel::host) {
     a.table = kv.table.data();
@@ -114,9 +121,14 @@ at::Tensor detail::stage_state::attend(const at::Tensor& q, const at::Tensor& k,
   const auto t = q.size(2);
   const auto groups = local_heads / local_kv_heads;
   const auto layer = i - layer_begin;
-  if (k.defined())
+  if (k.defined() && kv.in_place && write_in_place(k, v, kv, layer)) {
+    // The keys and values went into the blocks by slot (what a graph's step needs: no
+    // per-step index tensors).
+  } else if (k.defined()) {
+    if (kv.chunk_table != nullptr)
+      throw std::logic_error("attend: a graph's step without the fused KV write");
     kv.write(layer, k, v);
-  else if (!kv.in_place)
+  } else if (!kv.in_place)
     throw std::logic_error("attend: no keys, and a step that does not read its blocks in place");
   if (kv.in_place) return attend_in_place(q, layer, kv);
   constexpr auto hidden = -std::numeric_limits<float>::infinity();

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "common/error.hpp"
+#include "common/log.hpp"
 #include "engine/sampling.hpp"
 #include "sched/kv_blocks.hpp"
 
@@ -104,6 +105,14 @@ class decoder_backend final : public backend {
   }
 
   uint64_t kv_device_bytes() const override { return stage_->kv_blocks().device_bytes; }
+
+  caf::error prepare() override {
+    auto err = stage_->capture_graphs();
+    // A capture that failed is the stage's to say (once); it serves eagerly.
+    if (auto g = stage_->graphs(); !g.buckets.empty() && stage_->on_gpu())
+      log::info("CUDA graphs captured for decode batches of up to {} rows", g.buckets.back());
+    return err;
+  }
 
   caf::error join_batch(uint64_t from, uint64_t into) override {
     auto f = caches_.find(from);

@@ -182,6 +182,12 @@ struct stage_state {
   /// writes the rotated keys and the values `v` [b, t, kv heads, d] (laid out as `k`) into
   /// the rows' blocks, and the k it returns is undefined: nothing is left for attend's
   /// write, and attention reads the blocks.
+  /// An in-place step's keys `k` and values `v` [b, kv heads, t, d] of stage-relative
+  /// `layer` written into the rows' blocks by slot in one call (engine/rope.hpp's write
+  /// without rotation: OPT's keys), where a build runs; false where none does (the caller
+  /// writes them with kv_step::write).
+  bool write_in_place(const at::Tensor& k, const at::Tensor& v, const kv_step& kv,
+                      int64_t layer) const;
   std::optional<std::pair<at::Tensor, at::Tensor>> fused_rope(
       const at::Tensor& q, const at::Tensor& k, const at::Tensor& positions,
       const at::Tensor& inv_freq, double q_scale, const at::Tensor& v = {},

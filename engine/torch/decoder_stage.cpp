@@ -281,6 +281,18 @@ caf::expected<std::unique_ptr<decoder_stage>> decoder_stage::create(
   };
   p->norms = build(compute.fused_norms);
   p->rope = build(compute.fused_rope);
+  if (compute.graph_max_batch > 0) {
+    auto& g = *(p->graphs = std::make_unique<detail::graph_state>());
+    g.stats.buckets = engine::graph_buckets(compute.graph_max_batch);
+    // What a graph's step needs: no collective inside it, attention over the blocks in
+    // place, and the keys written by slot (the fused rotary build, or its write alone).
+    if (par.tp != 1)
+      g.stats.off_because = "the tensor-parallel all-reduce is not captured";
+    else if (!p->in_place(1))
+      g.stats.off_because = "decode steps do not read the KV blocks in place here";
+    else if (p->rope == detail::stage_state::paged_kernel::none)
+      g.stats.off_because = "no build of the fused rotary and KV write here";
+  }
   p->kv_pool = std::make_shared<detail::kv_block_pool>(
       fmt::format("{} stage {} tp rank {}", spec.name, shard.pp_rank, shard.tp_rank),
       p->layer_end - p->layer_begin, p->local_kv_heads, p->head_dim, p->options, std::move(kv));
@@ -424,6 +436,8 @@ caf::expected<host_tensor> decoder_stage::decode(const std::vector<int64_t>& tok
     next_position.push_back(row.length);
   }
   if (auto err = m.bind()) return err;
+  if (m.graphs)
+    if (auto done = m.graph_decode(tokens, hidden, c, out)) return std::move(*done);
   try {
     at::NoGradGuard no_grad;
     auto dev = m.options.device();
@@ -451,6 +465,25 @@ caf::expected<host_tensor> decoder_stage::decode(const std::vector<int64_t>& tok
   } catch (const std::exception& e) {
     return detail::compute_error(m.spec.name + " decode", e);
   }
+}
+
+caf::error decoder_stage::capture_graphs() {
+  if (!impl_->graphs) return {};
+  try {
+    return impl_->setup_graphs();
+  } catch (const std::exception& e) {
+    // Buffers that could not be had (device memory): every step eagerly, as after a
+    // failed capture.
+    impl_->graphs_off(std::string{"setting the graphs up failed: "} + e.what());
+    return {};
+  }
+}
+
+graph_stats decoder_stage::graphs() const {
+  if (!impl_->graphs) return {};
+  auto s = impl_->graphs->stats;
+  if (!impl_->graphs->ready) s.buckets.clear();
+  return s;
 }
 
 caf::expected<const void*> decoder_stage::parameter_address(const std::string& name) {

@@ -60,6 +60,27 @@ struct compute_options {
   /// The rotary embedding of q and k in one call (engine/rope.hpp). False: libtorch ops,
   /// about eight each.
   bool fused_rope = true;
+  /// Decode steps of up to this many rows run through buffers of fixed addresses, one set
+  /// per batch-size bucket (engine/graph_inputs.hpp), and on CUDA replay a graph captured
+  /// over them (decoder_stage::capture_graphs). On the CPU nothing is captured: the same
+  /// step runs eagerly over the same buffers, which is how the tests check what a graph
+  /// computes. 0: off. Only where the step can run that way: one tensor-parallel rank
+  /// (the all-reduce is not captured), in-place attention and the fused rotary build.
+  int32_t graph_max_batch = 0;
+};
+
+/// What the decode graphs of a stage did (compute_options::graph_max_batch).
+struct graph_stats {
+  /// Buckets set up (on CUDA: captured) and their sizes.
+  std::vector<int32_t> buckets;
+  /// Decode steps run through a bucket (replays on CUDA), and decode steps run eagerly
+  /// while graphs were on (a batch larger than every bucket, a row with an adapter, a
+  /// row longer than the buckets' block table).
+  uint64_t replays = 0;
+  uint64_t eager_steps = 0;
+  /// Why the stage serves every step eagerly (a capture failed, the weights moved), or
+  /// empty.
+  std::string off_because;
 };
 
 /// A stage's KV block pool, in blocks of kv_block_bytes (models/decoder_spec.hpp).
@@ -247,6 +268,15 @@ class decoder_stage {
   /// (out_of_device_memory; the cache is unchanged), a row's adapter no longer attached.
   caf::expected<host_tensor> decode(const std::vector<int64_t>& tokens, const host_tensor* hidden,
                                     kv_cache& cache, head_output out = {});
+
+  /// Sets up the decode graphs (compute_options::graph_max_batch), largest bucket first,
+  /// sharing one memory pool: on CUDA each is captured, which launches nothing, so it may
+  /// run before the weights are loaded (registration's warm-up); the weights' addresses
+  /// are reserved once, so a graph stays valid across evictions and reloads. A capture
+  /// that fails leaves the stage serving eagerly, with the reason in graphs() and the log
+  /// (once); that is not an error. Errors: none today (a no-op where graphs are off).
+  caf::error capture_graphs();
+  graph_stats graphs() const;
 
   /// Where the forward pass reads parameter `name` from (tests: weights are not copied).
   caf::expected<const void*> parameter_address(const std::string& name);

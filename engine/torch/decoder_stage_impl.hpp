@@ -13,11 +13,13 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "common/error.hpp"
+#include "engine/graph_inputs.hpp"
 #include "engine/torch/decoder_block.hpp"
 #include "engine/torch/decoder_stage.hpp"
 #include "engine/torch/device_sampling.hpp"
@@ -64,6 +66,41 @@ struct attached_adapter {
   std::vector<std::pair<at::Tensor, at::Tensor>> pairs;
 };
 
+/// One batch-size bucket of a stage's decode graphs (decode_graphs.cpp): the buffers a
+/// graph's step reads and writes, at addresses fixed for the stage's life.
+struct graph_bucket {
+  int32_t rows = 0;
+  /// The step's inputs on the host (table, limits, slots, positions, tokens), then on the
+  /// device in one copy (`inputs`; through pinned `staged` on a GPU).
+  engine::graph_inputs host;
+  at::Tensor staged;
+  at::Tensor inputs;
+  /// Later pipeline stages: the previous stage's states [rows, 1, hidden].
+  at::Tensor hidden;
+  /// The step as the layers see it: in place, over the pool's chunk table.
+  kv_step kv;
+  /// What the step leaves: the hidden states [rows, 1, hidden], or on the last stage this
+  /// rank's logits [rows, vocab_rows] in f32.
+  at::Tensor out;
+  /// The captured graph (CUDA; decode_graphs.cpp's type), null where nothing is captured.
+  std::shared_ptr<void> graph;
+};
+
+/// A stage's decode graphs (compute_options::graph_max_batch).
+struct graph_state {
+  /// Block table entries per row: the positions a bucket's rows may reach, in blocks.
+  int32_t width = 0;
+  std::vector<graph_bucket> buckets;  // ascending sizes
+  /// kv_block_pool::chunk_table where the kernels read it (the device on a GPU), as
+  /// int64 triples, and the pool's chunk_version it holds.
+  at::Tensor chunk_table;
+  uint64_t chunk_version = ~uint64_t{0};
+  /// The weights' address the buckets were set up at (a graph holds it).
+  std::byte* base = nullptr;
+  bool ready = false;
+  graph_stats stats;
+};
+
 }  // namespace detail
 
 struct decoder_stage::impl : detail::stage_state {
@@ -78,6 +115,8 @@ struct decoder_stage::impl : detail::stage_state {
   /// The last steps' adapters stacked (lora_batch::stacks), reused while they run in the
   /// same order; dropped when an adapter is detached (its id may come back with new bytes).
   std::shared_ptr<const detail::lora_stacks> lora_stacked;
+  /// The decode graphs; null where they are off (compute_options::graph_max_batch).
+  std::unique_ptr<detail::graph_state> graphs;
 
   /// Refuses a step's adapter ids for a batch of `rows` prompts: a size other than the
   /// batch's (empty is every row on the base), a negative id, an id not attached.
@@ -101,6 +140,19 @@ struct decoder_stage::impl : detail::stage_state {
   }
 
   caf::error wait_for(uint64_t bytes) { return weights->wait_bytes(bytes, detail::layer_wait); }
+
+  /// The decode graphs (decode_graphs.cpp). setup_graphs makes the buckets' buffers and, on
+  /// CUDA, captures each; graph_decode runs a decode step through a bucket, or returns
+  /// nullopt where the step runs eagerly (and nothing changed).
+  caf::error setup_graphs();
+  std::optional<caf::expected<host_tensor>> graph_decode(const std::vector<int64_t>& tokens,
+                                                         const host_tensor* hidden,
+                                                         detail::kv_cache_rows& cache,
+                                                         head_output out);
+  /// A graph's step over bucket `g`'s buffers: what a capture records and the CPU runs.
+  caf::expected<at::Tensor> graph_forward(detail::graph_bucket& g);
+  /// Turns the graphs off for good: every step eagerly from now on, `why` said once.
+  void graphs_off(std::string why);
 
   /// Shared by every step once inputs are tensors: the layers, then either the hidden
   /// states or the last position's logits.
@@ -141,8 +193,14 @@ struct decoder_stage::impl : detail::stage_state {
         if (len > 1) parts.push_back(x.select(0, row).narrow(0, t - len, len - 1));
       rows = at::cat(parts, 0);
     }
-    auto local = block->head(*this, rows);
-    if (out.draw && out.top == 0 && scored.empty()) {
+    return head_result(block->head(*this, rows), out, !scored.empty());
+  }
+
+  /// The last stage's answer from this rank's logits `local` [n, vocab_rows] (f32): whole
+  /// rows, their best candidates, or tokens drawn on the device, as `out` asks (no
+  /// candidates and no draws where rows are `scored`).
+  caf::expected<host_tensor> head_result(at::Tensor local, head_output out, bool scored) {
+    if (out.draw && out.top == 0 && !scored) {
       auto full = gather_vocab(local);  // every rank: the whole rows' collective
       if (!full) return std::move(full.error());
       if (out.draws == nullptr) return host_tensor{};
@@ -152,7 +210,7 @@ struct decoder_stage::impl : detail::stage_state {
         return detail::to_host(*full);
       return detail::to_host(detail::draw_on_device(*full, *out.draws));
     }
-    auto result = out.top > 0 && scored.empty() ? top_vocab(local, out.top) : gather_vocab(local);
+    auto result = out.top > 0 && !scored ? top_vocab(local, out.top) : gather_vocab(local);
     if (!result) return std::move(result.error());
     return detail::to_host(*result);
   }

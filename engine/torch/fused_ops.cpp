@@ -92,6 +92,50 @@ void run_norm(const stage_state& s, const engine::rms_norm_args& a, const at::Te
 #endif
 }
 
+/// The KV write's part of a rotary call: where each item's key and value go (the step's
+/// slots) and the chunks they name (passed, or a graph's table of the pool's chunks).
+void aim_kv_write(const stage_state& s, engine::rope_args& a, const kv_step& kv, int64_t layer) {
+  a.cache_chunks = static_cast<int32_t>(kv.chunks.size());
+  if (kv.chunk_table != nullptr) {
+    a.cache_table = kv.chunk_table + layer * engine::paged_max_chunks;
+  } else {
+    for (size_t c = 0; c < kv.chunks.size(); ++c) {
+      auto& chunk = a.cache[c];
+      // The pool's memory is the step's to write here, as kv_step::write writes it.
+      chunk.keys =
+          const_cast<void*>(kv.pool->layer_data(kv.chunks[c], layer, 0, chunk.head_stride));
+      chunk.values =
+          const_cast<void*>(kv.pool->layer_data(kv.chunks[c], layer, 1, chunk.head_stride));
+    }
+  }
+  a.cache_slots = s.rope == stage_state::paged_kernel::host
+                      ? kv.slots.data()
+                      : kv.on_device.const_data_ptr<int64_t>() + kv.table.size() + kv.limits.size();
+}
+
+/// Runs a rotary call (its pointers set) with the stage's build; false where none runs.
+bool run_rope(const stage_state& s, const engine::rope_args& a) {
+  if (s.rope == stage_state::paged_kernel::host) {
+    if (auto why = engine::rope_host_refusal(a))
+      throw std::invalid_argument(fmt::format("rope: {}", why));
+    const int64_t grain =
+        std::max<int64_t>(1, 64 / std::max<int64_t>(1, a.heads > 0 ? a.heads : a.kv_heads));
+    at::parallel_for(0, a.rows * a.columns, grain,
+                     [&](int64_t begin, int64_t end) { engine::rope_host(a, begin, end); });
+    ++s.fused_calls;
+    return true;
+  }
+#ifdef COMPUTRON_WITH_CUDA_KERNELS
+  auto stream = enter_cuda_device(s.options.device());
+  if (auto why = engine::cuda::rope_launch(a, stream))
+    throw std::runtime_error(fmt::format("rope kernel: {}", why));
+  ++s.fused_calls;
+  return true;
+#else
+  return false;
+#endif
+}
+
 bool has_build(stage_state::paged_kernel k) {
 #ifdef COMPUTRON_WITH_CUDA_KERNELS
   return k != stage_state::paged_kernel::none;
@@ -185,37 +229,40 @@ std::optional<std::pair<at::Tensor, at::Tensor>> stage_state::fused_rope(
     a.v = v.const_data_ptr();
     a.v_row_stride = v.stride(0);
     a.v_column_stride = v.stride(1);
-    a.cache_chunks = static_cast<int32_t>(kv->chunks.size());
-    for (size_t c = 0; c < kv->chunks.size(); ++c) {
-      auto& chunk = a.cache[c];
-      // The pool's memory is the step's to write here, as kv_step::write writes it.
-      chunk.keys =
-          const_cast<void*>(kv->pool->layer_data(kv->chunks[c], layer, 0, chunk.head_stride));
-      chunk.values =
-          const_cast<void*>(kv->pool->layer_data(kv->chunks[c], layer, 1, chunk.head_stride));
-    }
-    a.cache_slots = rope == paged_kernel::host ? kv->slots.data()
-                                               : kv->on_device.const_data_ptr<int64_t>() +
-                                                     kv->table.size() + kv->limits.size();
+    aim_kv_write(*this, a, *kv, layer);
   }
-  if (rope == paged_kernel::host) {
-    if (auto why = engine::rope_host_refusal(a))
-      throw std::invalid_argument(fmt::format("rope: {}", why));
-    const int64_t grain = std::max<int64_t>(1, 64 / std::max<int64_t>(1, a.heads));
-    at::parallel_for(0, b * t, grain,
-                     [&](int64_t begin, int64_t end) { engine::rope_host(a, begin, end); });
-    ++fused_calls;
-    return std::make_pair(q_out, k_out);
-  }
-#ifdef COMPUTRON_WITH_CUDA_KERNELS
-  auto stream = enter_cuda_device(q.device());
-  if (auto why = engine::cuda::rope_launch(a, stream))
-    throw std::runtime_error(fmt::format("rope kernel: {}", why));
-  ++fused_calls;
+  if (!run_rope(*this, a)) return std::nullopt;
   return std::make_pair(q_out, k_out);
-#else
-  return std::nullopt;
-#endif
+}
+
+bool stage_state::write_in_place(const at::Tensor& k, const at::Tensor& v, const kv_step& kv,
+                                 int64_t layer) const {
+  // [b, kv heads, t, d] views whose heads' d elements lie side by side (a head-major view
+  // of the projection's output).
+  auto type = element_of(k.scalar_type());
+  if (!has_build(rope) || !type || !kv.in_place || k.dim() != 4 || v.sizes() != k.sizes() ||
+      v.scalar_type() != k.scalar_type() || k.stride(3) != 1 || v.stride(3) != 1 ||
+      k.stride(1) != k.size(3) || v.stride(1) != v.size(3) ||
+      kv.pool->options().dtype() != k.dtype() || kv.pool->options().device() != k.device() ||
+      static_cast<int64_t>(kv.slots.size()) != k.size(0) * k.size(2) || kv.chunks.empty() ||
+      static_cast<int64_t>(kv.chunks.size()) > engine::paged_max_chunks)
+    return false;
+  engine::rope_args a;
+  a.type = *type;
+  a.rotate = false;
+  a.rows = k.size(0);
+  a.columns = k.size(2);
+  a.heads = 0;
+  a.kv_heads = k.size(1);
+  a.head_dim = k.size(3);
+  a.k = k.const_data_ptr();
+  a.k_row_stride = k.stride(0);
+  a.k_column_stride = k.stride(2);
+  a.v = v.const_data_ptr();
+  a.v_row_stride = v.stride(0);
+  a.v_column_stride = v.stride(2);
+  aim_kv_write(*this, a, kv, layer);
+  return run_rope(*this, a);
 }
 
 }  // namespace detail

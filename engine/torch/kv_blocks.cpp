@@ -99,6 +99,7 @@ caf::error kv_block_pool::grow(int64_t need) {
       *slot = std::move(c);
     allocated_ += n;
     device_bytes_ += pages;
+    ++version_;
     return {};
   }
   auto numbers = fmt::format(
@@ -155,6 +156,7 @@ void kv_block_pool::release(block_id b) {
   allocated_ -= static_cast<int64_t>(c.holders.size());
   device_bytes_ -= c.device_bytes;
   chunks_[static_cast<size_t>(chunk_of(b))].reset();
+  ++version_;
 }
 
 int32_t kv_block_pool::holders(block_id b) const {
@@ -177,6 +179,36 @@ const void* kv_block_pool::layer_data(int32_t chunk, int64_t layer, int kind,
   const auto offset = (layer * 2 + kind) * data.stride(1);
   return static_cast<const std::byte*>(data.const_data_ptr()) +
          offset * static_cast<int64_t>(data.element_size());
+}
+
+std::vector<engine::paged_kv_chunk> kv_block_pool::chunk_table() const {
+  std::vector<engine::paged_kv_chunk> out(static_cast<size_t>(layers_ * engine::paged_max_chunks));
+  std::lock_guard<std::mutex> guard{mtx_};
+  const auto n = std::min<size_t>(chunks_.size(), engine::paged_max_chunks);
+  for (size_t slot = 0; slot < n; ++slot) {
+    if (chunks_[slot] == nullptr) continue;
+    const auto& data = chunks_[slot]->data;
+    const auto element = static_cast<int64_t>(data.element_size());
+    const auto* base = static_cast<const std::byte*>(data.const_data_ptr());
+    for (int64_t layer = 0; layer < layers_; ++layer) {
+      auto& e = out[static_cast<size_t>(layer * engine::paged_max_chunks) + slot];
+      // As layer_data: [layers, 2, kv heads, blocks, tokens, d], contiguous.
+      e.keys = base + layer * 2 * data.stride(1) * element;
+      e.values = base + (layer * 2 + 1) * data.stride(1) * element;
+      e.head_stride = data.stride(2);
+    }
+  }
+  return out;
+}
+
+uint64_t kv_block_pool::chunk_version() const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  return version_;
+}
+
+int32_t kv_block_pool::slots() const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  return static_cast<int32_t>(chunks_.size());
 }
 
 void kv_block_pool::zero(const std::vector<block_id>& blocks) {

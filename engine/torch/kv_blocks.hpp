@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/paged_attention.hpp"
 #include "engine/torch/decoder_stage.hpp"
 #include "models/decoder_spec.hpp"
 
@@ -84,6 +85,17 @@ class kv_block_pool {
   void copy(block_id from, block_id to);
 
   kv_pool_stats stats() const;
+  /// Every chunk slot's keys and values of every layer as the kernels read them through a
+  /// table (paged_attention_args::chunk_table): [layers, engine::paged_max_chunks], slot
+  /// order, null for a slot with no chunk or past paged_max_chunks. What a graph's step
+  /// reads: a graph keeps the table's address, and the pool's chunks come and go.
+  std::vector<engine::paged_kv_chunk> chunk_table() const;
+  /// Changes whenever a chunk comes or goes (chunk_table's contents with it).
+  uint64_t chunk_version() const;
+  /// One past the highest chunk slot (in use or given back): a step's new chunk takes a
+  /// slot below slots() + 1.
+  int32_t slots() const;
+  int64_t layers() const { return layers_; }
   /// The blocks the ledger holds for the model's KV on this device (0: no bound): a chunk
   /// larger than a step's need stays within it (grow).
   void set_budget(int64_t blocks);
@@ -111,6 +123,7 @@ class kv_block_pool {
   int64_t held_ = 0;
   uint64_t device_bytes_ = 0;
   int64_t budget_ = 0;
+  uint64_t version_ = 0;
 };
 
 /// What one step does with the blocks, planned by the cache (kv_cache.cpp) before the
@@ -165,6 +178,11 @@ struct kv_step {
   /// read_blocks] slices of one block each.
   std::vector<part> reads;
   int64_t read_blocks = 0;
+  /// A graph's step (engine/torch/decode_graphs.cpp): the table's chunks are the pool's
+  /// slots, read through a table in memory, [layers, engine::paged_max_chunks] of them
+  /// (kv_block_pool::chunk_table; device memory on a GPU), not passed as arguments; the
+  /// splits of attention follow each row's reach. Null: the chunks of `chunks` are passed.
+  const engine::paged_kv_chunk* chunk_table = nullptr;
   /// Positions attention reads of the gathered blocks: the longest row's length (the
   /// last block's unused tail is left out rather than masked).
   int64_t read_positions = 0;
@@ -214,6 +232,10 @@ caf::expected<kv_step> plan_prefill(kv_cache_rows& cache, std::shared_ptr<kv_blo
 /// instead of a gather.
 caf::expected<kv_step> plan_extend(kv_cache_rows& cache, const std::vector<int64_t>& added,
                                    int64_t t, bool in_place = false);
+/// Decode's blocks without a plan (a graph's step, whose table is the rows' block ids,
+/// engine/graph_inputs.hpp): each row holds what its next position needs, as plan_extend
+/// takes it, and its length grows by one. Errors: the pool's (nothing changed then).
+caf::error extend_rows_by_one(kv_cache_rows& cache);
 /// Decode's step: plan_extend with one new position per row.
 caf::expected<kv_step> plan_decode(kv_cache_rows& cache, bool in_place = false);
 

@@ -273,8 +273,12 @@ caf::expected<kv_step> plan_prefill(kv_cache_rows& c, std::shared_ptr<kv_block_p
   return s;
 }
 
-caf::expected<kv_step> plan_extend(kv_cache_rows& c, const std::vector<int64_t>& added, int64_t t,
-                                   bool in_place) {
+namespace {
+
+/// plan_extend's first part: the blocks each row needs before it writes `added[r]`
+/// positions from its length on, taken at once (a pool without room changes nothing);
+/// shared, partly filled last blocks copied and let go, fresh partly filled ones zeroed.
+caf::error hold_step_blocks(kv_cache_rows& c, const std::vector<int64_t>& added) {
   auto& pool = *c.pool;
   const auto b = c.rows.size();
   // What each row needs before it writes: a private copy where it writes into a shared,
@@ -322,6 +326,22 @@ caf::expected<kv_step> plan_extend(kv_cache_rows& c, const std::vector<int64_t>&
   }
   for (auto [shared, own] : copies) pool.release(shared);
   pool.zero(partial);
+  return {};
+}
+
+}  // namespace
+
+caf::error extend_rows_by_one(kv_cache_rows& c) {
+  if (auto err = hold_step_blocks(c, std::vector<int64_t>(c.rows.size(), 1))) return err;
+  for (auto& row : c.rows) ++row.length;
+  return {};
+}
+
+caf::expected<kv_step> plan_extend(kv_cache_rows& c, const std::vector<int64_t>& added, int64_t t,
+                                   bool in_place) {
+  if (auto err = hold_step_blocks(c, added)) return err;
+  auto& pool = *c.pool;
+  const auto b = c.rows.size();
 
   // Writes: row r's k-th new position, from column t - added[r] + k of the step's keys.
   // Limits: query column j of row r sees the positions below limits[r x t + j].

@@ -100,7 +100,9 @@ std::vector<double> reference(const problem& p) {
 }
 
 /// The problem laid out as a block pool: `chunk_blocks` blocks per chunk, each row's
-/// blocks taken from a shuffled list of every chunk's, in the pool's element type.
+/// blocks taken from a shuffled list of every chunk's, in the pool's element type. The
+/// table has `spare_blocks` entries per row beyond the longest row's (-1, never read), as
+/// a table sized for a captured graph has.
 template <typename E>
 struct paged {
   std::vector<std::vector<E>> chunk_keys, chunk_values;
@@ -108,7 +110,8 @@ struct paged {
   std::vector<E> queries, out;
   paged_attention_args args;
 
-  paged(const problem& p, element_type type, std::vector<int32_t> chunk_blocks, std::mt19937& rng) {
+  paged(const problem& p, element_type type, std::vector<int32_t> chunk_blocks, std::mt19937& rng,
+        int32_t spare_blocks = 0) {
     auto cast = [](float f) -> E {
       if constexpr (sizeof(E) == 2)
         return to_bf16(f);
@@ -128,6 +131,7 @@ struct paged {
     int32_t width = 0;
     for (auto len : p.lengths)
       width = std::max<int32_t>(width, static_cast<int32_t>((len + p.bt - 1) / p.bt));
+    width += spare_blocks;
     table.assign(static_cast<size_t>(p.rows * std::max(width, 1)), -1);
     size_t next = 0;
     for (int32_t r = 0; r < p.rows; ++r) {
@@ -279,4 +283,157 @@ TEST_CASE("paged attention refuses arguments it cannot read", "[paged_attention]
   a.type = element_type::f16;
   CHECK(paged_attention_refusal(a) == nullptr);
   CHECK(paged_attention_host_refusal(a) != nullptr);
+}
+
+namespace {
+
+/// NaN in every output element: a run that leaves one unwritten shows.
+template <typename E>
+void poison(paged<E>& f) {
+  if constexpr (sizeof(E) == 2)
+    f.out.assign(f.out.size(), to_bf16(NAN));
+  else
+    f.out.assign(f.out.size(), NAN);
+}
+
+/// The call's chunks as a table in host memory (the host build's memory), in reverse
+/// order, with the block table's entries renamed to match, and the inline chunks cleared:
+/// what the call reads can then only come through the table (the caller points
+/// chunk_table at it).
+template <typename E>
+std::vector<paged_kv_chunk> move_to_table(paged<E>& f) {
+  const int32_t n = f.args.chunks;
+  std::vector<paged_kv_chunk> table;
+  for (int32_t c = n - 1; c >= 0; --c) table.push_back(f.args.chunk[c]);
+  for (auto& entry : f.table)
+    if (entry >= 0)
+      entry = (static_cast<int64_t>(n - 1 - paged_entry_chunk(entry)) << 32) | (entry & 0xffffffff);
+  for (int32_t c = 0; c < n; ++c) f.args.chunk[c] = paged_kv_chunk{};
+  return table;
+}
+
+}  // namespace
+
+TEST_CASE("paged attention reads its chunks through a chunk table as it reads them inline",
+          "[paged_attention]") {
+  std::mt19937 rng(13);
+  // Rows whose blocks lie in all three chunks (the shuffle spreads them), one with nothing.
+  auto p = make(rng, 8, 2, 3, {40, 130, 0, 17}, 32);
+  for (int32_t splits : {1, 3}) {
+    INFO("splits " << splits);
+    std::mt19937 layout(splits);
+    paged<float> f(p, element_type::f32, {8, 16, 32}, layout);
+    const auto inline_out = f.run(splits);
+    const auto table = move_to_table(f);
+    f.args.chunk_table = table.data();
+    REQUIRE(paged_attention_host_refusal(f.args) == nullptr);
+    poison(f);
+    // The same arithmetic over the same elements: equal, not close.
+    CHECK(f.run(splits) == inline_out);
+  }
+  // bf16, as the pool holds it.
+  std::mt19937 layout(21);
+  paged<uint16_t> b(p, element_type::bf16, {4, 64}, layout);
+  const auto inline_out = b.run(2);
+  const auto table = move_to_table(b);
+  b.args.chunk_table = table.data();
+  poison(b);
+  CHECK(b.run(2) == inline_out);
+}
+
+TEST_CASE("paged attention split by each row's reach equals one split", "[paged_attention]") {
+  // One short row and one long one, grouped queries (4 per kv head), decode and three
+  // columns. The by-reach calls take the table's capacity as max_positions, as a graph
+  // captured for every context does: split by max_positions, the short row's splits past
+  // its few positions would read nothing, and the long row's last ones nothing either.
+  for (int32_t columns : {1, 3}) {
+    INFO("columns " << columns);
+    std::mt19937 rng(17);
+    auto p = make(rng, 8, 2, columns, {3, 700, 20}, 64);
+    for (auto& x : p.queries) x = from_bf16(to_bf16(x));
+    for (auto* side : {&p.keys, &p.values})
+      for (auto& row : *side)
+        for (auto& x : row) x = from_bf16(to_bf16(x));
+    const auto want = reference(p);
+    auto check = [&](auto& f, double bound) {
+      const auto one = f.run(1);
+      CHECK(worst(one, want) < bound);
+      auto a = f.args;
+      f.args.max_positions = f.args.table_width * f.args.block_tokens;
+      f.args.splits_by_reach = true;
+      for (int32_t splits : {1, 3, 8}) {
+        INFO("splits " << splits);
+        poison(f);
+        CHECK(worst(f.run(splits), one) < bound);
+      }
+      f.args = a;
+    };
+    // Within split-K's bounds of the other tests: f32's rounding, and bf16's output
+    // rounding (one unit of its last place, for values below 4).
+    std::mt19937 layout(3);
+    paged<float> f(p, element_type::f32, {16, 64}, layout, 20);
+    check(f, 1e-5);
+    paged<uint16_t> b(p, element_type::bf16, {16, 64}, layout, 20);
+    check(b, 2e-2);
+  }
+}
+
+TEST_CASE("paged attention's splits by reach cover the reach in whole, balanced blocks",
+          "[paged_attention]") {
+  paged_attention_args a;
+  a.block_tokens = 16;
+  a.max_positions = 1024;
+  a.splits_by_reach = true;
+  for (int64_t reach : {0, 1, 15, 16, 17, 300, 700, 1024, 5000}) {
+    const int64_t span = std::min<int64_t>(reach, a.max_positions);
+    const int64_t blocks = (span + 15) / 16;
+    for (int32_t splits : {1, 3, 8, 32}) {
+      INFO("reach " << reach << ", splits " << splits);
+      int64_t next = 0;
+      for (int32_t s = 0; s < splits; ++s) {
+        int64_t begin = -1, end = -1;
+        paged_split_range(a, s, splits, reach, begin, end);
+        // In order, without gaps, each starting on a block (or empty, at the reach), none
+        // more than its share.
+        CHECK(begin == next);
+        CHECK(end >= begin);
+        if (end > begin) CHECK(begin % 16 == 0);
+        CHECK((end - begin + 15) / 16 <= (blocks + splits - 1) / splits);
+        next = end;
+      }
+      CHECK(next == span);
+    }
+  }
+  // Without it, every item divides max_positions, whatever its reach.
+  a.splits_by_reach = false;
+  int64_t begin = 0, end = 0;
+  paged_split_range(a, 1, 2, 20, begin, end);
+  CHECK(begin == 512);
+  CHECK(end == 1024);
+}
+
+TEST_CASE("paged attention with a chunk table checks only the chunk count", "[paged_attention]") {
+  std::mt19937 rng(5);
+  auto p = make(rng, 4, 2, 1, {20});
+  paged<float> f(p, element_type::f32, {4}, rng);
+  // The inline chunks are empty: with a table they are not read (the table may be device
+  // memory, which the host cannot check either).
+  std::vector<paged_kv_chunk> table = {f.args.chunk[0]};
+  auto a = f.args;
+  a.chunk[0] = paged_kv_chunk{};
+  CHECK(paged_attention_refusal(a) != nullptr);
+  a.chunk_table = table.data();
+  CHECK(paged_attention_refusal(a) == nullptr);
+  a.chunks = 0;
+  CHECK(paged_attention_refusal(a) != nullptr);
+  a.chunks = paged_max_chunks + 1;
+  CHECK(paged_attention_refusal(a) != nullptr);
+  a.chunks = paged_max_chunks;
+  CHECK(paged_attention_refusal(a) == nullptr);
+  // Splitting by reach is no reason to refuse, nor to skip the other checks.
+  a = f.args;
+  a.splits_by_reach = true;
+  CHECK(paged_attention_refusal(a) == nullptr);
+  a.table_width = 1;
+  CHECK(paged_attention_refusal(a) != nullptr);
 }

@@ -2,15 +2,30 @@
 // decoder's decode steps against the gathered blocks on the same GPU, in f16, bf16 and f32,
 // for one, four and eight query heads per kv head; histories that cross block boundaries
 // as they decode, and one long enough that the kernel splits it (split-K) and merges. The
-// f32 kernel also against the host build on the CPU. Tagged [cuda]: it runs only where a
-// GPU is (tests/CMakeLists.txt; scripts/gpu-check).
+// f32 kernel also against the host build on the CPU. And the kernels alone, with what a
+// captured CUDA graph needs (engine/paged_attention.hpp, engine/rope.hpp): chunks read
+// through a table in device memory, splits by each row's reach, and the KV write without
+// rotation, against their host builds. Tagged [cuda]: it runs only where a GPU is
+// (tests/CMakeLists.txt; scripts/gpu-check).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
+#include <random>
+
 #include "common/error.hpp"
+#include "engine/cuda/paged_attention.hpp"
+#include "engine/cuda/rope.hpp"
+#include "engine/host_elements.hpp"
 #include "engine/torch/decoder_stage.hpp"
 #include "models/weights.hpp"
 #include "tests/support/devices.hpp"
 #include "tests/support/sharded_model.hpp"
+
+// cudart, which the kernels' library links: the kernels run on the legacy default stream
+// and the device's copies on a stream of their own, so a read-back waits for the whole GPU
+// first. Declared here because this binary sees no CUDA header (nor torch's).
+extern "C" int cudaDeviceSynchronize();
 
 using namespace computron;
 using namespace computron::models;
@@ -75,6 +90,50 @@ decoder_spec grouped(int64_t heads, int64_t kv_heads) {
   spec.head_dim = 16;
   spec.max_positions = 2048;
   return spec;
+}
+
+/// `bytes` of host memory copied into new device memory.
+gpu::device_allocation upload(gpu::device& dev, const void* src, size_t bytes) {
+  auto mem = dev.allocate(bytes);
+  REQUIRE(mem);
+  auto copy = dev.copy_to_device_async(*mem, 0, src, bytes);
+  REQUIRE(copy);
+  REQUIRE_FALSE((*copy)->wait(60s));
+  return std::move(*mem);
+}
+
+template <typename T>
+gpu::device_allocation upload(gpu::device& dev, const std::vector<T>& v) {
+  return upload(dev, v.data(), v.size() * sizeof(T));
+}
+
+/// Device memory back on the host, once every kernel queued so far has run.
+std::vector<uint8_t> download(gpu::device& dev, const gpu::device_allocation& mem, size_t bytes) {
+  REQUIRE(cudaDeviceSynchronize() == 0);
+  std::vector<uint8_t> out(bytes);
+  REQUIRE_FALSE(dev.copy_to_host(out.data(), mem, 0, bytes));
+  return out;
+}
+
+size_t element_bytes(engine::element_type t) {
+  return t == engine::element_type::f32 ? 4 : 2;
+}
+
+/// `n` normal values times `scale`, in the type's bytes.
+std::vector<uint8_t> random_elements(engine::element_type t, size_t n, float scale,
+                                     std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> f(n);
+  for (auto& x : f) x = normal(rng) * scale;
+  std::vector<uint8_t> out(n * element_bytes(t));
+  engine::store(t, out.data(), 0, static_cast<int32_t>(n), f.data());
+  return out;
+}
+
+std::vector<float> as_floats(engine::element_type t, const std::vector<uint8_t>& bytes) {
+  std::vector<float> out(bytes.size() / element_bytes(t));
+  engine::load(t, bytes.data(), 0, static_cast<int32_t>(out.size()), out.data());
+  return out;
 }
 
 }  // namespace
@@ -146,5 +205,201 @@ TEST_CASE("the paged-attention kernel reads a chunked prefill's later chunks on 
     auto e = relative_error(chunked(a), chunked(b));
     INFO(gpu::to_string(type) << ": " << e);
     CHECK(e <= bound);
+  }
+}
+
+TEST_CASE(
+    "the paged-attention kernel reads a device chunk table and splits by reach as the "
+    "host build does",
+    "[cuda][paged_attention]") {
+  // As a captured graph calls it: max_positions at the table's capacity, the chunks through
+  // a table in device memory, and the same arguments at two contexts (only the limits in
+  // device memory change), with 1, 3 and 8 splits of each row's own reach. Rows of 5, 700
+  // and 33 positions, then 40, 1000 and 17; 4 query heads per kv head.
+  auto dev = test::cuda(0);
+  using engine::element_type;
+  const int32_t rows = 3, heads = 8, kv_heads = 2, d = 64, bt = 16, width = 64;
+  const std::vector<int32_t> chunk_blocks = {16, 32, 64};
+  const std::vector<std::vector<int64_t>> contexts = {{5, 700, 33}, {40, 1000, 17}};
+  for (auto type : {element_type::f32, element_type::bf16}) {
+    INFO(static_cast<int>(type));
+    std::mt19937 rng(29);
+    // Every element of every chunk random: what a row reads is whichever blocks its table
+    // names, the same ones on both builds.
+    std::vector<std::vector<uint8_t>> keys, values;
+    std::vector<int64_t> unused;
+    for (size_t c = 0; c < chunk_blocks.size(); ++c) {
+      const auto n = static_cast<size_t>(kv_heads) * static_cast<size_t>(chunk_blocks[c]) * bt * d;
+      keys.push_back(random_elements(type, n, 1.0f, rng));
+      values.push_back(random_elements(type, n, 1.0f, rng));
+      for (int32_t b = 0; b < chunk_blocks[c]; ++b)
+        unused.push_back((static_cast<int64_t>(c) << 32) | b);
+    }
+    std::shuffle(unused.begin(), unused.end(), rng);
+    // Each row's blocks for its longest context; entries past them are never read.
+    std::vector<int64_t> table(static_cast<size_t>(rows * width), 0);
+    size_t next = 0;
+    for (int32_t r = 0; r < rows; ++r) {
+      int64_t longest = 0;
+      for (auto& lengths : contexts) longest = std::max(longest, lengths[static_cast<size_t>(r)]);
+      for (int64_t b = 0; b * bt < longest; ++b)
+        table[static_cast<size_t>(r * width + b)] = unused.at(next++);
+    }
+    const auto queries = random_elements(type, static_cast<size_t>(rows * heads * d), 0.3f, rng);
+    const size_t out_bytes = queries.size();
+
+    engine::paged_attention_args a;
+    a.type = type;
+    a.rows = rows;
+    a.columns = 1;
+    a.heads = heads;
+    a.kv_heads = kv_heads;
+    a.head_dim = d;
+    a.block_tokens = bt;
+    a.table_width = width;
+    a.max_positions = width * bt;
+    a.splits_by_reach = true;
+    a.chunks = static_cast<int32_t>(chunk_blocks.size());
+
+    auto on_host = a;
+    std::vector<uint8_t> host_out(out_bytes);
+    on_host.queries = queries.data();
+    on_host.out = host_out.data();
+    on_host.table = table.data();
+    for (size_t c = 0; c < chunk_blocks.size(); ++c)
+      on_host.chunk[c] = {keys[c].data(), values[c].data(),
+                          static_cast<int64_t>(chunk_blocks[c]) * bt * d};
+
+    std::vector<gpu::device_allocation> chunk_mem;
+    std::vector<engine::paged_kv_chunk> chunk_table;
+    for (size_t c = 0; c < chunk_blocks.size(); ++c) {
+      chunk_mem.push_back(upload(*dev, keys[c]));
+      chunk_mem.push_back(upload(*dev, values[c]));
+      chunk_table.push_back({chunk_mem[2 * c].data(), chunk_mem[2 * c + 1].data(),
+                             static_cast<int64_t>(chunk_blocks[c]) * bt * d});
+    }
+    auto table_mem = upload(*dev, table);
+    auto chunk_table_mem = upload(*dev, chunk_table);
+    auto queries_mem = upload(*dev, queries);
+    auto limits_mem = upload(*dev, contexts[0]);
+    auto out_mem = dev->allocate(out_bytes);
+    REQUIRE(out_mem);
+    // The inline chunks stay empty: the kernel reads the table.
+    auto on_gpu = a;
+    on_gpu.queries = queries_mem.data();
+    on_gpu.out = out_mem->data();
+    on_gpu.table = static_cast<const int64_t*>(table_mem.data());
+    on_gpu.limits = static_cast<const int64_t*>(limits_mem.data());
+    on_gpu.chunk_table = static_cast<const engine::paged_kv_chunk*>(chunk_table_mem.data());
+    REQUIRE(engine::cuda::paged_attention_unfit(on_gpu) == nullptr);
+
+    for (auto& limits : contexts) {
+      auto copy =
+          dev->copy_to_device_async(limits_mem, 0, limits.data(), limits.size() * sizeof(int64_t));
+      REQUIRE(copy);
+      REQUIRE_FALSE((*copy)->wait(60s));
+      on_host.limits = limits.data();
+      REQUIRE(engine::paged_attention_host_refusal(on_host) == nullptr);
+      engine::paged_attention_host(on_host, 0, static_cast<int64_t>(rows) * kv_heads, 1);
+      const auto want = as_floats(type, host_out);
+      for (int32_t splits : {1, 3, 8}) {
+        INFO("context of " << limits[1] << ", splits " << splits);
+        const auto ws_bytes = engine::cuda::paged_attention_workspace_bytes(on_gpu, splits);
+        gpu::device_allocation ws;
+        if (ws_bytes > 0) {
+          auto w = dev->allocate(ws_bytes);
+          REQUIRE(w);
+          ws = std::move(*w);
+        }
+        REQUIRE_FALSE(dev->fill(*out_mem, 0xff));  // NaN where the kernel writes nothing
+        const char* why =
+            engine::cuda::paged_attention_launch(on_gpu, splits, ws ? ws.data() : nullptr, nullptr);
+        INFO((why ? why : ""));
+        REQUIRE(why == nullptr);
+        const auto got = as_floats(type, download(*dev, *out_mem, out_bytes));
+        for (auto x : got) REQUIRE(std::isfinite(x));
+        // CUDA's expf and another order of sums: f32 to its rounding, bf16 to a unit of
+        // its last place.
+        const double bound = type == element_type::f32 ? 1e-4 : 1e-2;
+        auto e = relative_error(got, want);
+        INFO(e);
+        CHECK(e <= bound);
+      }
+    }
+  }
+}
+
+TEST_CASE("the KV write without rotation through a device cache table equals the host build",
+          "[cuda][rope]") {
+  // OPT's KV write: three rows of two columns (one padding) from a q/k/v product into two
+  // chunks of 16 slots, in blocks out of order; the keys also head major. Copies: equal.
+  auto dev = test::cuda(0);
+  using engine::element_type;
+  const int64_t rows = 3, columns = 2, heads = 4, kv_heads = 2, d = 64, slots_per_chunk = 16;
+  const int64_t width = (heads + 2 * kv_heads) * d;
+  const std::vector<int64_t> slots = {(1LL << 32) | 9, 3, -1, (1LL << 32) | 0, 15, (1LL << 32) | 4};
+  for (auto type : {element_type::f32, element_type::bf16}) {
+    INFO(static_cast<int>(type));
+    std::mt19937 rng(31);
+    const size_t esize = element_bytes(type);
+    const auto product =
+        random_elements(type, static_cast<size_t>(rows * columns * width), 1.0f, rng);
+    const size_t chunk_bytes = static_cast<size_t>(kv_heads * slots_per_chunk * d) * esize;
+    const size_t k_out_bytes = static_cast<size_t>(rows * kv_heads * columns * d) * esize;
+    // Poison where nothing is written: it must be left as it is.
+    const std::vector<uint8_t> poison(chunk_bytes, 0x5a);
+
+    engine::rope_args a;
+    a.type = type;
+    a.rows = rows;
+    a.columns = columns;
+    a.heads = 0;
+    a.kv_heads = kv_heads;
+    a.head_dim = d;
+    a.rotate = false;
+    a.k_row_stride = a.v_row_stride = columns * width;
+    a.k_column_stride = a.v_column_stride = width;
+    a.cache_chunks = 2;
+
+    auto on_host = a;
+    std::vector<std::vector<uint8_t>> host_chunks(4, poison);
+    std::vector<uint8_t> host_k_out(k_out_bytes);
+    on_host.k = product.data() + static_cast<size_t>(heads * d) * esize;
+    on_host.v = product.data() + static_cast<size_t>((heads + kv_heads) * d) * esize;
+    on_host.k_out = host_k_out.data();
+    on_host.cache_slots = slots.data();
+    for (int c = 0; c < 2; ++c)
+      on_host.cache[c] = {host_chunks[2 * c].data(), host_chunks[2 * c + 1].data(),
+                          slots_per_chunk * d};
+    REQUIRE(engine::rope_host_refusal(on_host) == nullptr);
+    engine::rope_host(on_host, 0, rows * columns);
+
+    auto product_mem = upload(*dev, product);
+    auto slots_mem = upload(*dev, slots);
+    std::vector<gpu::device_allocation> chunk_mem;
+    for (int i = 0; i < 4; ++i) chunk_mem.push_back(upload(*dev, poison));
+    std::vector<engine::paged_kv_chunk> cache_table;
+    for (int c = 0; c < 2; ++c)
+      cache_table.push_back(
+          {chunk_mem[2 * c].data(), chunk_mem[2 * c + 1].data(), slots_per_chunk * d});
+    auto table_mem = upload(*dev, cache_table);
+    auto k_out_mem = dev->allocate(k_out_bytes);
+    REQUIRE(k_out_mem);
+    auto on_gpu = a;
+    const auto* base = static_cast<const uint8_t*>(product_mem.data());
+    on_gpu.k = base + static_cast<size_t>(heads * d) * esize;
+    on_gpu.v = base + static_cast<size_t>((heads + kv_heads) * d) * esize;
+    on_gpu.k_out = k_out_mem->data();
+    on_gpu.cache_slots = static_cast<const int64_t*>(slots_mem.data());
+    on_gpu.cache_table = static_cast<const engine::paged_kv_chunk*>(table_mem.data());
+    const char* why = engine::cuda::rope_launch(on_gpu, nullptr);
+    INFO((why ? why : ""));
+    REQUIRE(why == nullptr);
+    CHECK(download(*dev, *k_out_mem, k_out_bytes) == host_k_out);
+    for (int i = 0; i < 4; ++i) {
+      INFO((i % 2 == 0 ? "keys" : "values") << " of chunk " << i / 2);
+      CHECK(download(*dev, chunk_mem[static_cast<size_t>(i)], chunk_bytes) ==
+            host_chunks[static_cast<size_t>(i)]);
+    }
   }
 }

@@ -144,6 +144,26 @@ TEST_CASE("a serve config's gpu-lets: a partition per device, auto, and what is 
   }
 }
 
+TEST_CASE("a model's CUDA graphs are on by default, off at 0, and refused past 256",
+          "[serve][config]") {
+  test::temp_dir dir{"serve-config"};
+  auto c = read_config(dir, R"({"models": [{"name": "m", "kind": "toy"},
+    {"name": "n", "kind": "toy", "cuda_graph_max_batch": 0},
+    {"name": "o", "kind": "toy", "cuda_graph_max_batch": 256}]})");
+  REQUIRE(c);
+  CHECK(c->models.at(0).cuda_graph_max_batch == 32);
+  CHECK(c->models.at(1).cuda_graph_max_batch == 0);
+  CHECK(c->models.at(2).cuda_graph_max_batch == 256);
+  for (auto text : {R"({"models": [{"name": "m", "kind": "toy", "cuda_graph_max_batch": 257}]})",
+                    R"({"models": [{"name": "m", "kind": "toy", "cuda_graph_max_batch": -1}]})"}) {
+    INFO(text);
+    auto bad = read_config(dir, text);
+    REQUIRE_FALSE(bad);
+    CHECK_THAT(render(bad.error()),
+               Catch::Contains("cuda_graph_max_batch must be from 0 (off) to 256"));
+  }
+}
+
 TEST_CASE(
     "the main job's GPU config reads: one CUDA device whose arena holds two of its three models",
     "[serve][config]") {
