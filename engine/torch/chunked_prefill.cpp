@@ -87,6 +87,7 @@ caf::expected<host_tensor> decoder_stage::prefill_chunk(
         fmt::format("a prefill chunk leaving {} tokens computes none of prompts of {} at most",
                     left, longest(prompts)));
   if (auto err = m.bind()) return err;
+  auto gate = m.step_gate();
   try {
     at::NoGradGuard no_grad;
     auto in = detail::left_padded(prompts, begin, end, t);

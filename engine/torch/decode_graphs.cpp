@@ -25,6 +25,7 @@
 #include "engine/torch/decoder_stage_impl.hpp"
 
 #ifdef COMPUTRON_TORCH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -44,13 +45,20 @@ static_assert(sizeof(engine::paged_kv_chunk) == 3 * sizeof(int64_t),
 
 }  // namespace
 
+std::shared_mutex& detail::capture_gate(int index) {
+  static std::shared_mutex gates[64];
+  return gates[static_cast<size_t>(std::clamp(index, 0, 63))];
+}
+
 void decoder_stage::impl::graphs_off(std::string why) {
   if (!graphs || !graphs->stats.off_because.empty()) return;
   log::warn("{} stage {} tp rank {}: decode steps run without CUDA graphs from now on: {}",
             spec.name, shard.pp_rank, shard.tp_rank, why);
   graphs->stats.off_because = std::move(why);
   graphs->ready = false;
-  for (auto& g : graphs->buckets) g.graph.reset();
+  // The buffers, the graphs and their pool's memory go; nothing reads them any more.
+  graphs->buckets.clear();
+  graphs->chunk_table = at::Tensor{};
 }
 
 caf::expected<at::Tensor> decoder_stage::impl::graph_forward(detail::graph_bucket& g) {
@@ -85,7 +93,6 @@ caf::error decoder_stage::impl::setup_graphs() {
   // A graph holds the weights' addresses: those of the shard's reserved range, resident
   // or not.
   base = weights->reserved_address();
-  gs.base = base;
   std::vector<int32_t> every_chunk(engine::paged_max_chunks);
   std::iota(every_chunk.begin(), every_chunk.end(), 0);
   gs.buckets.clear();
@@ -96,7 +103,12 @@ caf::error decoder_stage::impl::setup_graphs() {
     engine::fill_graph_inputs(g.host, {}, static_cast<int32_t>(kv_block_tokens),
                               engine::paged_max_chunks, detail::pad_token);
     g.inputs = at::tensor(g.host.all, at::kLong).to(dev);
-    if (dev.is_cuda()) g.staged = at::empty({g.host.size()}, at::kLong).pin_memory();
+#ifdef COMPUTRON_TORCH_CUDA
+    if (dev.is_cuda()) {
+      g.staged = at::empty({g.host.size()}, at::kLong).pin_memory();
+      g.copied = std::make_shared<at::cuda::CUDAEvent>();
+    }
+#endif
     if (!first()) g.hidden = at::zeros({size, 1, spec.hidden}, options);
     auto& kv = g.kv;
     kv.pool = kv_pool.get();
@@ -115,6 +127,8 @@ caf::error decoder_stage::impl::setup_graphs() {
 #ifdef COMPUTRON_TORCH_CUDA
   if (dev.is_cuda()) {
     at::NoGradGuard no_grad;
+    // No other step on this device allocates while the captures run (capture_gate).
+    std::unique_lock<std::shared_mutex> gate{detail::capture_gate(dev.index())};
     c10::cuda::CUDAGuard device_guard(dev.index());
     auto side = c10::cuda::getStreamFromPool(false, dev.index());
     c10::cuda::CUDAStreamGuard stream_guard(side);
@@ -130,7 +144,8 @@ caf::error decoder_stage::impl::setup_graphs() {
       std::string failed;
       try {
         // Thread-local: the copy lanes' transfers on other threads go on while this
-        // thread captures.
+        // thread captures (their copies allocate nothing of libtorch's); other steps on
+        // the device wait at the gate.
         graph->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
         caf::expected<at::Tensor> out = at::Tensor{};
         try {
@@ -178,14 +193,23 @@ std::optional<caf::expected<host_tensor>> decoder_stage::impl::graph_decode(
     ++gs.stats.eager_steps;
     return std::nullopt;
   };
-  // Rows with an adapter, rows past the table, and a pool whose next chunk may take a slot
-  // past the chunk table run eagerly.
-  if (size == 0 || kv_pool->slots() >= engine::paged_max_chunks) return eager();
+  // Rows with an adapter, rows past the table, a pool whose chunks (or its next one) lie
+  // past the chunk table, a gpu-let's stream (a graph captured on the whole device does not
+  // replay into a green context) and weights still loading (the eager step computes each
+  // layer as its bytes arrive) run eagerly.
+  if (size == 0 || (options.device().is_cuda() && detail::on_external_compute_stream()) ||
+      weights->state() != gpu::residency::resident)
+    return eager();
   for (auto& row : c.rows)
     if (row.adapter != 0 || row.length + 1 > int64_t{gs.width} * kv_block_tokens) return eager();
-  if (weights->reserved_address() != gs.base) {
-    graphs_off("the weights' device address changed since the capture");
-    return std::nullopt;
+  if (kv_pool->slot_bound() > engine::paged_max_chunks) {
+    if (!gs.told_slots)
+      log::info(
+          "{} stage {}: decode steps run eagerly while the KV pool's chunks lie past the "
+          "{} a graph's chunk table holds",
+          spec.name, shard.pp_rank, engine::paged_max_chunks);
+    gs.told_slots = true;
+    return eager();
   }
   auto& g =
       *std::find_if(gs.buckets.begin(), gs.buckets.end(), [&](auto& x) { return x.rows == size; });
@@ -222,17 +246,29 @@ std::optional<caf::expected<host_tensor>> decoder_stage::impl::graph_decode(
       std::copy(at(g.host.limits_at()), at(g.host.slots_at()), g.kv.limits.begin());
       std::copy(at(g.host.slots_at()), at(g.host.positions_at()), g.kv.slots.begin());
     } else {
-      // The previous step's copy out of `staged` finished: its outputs came back to the
-      // host after it, on the same stream.
+#ifdef COMPUTRON_TORCH_CUDA
+      // The last copy out of `staged` must be done before it is written again (a step that
+      // failed, or answered nothing, did not wait for its stream).
+      auto* copied = static_cast<at::cuda::CUDAEvent*>(g.copied.get());
+      copied->synchronize();
       std::memcpy(g.staged.data_ptr<int64_t>(), g.host.all.data(),
                   g.host.all.size() * sizeof(int64_t));
       g.inputs.copy_(g.staged, /*non_blocking=*/true);
+      copied->record();
+#endif
     }
     if (h.defined()) g.hidden.narrow(0, 0, b).copy_(h.view({b, 1, spec.hidden}));
-    if (auto err = weights->wait_loaded(detail::layer_wait)) return caf::expected<host_tensor>{err};
 #ifdef COMPUTRON_TORCH_CUDA
     if (g.graph) {
-      static_cast<at::cuda::CUDAGraph*>(g.graph.get())->replay();
+      try {
+        static_cast<at::cuda::CUDAGraph*>(g.graph.get())->replay();
+      } catch (const std::exception& e) {
+        // A graph that cannot replay will not next time either: this step fails, the next
+        // ones run eagerly.
+        auto err = detail::compute_error(spec.name + " decode (a graph's replay)", e);
+        graphs_off("a replay failed: " + std::string{e.what()}.substr(0, 300));
+        return caf::expected<host_tensor>{std::move(err)};
+      }
     } else
 #endif
     {

@@ -388,6 +388,7 @@ caf::expected<host_tensor> decoder_stage::prefill_rows(
                            m.spec.max_positions));
   auto b = static_cast<int64_t>(prompts.size());
   if (auto err = m.bind()) return err;
+  auto gate = m.step_gate();
   try {
     at::NoGradGuard no_grad;
     cache.impl_->clear();  // a prefill starts the batch afresh, whatever happens below
@@ -436,6 +437,7 @@ caf::expected<host_tensor> decoder_stage::decode(const std::vector<int64_t>& tok
     next_position.push_back(row.length);
   }
   if (auto err = m.bind()) return err;
+  auto gate = m.step_gate();
   if (m.graphs)
     if (auto done = m.graph_decode(tokens, hidden, c, out)) return std::move(*done);
   try {

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <shared_mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -66,6 +67,12 @@ struct attached_adapter {
   std::vector<std::pair<at::Tensor, at::Tensor>> pairs;
 };
 
+/// Held exclusively while a stage of CUDA device `index` captures its graphs, and shared by
+/// every step on that device: while a capture is under way, libtorch's caching allocator
+/// must not meet another thread's allocation that falls back to freeing cached memory (it
+/// asserts that no capture is under way there).
+std::shared_mutex& capture_gate(int index);
+
 /// One batch-size bucket of a stage's decode graphs (decode_graphs.cpp): the buffers a
 /// graph's step reads and writes, at addresses fixed for the stage's life.
 struct graph_bucket {
@@ -82,8 +89,10 @@ struct graph_bucket {
   /// What the step leaves: the hidden states [rows, 1, hidden], or on the last stage this
   /// rank's logits [rows, vocab_rows] in f32.
   at::Tensor out;
-  /// The captured graph (CUDA; decode_graphs.cpp's type), null where nothing is captured.
+  /// The captured graph (CUDA; decode_graphs.cpp's type), null where nothing is captured,
+  /// and the event of the last copy out of `staged`.
   std::shared_ptr<void> graph;
+  std::shared_ptr<void> copied;
 };
 
 /// A stage's decode graphs (compute_options::graph_max_batch).
@@ -95,9 +104,9 @@ struct graph_state {
   /// int64 triples, and the pool's chunk_version it holds.
   at::Tensor chunk_table;
   uint64_t chunk_version = ~uint64_t{0};
-  /// The weights' address the buckets were set up at (a graph holds it).
-  std::byte* base = nullptr;
   bool ready = false;
+  /// The log said once that the pool's chunks lie past the chunk table.
+  bool told_slots = false;
   graph_stats stats;
 };
 
@@ -140,6 +149,12 @@ struct decoder_stage::impl : detail::stage_state {
   }
 
   caf::error wait_for(uint64_t bytes) { return weights->wait_bytes(bytes, detail::layer_wait); }
+
+  /// A step's share of its device's capture gate (none off CUDA).
+  std::shared_lock<std::shared_mutex> step_gate() const {
+    if (!options.device().is_cuda()) return {};
+    return std::shared_lock<std::shared_mutex>{detail::capture_gate(options.device().index())};
+  }
 
   /// The decode graphs (decode_graphs.cpp). setup_graphs makes the buckets' buffers and, on
   /// CUDA, captures each; graph_decode runs a decode step through a bucket, or returns

@@ -206,9 +206,18 @@ uint64_t kv_block_pool::chunk_version() const {
   return version_;
 }
 
-int32_t kv_block_pool::slots() const {
+int32_t kv_block_pool::slot_bound() const {
   std::lock_guard<std::mutex> guard{mtx_};
-  return static_cast<int32_t>(chunks_.size());
+  size_t bound = 0;
+  bool free_slot = false;
+  for (size_t slot = 0; slot < chunks_.size(); ++slot) {
+    if (chunks_[slot] != nullptr)
+      bound = slot + 1;
+    else if (!free_slot)
+      bound = std::max(bound, slot + 1), free_slot = true;  // where grow() puts a chunk
+  }
+  if (!free_slot) bound = chunks_.size() + 1;
+  return static_cast<int32_t>(bound);
 }
 
 void kv_block_pool::zero(const std::vector<block_id>& blocks) {

@@ -92,9 +92,10 @@ class kv_block_pool {
   std::vector<engine::paged_kv_chunk> chunk_table() const;
   /// Changes whenever a chunk comes or goes (chunk_table's contents with it).
   uint64_t chunk_version() const;
-  /// One past the highest chunk slot (in use or given back): a step's new chunk takes a
-  /// slot below slots() + 1.
-  int32_t slots() const;
+  /// One past the highest slot a live chunk holds or the next new chunk would take (the
+  /// first given back, else the next): a step whose chunks all lie below a table's
+  /// paged_max_chunks entries stays below them when it adds a chunk.
+  int32_t slot_bound() const;
   int64_t layers() const { return layers_; }
   /// The blocks the ledger holds for the model's KV on this device (0: no bound): a chunk
   /// larger than a step's need stays within it (grow).

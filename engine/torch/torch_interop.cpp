@@ -64,11 +64,22 @@ caf::error cap_cuda_workspace(const gpu::device& dev) {
 
 namespace computron::models {
 
+namespace {
+/// Whether this thread's compute runs on a stream use_compute_stream installed (a
+/// gpu-let's green context, or a plain stream of the pool) rather than the default one.
+thread_local bool external_stream = false;
+}  // namespace
+
+bool detail::on_external_compute_stream() {
+  return external_stream;
+}
+
 caf::error use_compute_stream(const gpu::device& dev, void* stream) {
   if (dev.info().kind != gpu::device_kind::cuda) return {};
 #ifdef COMPUTRON_TORCH_CUDA
   try {
     auto index = static_cast<c10::DeviceIndex>(dev.info().ordinal);
+    external_stream = stream != nullptr;
     // The current stream is per thread: the lane's thread keeps it for its next steps.
     c10::cuda::setCurrentCUDAStream(
         stream == nullptr

@@ -48,4 +48,9 @@ void finish_compute(at::Device device) noexcept;
 /// without a CUDA libtorch. Throws libtorch's errors (the caller's step catches them).
 void* enter_cuda_device(at::Device device);
 
+/// Whether the calling thread computes on a stream use_compute_stream installed (a
+/// gpu-let's green context): a CUDA graph captured on the whole device does not replay
+/// into one (decode_graphs.cpp decodes eagerly there).
+bool on_external_compute_stream();
+
 }  // namespace computron::models::detail

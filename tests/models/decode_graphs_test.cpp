@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 
 #include "common/error.hpp"
@@ -22,6 +23,14 @@ using namespace std::chrono_literals;
 
 namespace {
 
+/// Chunks of one block at first, so that the pool's chunks come and go (and take new
+/// slots) while the rows grow: the graph reads them through the chunk table.
+kv_pool_options one_block_chunks() {
+  kv_pool_options kv;
+  kv.min_chunk_blocks = 1;
+  return kv;
+}
+
 /// One whole model on `dev`: its shard (loaded unless `load` is false), group and stage.
 struct single {
   std::unique_ptr<gpu::weight_shard> shard;
@@ -29,7 +38,7 @@ struct single {
   std::unique_ptr<decoder_stage> stage;
 
   single(const decoder_spec& spec, gpu::dtype type, gpu::device_ptr dev, compute_options compute,
-         bool load = true) {
+         bool load = true, kv_pool_options kv = one_block_chunks()) {
     auto table = shard_layout(spec, type, {1, 1}, {0, 0});
     REQUIRE(table);
     auto s = gpu::weight_shard::create(std::move(dev), *table);
@@ -38,10 +47,6 @@ struct single {
     REQUIRE_FALSE(fill_seeded(spec, {1, 1}, {0, 0}, shard->table(), shard->host_data(), 11));
     if (load) reload();
     group = gpu::make_solo_collective();
-    // Chunks of one block at first, so that the pool's chunks come and go (and take new
-    // slots) while the rows grow: the graph reads them through the chunk table.
-    kv_pool_options kv;
-    kv.min_chunk_blocks = 1;
     auto st = decoder_stage::create(spec, {1, 1}, {0, 0}, *shard, *group, kv, compute);
     REQUIRE(st);
     stage = std::move(*st);
@@ -187,20 +192,121 @@ TEST_CASE("decode graphs stay off where a step cannot run through them, and deco
     REQUIRE(m.stage->decode({1, 2, 3}, nullptr, cache));
     CHECK(m.stage->graphs().replays == 1);
   }
-  SECTION("a bad token is refused before a graph's step changes the cache") {
+  SECTION("a graph's step without KV blocks fails and leaves the cache as it was") {
     compute_options c;
     c.graph_max_batch = 8;
-    single m{spec, gpu::dtype::f32, test::emulated(0), c};
+    // Two chunks, then the device is full.
+    auto calls = std::make_shared<int>(0);
+    auto kv = one_block_chunks();
+    kv.allocate = [calls](uint64_t bytes) -> caf::expected<kv_memory> {
+      if (++*calls > 2) return make_error(ec::out_of_device_memory, "full");
+      std::shared_ptr<void> mem{std::calloc(1, bytes), std::free};
+      return kv_memory{mem.get(), mem};
+    };
+    single m{spec, gpu::dtype::f32, test::emulated(0), c, true, kv};
     REQUIRE_FALSE(m.stage->capture_graphs());
     kv_cache cache;
     REQUIRE(m.stage->prefill(prompts, nullptr, cache));
-    auto before = cache.lengths();
-    auto bad = m.stage->decode({1, spec.vocab, 3}, nullptr, cache);
-    REQUIRE_FALSE(bad);
-    CHECK(bad.error() == ec::invalid_request);
+    caf::expected<host_tensor> step = host_tensor{};
+    std::vector<int64_t> before;
+    for (int k = 0; k < 64 && step; ++k) {
+      before = cache.lengths();
+      step = m.stage->decode({1, 2, 3}, nullptr, cache);
+    }
+    REQUIRE_FALSE(step);
+    CHECK(step.error() == ec::out_of_device_memory);
     CHECK(cache.lengths() == before);
-    CHECK(m.stage->graphs().replays == 0);
+    auto g = m.stage->graphs();
+    CHECK(g.replays > 0);
+    CHECK(g.off_because.empty());
+    // The rows that fit go on through the graph once one leaves.
+    REQUIRE_FALSE(cache.keep_rows({0}));
+    auto replays = g.replays;
+    REQUIRE(m.stage->decode({4}, nullptr, cache));
+    CHECK(m.stage->graphs().replays == replays + 1);
   }
+}
+
+TEST_CASE(
+    "a pool whose chunks pass the graph's chunk table decodes eagerly, with the same "
+    "tokens",
+    "[graphs][decoder]") {
+  const auto spec = *find_spec("llama-tiny");
+  compute_options with;
+  with.graph_max_batch = 8;
+  single graphs{spec, gpu::dtype::f32, test::emulated(0), with};
+  single eager{spec, gpu::dtype::f32, test::emulated(1), {}};
+  // A budget of one block: every chunk past the first is exactly what a step needs, so
+  // rows that cross a block boundary at different steps each take a chunk of their own.
+  graphs.stage->set_kv_budget(1);
+  REQUIRE_FALSE(graphs.stage->capture_graphs());
+  std::vector<std::vector<int64_t>> rows;
+  for (int64_t r = 0; r < 8; ++r) rows.push_back(std::vector<int64_t>(56 + r, 3 + r));
+  kv_cache gc, ec;
+  auto a = eager.stage->prefill(rows, nullptr, ec);
+  REQUIRE(a);
+  REQUIRE(graphs.stage->prefill(rows, nullptr, gc));
+  auto next = greedy(*a);
+  decode_both(graphs, gc, eager, ec, next, 64, 1e-5, "8 rows");
+  auto g = graphs.stage->graphs();
+  CHECK(graphs.stage->kv_blocks().chunks > 32);
+  CHECK(g.replays > 0);
+  CHECK(g.eager_steps > 0);
+  CHECK(g.replays + g.eager_steps == 64);
+  CHECK(g.off_because.empty());
+}
+
+TEST_CASE("a later pipeline stage's graph steps take the previous stage's states",
+          "[graphs][decoder]") {
+  // Two stages of llama-tiny (a layer each), with graphs and without.
+  const auto spec = *find_spec("llama-tiny");
+  struct pipeline {
+    std::vector<std::unique_ptr<gpu::weight_shard>> shards;
+    std::vector<std::unique_ptr<gpu::collective>> groups;
+    std::vector<std::unique_ptr<decoder_stage>> stages;
+    std::vector<kv_cache> caches = std::vector<kv_cache>(2);
+
+    explicit pipeline(const decoder_spec& spec, compute_options compute) {
+      for (int32_t p = 0; p < 2; ++p) {
+        auto table = shard_layout(spec, gpu::dtype::f32, {1, 2}, {0, p});
+        REQUIRE(table);
+        auto s = gpu::weight_shard::create(test::emulated(p), *table);
+        REQUIRE(s);
+        REQUIRE_FALSE(fill_seeded(spec, {1, 2}, {0, p}, (*s)->table(), (*s)->host_data(), 11));
+        REQUIRE_FALSE((*s)->load());
+        REQUIRE_FALSE((*s)->wait_loaded(60s));
+        shards.push_back(std::move(*s));
+        groups.push_back(gpu::make_solo_collective());
+        auto st = decoder_stage::create(spec, {1, 2}, {0, p}, *shards.back(), *groups.back(),
+                                        one_block_chunks(), compute);
+        REQUIRE(st);
+        stages.push_back(std::move(*st));
+        REQUIRE_FALSE(stages.back()->capture_graphs());
+      }
+    }
+    host_tensor step(const std::vector<int64_t>* tokens) {
+      auto h = tokens == nullptr ? stages[0]->prefill(prompts, nullptr, caches[0])
+                                 : stages[0]->decode(*tokens, nullptr, caches[0]);
+      REQUIRE(h);
+      auto out = tokens == nullptr ? stages[1]->prefill(prompts, &*h, caches[1])
+                                   : stages[1]->decode(*tokens, &*h, caches[1]);
+      REQUIRE(out);
+      return *out;
+    }
+  };
+  compute_options with;
+  with.graph_max_batch = 4;
+  pipeline graphs{spec, with}, eager{spec, {}};
+  auto next = greedy(eager.step(nullptr));
+  graphs.step(nullptr);
+  for (int k = 0; k < 20; ++k) {
+    auto a = eager.step(&next);
+    auto b = graphs.step(&next);
+    INFO("step " << k);
+    CHECK(test::relative_error(b.to_floats(), a.to_floats()) <= 1e-5);
+    next = greedy(a);
+  }
+  for (auto& s : graphs.stages) CHECK(s->graphs().replays == 20);
 }
 
 TEST_CASE(
@@ -243,6 +349,18 @@ TEST_CASE(
       decode_both(graphs, gc, eager, ec, next, 8, bound, what + " after a reload");
       CHECK(graphs.stage->graphs().replays == 44);
       CHECK(graphs.stage->graphs().off_because.empty());
+
+      // On a gpu-let's lane (a green context) the step runs eagerly: a graph captured on
+      // the whole device is not replayed into it.
+      if (!dev->check_gpulets()) {
+        auto lane = dev->gpulet_stream({50, 50}, 0);
+        REQUIRE(lane);
+        REQUIRE_FALSE(use_compute_stream(*dev, *lane));
+        decode_both(graphs, gc, eager, ec, next, 2, bound, what + " on a gpu-let");
+        REQUIRE_FALSE(use_compute_stream(*dev, nullptr));
+        CHECK(graphs.stage->graphs().replays == 44);
+        CHECK(graphs.stage->graphs().eager_steps == 2);
+      }
     }
   }
 }
