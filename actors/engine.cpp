@@ -206,6 +206,8 @@ caf::expected<std::vector<std::vector<int64_t>>> direct_generate(
     auto b = eng.make_backend(s.spec, *s.weights, *s.group);
     if (!b) return b.error();
     s.runner = runner_of(s.spec, std::move(*b));
+    // As a worker prepares a registered shard (the decoder's CUDA graphs).
+    if (auto err = s.runner->compute().prepare()) return err;
   }
   std::vector<std::vector<std::shared_ptr<computron::engine::runner>>> stages(
       static_cast<size_t>(pp));

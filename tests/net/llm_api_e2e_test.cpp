@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -500,6 +501,11 @@ TEST_CASE("swap metrics per model and device, zero from the start", "[net][e2e][
   REQUIRE(
       s.post("/v1/completions", {{"model", "toy"}, {"prompt", "a"}, {"max_tokens", 1}}).status ==
       200);
+  // The reply may come before the load's end is counted: a step computes while its
+  // weights load, and the swap scheduler reports the load when its last copy is done.
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (loads("toy") < 1 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(5ms);
   CHECK(loads("toy") == 1);
   CHECK(loads("raw") == 0);
   CHECK(s.metric("computron_model_bytes_loaded_total{device=\"0\",model=\"toy\"}") == 1048576);
