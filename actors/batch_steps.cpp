@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <functional>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <fmt/format.h>
 #include <caf/all.hpp>
@@ -19,19 +20,36 @@
 
 namespace computron::actors::manager_detail {
 
+namespace {
+
+/// Has every worker of `model` drop the caches of batch `id`. Each answers what its KV
+/// pool then holds, and that goes to the ledger: it counts the pool's pages until then,
+/// so no load is placed in pages a pool has not given back yet (a worker that does not
+/// answer leaves them counted).
+void drop_caches(manager_pointer self, const std::string& model, uint64_t id) {
+  auto& st = self->state;
+  for (auto& w : st.models.at(model).cfg.devices)
+    self->request(st.workers[static_cast<size_t>(w)], st.opts.step_timeout, cancel_atom_v, model,
+                  id)
+        .then(
+            [=](uint64_t bytes) {
+              self->send(self->state.scheduler, kv_pool_atom_v, model, std::vector<int32_t>{w},
+                         std::vector<uint64_t>{bytes});
+            },
+            [](caf::error&) {});
+}
+
+}  // namespace
+
 /// Ends a batch: on error every row still running fails with it; either way the model,
 /// its devices and (where the last step did not) the workers' caches are released.
 void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* err) {
   auto& st = self->state;
-  auto& m = st.models.at(b->model);
   set_running(self, b, 0);
-  if (err || !b->caches_dropped)
-    for (auto& w : m.cfg.devices)
-      self->send(st.workers[static_cast<size_t>(w)], cancel_atom_v, b->model, b->id);
+  if (err || !b->caches_dropped) drop_caches(self, b->model, b->id);
   // A chunked prefill under way has caches of its own.
-  if (b->pending_id != 0)
-    for (auto& w : m.cfg.devices)
-      self->send(st.workers[static_cast<size_t>(w)], cancel_atom_v, b->model, b->pending_id);
+  if (b->pending_id != 0) drop_caches(self, b->model, b->pending_id);
+  auto& m = st.models.at(b->model);
   if (err) {
     for (auto r : b->sent) reply_error(self, b->rows[r], *err);
     for (auto r : b->pending) reply_error(self, b->rows[r], *err);
@@ -49,6 +67,37 @@ namespace {
 /// How long a running batch waits for a joining row's adapter lease (see join_rows): its
 /// running rows wait too.
 constexpr std::chrono::milliseconds join_adapter_wait{10000};
+
+/// A step found a device full where the ledger counted room (a pool's pages still going
+/// while a load was placed there): its rows go back to the front of the queue to be
+/// recomputed, as preempted rows do, rather than fail (issue 44: no request fails for room
+/// that waiting would give). A row requeued so max_room_requeues times fails with the step.
+constexpr uint32_t max_room_requeues = 8;
+
+void requeue_for_room(manager_pointer self, const batch_ptr& b) {
+  // The dispatch core queues every row it ran; a row past the bound is not the manager's
+  // any more, and the core skips its key, as a row cancelled in the queue.
+  auto keys = self->state.disp->requeue_rows(b->id);
+  std::unordered_set<uint64_t> back(keys.begin(), keys.end());
+  size_t requeued = 0;
+  auto requeue_from = [&](std::vector<size_t>& rows) {
+    std::vector<size_t> stay;
+    for (auto r : rows) {
+      auto& q = b->rows[r];
+      if (back.count(q.key) > 0 && q.room_requeues < max_room_requeues) {
+        ++q.room_requeues;
+        ++requeued;
+        requeue(self, b, r);
+      } else {
+        stay.push_back(r);
+      }
+    }
+    rows = std::move(stay);
+  };
+  requeue_from(b->sent);
+  requeue_from(b->pending);
+  if (requeued > 0) log::info("batch {}: {} rows go back to the queue", b->id, requeued);
+}
 
 /// Sends `req` to the first stage of every tensor-parallel rank of the batch's model (each
 /// rank's route runs through its stages) and joins their answers: `done` gets rank 0's
@@ -86,6 +135,7 @@ void send_step(manager_pointer self, const batch_ptr& b, step_request req,
           where += fmt::format(": no answer within {} ms", timeout.count());
         err = with_context(err, where);
         log::warn("batch {} failed: {}", b->id, render(err));
+        if (is(err, ec::out_of_device_memory)) requeue_for_room(self, b);
         finish_batch(self, b, &err);
       });
   // The lanes the dispatch core runs the model on: fixed while a batch of it runs.

@@ -54,8 +54,10 @@ using shard_worker_actor = caf::typed_actor<
     caf::replies_to<unregister_atom, std::string>::with<bool>,
     /// Runs one forward step of a batch here and on the following stages.
     caf::replies_to<step_atom, step_request>::with<step_result>,
-    /// Drops the caches of a batch that ended early (model, batch id).
-    caf::reacts_to<cancel_atom, std::string, uint64_t>,
+    /// Drops the caches of a batch that ended early (model, batch id). Replies the bytes
+    /// of device pages the model's KV pool holds here after that: the ledger counts a
+    /// pool's pages until its worker says they went (kv_pool_atom).
+    caf::replies_to<cancel_atom, std::string, uint64_t>::with<uint64_t>,
     /// Its own timer (it sends it to itself): steps whose compute lane has not answered by
     /// their deadline fail (reply_waits).
     caf::reacts_to<tick_atom>,

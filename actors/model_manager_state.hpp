@@ -49,6 +49,9 @@ struct queued_request {
   /// Preempted for KV room and recomputed (vLLM's recompute): req.tokens grew by what it
   /// had generated, req.max_tokens shrank by as much, and its answer starts with these.
   uint32_t preemptions = 0;
+  /// Of those, requeued because a step found its device full (requeue_for_room): bounded,
+  /// so a device that stays short fails the row with the step's error instead.
+  uint32_t room_requeues = 0;
   size_t prompt_len = 0;
   std::vector<int64_t> prior_outputs{};
   std::vector<token_logprobs> prior_logprobs{};

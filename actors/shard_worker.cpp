@@ -126,27 +126,15 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
                     self->state.shards[name] = std::move(*entry);
                     rp.deliver(report);
                   };
-                  if (device->info().kind == gpu::device_kind::emulated) return finish();
-                  // The first forward on a GPU pays for the context and kernels: pay it
-                  // now, on the lane that will run the forward steps.
-                  // Then the backend's own preparation (the decoder's CUDA graphs), also
-                  // off the request path.
-                  lane_job warm{[=]() -> caf::error {
-                    auto warmed = eng->warm_up(s, device);
-                    auto prepared =
-                        entry->runner ? entry->runner->compute().prepare() : caf::error{};
-                    return warmed ? std::move(warmed) : std::move(prepared);
-                  }};
-                  self->request(self->state.compute_lanes.front(),
-                                caf::timespan{std::chrono::minutes(5)}, run_atom_v, std::move(warm))
-                      .then([=](bool) mutable { finish(); },
-                            [=](caf::error& err) mutable {
-                              log::warn(
-                                  "device {}: warm-up for {} failed (the first request "
-                                  "pays it): {}",
-                                  index, name, render(err));
-                              finish();
-                            });
+                  auto runner = entry->runner;
+                  warm_on_compute_lane(
+                      self, name,
+                      [=]() -> caf::error {
+                        auto warmed = eng->warm_up(s, device);
+                        auto prepared = runner ? runner->compute().prepare() : caf::error{};
+                        return warmed ? std::move(warmed) : std::move(prepared);
+                      },
+                      finish);
                 },
                 [=](caf::error& err) mutable {
                   self->state.preparing.erase(name);
@@ -309,19 +297,24 @@ shard_worker_actor::behavior_type shard_worker(worker_pointer self, gpu::device_
         return rp;
       },
       [=](step_atom, step_request& req) -> caf::result<step_result> { return run_step(self, req); },
-      [=](cancel_atom, std::string& model, uint64_t batch_id) {
+      [=](cancel_atom, std::string& model, uint64_t batch_id) -> caf::result<uint64_t> {
         auto& st = self->state;
         auto i = st.shards.find(model);
-        if (i == st.shards.end() || !i->second.runner) return;
+        if (i == st.shards.end() || !i->second.runner) return uint64_t{0};
         auto runner = i->second.runner;
+        auto bytes = std::make_shared<uint64_t>(0);
         lane_job job{[=]() -> caf::error {
           runner->end_batch(batch_id);
+          *bytes = runner->kv_device_bytes();
           return {};
         }};
         auto lane = compute_lane(self, i->second.lane);
-        if (!lane) return;
+        if (!lane) return std::move(lane.error());
+        auto rp = self->make_response_promise<uint64_t>();
         self->request(*lane, st.opts.step_timeout, run_atom_v, std::move(job))
-            .then([](bool) {}, [](caf::error&) {});
+            .then([=](bool) mutable { rp.deliver(*bytes); },
+                  [=](caf::error& err) mutable { rp.deliver(std::move(err)); });
+        return rp;
       },
       [=](tick_atom) {
         if (auto in = self->state.lane_waits.tick(self->clock().now()))

@@ -4,6 +4,7 @@
 // shard_worker.cpp is the actor, shard_worker_step.cpp its step, worker_groups.cpp its
 // tensor-parallel groups (joining one again when a node returns) and its compute lanes.
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -81,6 +82,12 @@ bool same_shard(const shard_spec& a, const shard_spec& b);
 std::string group_name(const std::string& scope, const shard_spec& s);
 /// The shard is here but its cross-node group is new: joins it again (worker_groups.cpp).
 caf::result<shard_report> rejoin(worker_pointer self, const std::string& name, shard_spec s);
+/// On a GPU, runs `work` on the first compute lane, the one that runs the forward steps
+/// (the first forward's context and kernels, the backend's CUDA graphs), then `finish`,
+/// whatever `work` returned: a failure is logged and costs the first request time, not the
+/// shard. On an emulated device, `finish` at once.
+void warm_on_compute_lane(worker_pointer self, const std::string& name,
+                          std::function<caf::error()> work, std::function<void()> finish);
 /// Runs one step of a batch on the shard (shard_worker_step.cpp).
 caf::result<step_result> run_step(worker_pointer self, step_request& req);
 /// The compute lane `lane` (started on first use), or why there is none.

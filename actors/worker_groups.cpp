@@ -61,17 +61,38 @@ caf::result<shard_report> rejoin(worker_pointer self, const std::string& name, s
   self->request(st.copy_lane, caf::timespan{std::chrono::hours(1)}, run_atom_v, std::move(job))
       .then(
           [=](bool) mutable {
-            self->state.preparing.erase(name);
-            self->state.shards[name] = std::move(*fresh);
             log::info("device {}: {} joined its group again at {}", index, name, s.group_address);
-            rp.deliver(shard_report{name, index, self->state.dev->pages_of(weights->size_bytes()),
-                                    weights->host_pinned()});
+            // The new runner is prepared as a first one is (shard_worker.cpp).
+            auto runner = fresh->runner;
+            warm_on_compute_lane(
+                self, name, [runner]() { return runner->compute().prepare(); },
+                [=]() mutable {
+                  self->state.preparing.erase(name);
+                  self->state.shards[name] = std::move(*fresh);
+                  rp.deliver(shard_report{name, index,
+                                          self->state.dev->pages_of(weights->size_bytes()),
+                                          weights->host_pinned()});
+                });
           },
           [=](caf::error& err) mutable {
             self->state.preparing.erase(name);
             rp.deliver(std::move(err));
           });
   return rp;
+}
+
+void warm_on_compute_lane(worker_pointer self, const std::string& name,
+                          std::function<caf::error()> work, std::function<void()> finish) {
+  if (self->state.dev->info().kind == gpu::device_kind::emulated) return finish();
+  const int32_t index = self->state.opts.device_index;
+  self->request(self->state.compute_lanes.front(), caf::timespan{std::chrono::minutes(5)},
+                run_atom_v, lane_job{std::move(work)})
+      .then([=](bool) { finish(); },
+            [=](caf::error& err) {
+              log::warn("device {}: warm-up for {} failed (the first request pays it): {}", index,
+                        name, render(err));
+              finish();
+            });
 }
 
 /// The compute lane `lane` (started on first use), or why there is none.

@@ -141,8 +141,8 @@ worker_guard_actor::behavior_type worker_guard(guard_pointer self, shard_worker_
       [=](step_atom, step_request& r) -> caf::result<step_result> {
         return relay<step_result>(self, same, step_atom_v, std::move(r));
       },
-      [=](cancel_atom, std::string& m, uint64_t batch) {
-        if (self->state.online) self->send(self->state.target, cancel_atom_v, std::move(m), batch);
+      [=](cancel_atom, std::string& m, uint64_t batch) -> caf::result<uint64_t> {
+        return relay<uint64_t>(self, same, cancel_atom_v, std::move(m), batch);
       },
       // The worker's own timer: the one behind this guard ticks itself.
       [=](tick_atom) {},

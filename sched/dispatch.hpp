@@ -237,6 +237,12 @@ class dispatcher {
   size_t kv_ids_held(uint32_t model) const;
   /// A row's KV block table (empty: unknown batch or row).
   std::vector<uint32_t> kv_table(batch_id id, uint64_t key) const;
+  /// A step of batch `id` found no room on a device that the ledger had counted as free
+  /// (the two apart for a moment): its running rows and the rows of its chunked join go
+  /// back to the front of the queue, to be recomputed as preempted rows are, instead of
+  /// failing with the step. Returns their keys; the driver requeues those rows (the same
+  /// rule, sched::recompute_budget) and then ends the batch (batch_done).
+  std::vector<uint64_t> requeue_rows(batch_id id);
   /// A started batch ended: its devices and lease are free; with `ok`, its `steps` steps
   /// took `compute_s` (the estimates learn). A run pass and a dispatch pass.
   dispatch_effects batch_done(batch_id id, time_point now, bool ok, double compute_s,

@@ -68,11 +68,9 @@ void ledger::kv_give(model_id id, uint64_t blocks) {
   auto& m = models_[id];
   blocks = std::min(blocks, m.kv_blocks);
   if (m.where.kv_block_bytes.empty() || blocks == 0) return;
-  recharge_kv(m, [&] {
-    m.kv_blocks -= blocks;
-    // The last blocks back with no lease left: its pools are empty (see release).
-    if (m.kv_blocks == 0 && m.leases == 0) m.kv_pool_bytes.clear();
-  });
+  // The pools may hold the blocks' pages until the next step or the batch's end: what
+  // they last reported counts until they report again (kv_pool).
+  recharge_kv(m, [&] { m.kv_blocks -= blocks; });
 }
 
 bool ledger::kv_pool(model_id id, const std::vector<int32_t>& devices,
@@ -92,8 +90,8 @@ bool ledger::kv_pool(model_id id, const std::vector<int32_t>& devices,
 }
 
 void ledger::free_kv(model_entry& m) {
-  // Its blocks, and what its pools last held: a forgotten or evicted model runs no batch,
-  // and its pools gave their pages back when its batches' caches went.
+  // Its blocks, and what its pools last held: a forgotten model's shards, pools and all, are
+  // gone from its workers (or its device is).
   recharge_kv(m, [&] {
     m.kv_blocks = 0;
     m.kv_pool_bytes.clear();

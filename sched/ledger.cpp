@@ -235,9 +235,8 @@ bool ledger::release(model_id id, time_point now, bool* last) {
     return true;
   }
   if (last) *last = m.leases == 0;
-  // No batch runs and none holds blocks: its pools dropped their caches, so what they last
-  // reported (a cancelled batch sends no report) counts no more.
-  if (m.leases == 0 && m.kv_blocks == 0 && !m.kv_pool_bytes.empty()) free_kv(m);
+  // What its pools last reported still counts: a batch's caches go on its workers after
+  // its lease ends here, and their answers (kv_pool) say when the pages went.
   return true;
 }
 
@@ -365,7 +364,9 @@ void ledger::load_failed(model_id id) {
 void ledger::evict_done(model_id id) {
   auto& m = models_[id];
   m.prefetched = false;
-  free_kv(m);  // no batch runs on an evicted model: its pools' pages went with its caches
+  // No batch runs on an evicted model, so it holds no blocks; its pools' pages count until
+  // their workers report them gone (a cancelled batch's caches may still be going).
+  kv_give(id, m.kv_blocks);
   free_shards(m);
   m.state = model_state::offloaded;
   ++m.evictions;

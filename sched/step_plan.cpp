@@ -47,10 +47,6 @@ step_mode step_plan::mode() const {
   return step_mode::decode;
 }
 
-bool step_plan::graph_eligible(size_t max_graph_rows) const {
-  return !rows.empty() && rows.size() <= max_graph_rows && mode() == step_mode::decode;
-}
-
 step_plan prefill_plan(batch_id batch, const std::vector<queued_entry>& rows) {
   return join_step_plan(batch, 0, rows, 0, 0);
 }

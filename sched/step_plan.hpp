@@ -86,9 +86,6 @@ struct step_plan {
   /// that step's plan with the row, decode_row(e, 1), without naming blocks).
   int64_t blocks_after(const planned_row& r) const;
   step_mode mode() const;
-  /// Whether a captured graph can run it: a decode step of at least one row and at most
-  /// `max_graph_rows` (the largest batch bucket captured).
-  bool graph_eligible(size_t max_graph_rows) const;
 };
 
 /// The first step of a batch: every row's whole prompt.

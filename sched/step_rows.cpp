@@ -59,4 +59,28 @@ const char* to_string(boundary_next n) {
   return "?";
 }
 
+// The dispatch core's side of a step that found its device full (dispatch.hpp): its rows
+// go back to the queue by the rule above.
+std::vector<uint64_t> dispatcher::requeue_rows(batch_id id) {
+  std::vector<uint64_t> keys;
+  auto i = batches_.find(id);
+  if (i == batches_.end() || !i->second.started) return keys;
+  auto& b = i->second;
+  std::vector<queued_entry> back;
+  for (auto k : b.going)
+    if (auto* e = row_of(b, k)) {
+      back.push_back(recompute_row(*e, b.steps_run[k]));
+      keys.push_back(k);
+    }
+  if (b.chunking)
+    for (auto& e : b.chunking->rows) {
+      back.push_back(e);
+      keys.push_back(e.key);
+    }
+  b.going.clear();
+  b.chunking.reset();
+  batcher_->push_front(b.model, back);
+  return keys;
+}
+
 }  // namespace computron::sched

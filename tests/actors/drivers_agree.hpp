@@ -378,7 +378,7 @@ inline shard_worker_actor::behavior_type paced_worker(shard_worker_actor::pointe
                     step_result{std::vector<int64_t>(rows, 7), w->step_s[r.model] * 1e3});
         return rp;
       },
-      [=](cancel_atom, std::string&, uint64_t) {},
+      [=](cancel_atom, std::string&, uint64_t) { return uint64_t{0}; },
       [=](tick_atom) {},
       [=](devices_atom) { return device_report{}; },
       [=](group_atom, std::string&, int32_t) -> caf::result<std::string> {

@@ -146,3 +146,37 @@ TEST_CASE(
                         [](caf::error& e) { FAIL(render(e)); });
   CHECK(f.kv_blocks() == 0);
 }
+
+TEST_CASE(
+    "a step that finds its device full sends its rows back to the queue: they run again and "
+    "answer every token",
+    "[actors][manager][kv]") {
+  // Issue 44: room the ledger counted that a device did not have (a KV pool's pages still
+  // going) never fails a request; its rows are recomputed as preempted rows are.
+  kv_fixture f;
+  f.script.room_short_steps = {5};
+  auto a = f.send(20);
+  f.sched.run();
+  infer_reply ra;
+  std::move(a).receive([&](infer_reply& r) { ra = r; }, [](caf::error& e) { FAIL(render(e)); });
+  // Steps 1-4 gave 7, 8, 9, 10; step 5 failed; the row's recompute (a prefill: 7) goes on.
+  REQUIRE(ra.tokens.size() == 20);
+  CHECK(std::vector<int64_t>(ra.tokens.begin(), ra.tokens.begin() + 4) == counting(7, 4));
+  CHECK(std::vector<int64_t>(ra.tokens.begin() + 4, ra.tokens.end()) == counting(7, 16));
+  CHECK(f.kv_blocks() == 0);
+}
+
+TEST_CASE("a device that stays full fails the row after a bounded number of requeues",
+          "[actors][manager][kv]") {
+  kv_fixture f;
+  for (size_t s = 1; s <= 100; ++s) f.script.room_short_steps.insert(s);
+  auto a = f.send(5);
+  f.sched.run();
+  caf::error err;
+  std::move(a).receive([](infer_reply&) { FAIL("a reply"); }, [&](caf::error& e) { err = e; });
+  CHECK(is(err, ec::out_of_device_memory));
+  CHECK(render(err).find("no room for 1 more KV blocks") != std::string::npos);
+  // Its first try and eight more.
+  CHECK(f.script.step_rows.size() == 9);
+  CHECK(f.kv_blocks() == 0);
+}

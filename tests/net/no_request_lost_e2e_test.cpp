@@ -124,6 +124,27 @@ std::pair<std::string, json> mixed_request(std::mt19937_64& rng,
   }
 }
 
+/// Why a 200 answer still failed, or empty. A streamed answer is 200 from its first event
+/// on: an error after that comes as an event of its own, so every event is read, and the
+/// stream must end with [DONE].
+std::string failed_in_body(const std::string& body) {
+  if (body.rfind("data: ", 0) != 0) return {};
+  bool done = false;
+  for (size_t at = 0; (at = body.find("data: ", at)) != std::string::npos;) {
+    auto end = body.find('\n', at);
+    auto event = body.substr(at + 6, end == std::string::npos ? std::string::npos : end - at - 6);
+    at = end == std::string::npos ? body.size() : end;
+    if (event == "[DONE]") {
+      done = true;
+      continue;
+    }
+    auto j = json::parse(event, nullptr, false);
+    if (j.is_discarded()) return "an event that is not JSON: " + event;
+    if (j.contains("error")) return "an error event: " + event;
+  }
+  return done ? std::string{} : "a stream without [DONE]";
+}
+
 /// Sends `total` mixed requests from `clients` threads at once; returns the failures'
 /// statuses and bodies (empty: none lost).
 std::vector<std::string> soak(const soak_server& s, const std::vector<std::string>& models,
@@ -141,10 +162,13 @@ std::vector<std::string> soak(const soak_server& s, const std::vector<std::strin
         if (!c) c = net::http_client::connect("127.0.0.1", s.port, 5s);
         auto r = c ? (*c)->request("POST", path, body.dump(), 300s)
                    : caf::expected<net::http_result>{c.error()};
-        if (r && r->status == 200) continue;
+        auto why = r && r->status == 200 ? failed_in_body(r->body) : std::string{};
+        if (r && r->status == 200 && why.empty()) continue;
         std::lock_guard<std::mutex> guard{mtx};
         failures.push_back(path + ": " +
-                           (r ? std::to_string(r->status) + " " + r->body : render(r.error())));
+                           (!why.empty() ? why
+                            : r          ? std::to_string(r->status) + " " + r->body
+                                         : render(r.error())));
         c = net::http_client::connect("127.0.0.1", s.port, 5s);
       }
     });

@@ -67,6 +67,9 @@ struct fake_worker_script {
   std::map<std::string, int> unregistered;
   /// Models whose eviction fails.
   std::set<std::string> failing_evict{};
+  /// Steps (counted from 1, as step_rows counts them) that find the device full: they
+  /// fail with out_of_device_memory, as a KV pool that cannot grow does.
+  std::set<size_t> room_short_steps{};
   /// Rows of each step the worker ran, and its keep list (which rows of the batch's
   /// previous step go on, as a worker's runner derives it from the plan's row keys).
   std::vector<size_t> step_rows;
@@ -146,6 +149,10 @@ inline actors::shard_worker_actor::behavior_type fake_worker(
         auto& r = req.input;
         const auto batch = r.plan.batch;
         script->step_rows.push_back(r.prefills() ? r.prompts.size() : r.tokens.size());
+        if (script->room_short_steps.count(script->step_rows.size()) > 0)
+          return make_error(
+              ec::out_of_device_memory,
+              "injected: no room for 1 more KV blocks on device " + std::to_string(device));
         auto& shard_rows = script->rows[{device, req.model}];
         auto keep = shard_rows.step(r.plan);
         if (!keep) return keep.error();
@@ -186,6 +193,7 @@ inline actors::shard_worker_actor::behavior_type fake_worker(
       },
       [=](cancel_atom, std::string& m, uint64_t batch) {
         script->rows[{device, m}].end(batch);
+        return uint64_t{0};  // these workers hold no KV pages
       },
       [=](actors::tick_atom) {},
       [=](devices_atom) { return device_report{}; },
