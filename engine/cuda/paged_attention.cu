@@ -171,16 +171,35 @@ __global__ void __launch_bounds__(threads)
   }
 }
 
+/// Beyond the default 48 KiB a kernel must ask for its dynamic shared memory. The
+/// attribute is the kernel's, not the launch's: set once per device, to the most the
+/// device allows, so that a lane launching with less never lowers it between another
+/// lane's setting and its launch.
+template <typename T>
+cudaError_t allow_shared_memory() {
+  static std::atomic<bool> done[64];
+  int device = 0;
+  if (auto err = cudaGetDevice(&device); err != cudaSuccess) return err;
+  if (device < 0 || device >= 64) return cudaErrorInvalidDevice;
+  if (done[device].load(std::memory_order_acquire)) return cudaSuccess;
+  int most = 0;
+  if (auto err = cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+      err != cudaSuccess)
+    return err;
+  if (auto err =
+          cudaFuncSetAttribute(attend_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
+      err != cudaSuccess)
+    return err;
+  done[device].store(true, std::memory_order_release);
+  return cudaSuccess;
+}
+
 template <typename T>
 cudaError_t launch(const paged_attention_args& a, int32_t splits, float* workspace,
                    cudaStream_t stream) {
   const auto bytes = shared_floats(paged_queries(a), a.head_dim, a.block_tokens) * sizeof(float);
-  if (bytes > 48 * 1024) {
-    // Beyond the default 48 KiB a kernel must ask for its dynamic shared memory.
-    auto err = cudaFuncSetAttribute(attend_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(bytes));
-    if (err != cudaSuccess) return err;
-  }
+  if (bytes > 48 * 1024)
+    if (auto err = allow_shared_memory<T>(); err != cudaSuccess) return err;
   // The kernel reads its row from x and its kv head from y (as the merge does).
   dim3 grid(static_cast<unsigned>(a.rows), static_cast<unsigned>(a.kv_heads),
             static_cast<unsigned>(splits));
@@ -247,6 +266,7 @@ size_t paged_attention_workspace_bytes(const paged_attention_args& a, int32_t sp
 const char* paged_attention_launch(const paged_attention_args& a, int32_t splits, void* workspace,
                                    void* stream) {
   if (auto why = paged_attention_unfit(a)) return why;
+  if (splits < 1 || splits > 64) return "split-K count outside 1-64";
   if (splits > 1 && workspace == nullptr) return "split-K without a workspace";
   auto s = static_cast<cudaStream_t>(stream);
   auto* ws = static_cast<float*>(workspace);

@@ -27,6 +27,7 @@
 #ifdef COMPUTRON_TORCH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
@@ -148,16 +149,31 @@ caf::error decoder_stage::impl::setup_graphs() {
         // the device wait at the gate.
         graph->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
         caf::expected<at::Tensor> out = at::Tensor{};
+        // A capture that CUDA invalidated throws from capture_end before libtorch ends its
+        // allocation to the pool: the allocator would stay in capture mode (no frees of
+        // other streams' blocks, no retry on a full device). Ending it again where it did
+        // end throws, and is caught. (The pool's memory stays: graphs are off then.)
+        auto end_capture = [&] {
+          try {
+            graph->capture_end();
+          } catch (...) {
+            try {
+              c10::cuda::CUDACachingAllocator::endAllocateToPool(dev.index(), pool);
+            } catch (...) {
+            }
+            throw;
+          }
+        };
         try {
           out = graph_forward(*g);
         } catch (...) {
           try {
-            graph->capture_end();
+            end_capture();
           } catch (...) {
           }
           throw;
         }
-        graph->capture_end();
+        end_capture();
         if (!out)
           failed = render(out.error());
         else
@@ -254,7 +270,8 @@ std::optional<caf::expected<host_tensor>> decoder_stage::impl::graph_decode(
       std::memcpy(g.staged.data_ptr<int64_t>(), g.host.all.data(),
                   g.host.all.size() * sizeof(int64_t));
       g.inputs.copy_(g.staged, /*non_blocking=*/true);
-      copied->record();
+      // On the stream of the inputs' device, which need not be the thread's current one.
+      copied->record(c10::cuda::getCurrentCUDAStream(g.inputs.device().index()));
 #endif
     }
     if (h.defined()) g.hidden.narrow(0, 0, b).copy_(h.view({b, 1, spec.hidden}));

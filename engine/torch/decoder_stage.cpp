@@ -59,7 +59,7 @@ std::vector<float> host_tensor::to_floats() const {
 
 at::Tensor detail::stage_state::param(const std::string& name) const {
   auto e = weights->table().find(name);
-  return at::from_blob(base + e->offset_bytes, e->shape, options);
+  return device_view(base + e->offset_bytes, e->shape, options);
 }
 
 at::Tensor detail::stage_state::fused(std::initializer_list<std::string> names) const {
@@ -80,7 +80,7 @@ at::Tensor detail::stage_state::fused(std::initializer_list<std::string> names) 
   if (first == nullptr) return {};
   auto shape = first->shape;
   shape[0] = rows;
-  return at::from_blob(base + first->offset_bytes, shape, options);
+  return device_view(base + first->offset_bytes, shape, options);
 }
 
 caf::error detail::stage_state::all_reduce(at::Tensor& t) const {

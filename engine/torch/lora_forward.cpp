@@ -15,6 +15,7 @@
 #include "engine/torch/decoder_stage.hpp"
 #include "engine/torch/decoder_stage_impl.hpp"
 #include "engine/torch/kv_blocks.hpp"
+#include "engine/torch/torch_interop.hpp"
 #include "models/lora_adapter.hpp"
 
 namespace computron::models {
@@ -202,8 +203,8 @@ caf::expected<detail::lora_batch> decoder_stage::impl::lora_rows(const std::vect
       for (size_t k = 0; k < a.entries.size(); ++k) {
         auto [ea, eb] = a.entries[k];
         if (ea == nullptr) continue;
-        a.pairs[k] = {at::from_blob(*p + ea->offset_bytes, ea->shape, options),
-                      at::from_blob(*p + eb->offset_bytes, eb->shape, options)};
+        a.pairs[k] = {detail::device_view(*p + ea->offset_bytes, ea->shape, options),
+                      detail::device_view(*p + eb->offset_bytes, eb->shape, options)};
       }
       a.bound = *p;
     }

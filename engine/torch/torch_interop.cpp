@@ -20,6 +20,10 @@
 
 namespace computron::models::detail {
 
+at::Tensor device_view(void* data, at::IntArrayRef shape, const at::TensorOptions& options) {
+  return at::for_blob(data, shape).options(options).target_device(options.device()).make_tensor();
+}
+
 caf::error compute_error(const std::string& what, const std::exception& e) {
   std::string msg = e.what();
   if (msg.find("out of memory") != std::string::npos)

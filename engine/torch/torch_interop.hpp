@@ -13,6 +13,11 @@
 
 namespace computron::models::detail {
 
+/// A tensor over `data` on `options`' device, without asking the driver where `data` lives:
+/// at::from_blob would (cudaPointerGetAttributes), and a shard's reserved range has no pages
+/// mapped before its first load, which is when the decoder's CUDA graphs are captured.
+at::Tensor device_view(void* data, at::IntArrayRef shape, const at::TensorOptions& options);
+
 /// The libtorch scalar type of a stored dtype.
 at::ScalarType to_torch(gpu::dtype t);
 

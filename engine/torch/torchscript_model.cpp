@@ -26,8 +26,8 @@ struct torchscript_model::impl {
     if (!base) return with_context(base.error(), "TorchScript weights are not loaded");
     if (auto err = shard->wait_loaded(std::chrono::minutes{10})) return err;
     for (auto& e : shard->table().entries()) {
-      auto view = at::from_blob(*base + e.offset_bytes, e.shape,
-                                at::TensorOptions().dtype(to_torch(e.type)).device(device));
+      auto view = detail::device_view(*base + e.offset_bytes, e.shape,
+                                      at::TensorOptions().dtype(to_torch(e.type)).device(device));
       // "a.b.c": attribute c of submodule a.b.
       auto owner = module;
       std::string rest = e.name;

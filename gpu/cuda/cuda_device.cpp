@@ -256,6 +256,14 @@ class cuda_device final : public device {
 
   void do_unmap(void* va, uint64_t bytes) noexcept override {
     select();
+    // cuMemUnmap does not wait for kernels that still read the range (PyTorch's expandable
+    // segments synchronize first for the same reason). A step's host side has ended before
+    // its shard is evicted, but its last kernels may still run: on the legacy default
+    // stream (compute without gpu-lets) or a gpu-let's. The copy stream is not waited for:
+    // the range's own copies are done (weight_shard waits for their events), and other
+    // shards' loads go on.
+    cudaStreamSynchronize(cudaStreamLegacy);
+    if (green_) green_->synchronize();
     const auto page = info_.page_bytes;
     const auto base = reinterpret_cast<CUdeviceptr>(va);
     // Page by page: cuMemUnmap takes whole mappings, and each page is one.

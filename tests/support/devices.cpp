@@ -23,6 +23,10 @@ gpu::device_ptr cuda(int index) {
   gpu::device_options o;
   o.kind = "cuda";
   o.count = index + 1;
+  // 1 GiB of pages, not the whole device: the conformance tests size host buffers by the
+  // capacity (a whole H200 would need about 135 GiB of host memory), and each open creates
+  // and releases every page (2 MiB each).
+  o.cuda_capacity_bytes = 1ull << 30;
   auto devs = gpu::open_devices(o);
   if (!devs) FAIL("no CUDA device: " << render(devs.error()));
   return (*devs)[static_cast<size_t>(index)];
