@@ -167,7 +167,9 @@ void requeue(manager_pointer self, const batch_ptr& b, size_t r) {
   auto& q = b->rows[r];
   auto& out = b->outputs[r];
   const auto generated = static_cast<int64_t>(out.size());
-  if (q.preemptions++ == 0) {
+  // A row that generated nothing yet (its prefill's step failed) goes back as it came: its
+  // answer has nothing before the recompute, its prompt's log-probabilities included.
+  if (generated > 0 && q.preemptions++ == 0) {
     q.prompt_len = q.req.tokens.size();
     q.prior_prompt_logprobs = std::move(b->prompt_logprobs[r]);
   }

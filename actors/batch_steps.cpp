@@ -25,12 +25,13 @@ namespace {
 /// Has every worker of `model` drop the caches of batch `id`. Each answers what its KV
 /// pool then holds, and that goes to the ledger: it counts the pool's pages until then,
 /// so no load is placed in pages a pool has not given back yet (a worker that does not
-/// answer leaves them counted).
+/// answer leaves them counted until the model's next step there reports). The worker
+/// bounds its lane's wait by the step timeout; this waits longer, for its answer either way.
 void drop_caches(manager_pointer self, const std::string& model, uint64_t id) {
   auto& st = self->state;
   for (auto& w : st.models.at(model).cfg.devices)
-    self->request(st.workers[static_cast<size_t>(w)], st.opts.step_timeout, cancel_atom_v, model,
-                  id)
+    self->request(st.workers[static_cast<size_t>(w)], 2 * st.opts.step_timeout, cancel_atom_v,
+                  model, id)
         .then(
             [=](uint64_t bytes) {
               self->send(self->state.scheduler, kv_pool_atom_v, model, std::vector<int32_t>{w},
@@ -84,6 +85,11 @@ void requeue_for_room(manager_pointer self, const batch_ptr& b) {
     std::vector<size_t> stay;
     for (auto r : rows) {
       auto& q = b->rows[r];
+      // Its client withdrew it (or has what it wants): it ends here, as at a boundary.
+      if (b->cancelled.count(q.req.id) > 0) {
+        finish_row(self, b, r, b->completed.count(q.req.id) > 0 ? "stop" : "cancelled");
+        continue;
+      }
       if (back.count(q.key) > 0 && q.room_requeues < max_room_requeues) {
         ++q.room_requeues;
         ++requeued;

@@ -405,6 +405,8 @@ std::optional<refusal> ledger::remove(model_id id) {
     siblings.erase(std::remove(siblings.begin(), siblings.end(), id), siblings.end());
   }
   by_name_.erase(m.name);
+  // Its workers forget its shards, pools and all; a late report would not find its name.
+  free_kv(m);
   m.removed = true;
   m.pinned = false;
   m.wanted = false;

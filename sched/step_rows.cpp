@@ -72,12 +72,22 @@ std::vector<uint64_t> dispatcher::requeue_rows(batch_id id) {
       back.push_back(recompute_row(*e, b.steps_run[k]));
       keys.push_back(k);
     }
+  // Rows that joined at the last boundary (their prefill counted ahead, not yet going):
+  // as they came, their first token perhaps not computed.
+  for (auto& e : b.rows)
+    if (b.steps_run.count(e.key) > 0 &&
+        std::find(b.going.begin(), b.going.end(), e.key) == b.going.end()) {
+      back.push_back(e);
+      keys.push_back(e.key);
+    }
   if (b.chunking)
     for (auto& e : b.chunking->rows) {
       back.push_back(e);
       keys.push_back(e.key);
     }
   b.going.clear();
+  b.rows.clear();
+  b.steps_run.clear();
   b.chunking.reset();
   batcher_->push_front(b.model, back);
   return keys;

@@ -258,12 +258,15 @@ class cuda_device final : public device {
     select();
     // cuMemUnmap does not wait for kernels that still read the range (PyTorch's expandable
     // segments synchronize first for the same reason). A step's host side has ended before
-    // its shard is evicted, but its last kernels may still run: on the legacy default
-    // stream (compute without gpu-lets) or a gpu-let's. The copy stream is not waited for:
-    // the range's own copies are done (weight_shard waits for their events), and other
-    // shards' loads go on.
+    // its shard is evicted, and it ends with a copy to the host on its stream, so its
+    // kernels are done; one that failed midway may have left some queued on the legacy
+    // default stream (compute without gpu-lets), which is cheap to wait for. Not waited
+    // for: the copy stream (the range's own copies are done, weight_shard waits for their
+    // events, and other shards' loads go on), NCCL's (non-blocking), and the gpu-lets'
+    // (a lane freeing a KV chunk must not wait for its partners' steps: its own stream is
+    // finished first, kv_block_pool::release).
     cudaStreamSynchronize(cudaStreamLegacy);
-    if (green_) green_->synchronize();
+    cudaGetLastError();  // an error there is the step's to report, not the unmap's
     const auto page = info_.page_bytes;
     const auto base = reinterpret_cast<CUdeviceptr>(va);
     // Page by page: cuMemUnmap takes whole mappings, and each page is one.

@@ -128,13 +128,6 @@ caf::error green_contexts_available() {
 
 green_partitions::green_partitions(int ordinal) : ordinal_(ordinal) {}
 
-void green_partitions::synchronize() {
-  std::lock_guard<std::mutex> g{mtx_};
-  for (auto& [partition, c] : chains_)
-    for (auto& l : c->lanes)
-      if (l.stream) calls().stream_synchronize(static_cast<CUstream>(l.stream));
-}
-
 green_partitions::~green_partitions() {
   std::lock_guard<std::mutex> g{mtx_};
   if (chains_.empty()) return;

@@ -43,8 +43,6 @@ class green_partitions {
   /// outside 1..100 or summing past 100, a share too small for the GPU's smallest green
   /// context, a failed driver call (named).
   caf::expected<green_stream> stream(const std::vector<int32_t>& partition, size_t lane);
-  /// Waits for the work queued on every lane's stream (before pages under it are unmapped).
-  void synchronize();
 
  private:
   struct chain;

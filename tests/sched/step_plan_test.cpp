@@ -265,3 +265,27 @@ TEST_CASE(
   CHECK(rows[2].steps == 3);
   CHECK(d->kv_held(id) == 0);
 }
+
+TEST_CASE("rows that joined at the last boundary go back to the queue as they came",
+          "[step_plan][cores][kv]") {
+  auto d = one_device_core(0);  // whole joins
+  auto k = d->add_model("k", 1, 1, {0}, 0, true);
+  time_point t{};
+  auto [id, started] = start_one(*d, k, t);
+  REQUIRE(started.started.size() == 1);
+  CHECK(d->admit(k, 2, t, 0, 3, false, 5).formed.empty());
+  auto e = d->step_boundary(id, {1}, t);
+  REQUIRE(e.joins.size() == 1);
+  CHECK(e.joins[0].chunk == 0);
+  auto keys = d->requeue_rows(id);
+  std::sort(keys.begin(), keys.end());
+  CHECK(keys == std::vector<uint64_t>{1, 2});
+  auto done = d->batch_done(id, t, false, 0, 0);
+  REQUIRE(done.formed.size() == 1);
+  std::map<uint64_t, queued_entry> rows;
+  for (auto& r : done.formed[0].rows) rows[r.key] = r;
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[1].prompt_tokens == 16);
+  CHECK(rows[2].prompt_tokens == 5);
+  CHECK(rows[2].steps == 3);
+}
