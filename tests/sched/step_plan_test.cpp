@@ -43,6 +43,21 @@ std::pair<batch_id, dispatch_effects> start_one(dispatcher& d, uint32_t k, time_
   return {id, d.kv_granted(id, k, 10, 100, t)};
 }
 
+/// The requeued batch's rows ask again: `id`'s rows by key once it ends, and the keys
+/// requeue_rows gave (sorted).
+std::pair<std::vector<uint64_t>, std::map<uint64_t, queued_entry>> requeue_and_end(dispatcher& d,
+                                                                                   batch_id id,
+                                                                                   time_point t) {
+  auto keys = d.requeue_rows(id);
+  std::sort(keys.begin(), keys.end());
+  CHECK(d.requeue_rows(id).empty());  // each row once
+  auto done = d.batch_done(id, t, false, 0, 0);
+  std::map<uint64_t, queued_entry> rows;
+  REQUIRE(done.formed.size() == 1);
+  for (auto& r : done.formed[0].rows) rows[r.key] = r;
+  return {keys, rows};
+}
+
 const step_plan* plan_for(const dispatch_effects& e, batch_id id) {
   for (auto& p : e.plans)
     if (p.batch == id) return &p;
@@ -247,17 +262,11 @@ TEST_CASE(
   // Row 1 ran its prefill (its first token); row 2 joins in chunks.
   CHECK(d->admit(k, 2, t, 0, 3, false, 20).formed.empty());
   REQUIRE(d->step_boundary(id, {1}, t).joins.size() == 1);
-  auto keys = d->requeue_rows(id);
-  std::sort(keys.begin(), keys.end());
-  CHECK(keys == std::vector<uint64_t>{1, 2});
-  CHECK(d->requeue_rows(id).empty());  // each row once
   CHECK(d->requeue_rows(id + 100).empty());
-  auto done = d->batch_done(id, t, false, 0, 0);
   // Both form the next batch: row 1 with its generated token in its prompt and one step
   // fewer, row 2 as it came.
-  REQUIRE(done.formed.size() == 1);
-  std::map<uint64_t, queued_entry> rows;
-  for (auto& r : done.formed[0].rows) rows[r.key] = r;
+  auto [keys, rows] = requeue_and_end(*d, id, t);
+  CHECK(keys == std::vector<uint64_t>{1, 2});
   REQUIRE(rows.size() == 2);
   CHECK(rows[1].prompt_tokens == 16);
   CHECK(rows[1].steps == 39);
@@ -277,13 +286,8 @@ TEST_CASE("rows that joined at the last boundary go back to the queue as they ca
   auto e = d->step_boundary(id, {1}, t);
   REQUIRE(e.joins.size() == 1);
   CHECK(e.joins[0].chunk == 0);
-  auto keys = d->requeue_rows(id);
-  std::sort(keys.begin(), keys.end());
+  auto [keys, rows] = requeue_and_end(*d, id, t);
   CHECK(keys == std::vector<uint64_t>{1, 2});
-  auto done = d->batch_done(id, t, false, 0, 0);
-  REQUIRE(done.formed.size() == 1);
-  std::map<uint64_t, queued_entry> rows;
-  for (auto& r : done.formed[0].rows) rows[r.key] = r;
   REQUIRE(rows.size() == 2);
   CHECK(rows[1].prompt_tokens == 16);
   CHECK(rows[2].prompt_tokens == 5);
