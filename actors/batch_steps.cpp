@@ -22,22 +22,37 @@ namespace computron::actors::manager_detail {
 
 namespace {
 
-/// Has every worker of `model` drop the caches of batch `id`. Each answers what its KV
+/// Has every worker of `model` drop the caches of batches `ids`. Each answers what its KV
 /// pool then holds, and that goes to the ledger: it counts the pool's pages until then,
 /// so no load is placed in pages a pool has not given back yet (a worker that does not
-/// answer leaves them counted until the model's next step there reports). The worker
-/// bounds its lane's wait by the step timeout; this waits longer, for its answer either way.
-void drop_caches(manager_pointer self, const std::string& model, uint64_t id) {
+/// answer leaves them counted until the model's next step there reports). Once all have
+/// answered (or failed to), `after` is carried out: the ended batch's KV blocks and lease
+/// go back only then. Until the caches are gone their blocks are the batch's in the ledger;
+/// given back earlier, a pool of the model growing in another batch's step would hold more
+/// than the ledger counts, its last report being the bigger figure of the two, not their
+/// sum. The worker bounds its lane's wait by the step timeout; this waits longer, for its
+/// answer either way.
+void drop_caches(manager_pointer self, const std::string& model, const std::vector<uint64_t>& ids,
+                 sched::dispatch_effects after) {
   auto& st = self->state;
-  for (auto& w : st.models.at(model).cfg.devices)
-    self->request(st.workers[static_cast<size_t>(w)], 2 * st.opts.step_timeout, cancel_atom_v,
-                  model, id)
-        .then(
-            [=](uint64_t bytes) {
-              self->send(self->state.scheduler, kv_pool_atom_v, model, std::vector<int32_t>{w},
-                         std::vector<uint64_t>{bytes});
-            },
-            [](caf::error&) {});
+  const auto& devices = st.models.at(model).cfg.devices;
+  auto left = std::make_shared<size_t>(ids.size() * devices.size());
+  auto rest = std::make_shared<sched::dispatch_effects>(std::move(after));
+  auto one_done = [=] {
+    if (--*left == 0) carry_out(self, std::move(*rest));
+  };
+  if (*left == 0) carry_out(self, std::move(*rest));
+  for (auto id : ids)
+    for (auto w : devices)
+      self->request(st.workers[static_cast<size_t>(w)], 2 * st.opts.step_timeout, cancel_atom_v,
+                    model, id)
+          .then(
+              [=](uint64_t bytes) {
+                self->send(self->state.scheduler, kv_pool_atom_v, model, std::vector<int32_t>{w},
+                           std::vector<uint64_t>{bytes});
+                one_done();
+              },
+              [=](caf::error&) { one_done(); });
 }
 
 }  // namespace
@@ -47,9 +62,10 @@ void drop_caches(manager_pointer self, const std::string& model, uint64_t id) {
 void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* err) {
   auto& st = self->state;
   set_running(self, b, 0);
-  if (err || !b->caches_dropped) drop_caches(self, b->model, b->id);
+  std::vector<uint64_t> dropping;
+  if (err || !b->caches_dropped) dropping.push_back(b->id);
   // A chunked prefill under way has caches of its own.
-  if (b->pending_id != 0) drop_caches(self, b->model, b->pending_id);
+  if (b->pending_id != 0) dropping.push_back(b->pending_id);
   auto& m = st.models.at(b->model);
   if (err) {
     for (auto r : b->sent) reply_error(self, b->rows[r], *err);
@@ -59,8 +75,22 @@ void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* er
   st.opts.obs->batch_done(b->model, m.cfg.devices, st.disp->lanes_of(m.index), b->peak_rows,
                           b->run_s, now_s() - b->run_s);
   release_adapters(self, b);
-  // Its devices, lease and in-flight slot are free: the next batches may start.
-  carry_out(self, st.disp->batch_done(b->id, now(self), !err, b->compute_ms / 1e3, b->steps));
+  // Its devices and in-flight slot are free: the next batches may start. Its KV blocks and
+  // lease go back once its caches are gone from the workers (drop_caches).
+  auto e = st.disp->batch_done(b->id, now(self), !err, b->compute_ms / 1e3, b->steps);
+  if (!dropping.empty()) {
+    sched::dispatch_effects after;
+    auto take = [&](auto& from, auto& to) {
+      auto mine = std::stable_partition(from.begin(), from.end(),
+                                        [&](auto& x) { return x.batch != b->id; });
+      to.assign(std::make_move_iterator(mine), std::make_move_iterator(from.end()));
+      from.erase(mine, from.end());
+    };
+    take(e.kv_returns, after.kv_returns);
+    take(e.releases, after.releases);
+    drop_caches(self, b->model, dropping, std::move(after));
+  }
+  carry_out(self, std::move(e));
 }
 
 namespace {
@@ -243,12 +273,6 @@ void set_deadline(manager_pointer self, const batch_ptr& b, step_request& req, i
   req.expected_ms = (line.fixed_s + line.per_token_s * static_cast<double>(tokens)) * 1e3;
 }
 
-/// What the step's pools may allocate: the blocks the ledger holds for the model.
-void set_kv_blocks(manager_pointer self, const batch_ptr& b, step_request& req) {
-  auto& st = self->state;
-  req.input.plan.kv_blocks = st.disp->kv_held_by(st.models.at(b->model).index);
-}
-
 /// A step of `tokens` tokens sent at `sent_s` (now_s) took `compute_ms` over its stages:
 /// the batch's compute; and its model's step fit learns the step's round trip (compute,
 /// the hops between stages, sampling), which is what a step costs a batch. `res` is the
@@ -407,10 +431,8 @@ void run_step(manager_pointer self, const batch_ptr& b, int64_t step,
   const auto pp = static_cast<size_t>(m.cfg.pp);
   step_request req;
   // The first step's plan came with its start; a decode step's with its boundary (and the
-  // joiners that went on). A join's step may have come between: the pools' bound is the
-  // ledger's now.
+  // joiners that went on), its pools' spare with it: only this batch's boundaries change it.
   const auto tokens = request_from_plan(b, plan ? *plan : b->next, b->sent, req);
-  if (!plan) set_kv_blocks(self, b, req);
   req.input.step = static_cast<int32_t>(step);
   // The last step is the one no row can outlive (rows only ever finish earlier, and none
   // joins a batch whose caches are gone).

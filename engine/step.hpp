@@ -22,7 +22,7 @@ typename Inspector::result_type inspect(Inspector& f, planned_row& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_plan& x) {
-  return f(caf::meta::type_name("step_plan"), x.batch, x.into, x.rows, x.finished, x.kv_blocks,
+  return f(caf::meta::type_name("step_plan"), x.batch, x.into, x.rows, x.finished, x.kv_spare,
            x.chunk, x.left);
 }
 

@@ -95,7 +95,7 @@ void dispatcher::run_pass(time_point now, dispatch_effects& out) {
         live.push_back(e);
     }
     if (live.empty()) {
-      kv_trim(b, 0, out);
+      kv_trim(id, b, 0, out);
       gate_.finish(m.units);
       out.releases.push_back({id, b.model});
       batcher_->batch_ended(b.model);
@@ -115,7 +115,7 @@ void dispatcher::run_pass(time_point now, dispatch_effects& out) {
     }
     auto plan = prefill_plan(id, live);
     name_blocks(b, plan);
-    plan.kv_blocks = kv_held_by(b.model);
+    plan.kv_spare = kv_spare(b, {});
     out.started.push_back({id, b.model, std::move(live), start, std::move(plan)});
   }
   runnable_ = std::move(still);
@@ -194,7 +194,7 @@ dispatch_effects dispatcher::batch_done(batch_id id, time_point now, bool ok, do
   auto i = batches_.find(id);
   if (i == batches_.end()) return out;
   auto model = i->second.model;
-  kv_trim(i->second, 0, out);
+  kv_trim(id, i->second, 0, out);
   // Its workers dropped its caches with its last step (or the driver ended it on them).
   auto& ids = models_[model].block_ids;
   ids.give_back(i->second.freed);
@@ -302,46 +302,9 @@ dispatch_effects dispatcher::step_boundary(batch_id id, const std::vector<uint64
   return out;
 }
 
-uint64_t dispatcher::kv_need(const queued_entry& e, int64_t steps_run) {
-  // The next step caches position prompt + steps_run - 1 ... : prompt + steps_run tokens
-  // (the prefill, steps_run 0, caches the prompt); never more than the request's last.
-  auto prompt = std::max<int64_t>(1, e.prompt_tokens);
-  auto last = prompt + std::max<int64_t>(0, e.steps - 1);
-  return static_cast<uint64_t>(kv_blocks_for(std::min(prompt + steps_run, last)));
-}
-
-uint64_t dispatcher::kv_want(const queued_entry& e, int64_t steps_run) {
-  auto prompt = std::max<int64_t>(1, e.prompt_tokens);
-  auto last = prompt + std::max<int64_t>(0, e.steps - 1);
-  return static_cast<uint64_t>(
-      kv_blocks_for(std::min(prompt + steps_run + kv_lookahead_tokens, last)));
-}
-
-const queued_entry* dispatcher::row_of(const batch_state& b, uint64_t key) const {
-  for (auto& e : b.rows)
-    if (e.key == key) return &e;
-  return nullptr;
-}
-
-uint64_t dispatcher::kv_need_of(const batch_state& b,
-                                const std::vector<queued_entry>& joiners) const {
-  uint64_t need = 0;
-  for (auto k : b.going)
-    if (auto* e = row_of(b, k)) {
-      auto s = b.steps_run.find(k);
-      need += kv_need(*e, s == b.steps_run.end() ? 0 : s->second);
-    }
-  // A joiner's prefill caches its prompt and the step after it one token more; a chunked
-  // prefill holds that from its first chunk on.
-  for (auto& e : joiners) need += kv_need(e, 1);
-  if (b.chunking)
-    for (auto& e : b.chunking->rows) need += kv_need(e, 1);
-  return need;
-}
-
-void dispatcher::kv_trim(batch_state& b, uint64_t keep, dispatch_effects& out) {
+void dispatcher::kv_trim(batch_id id, batch_state& b, uint64_t keep, dispatch_effects& out) {
   if (b.kv_held <= keep) return;
-  out.kv_returns.push_back({b.model, b.kv_held - keep});
+  out.kv_returns.push_back({b.model, b.kv_held - keep, id});
   b.kv_held = keep;
   // Room came back: a model that found none may try again.
   unblock();
@@ -407,9 +370,12 @@ void dispatcher::kv_continue(batch_id id, batch_state& b, uint64_t ceiling, time
       for (auto& e : b.chunking->rows) want += kv_want(e, 1);
     // Rows that left keep their blocks on the workers until the next step (after a join's
     // prefill): those are not given back yet.
-    if (b.kv_held > 2 * want + b.leaving) kv_trim(b, want + b.leaving, out);
+    if (b.kv_held > 2 * want + b.leaving) kv_trim(id, b, want + b.leaving, out);
   }
-  plan_joins(id, b, std::move(joiners), out);
+  // The join's steps and the next one share the spare: each grows a pool only once the
+  // free blocks before it are taken, so together they stay within what the batch holds.
+  const auto spare = kv_spare(b, joiners);
+  plan_joins(id, b, std::move(joiners), spare, out);
   if (!b.going.empty() || !out.joins.empty()) {
     out.steps.push_back(id);
     step_plan next;
@@ -419,13 +385,13 @@ void dispatcher::kv_continue(batch_id id, batch_state& b, uint64_t ceiling, time
     next.finished = b.left_rows;
     std::sort(next.finished.begin(), next.finished.end());
     name_blocks(b, next);
-    next.kv_blocks = kv_held_by(model);
+    next.kv_spare = spare;
     out.plans.push_back(std::move(next));
   }
 }
 
 void dispatcher::plan_joins(batch_id id, batch_state& b, std::vector<queued_entry> joiners,
-                            dispatch_effects& out) {
+                            int64_t spare, dispatch_effects& out) {
   const auto model = b.model;
   const auto chunk = static_cast<int64_t>(batcher_->options().prefill_chunk);
   // A prefill is a step of its own before the batch's next: the joiners have run one step
@@ -437,7 +403,7 @@ void dispatcher::plan_joins(batch_id id, batch_state& b, std::vector<queued_entr
     }
     auto step = join_step_plan(jid, id, rows, static_cast<int32_t>(c), 0);
     name_blocks(b, step);
-    step.kv_blocks = kv_held_by(model);
+    step.kv_spare = spare;
     out.joins.push_back({id, jid, model, std::move(rows), static_cast<int32_t>(c), 0, step});
   };
   // A chunk that leaves `left` tokens of every prompt: its rows join nothing yet.
@@ -446,7 +412,7 @@ void dispatcher::plan_joins(batch_id id, batch_state& b, std::vector<queued_entr
     const auto c = static_cast<int32_t>(n), l = static_cast<int32_t>(left);
     auto step = join_step_plan(jid, id, rows, c, l);
     name_blocks(b, step);
-    step.kv_blocks = kv_held_by(model);
+    step.kv_spare = spare;
     out.joins.push_back({id, jid, model, rows, c, l, std::move(step)});
   };
   if (b.chunking) {
@@ -487,7 +453,7 @@ dispatch_effects dispatcher::kv_granted(batch_id id, uint32_t model, uint64_t bl
   auto i = batches_.find(id);
   if (i == batches_.end()) {
     // Its batch is gone (it failed meanwhile): the blocks go straight back.
-    if (blocks > 0) out.kv_returns.push_back({model, blocks});
+    if (blocks > 0) out.kv_returns.push_back({model, blocks, id});
     return out;
   }
   auto& b = i->second;
@@ -522,7 +488,7 @@ dispatch_effects dispatcher::kv_granted(batch_id id, uint32_t model, uint64_t bl
   if (keep.empty()) {
     // Nothing fits now: the lease goes back and the model forms no batch until room
     // comes back (a batch ends), or it would form this one again at once.
-    kv_trim(b, 0, out);
+    kv_trim(id, b, 0, out);
     out.releases.push_back({id, b.model});
     batcher_->batch_ended(b.model);
     if (!back.empty()) {
@@ -558,29 +524,6 @@ void dispatcher::free_row(batch_state& b, uint64_t key) {
   if (t == b.tables.end()) return;
   b.freed.insert(b.freed.end(), t->second.begin(), t->second.end());
   b.tables.erase(t);
-}
-
-size_t dispatcher::kv_ids_held(uint32_t model) const {
-  return model < models_.size() ? models_[model].block_ids.held() : 0;
-}
-
-std::vector<uint32_t> dispatcher::kv_table(batch_id id, uint64_t key) const {
-  auto i = batches_.find(id);
-  if (i == batches_.end()) return {};
-  auto t = i->second.tables.find(key);
-  return t == i->second.tables.end() ? std::vector<uint32_t>{} : t->second;
-}
-
-uint64_t dispatcher::kv_held(batch_id id) const {
-  auto i = batches_.find(id);
-  return i == batches_.end() ? 0 : i->second.kv_held;
-}
-
-uint64_t dispatcher::kv_held_by(uint32_t model) const {
-  uint64_t n = 0;
-  for (auto& [id, b] : batches_)
-    if (b.model == model) n += b.kv_held;
-  return n;
 }
 
 dispatch_effects dispatcher::tick(time_point now) {

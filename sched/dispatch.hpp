@@ -112,6 +112,7 @@ struct kv_request {
 struct kv_giveback {
   uint32_t model = 0;
   uint64_t blocks = 0;
+  batch_id batch = 0;
 };
 
 /// Rows of a batch that go back to the front of the queue for want of KV room: of a
@@ -231,8 +232,6 @@ class dispatcher {
                               time_point now);
   /// KV blocks a batch holds (0 for models without KV in the ledger).
   uint64_t kv_held(batch_id id) const;
-  /// KV blocks all of a model's batches hold: what the ledger counts for it per device.
-  uint64_t kv_held_by(uint32_t model) const;
   /// KV block ids a model's rows hold, with those waiting to be free (tests: none leak).
   size_t kv_ids_held(uint32_t model) const;
   /// A row's KV block table (empty: unknown batch or row).
@@ -343,11 +342,16 @@ class dispatcher {
   /// The blocks the batch's going rows (and `joiners`) need for their next step.
   uint64_t kv_need_of(const batch_state& b, const std::vector<queued_entry>& joiners) const;
   const queued_entry* row_of(const batch_state& b, uint64_t key) const;
+  /// What a step of `b` (with `joiners` joining at this boundary) may let its pools take
+  /// beyond its rows' need (step_plan::kv_spare): the blocks the batch holds that neither
+  /// its rows nor the rows that left hold after the step; -1 for a model whose KV is not in
+  /// the ledger.
+  int64_t kv_spare(const batch_state& b, const std::vector<queued_entry>& joiners) const;
   /// Gives back what a batch holds beyond what it wants (or all of it when it ended).
-  void kv_trim(batch_state& b, uint64_t keep, dispatch_effects& out);
+  void kv_trim(batch_id id, batch_state& b, uint64_t keep, dispatch_effects& out);
   /// The joins of a step boundary: `joiners` prefilled whole or start a chunked prefill,
-  /// or the chunked prefill under way goes on by one chunk.
-  void plan_joins(batch_id id, batch_state& b, std::vector<queued_entry> joiners,
+  /// or the chunked prefill under way goes on by one chunk. `spare`: their steps' kv_spare.
+  void plan_joins(batch_id id, batch_state& b, std::vector<queued_entry> joiners, int64_t spare,
                   dispatch_effects& out);
   /// Continues a batch at a step boundary once its KV fits: joins and the next step.
   void kv_continue(batch_id id, batch_state& b, uint64_t ceiling, time_point now,

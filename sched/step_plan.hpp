@@ -69,10 +69,13 @@ struct step_plan {
   /// read it: it goes by the rows `rows` names (engine::kept_rows), which the manager
   /// writes as it sends them.
   std::vector<uint64_t> finished;
-  /// KV blocks the ledger holds for the batch's model when the step was planned (the rows'
-  /// ids name those in use): a pool takes device memory beyond a step's own need only up to
-  /// it (0: no bound, a model whose KV is not in the ledger).
-  uint64_t kv_blocks = 0;
+  /// KV blocks a pool may take beyond the step's own need (a chunk larger than the need, so
+  /// that later steps find blocks free): what the batch holds that its rows do not. The
+  /// batch's own figure, not its model's: another batch's blocks go back to the ledger
+  /// while this step is on its way, and a pool that grew into them would hold pages the
+  /// ledger has handed to a load (issue 44). -1: no bound (a model whose KV is not in the
+  /// ledger).
+  int64_t kv_spare = -1;
   /// A chunked prefill's chunk and the tokens of every prompt left after it
   /// (common/prefill_window.hpp: row i computes its window, and the prompts end together in
   /// the chunk with `left` 0, whose logits are sampled); 0 and 0 otherwise.

@@ -32,7 +32,7 @@ class decoder_backend final : public backend {
       const std::vector<models::device_draw>*& d;
       ~forget() { d = nullptr; }
     } forget_draws{draws_};
-    if (req.plan.kv_blocks > 0) stage_->set_kv_budget(static_cast<int64_t>(req.plan.kv_blocks));
+    stage_->set_kv_spare(req.plan.kv_spare);
     auto& cache = caches_[batch];
     if (!req.prefills() && !keep.empty()) {
       // Rows that finished left the batch: their keys and values go too.

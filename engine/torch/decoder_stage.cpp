@@ -307,8 +307,8 @@ bool decoder_stage::reads_kv_in_place(int64_t columns) const {
   return impl_->in_place(columns);
 }
 
-void decoder_stage::set_kv_budget(int64_t blocks) {
-  impl_->kv_pool->set_budget(blocks);
+void decoder_stage::set_kv_spare(int64_t blocks) {
+  impl_->kv_pool->set_spare(blocks);
 }
 
 namespace {

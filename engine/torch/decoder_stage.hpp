@@ -189,9 +189,9 @@ class decoder_stage {
   /// Whether a step that computes `columns` positions per row over a filled cache (1: a
   /// decode step) reads the KV blocks in place (kv_pool_options::paged_attention).
   bool reads_kv_in_place(int64_t columns) const;
-  /// The KV blocks the ledger holds for the model on this stage's device (0: no bound):
-  /// the pool's chunks of device memory grow past a step's need only up to them.
-  void set_kv_budget(int64_t blocks);
+  /// The blocks the next step's pool may take beyond its need (step_plan::kv_spare; -1: no
+  /// bound): a new chunk of device memory is at most the step's need plus them.
+  void set_kv_spare(int64_t blocks);
 
   /// Makes adapter `id` (> 0) available to this stage's rows: `weights` holds
   /// slice_lora_adapter's table and bytes for this stage's (par, shard) in a

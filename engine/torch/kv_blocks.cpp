@@ -69,10 +69,10 @@ caf::expected<at::Tensor> kv_block_pool::allocate_chunk(int64_t blocks) {
 caf::error kv_block_pool::grow(int64_t need) {
   // Doubling keeps the chunks few (each chunk is one more gather per layer and step);
   // where the device has no room for that, exactly what is needed. Beyond what a step
-  // needs, a chunk stays within the blocks the ledger holds for the model: the device's
-  // memory past them is the ledger's to give to weights or to other models' KV.
-  const int64_t cap =
-      budget_ > 0 ? std::max(need, budget_ - allocated_) : std::numeric_limits<int64_t>::max();
+  // needs, a chunk stays within the spare its batch holds in the ledger: the device's
+  // memory past that is the ledger's to give to weights or to other models' KV. (A grow
+  // takes every free block first, so afterwards the free ones are the chunk's extra.)
+  const int64_t cap = spare_ >= 0 ? need + spare_ : std::numeric_limits<int64_t>::max();
   std::vector<int64_t> sizes{std::min(cap, std::max({need, opts_.min_chunk_blocks, allocated_})),
                              std::min(cap, std::max(need, opts_.min_chunk_blocks)), need};
   sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
@@ -111,9 +111,9 @@ caf::error kv_block_pool::grow(int64_t need) {
   return with_context(last, numbers);
 }
 
-void kv_block_pool::set_budget(int64_t blocks) {
+void kv_block_pool::set_spare(int64_t blocks) {
   std::lock_guard<std::mutex> guard{mtx_};
-  budget_ = std::max<int64_t>(0, blocks);
+  spare_ = std::max<int64_t>(-1, blocks);
 }
 
 caf::expected<std::vector<block_id>> kv_block_pool::take(int64_t n) {

@@ -97,9 +97,11 @@ class kv_block_pool {
   /// paged_max_chunks entries stays below them when it adds a chunk.
   int32_t slot_bound() const;
   int64_t layers() const { return layers_; }
-  /// The blocks the ledger holds for the model's KV on this device (0: no bound): a chunk
-  /// larger than a step's need stays within it (grow).
-  void set_budget(int64_t blocks);
+  /// The blocks a new chunk may hold beyond what the next takes need (-1: no bound; grow):
+  /// the step's batch holds them in the ledger and its rows do not. After a chunk is added,
+  /// the pool's free blocks are at most these, so its pages stay within what the ledger
+  /// holds for the model's batches.
+  void set_spare(int64_t blocks);
 
  private:
   struct chunk {
@@ -123,7 +125,7 @@ class kv_block_pool {
   int64_t allocated_ = 0;
   int64_t held_ = 0;
   uint64_t device_bytes_ = 0;
-  int64_t budget_ = 0;
+  int64_t spare_ = -1;
   uint64_t version_ = 0;
 };
 

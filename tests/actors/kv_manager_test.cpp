@@ -68,12 +68,14 @@ struct kv_fixture : deterministic_fixture {
     REQUIRE(script.step_rows.size() == steps);
   }
 
-  uint64_t kv_blocks() {
+  residency_report report() {
     auto rs = ask<std::vector<residency_report>>(scheduler, status_atom_v);
     REQUIRE(rs);
     REQUIRE(rs->size() == 1);
-    return rs->front().kv_blocks;
+    return rs->front();
   }
+
+  uint64_t kv_blocks() { return report().kv_blocks; }
 };
 
 std::vector<int64_t> counting(int64_t from, int64_t n) {
@@ -178,5 +180,73 @@ TEST_CASE("a device that stays full fails the row after a bounded number of requ
   CHECK(render(err).find("no room for 1 more KV blocks") != std::string::npos);
   // Its first try and eight more.
   CHECK(f.script.step_rows.size() == 9);
+  CHECK(f.kv_blocks() == 0);
+}
+
+TEST_CASE(
+    "an ended batch's KV blocks and lease go back once its workers dropped its caches, "
+    "not before",
+    "[actors][manager][kv]") {
+  // Issue 44: given back while its caches are still in a pool, a batch's blocks would let
+  // the model's pool outgrow the ledger in another batch's step (the ledger counts the
+  // larger of the pool's last report and the blocks granted, not their sum).
+  kv_fixture f;
+  f.script.hold_cancels = true;
+  f.script.room_short_steps = {5};  // the batch fails at step 5: its caches are cancelled
+  auto a = f.send(20);
+  f.sched.run();
+  auto held = f.report();
+  CHECK(held.kv_blocks > 0);
+  CHECK(held.leases >= 1);
+  f.self->send(f.script.holder, caf::ok_atom_v);
+  f.sched.run();
+  infer_reply ra;
+  std::move(a).receive([&](infer_reply& r) { ra = r; }, [](caf::error& e) { FAIL(render(e)); });
+  CHECK(ra.tokens.size() == 20);
+  auto after = f.report();
+  CHECK(after.kv_blocks == 0);
+  CHECK(after.leases == 0);
+}
+
+TEST_CASE("a row its client cancelled ends at a requeue for room, and is not run again",
+          "[actors][manager][kv]") {
+  kv_fixture f;
+  // The cancel, sent on the second token, reaches the manager before the third step's
+  // result, and that step finds its device full.
+  f.script.room_short_steps = {3};
+  std::vector<int64_t> seen;
+  std::vector<uint32_t> rows;
+  auto rep = computron::testing::cancelled_on_second_token(f, f.manager, 7, 0, &seen, &rows);
+  REQUIRE(rep);
+  CHECK(rep->finish_reason == "cancelled");
+  CHECK(rep->tokens == std::vector<int64_t>{7, 8});
+  CHECK(f.script.step_rows.size() == 3u);  // no step after the failed one
+  CHECK(f.kv_blocks() == 0);
+}
+
+TEST_CASE(
+    "a row whose prefill found its device full goes back as it came: its prompt's "
+    "log-probabilities come from the recompute",
+    "[actors][manager][kv]") {
+  kv_fixture f;
+  f.script.room_short_steps = {1};
+  infer_request r;
+  r.model = "m";
+  r.tokens = {1, 2, 3};
+  r.max_tokens = 4;
+  r.sampling.prompt_logprobs = 0;
+  auto h = f.self->request(f.manager, caf::timespan{24h}, infer_atom_v, r);
+  f.sched.run();
+  std::move(h).receive(
+      [&](infer_reply& rep) {
+        CHECK(rep.tokens == counting(7, 4));
+        // Tokens 2 and 3 of its prompt, as the fake worker scores them; not the prompt
+        // with anything generated, nor nothing.
+        REQUIRE(rep.prompt_logprobs.size() == 2);
+        CHECK(rep.prompt_logprobs[0].top_ids == std::vector<int64_t>{2});
+        CHECK(rep.prompt_logprobs[1].top_ids == std::vector<int64_t>{3});
+      },
+      [](caf::error& e) { FAIL(render(e)); });
+  CHECK(f.script.step_rows.size() == 1u + 4u);  // the failed prefill, then four steps
   CHECK(f.kv_blocks() == 0);
 }

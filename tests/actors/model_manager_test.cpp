@@ -236,53 +236,26 @@ TEST_CASE("any of several stop ids ends a row, log-probabilities travel with the
       [](caf::error& e) { CHECK_THAT(render(e), Catch::Contains("stop token")); });
 }
 
-namespace {
-
-/// Receives streamed tokens; after `cancel_after` of them it cancels its request.
-caf::behavior stream_listener(caf::event_based_actor* self, std::vector<int64_t>* seen,
-                              size_t cancel_after) {
-  return {
-      [=](token_atom, uint64_t id, uint32_t row, int64_t token, const token_logprobs&) {
-        CHECK(row == 3u);
-        seen->push_back(token);
-        if (seen->size() == cancel_after)
-          self->send(caf::actor_cast<model_manager_actor>(self->current_sender()), cancel_atom_v,
-                     id, false);
-      },
-  };
-}
-
-}  // namespace
-
 TEST_CASE("streamed tokens come one by one, and a cancel ends the row after its step",
           "[actors][manager]") {
   manager_fixture f;
   std::vector<int64_t> seen;
-  auto listener = f.sys.spawn(stream_listener, &seen, size_t{2});
+  std::vector<uint32_t> rows;
+  auto rep = computron::testing::cancelled_on_second_token(f, f.manager, 41, 3, &seen, &rows);
+  REQUIRE(rep);
+  CHECK(rep->finish_reason == "cancelled");
+  // The cancel, sent on the second token, reaches the manager before the third step's
+  // result: two tokens, then the row ends.
+  CHECK(rep->tokens == std::vector<int64_t>{7, 8});
+  CHECK(seen == std::vector<int64_t>{7, 8});
+  CHECK(rows == std::vector<uint32_t>{3, 3});
+  CHECK(f.script.step_rows.size() == 3u);
+
+  // A cancel in the queue fails the request at once as cancelled.
   infer_request r;
   r.model = "m";
   r.tokens = {1, 2, 3};
   r.max_tokens = 50;
-  r.stream = caf::actor_cast<token_sink_actor>(listener);
-  r.stream_row = 3;
-  r.id = 41;
-  auto h = f.self->request(f.manager, caf::timespan{24h}, infer_atom_v, r);
-  f.sched.run();
-  f.sched.advance_time(6ms);
-  f.sched.run();
-  std::move(h).receive(
-      [&](infer_reply& rep) {
-        CHECK(rep.finish_reason == "cancelled");
-        // The cancel, sent on the second token, reaches the manager before the third
-        // step's result: two tokens, then the row ends.
-        CHECK(rep.tokens == std::vector<int64_t>{7, 8});
-      },
-      [](caf::error& e) { FAIL(render(e)); });
-  CHECK(seen == std::vector<int64_t>{7, 8});
-  CHECK(f.script.step_rows.size() == 3u);
-
-  // A cancel in the queue fails the request at once as cancelled.
-  r.stream = nullptr;
   r.id = 42;
   auto q = f.self->request(f.manager, caf::timespan{24h}, infer_atom_v, r);
   f.sched.run();
@@ -290,7 +263,6 @@ TEST_CASE("streamed tokens come one by one, and a cancel ends the row after its 
   f.sched.run();
   std::move(q).receive([](infer_reply&) { FAIL("a cancelled request was served"); },
                        [](caf::error& e) { CHECK(is(e, ec::cancelled)); });
-  caf::anon_send_exit(listener, caf::exit_reason::user_shutdown);
 }
 
 TEST_CASE("a failed registration stays listed with its reason until registered again",

@@ -68,7 +68,7 @@ int main(int argc, char** argv) {
   st.input.plan.finished = {9};
   st.input.prompts = {{1, 2}, {3}};
   st.input.sampling = {s, s};
-  st.input.plan.kv_blocks = 4;
+  st.input.plan.kv_spare = 4;
   st.hidden = tensor_payload{2, {1, 2, 4}, std::vector<uint8_t>(16, 7)};
   st.lanes.lanes = {0, 1};
   device_report d;

@@ -236,9 +236,9 @@ TEST_CASE(
   with.graph_max_batch = 8;
   single graphs{spec, gpu::dtype::f32, test::emulated(0), with};
   single eager{spec, gpu::dtype::f32, test::emulated(1), {}};
-  // A budget of one block: every chunk past the first is exactly what a step needs, so
-  // rows that cross a block boundary at different steps each take a chunk of their own.
-  graphs.stage->set_kv_budget(1);
+  // No spare: every chunk is exactly what a step needs, so rows that cross a block
+  // boundary at different steps each take a chunk of their own.
+  graphs.stage->set_kv_spare(0);
   REQUIRE_FALSE(graphs.stage->capture_graphs());
   std::vector<std::vector<int64_t>> rows;
   for (int64_t r = 0; r < 8; ++r) rows.push_back(std::vector<int64_t>(56 + r, 3 + r));

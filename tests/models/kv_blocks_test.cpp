@@ -318,7 +318,7 @@ TEST_CASE("kv blocks: attention that reads the blocks in place equals the gather
 
 TEST_CASE("kv blocks: a batch whose blocks lie in more chunks than one call reads gathers them",
           "[models][kv][paged_attention]") {
-  // A budget of one block makes every chunk after the first exactly a step's need: 40 rows
+  // No spare makes every chunk exactly a step's need: 40 rows
   // of lengths 1 to 40 cross a block boundary two or three at a time, one new chunk per
   // step, until the batch's blocks lie in more than engine::paged_max_chunks (32) chunks
   // and its steps gather instead (kv_cache.cpp's plan_in_place).
@@ -334,8 +334,8 @@ TEST_CASE("kv blocks: a batch whose blocks lie in more chunks than one call read
   REQUIRE(a);
   REQUIRE(b);
   REQUIRE((*a)->reads_kv_in_place(1));
-  (*a)->set_kv_budget(1);
-  (*b)->set_kv_budget(1);
+  (*a)->set_kv_spare(0);
+  (*b)->set_kv_spare(0);
   std::vector<std::vector<int64_t>> prompts;
   for (size_t n = 1; n <= 40; ++n) prompts.push_back(prompt(n, static_cast<int64_t>(n)));
   kv_cache ca, cb;
@@ -474,7 +474,7 @@ TEST_CASE("kv blocks: the stage's allocator gives the blocks' memory and a refus
     CHECK(plain->kv_blocks().blocks_allocated == 0);
   }
 
-  SECTION("chunks grow past a step's need only within the ledger's blocks for the model") {
+  SECTION("chunks grow past a step's need only by the spare its batch holds in the ledger") {
     counting_memory mem;
     auto stage =
         decoder_stage::create(m.spec, m.par, {0, 0}, *m.shards[0], *m.groups[0], mem.options());
@@ -485,16 +485,28 @@ TEST_CASE("kv blocks: the stage's allocator gives the blocks' memory and a refus
     CHECK((*stage)->kv_blocks().blocks_allocated == 16);
     a = kv_cache{};
     CHECK((*stage)->kv_blocks().blocks_allocated == 0);
-    // The ledger holds 3 blocks for the model: the chunk is 3, and a step that needs more
-    // than the bound still gets exactly what it needs.
-    (*stage)->set_kv_budget(3);
+    // The batch holds one block beyond its rows' two: the chunk is 3.
+    (*stage)->set_kv_spare(1);
     kv_cache b;
     REQUIRE((*stage)->prefill({prompt(15, 1), prompt(3, 2)}, nullptr, b));
     CHECK((*stage)->kv_blocks().blocks_allocated == 3);
+    // Another batch of six blocks and a spare of two takes the free one first, then a chunk
+    // of 5 + 2: afterwards the pool's free blocks are exactly the spare, however many
+    // blocks the model's other batches hold (they may be going back to the ledger).
+    (*stage)->set_kv_spare(2);
     kv_cache c;
     REQUIRE((*stage)->prefill({prompt(40, 3), prompt(40, 4)}, nullptr, c));
-    CHECK((*stage)->kv_blocks().blocks_allocated == 3 + 5);  // 1 free + 5 more for 6
-    CHECK(*mem.live_bytes == static_cast<int64_t>(8 * block));
+    auto s = (*stage)->kv_blocks();
+    CHECK(s.blocks_allocated == 3 + 5 + 2);
+    CHECK(s.blocks_allocated - s.blocks_in_use == 2);
+    // With no spare, a step that needs more gets exactly that.
+    (*stage)->set_kv_spare(0);
+    kv_cache d;
+    REQUIRE((*stage)->prefill({prompt(40, 5), prompt(40, 6), prompt(40, 7)}, nullptr, d));
+    s = (*stage)->kv_blocks();
+    CHECK(s.blocks_allocated == 10 + 7);  // 2 free + 7 more for 9
+    CHECK(s.blocks_allocated == s.blocks_in_use);
+    CHECK(*mem.live_bytes == static_cast<int64_t>(17 * block));
   }
 
   SECTION("a chunk fills whole pages of the device, and the pool counts them") {

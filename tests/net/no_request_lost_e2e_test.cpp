@@ -177,7 +177,8 @@ std::vector<std::string> soak(const soak_server& s, const std::vector<std::strin
 }
 
 /// Once idle: per device, the ledger's weights and KV bytes and the device's mapped bytes
-/// (from /v2/status), which must be equal. The last answers reach the clients a moment
+/// (from /v2/status), which must be equal; and after every transfer of the run, the device
+/// never held more than the ledger counted. The last answers reach the clients a moment
 /// before the last KV pool reports and batch ends reach the scheduler, so this waits for
 /// them (bounded: a ledger that never settles still fails).
 void ledger_equals_device(const soak_server& s, size_t devices) {
@@ -196,6 +197,8 @@ void ledger_equals_device(const soak_server& s, size_t devices) {
     std::this_thread::sleep_for(50ms);
   }
   INFO(st.dump());
+  // No transfer of the whole run found a device holding more than the ledger counted.
+  CHECK(st["scheduler"]["ledger-below-device"].get<int64_t>() == 0);
   // The models swapped: more than fit at once were served.
   int64_t evictions = 0;
   for (auto& m : st["scheduler"]["models"]) evictions += m["evictions"].get<int64_t>();

@@ -102,7 +102,8 @@ TEST_CASE(
   CHECK(first.rows[0].computed == 0);
   CHECK(first.rows[0].scheduled == 15);
   CHECK(first.mode() == step_mode::prefill);
-  CHECK(first.kv_blocks == 10);
+  // Its pools may take the 10 blocks granted less the prompt's one beyond the step's need.
+  CHECK(first.kv_spare == 9);
   // A 20-token prompt joins in chunks of 8 (4, 8, 8): each chunk's plan is its window.
   CHECK(d->admit(k, 2, t, 0, 3, false, 20).formed.empty());
   e = d->step_boundary(id, {1}, t);
@@ -116,7 +117,9 @@ TEST_CASE(
   CHECK(chunk.rows[0].computed == 0);
   CHECK(chunk.rows[0].scheduled == 4);
   CHECK(chunk.mode() == step_mode::chunk);
-  CHECK(chunk.kv_blocks == d->kv_held(id));
+  // The batch's spare: what it holds less its running row's block and the joiner's two
+  // (20 prompt tokens and the next step's one).
+  CHECK(chunk.kv_spare == static_cast<int64_t>(d->kv_held(id)) - 3);
   // The running row's next step: a decode step of its one token after its 15.
   auto* next = plan_for(e, id);
   REQUIRE(next);
@@ -125,6 +128,7 @@ TEST_CASE(
   CHECK(next->rows[0].scheduled == 1);
   CHECK(next->mode() == step_mode::decode);
   CHECK(next->finished.empty());
+  CHECK(next->kv_spare == chunk.kv_spare);  // the join's steps and the next share it
   e = d->step_boundary(id, {1}, t);
   REQUIRE(e.joins.size() == 1);
   CHECK(e.joins[0].step.rows.at(0).computed == 4);

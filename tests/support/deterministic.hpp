@@ -85,23 +85,75 @@ struct fake_worker_script {
   std::vector<uint64_t> joins;
   /// Per step, its rows' LoRA adapters (engine::step_input::adapters).
   std::vector<std::vector<std::string>> adapters;
-  /// Holds hanging loads until it receives ok_atom (promises are delivered by their
-  /// owner only, so the test releases them through this actor).
+  /// Cancels (a batch's caches dropped) wait in the holder, as hanging loads do.
+  bool hold_cancels = false;
+  /// Holds hanging loads and cancels until it receives ok_atom (promises are delivered by
+  /// their owner only, so the test releases them through this actor).
   caf::actor holder;
 };
 
 inline caf::behavior load_holder(caf::event_based_actor* self) {
   auto held = std::make_shared<std::vector<caf::response_promise>>();
+  auto cancels = std::make_shared<std::vector<caf::response_promise>>();
   return {
       [=](actors::load_atom, std::string&) {
         held->push_back(self->make_response_promise());
         return held->back();
       },
+      [=](actors::cancel_atom, std::string&, uint64_t) {
+        cancels->push_back(self->make_response_promise());
+        return cancels->back();
+      },
       [=](caf::ok_atom) {
         for (auto& rp : *held) rp.deliver(actors::transfer_report{});
         held->clear();
+        for (auto& rp : *cancels) rp.deliver(uint64_t{0});
+        cancels->clear();
       },
   };
+}
+
+/// Receives a request's streamed tokens (and the row each names); after `cancel_after`
+/// of them it cancels the request at the manager that streams them.
+inline caf::behavior stream_listener(caf::event_based_actor* self, std::vector<int64_t>* seen,
+                                     size_t cancel_after, std::vector<uint32_t>* rows) {
+  using namespace actors;
+  return {
+      [=](token_atom, uint64_t id, uint32_t row, int64_t token, const token_logprobs&) {
+        if (rows) rows->push_back(row);
+        seen->push_back(token);
+        if (seen->size() == cancel_after)
+          self->send(caf::actor_cast<model_manager_actor>(self->current_sender()), cancel_atom_v,
+                     id, false);
+      },
+  };
+}
+
+/// Streams a request for 50 tokens after the prompt {1, 2, 3} (as row `stream_row`) to a
+/// stream_listener that cancels it on its second token, and runs the system until it is
+/// answered: the answer (an error where none came), the tokens streamed and their rows.
+inline caf::expected<actors::infer_reply> cancelled_on_second_token(
+    deterministic_fixture& f, const actors::model_manager_actor& manager, uint64_t id,
+    uint32_t stream_row, std::vector<int64_t>* seen, std::vector<uint32_t>* rows) {
+  using namespace actors;
+  auto listener = f.sys.spawn(stream_listener, seen, size_t{2}, rows);
+  infer_request r;
+  r.model = "m";
+  r.tokens = {1, 2, 3};
+  r.max_tokens = 50;
+  r.stream = caf::actor_cast<token_sink_actor>(listener);
+  r.stream_row = stream_row;
+  r.id = id;
+  auto h = f.self->request(manager, caf::timespan{std::chrono::hours(24)}, infer_atom_v, r);
+  f.sched.run();
+  f.sched.advance_time(std::chrono::milliseconds(6));
+  f.sched.run();
+  caf::expected<infer_reply> out{caf::make_error(caf::sec::request_timeout, "no reply yet")};
+  if (!f.self->mailbox().empty())
+    std::move(h).receive([&](infer_reply& rep) { out = std::move(rep); },
+                         [&](caf::error& e) { out = std::move(e); });
+  caf::anon_send_exit(listener, caf::exit_reason::user_shutdown);
+  return out;
 }
 
 inline actors::shard_worker_actor::behavior_type fake_worker(
@@ -181,6 +233,19 @@ inline actors::shard_worker_actor::behavior_type fake_worker(
             auto lp = static_cast<float>(-static_cast<double>(next[i]) / 100);
             lps[i] = token_logprobs{lp, {next[i]}, {lp}};
           }
+        // A prefill's rows that ask for their prompts' log-probabilities get -token/100 for
+        // every prompt token from the second on.
+        std::vector<std::vector<token_logprobs>> prompt_lps;
+        if (r.prefills())
+          for (size_t i = 0; i < kept.size() && i < r.prompts.size(); ++i)
+            if (kept[i].prompt_logprobs >= 0) {
+              prompt_lps.resize(r.prompts.size());
+              for (size_t t = 1; t < r.prompts[i].size(); ++t) {
+                auto tok = r.prompts[i][t];
+                auto lp = static_cast<float>(-static_cast<double>(tok) / 100);
+                prompt_lps[i].push_back(token_logprobs{lp, {tok}, {lp}});
+              }
+            }
         if (r.plan.into != 0 && !r.partial_prefill()) {
           // The joined rows' settings go after the running batch's, as a worker's samplers.
           auto& into = script->batch_sampling[r.plan.into];
@@ -189,11 +254,17 @@ inline actors::shard_worker_actor::behavior_type fake_worker(
           if (auto err = shard_rows.join(batch, r.plan.into)) return err;
         }
         if (r.last) shard_rows.end(batch);
-        return step_result{next, 0, lps};
+        return step_result{next, 0, lps, std::move(prompt_lps)};
       },
-      [=](cancel_atom, std::string& m, uint64_t batch) {
+      [=](cancel_atom, std::string& m, uint64_t batch) -> caf::result<uint64_t> {
         script->rows[{device, m}].end(batch);
-        return uint64_t{0};  // these workers hold no KV pages
+        if (!script->hold_cancels) return uint64_t{0};  // these workers hold no KV pages
+        auto rp = self->make_response_promise<uint64_t>();
+        self->request(script->holder, caf::timespan{std::chrono::hours(24)}, cancel_atom_v, m,
+                      batch)
+            .then([=](uint64_t bytes) mutable { rp.deliver(bytes); },
+                  [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
       },
       [=](actors::tick_atom) {},
       [=](devices_atom) { return device_report{}; },
