@@ -89,12 +89,18 @@ bool ledger::kv_pool(model_id id, const std::vector<int32_t>& devices,
   return after < before;
 }
 
-void ledger::free_kv(model_entry& m) {
-  // Its blocks, and what its pools last held: a forgotten model's shards, pools and all, are
-  // gone from its workers (or its device is).
+void ledger::free_kv(model_entry& m, bool live_pools_stay) {
+  // Its blocks go (its batches fail with its device), and what its pools last held on a
+  // lost device. A pool on a device still here keeps its pages until its batches' caches
+  // are dropped there, and the cancels' answers report that.
   recharge_kv(m, [&] {
     m.kv_blocks = 0;
-    m.kv_pool_bytes.clear();
+    if (!live_pools_stay) {
+      m.kv_pool_bytes.clear();
+      return;
+    }
+    for (size_t i = 0; i < m.kv_pool_bytes.size() && i < m.where.devices.size(); ++i)
+      if (devices_[static_cast<size_t>(m.where.devices[i])].lost) m.kv_pool_bytes[i] = 0;
   });
 }
 

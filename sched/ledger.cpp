@@ -379,7 +379,7 @@ void ledger::evict_failed(model_id id) {
 
 void ledger::forget(model_id id) {
   auto& m = models_[id];
-  free_kv(m);
+  free_kv(m, true);
   if (m.state == model_state::offloaded) return;
   free_shards(m);
   m.state = model_state::offloaded;
@@ -406,7 +406,7 @@ std::optional<refusal> ledger::remove(model_id id) {
   }
   by_name_.erase(m.name);
   // Its workers forget its shards, pools and all; a late report would not find its name.
-  free_kv(m);
+  free_kv(m, false);
   m.removed = true;
   m.pinned = false;
   m.wanted = false;

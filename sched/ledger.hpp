@@ -276,7 +276,8 @@ class ledger {
   void evict_done(model_id id);
   void evict_failed(model_id id);
   /// Gives up on a model's residency (a device's node is gone): bytes freed everywhere,
-  /// offloaded; loads again once all devices are back.
+  /// offloaded; loads again once all devices are back. Its KV blocks go, and its pools'
+  /// figures on the lost devices; on the others they count until their workers report.
   void forget(model_id id);
   /// Unregisters an offloaded model with no leases and no load waiting; refused
   /// (invalid_state) otherwise, and for a base whose adapters are still registered. Its
@@ -370,8 +371,10 @@ class ledger {
   void begin_load(model_id id);
   void begin_evict(model_id id);
   void free_shards(model_entry& m);
-  /// Frees the model's KV blocks everywhere (a forgotten model).
-  void free_kv(model_entry& m);
+  /// Frees the model's KV blocks everywhere, and its pools' figures on lost devices, or
+  /// on every device unless `live_pools_stay` (an unregistered model's workers forget its
+  /// pools, and a late report would not find its name).
+  void free_kv(model_entry& m, bool live_pools_stay);
   /// Runs `change` on `m`'s KV figures, moving its devices' kv_bytes by the difference of
   /// its charges.
   template <class F>

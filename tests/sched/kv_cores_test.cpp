@@ -371,3 +371,31 @@ TEST_CASE(
   f.core->kv_pool(f.a, {0}, {0}, f.t);
   CHECK(f.kv_bytes() == 0);
 }
+
+TEST_CASE(
+    "kv: a lost device drops its model's pool figure there, and the devices still here keep "
+    "theirs until their workers report",
+    "[cores][kv]") {
+  // A model across two devices loses one: its batches fail, and the cancels that drop
+  // their caches on the device still here wait on its lane. Until they are answered, the
+  // pool's pages there are the ledger's to count, not to hand to a load.
+  refusal why;
+  auto core = residency::make({{100 * mb, 10}, {100 * mb, 10}}, {}, &why);
+  REQUIRE(core);
+  auto m = *core->ledger().add("m", {{0, 1}, {40 * mb, 40 * mb}, false, 0, {1 * mb, 1 * mb}}, &why);
+  time_point t{};
+  core->acquire(m, 1, t);
+  core->load_done(m, t);
+  core->kv_reserve(m, 2, 4, 4, false, t);
+  core->kv_pool(m, {0, 1}, {6 * mb, 6 * mb}, t);
+  auto& l = core->ledger();
+  CHECK(l.device(0).kv_bytes == 6 * mb);
+  core->lose({1}, t);
+  CHECK(l.model(m).kv_blocks == 0);
+  CHECK(l.device(0).used_bytes == 0);
+  CHECK(l.device(0).kv_bytes == 6 * mb);
+  CHECK(l.device(1).kv_bytes == 0);
+  // The worker still here answers the cancel: its pool is empty.
+  core->kv_pool(m, {0}, {0}, t);
+  CHECK(l.device(0).kv_bytes == 0);
+}
