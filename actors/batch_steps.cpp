@@ -26,8 +26,8 @@ namespace {
 /// pool then holds, and that goes to the ledger: it counts the pool's pages until then,
 /// so no load is placed in pages a pool has not given back yet (a worker that does not
 /// answer leaves them counted until the model's next step there reports). Once all have
-/// answered (or failed to), `after` is carried out: the ended batch's KV blocks and lease
-/// go back only then. Until the caches are gone their blocks are the batch's in the ledger;
+/// answered (or failed to), `after` is carried out: the ended batch's KV blocks go back
+/// only then. Until the caches are gone their blocks are the batch's in the ledger;
 /// given back earlier, a pool of the model growing in another batch's step would hold more
 /// than the ledger counts, its last report being the bigger figure of the two, not their
 /// sum. The worker bounds its lane's wait by the step timeout; this waits longer, for its
@@ -75,19 +75,16 @@ void finish_batch(manager_pointer self, const batch_ptr& b, const caf::error* er
   st.opts.obs->batch_done(b->model, m.cfg.devices, st.disp->lanes_of(m.index), b->peak_rows,
                           b->run_s, now_s() - b->run_s);
   release_adapters(self, b);
-  // Its devices and in-flight slot are free: the next batches may start. Its KV blocks and
-  // lease go back once its caches are gone from the workers (drop_caches).
+  // Its devices, lease and in-flight slot are free: the next batches may start (and the
+  // model may be unloaded). Its KV blocks go back once its caches are gone from the
+  // workers (drop_caches); the ledger counts them until then, evicted or not.
   auto e = st.disp->batch_done(b->id, now(self), !err, b->compute_ms / 1e3, b->steps);
   if (!dropping.empty()) {
     sched::dispatch_effects after;
-    auto take = [&](auto& from, auto& to) {
-      auto mine = std::stable_partition(from.begin(), from.end(),
-                                        [&](auto& x) { return x.batch != b->id; });
-      to.assign(std::make_move_iterator(mine), std::make_move_iterator(from.end()));
-      from.erase(mine, from.end());
-    };
-    take(e.kv_returns, after.kv_returns);
-    take(e.releases, after.releases);
+    auto mine = std::stable_partition(e.kv_returns.begin(), e.kv_returns.end(),
+                                      [&](auto& r) { return r.batch != b->id; });
+    after.kv_returns.assign(mine, e.kv_returns.end());
+    e.kv_returns.erase(mine, e.kv_returns.end());
     drop_caches(self, b->model, dropping, std::move(after));
   }
   carry_out(self, std::move(e));

@@ -132,8 +132,8 @@ struct dispatch_effects {
   time_point deadline{};
   /// Requests that fail before they run.
   std::vector<row_failure> failures;
-  /// KV blocks to give back, before the leases (a lease-free model with KV would be a
-  /// victim whose KV is still counted).
+  /// KV blocks to give back, before the leases. (The manager holds an ended batch's until
+  /// its workers dropped its caches: a lease-free model may hold blocks for that long.)
   std::vector<kv_giveback> kv_returns{};
   /// Leases to give back: a batch ended, or all its rows failed before it ran (it is
   /// gone then too).

@@ -364,9 +364,10 @@ void ledger::load_failed(model_id id) {
 void ledger::evict_done(model_id id) {
   auto& m = models_[id];
   m.prefetched = false;
-  // No batch runs on an evicted model, so it holds no blocks; its pools' pages count until
-  // their workers report them gone (a cancelled batch's caches may still be going).
-  kv_give(id, m.kv_blocks);
+  // No batch runs on an evicted model. Blocks it still holds are those of ended batches
+  // whose caches are still being dropped: they count until those returns come, and its
+  // pools' pages until their workers report them gone. (Cleared here, a return arriving
+  // after a reload would take the new batches' blocks.)
   free_shards(m);
   m.state = model_state::offloaded;
   ++m.evictions;

@@ -109,7 +109,9 @@ struct model_entry {
   bool prefetched = false;
   /// KV blocks its running batches hold on every one of its shards (each shard caches
   /// every sequence, for its layers and heads): kv_blocks x kv_block_bytes[i] bytes of
-  /// device i's budget. Held only under a lease, so a model with KV is never a victim.
+  /// device i's budget. Taken only under a lease; an ended batch's go back once its
+  /// workers dropped its caches, so a lease-free (even evicted) model may hold some until
+  /// then.
   uint64_t kv_blocks = 0;
   /// Bytes of device pages its KV pools last reported holding, per shard (empty: no
   /// report). Shard i's KV counts max(kv_blocks x kv_block_bytes[i], kv_pool_bytes[i]):

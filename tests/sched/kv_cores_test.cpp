@@ -373,6 +373,30 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "kv: an ended batch's blocks, returned once its caches are gone, count past its lease and "
+    "its model's eviction",
+    "[cores][kv]") {
+  // The manager holds an ended batch's return until its workers dropped its caches; the
+  // lease goes at once, and the model may be evicted meanwhile. Cleared at the eviction,
+  // a return arriving after a reload would take the new batch's blocks.
+  kv_fixture f;
+  f.lease(f.a);
+  f.core->kv_reserve(f.a, 1, 4, 4, false, f.t);
+  f.core->release(f.a, f.t);
+  f.core->unload(f.a, 9, f.t);
+  f.core->evict_done(f.a, f.t);
+  CHECK(f.core->ledger().device(0).used_bytes == 0);
+  CHECK(f.core->ledger().model(f.a).kv_blocks == 4);
+  CHECK(f.kv_bytes() == 4 * mb);
+  // Loaded again, a new batch takes 2 blocks; then the old return comes.
+  f.lease(f.a);
+  f.core->kv_reserve(f.a, 2, 2, 2, false, f.t);
+  f.core->kv_return(f.a, 4, f.t);
+  CHECK(f.core->ledger().model(f.a).kv_blocks == 2);
+  CHECK(f.kv_bytes() == 2 * mb);
+}
+
+TEST_CASE(
     "kv: a lost device drops its model's pool figure there, and the devices still here keep "
     "theirs until their workers report",
     "[cores][kv]") {
