@@ -179,8 +179,9 @@ TEST_CASE("the paged-attention kernel equals the gathered blocks on a GPU",
 
 TEST_CASE("the paged-attention kernel reads a chunked prefill's later chunks on a GPU",
           "[cuda][paged_attention]") {
-  // Chunks of 7 tokens: after the first, each chunk is an extend step of 7 columns, which
-  // the kernel takes (4 query heads per kv head x 7 x 16 elements fit a thread block).
+  // Chunks of 7 tokens, the first taking what they leave (5 of 40, as the dispatch core
+  // plans them): after it, each chunk is an extend step of 7 columns, which the kernel
+  // takes (4 query heads per kv head x 7 x 16 elements fit a thread block).
   auto gpu_dev = test::cuda(0);
   auto spec = grouped(8, 2);
   kv_pool_options in_place, gathered;
@@ -194,8 +195,9 @@ TEST_CASE("the paged-attention kernel reads a chunked prefill's later chunks on 
       kv_cache cache;
       caf::expected<host_tensor> out{host_tensor{}};
       for (int64_t left = 40; left > 0;) {
-        left = std::max<int64_t>(0, left - 7);
-        out = m.stage->prefill_chunk(prompts, left, 7, nullptr, cache);
+        const auto next = (left - 1) / 7 * 7;
+        out = m.stage->prefill_chunk(prompts, next, left - next, nullptr, cache);
+        left = next;
         INFO((out ? std::string{} : render(out.error())));
         REQUIRE(out);
       }
